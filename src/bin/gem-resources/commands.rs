@@ -1,0 +1,248 @@
+//! One function per subcommand: call the library, render the outcome.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use gem_resources::{
+    download, parse_manifest, Config, Error, Fetcher, Manifest, RetryPolicy, Store,
+};
+use serde_json::json;
+use url::Url;
+
+use crate::cli::{Args, Command};
+use crate::render::{self, print_json};
+
+/// Exit status for a failed operation.
+const FAILED: u8 = 1;
+/// Exit status for a usage error.
+const USAGE: u8 = 2;
+
+/// Runs the parsed command line.
+pub async fn run(args: Args) -> ExitCode {
+    let json = args.json;
+    match dispatch(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            // Library errors carry their code; anything else is a usage or
+            // environment problem reported with its context.
+            match e.downcast_ref::<Error>() {
+                Some(err) => report_error(err, json),
+                None if json => {
+                    print_json(&json!({ "code": "E_RESOURCE_USAGE", "message": format!("{e:#}") }))
+                }
+                None => eprintln!("error: {e:#}"),
+            }
+            let usage = e.downcast_ref::<Error>().is_none();
+            ExitCode::from(if usage { USAGE } else { FAILED })
+        }
+    }
+}
+
+fn report_error(e: &Error, json: bool) {
+    if json {
+        print_json(&render::error_json(e));
+    } else {
+        eprintln!("{e}");
+    }
+}
+
+async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
+    let config = load_config(&args)?;
+    let json = args.json;
+    match args.command {
+        Command::Check { manifest } => check(&manifest, json),
+        Command::CheckUrl { url } => check_url(&config, &url, json).await,
+        Command::Autofill { url } => autofill(&config, &url, json).await,
+        Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
+        other => crate::service_commands::run(&config, other, json).await,
+    }
+}
+
+fn load_config(args: &Args) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => match Config::default_path().filter(|p| p.is_file()) {
+            Some(path) => Config::load(&path)?,
+            None => Config::default(),
+        },
+    };
+    if let Some(store) = &args.store {
+        config.store = Some(store.clone());
+    }
+    Ok(config)
+}
+
+/// Reads and validates a manifest file.
+pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
+    let bytes =
+        read_capped(path).with_context(|| format!("cannot read manifest {}", path.display()))?;
+    Ok(parse_manifest(&bytes).map_err(Error::from)?)
+}
+
+fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    // One byte past the cap is enough for the validator to report the size.
+    file.take(gem_resources::manifest::MAX_MANIFEST_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let manifest = read_manifest(path)?;
+    if json {
+        print_json(&json!({
+            "ok": true,
+            "resources": manifest.resources.iter().map(|r| json!({
+                "id": r.id, "url": r.url.as_str(), "size": r.size, "sha256": r.sha256,
+                "required": r.required, "mirrors": r.mirrors.len(),
+            })).collect::<Vec<_>>(),
+        }));
+    } else {
+        println!("ok: {} resource(s)", manifest.resources.len());
+        for r in &manifest.resources {
+            let when = if r.required {
+                "required"
+            } else {
+                "on first use"
+            };
+            println!("  {}  {}  {}  {when}", r.id, render::bytes(r.size), r.url);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_url(text: &str) -> anyhow::Result<Url> {
+    Url::parse(text).with_context(|| format!("not a valid URL: {text:?}"))
+}
+
+async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let url = parse_url(text)?;
+    let fetcher = Fetcher::new(config)?;
+    match fetcher.check_url(&url).await {
+        Ok(addresses) => {
+            if json {
+                print_json(
+                    &json!({ "url": url.as_str(), "allowed": true, "addresses": addresses }),
+                );
+            } else {
+                let list: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
+                println!("allowed: {url} ({})", list.join(", "));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            let attempt = gem_resources::Attempt {
+                address: url,
+                hop: None,
+                error,
+            };
+            if json {
+                let mut value = render::attempt_json(&attempt);
+                value["allowed"] = json!(false);
+                print_json(&value);
+            } else {
+                eprintln!("refused: {attempt}");
+            }
+            Ok(ExitCode::from(FAILED))
+        }
+    }
+}
+
+async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let url = parse_url(text)?;
+    let fetcher = Fetcher::new(config)?;
+    let transfer = fetcher
+        .autofill(&url, config.network.autofill_max_bytes)
+        .await?;
+    if json {
+        print_json(&json!({
+            "size": transfer.size,
+            "sha256": transfer.sha256,
+            "url": url.as_str(),
+            "final_url": transfer.final_url.as_str(),
+        }));
+    } else {
+        println!("size: {}", transfer.size);
+        println!("sha256: {}", transfer.sha256);
+        if transfer.final_url != url {
+            println!("final url: {}", transfer.final_url);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn fetch(
+    config: &Config,
+    path: &Path,
+    ids: &[String],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let manifest = read_manifest(path)?;
+    for id in ids {
+        if !manifest.resources.iter().any(|r| &r.id == id) {
+            return Err(Error::NotFound(format!(
+                "resource {id:?} is not declared in {}",
+                path.display()
+            ))
+            .into());
+        }
+    }
+    let store = Store::open(&config.store_dir())?;
+    let fetcher = Fetcher::new(config)?;
+    let retry = retry_policy(config);
+    let mut results = Vec::new();
+    let mut failed = false;
+    for resource in manifest
+        .resources
+        .iter()
+        .filter(|r| ids.is_empty() || ids.contains(&r.id))
+    {
+        let bar = crate::progress::Bar::new(&resource.id, resource.size, json);
+        let outcome = download(&fetcher, &store, resource, retry, &mut |n| bar.set(n)).await;
+        bar.finish();
+        match outcome {
+            Ok(path) => {
+                if json {
+                    results.push(json!({ "id": resource.id, "path": path, "size": resource.size, "sha256": resource.sha256 }));
+                } else {
+                    println!("{}\t{}", resource.id, path.display());
+                }
+            }
+            Err(e) => {
+                failed = true;
+                if json {
+                    let mut value = render::error_json(&e);
+                    value["id"] = json!(resource.id);
+                    results.push(value);
+                } else {
+                    eprintln!("{e}");
+                }
+            }
+        }
+    }
+    if json {
+        print_json(&json!({ "ok": !failed, "resources": results }));
+    }
+    Ok(if failed {
+        ExitCode::from(FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The retry settings of the configuration.
+pub fn retry_policy(config: &Config) -> RetryPolicy {
+    RetryPolicy {
+        retries: config.network.retries,
+        backoff: std::time::Duration::from_secs_f64(config.network.retry_backoff_secs),
+    }
+}
+
+/// The store folder of the configuration.
+#[allow(dead_code)]
+pub fn store_dir(config: &Config) -> PathBuf {
+    config.store_dir()
+}

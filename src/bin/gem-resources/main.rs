@@ -1,0 +1,32 @@
+//! `gem-resources`: the command-line shell over the library.
+//!
+//! It parses arguments, loads the configuration, calls the library and
+//! renders the outcome (text, or JSON with `--json`). Exit status: 0 on
+//! success, 1 when the operation failed (error codes are printed), 2 for
+//! usage errors.
+
+mod cli;
+mod commands;
+mod progress;
+mod render;
+mod service_commands;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Args::parse();
+    render::init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(commands::run(args))
+}

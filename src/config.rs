@@ -1,0 +1,324 @@
+//! Configuration: the TOML file, its defaults, and what the rest of the
+//! crate derives from it.
+//!
+//! ```toml
+//! store = "/path/to/store"
+//! [network]
+//! mode = "blocklist"        # or "allowlist"
+//! hosts = ["cdn.example.com", "*.example.org"]
+//! connect_timeout_secs = 10
+//! stall_timeout_secs = 30
+//! [dev]                     # development and tests only; empty in production
+//! extra_root_certs = ["ca.pem"]
+//! resolve = { "cdn.test" = ["127.0.0.1"] }
+//! allow_addresses = ["127.0.0.1/32", "::1/128"]
+//! ```
+//!
+//! Relative paths in the file resolve against the file's folder. Unknown keys
+//! are refused, so a misspelt setting never silently falls back to a default.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::policy::{Mode, Policy};
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where verified files and the service's records live.
+    #[serde(default)]
+    pub store: Option<PathBuf>,
+    /// Network policy and timeouts.
+    #[serde(default)]
+    pub network: NetworkConfig,
+    /// Scheduling limits of the background service.
+    #[serde(default)]
+    pub service: ServiceConfig,
+    /// Development and test exemptions. Empty in production.
+    #[serde(default)]
+    pub dev: DevConfig,
+}
+
+/// `[network]`: the user's network policy and the timeouts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// `allowlist`: only `hosts` may be reached; `blocklist`: `hosts` may not.
+    #[serde(default = "default_mode", with = "mode_serde")]
+    pub mode: Mode,
+    /// Host patterns: `cdn.example.com` or `*.example.org`.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Seconds allowed to open a connection (TCP and TLS).
+    #[serde(default = "default_connect")]
+    pub connect_timeout_secs: f64,
+    /// Seconds without a single byte after which a transfer is abandoned.
+    /// There is no total timeout: files can be gigabytes.
+    #[serde(default = "default_stall")]
+    pub stall_timeout_secs: f64,
+    /// How many more rounds over the whole address list after every address
+    /// failed with a transient error (network, 408, 429, 5xx).
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Seconds to wait before the first extra round; doubles each round.
+    #[serde(default = "default_backoff")]
+    pub retry_backoff_secs: f64,
+    /// Largest body auto-fill reads before giving up, in bytes.
+    #[serde(default = "default_autofill_max")]
+    pub autofill_max_bytes: u64,
+}
+
+/// `[service]`: bounds on concurrent downloads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// Downloads running at once, across all hosts.
+    #[serde(default = "default_max_downloads")]
+    pub max_concurrent_downloads: usize,
+    /// Downloads running at once against one host.
+    #[serde(default = "default_max_per_host")]
+    pub max_per_host: usize,
+}
+
+/// `[dev]`: settings that let development setups and tests reach a local
+/// origin. Production configurations leave this empty.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevConfig {
+    /// PEM files whose certificates are trusted in addition to the system roots.
+    #[serde(default)]
+    pub extra_root_certs: Vec<PathBuf>,
+    /// Fixed DNS answers, like `curl --resolve`. The answers still pass the
+    /// address guard (so they need `allow_addresses` to be local).
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Address ranges exempt from the local/internal-address rule.
+    #[serde(default)]
+    pub allow_addresses: Vec<IpNet>,
+}
+
+fn default_mode() -> Mode {
+    Mode::Blocklist
+}
+fn default_connect() -> f64 {
+    10.0
+}
+fn default_stall() -> f64 {
+    30.0
+}
+fn default_retries() -> u32 {
+    2
+}
+fn default_backoff() -> f64 {
+    1.0
+}
+fn default_autofill_max() -> u64 {
+    64 << 30
+}
+fn default_max_downloads() -> usize {
+    4
+}
+fn default_max_per_host() -> usize {
+    2
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            mode: default_mode(),
+            hosts: Vec::new(),
+            connect_timeout_secs: default_connect(),
+            stall_timeout_secs: default_stall(),
+            retries: default_retries(),
+            retry_backoff_secs: default_backoff(),
+            autofill_max_bytes: default_autofill_max(),
+        }
+    }
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_concurrent_downloads: default_max_downloads(),
+            max_per_host: default_max_per_host(),
+        }
+    }
+}
+
+mod mode_serde {
+    use serde::{Deserialize, Deserializer};
+
+    use crate::policy::Mode;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mode, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "allowlist" => Ok(Mode::Allowlist),
+            "blocklist" => Ok(Mode::Blocklist),
+            other => Err(serde::de::Error::custom(format!(
+                "mode must be \"allowlist\" or \"blocklist\", got {other:?}"
+            ))),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file; relative paths in it resolve against its folder.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io("cannot read configuration", path, e))?;
+        let mut config =
+            Config::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// Parses TOML text (paths are kept as written).
+    pub fn parse(text: &str) -> std::result::Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// The default configuration file: `<config dir>/gem-resources/config.toml`.
+    pub fn default_path() -> Option<PathBuf> {
+        dirs::config_dir().map(|d| d.join("gem-resources").join("config.toml"))
+    }
+
+    /// The default store: `<data dir>/gem-resources`.
+    pub fn default_store() -> PathBuf {
+        dirs::data_dir()
+            .unwrap_or_else(std::env::temp_dir)
+            .join("gem-resources")
+    }
+
+    /// The store folder: the configured one or the default.
+    pub fn store_dir(&self) -> PathBuf {
+        self.store.clone().unwrap_or_else(Config::default_store)
+    }
+
+    /// The network policy described by `[network]`.
+    pub fn policy(&self) -> Result<Policy> {
+        Policy::new(self.network.mode, &self.network.hosts)
+            .map_err(|e| Error::Config(format!("network.hosts: {e}")))
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.network.connect_timeout_secs)
+    }
+
+    /// The stall timeout.
+    pub fn stall_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.network.stall_timeout_secs)
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        for (name, value) in [
+            (
+                "network.connect_timeout_secs",
+                self.network.connect_timeout_secs,
+            ),
+            (
+                "network.stall_timeout_secs",
+                self.network.stall_timeout_secs,
+            ),
+        ] {
+            if !(value.is_finite() && value > 0.0 && value < 1e9) {
+                return Err(format!("{name} must be a positive number of seconds"));
+            }
+        }
+        let backoff = self.network.retry_backoff_secs;
+        if !(backoff.is_finite() && (0.0..1e6).contains(&backoff)) {
+            return Err("network.retry_backoff_secs must be zero or more seconds".into());
+        }
+        if self.service.max_concurrent_downloads == 0 || self.service.max_per_host == 0 {
+            return Err("service limits must be at least 1".into());
+        }
+        Policy::new(self.network.mode, &self.network.hosts)
+            .map_err(|e| format!("network.hosts: {e}"))?;
+        Ok(())
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        if let Some(store) = &self.store {
+            self.store = Some(base.join(store));
+        }
+        for cert in &mut self.dev.extra_root_certs {
+            *cert = base.join(&*cert);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_production_defaults() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.network.mode, Mode::Blocklist);
+        assert!(c.network.hosts.is_empty());
+        assert_eq!(c.connect_timeout(), Duration::from_secs(10));
+        assert_eq!(c.stall_timeout(), Duration::from_secs(30));
+        assert!(c.dev.allow_addresses.is_empty());
+        assert!(c.dev.resolve.is_empty());
+        assert!(c.dev.extra_root_certs.is_empty());
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let c = Config::parse(
+            r#"
+store = "data"
+[network]
+mode = "allowlist"
+hosts = ["cdn.example.com", "*.example.org"]
+connect_timeout_secs = 5
+stall_timeout_secs = 0.5
+[dev]
+extra_root_certs = ["ca.pem"]
+resolve = { "cdn.test" = ["127.0.0.1"] }
+allow_addresses = ["127.0.0.1/32", "::1/128"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.network.mode, Mode::Allowlist);
+        assert_eq!(c.stall_timeout(), Duration::from_millis(500));
+        assert_eq!(
+            c.dev.resolve["cdn.test"],
+            vec!["127.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn misspelt_keys_and_bad_values_are_refused() {
+        assert!(Config::parse("[network]\nmdoe = \"allowlist\"").is_err());
+        assert!(Config::parse("[network]\nmode = \"denylist\"").is_err());
+        assert!(Config::parse("[network]\nstall_timeout_secs = 0").is_err());
+        assert!(Config::parse("[network]\nhosts = [\"*\"]").is_err());
+        assert!(Config::parse("[dev]\nallow_addresses = [\"not-a-net\"]").is_err());
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "store = \"s\"\n[dev]\nextra_root_certs = [\"ca.pem\"]\n",
+        )
+        .unwrap();
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.store_dir(), dir.path().join("s"));
+        assert_eq!(c.dev.extra_root_certs, vec![dir.path().join("ca.pem")]);
+    }
+}

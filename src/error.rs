@@ -1,0 +1,247 @@
+//! Typed errors, each with a stable code.
+//!
+//! Two layers, as in the download path itself:
+//! - [`AttemptError`]: why one address (the url or one mirror) failed. Wrapped
+//!   in an [`Attempt`] that names the address and, after redirects, the hop
+//!   where it failed.
+//! - [`Error`]: what the caller of the library sees. A download that failed on
+//!   every address is [`Error::Unavailable`], listing every attempt.
+//!
+//! Every error has a `code()` (`E_RESOURCE_…`, `E_PERM_INVALID`) that scripts
+//! can match on; the `Display` text names the resource, the address and the
+//! reason.
+
+use std::path::PathBuf;
+
+use url::Url;
+
+use crate::guard::Blocked;
+use crate::manifest::ManifestError;
+
+/// Why one address failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptError {
+    /// The address (or a redirect) is not `https://`.
+    #[error("only https:// is allowed, got {scheme}://")]
+    Scheme {
+        /// The scheme that was refused.
+        scheme: String,
+    },
+    /// The address names, or resolves to, a local or internal-network address.
+    #[error("{0}")]
+    Address(#[from] Blocked),
+    /// The user's network policy does not permit the host.
+    #[error("host {host} is not permitted by the network policy ({mode} mode)")]
+    Policy {
+        /// The refused host.
+        host: String,
+        /// `allowlist` or `blocklist`.
+        mode: &'static str,
+    },
+    /// The server redirected more often than allowed.
+    #[error("too many redirects (more than {limit})")]
+    Redirects {
+        /// The number of redirects that were allowed.
+        limit: usize,
+    },
+    /// The server answered with a status other than 200 (or a redirect).
+    #[error("HTTP status {status}{}", reason_suffix(*.status))]
+    Http {
+        /// The status code received.
+        status: u16,
+    },
+    /// DNS, connect, TLS, reset or timeout.
+    #[error("{reason}")]
+    Network {
+        /// What happened, with the underlying cause.
+        reason: String,
+    },
+    /// The server sent more or fewer bytes than declared.
+    #[error("size mismatch: expected {expected} bytes, {detail}")]
+    Size {
+        /// The declared size.
+        expected: u64,
+        /// What was seen instead.
+        detail: String,
+    },
+    /// The bytes received do not hash to the declared SHA-256.
+    #[error("SHA-256 mismatch: expected {expected}, got {actual}")]
+    Sha256 {
+        /// The declared digest.
+        expected: String,
+        /// The digest of the bytes received.
+        actual: String,
+    },
+}
+
+fn reason_suffix(status: u16) -> String {
+    reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .map(|r| format!(" {r}"))
+        .unwrap_or_default()
+}
+
+impl AttemptError {
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AttemptError::Scheme { .. } => "E_RESOURCE_SCHEME",
+            AttemptError::Address(_) => "E_RESOURCE_ADDRESS",
+            AttemptError::Policy { .. } => "E_RESOURCE_POLICY",
+            AttemptError::Redirects { .. } => "E_RESOURCE_REDIRECTS",
+            AttemptError::Http { .. } => "E_RESOURCE_HTTP",
+            AttemptError::Network { .. } => "E_RESOURCE_NETWORK",
+            AttemptError::Size { .. } => "E_RESOURCE_SIZE",
+            AttemptError::Sha256 { .. } => "E_RESOURCE_SHA256",
+        }
+    }
+
+    /// Whether trying the same address again later may succeed.
+    ///
+    /// This is the one place that decides what is transient:
+    /// - network failures (DNS, connect, TLS, reset, stall) come and go;
+    /// - `408`, `429` and `5xx` are the server saying "not now";
+    /// - everything else is a property of the address or of the bytes it
+    ///   serves (wrong scheme, refused address or host, redirect loop, `404`,
+    ///   wrong size or digest) and will fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            AttemptError::Network { .. } => true,
+            AttemptError::Http { status } => matches!(status, 408 | 429 | 500..=599),
+            _ => false,
+        }
+    }
+}
+
+/// One failed try of one address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {address}{}: {error}", error.code(), hop_suffix(address, hop.as_ref()))]
+pub struct Attempt {
+    /// The address tried (the url or a mirror, as declared).
+    pub address: Url,
+    /// The redirect hop where it failed, when it is not `address` itself.
+    pub hop: Option<Url>,
+    /// Why it failed.
+    pub error: AttemptError,
+}
+
+fn hop_suffix(address: &Url, hop: Option<&Url>) -> String {
+    match hop {
+        Some(hop) if hop != address => format!(" (redirected to {hop})"),
+        _ => String::new(),
+    }
+}
+
+impl Attempt {
+    /// The stable error code of this attempt.
+    pub fn code(&self) -> &'static str {
+        self.error.code()
+    }
+}
+
+/// Everything the library can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The manifest was rejected; nothing of it is used.
+    #[error("{0}")]
+    Manifest(#[from] ManifestError),
+    /// One address checked or fetched on its own (auto-fill, `check-url`).
+    #[error("{0}")]
+    Attempt(Box<Attempt>),
+    /// Every address of a resource failed.
+    #[error(
+        "{}: resource {resource:?}: every address failed{}",
+        "E_RESOURCE_UNAVAILABLE",
+        list_attempts(attempts)
+    )]
+    Unavailable {
+        /// The resource id.
+        resource: String,
+        /// Each address tried, with its own reason, in order.
+        attempts: Vec<Attempt>,
+    },
+    /// Not enough free space for the download; nothing was requested.
+    #[error(
+        "E_RESOURCE_DISK_SPACE: resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
+        store.display()
+    )]
+    DiskSpace {
+        /// The resource id.
+        resource: String,
+        /// The declared size.
+        needed: u64,
+        /// Free bytes on the store's file system.
+        available: u64,
+        /// Bytes other downloads in progress will still write.
+        reserved: u64,
+        /// The store folder.
+        store: PathBuf,
+    },
+    /// A local file operation failed.
+    #[error("E_RESOURCE_IO: {context} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The file or folder concerned.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The configuration is invalid.
+    #[error("E_RESOURCE_CONFIG: {0}")]
+    Config(String),
+    /// No such gem or resource is installed.
+    #[error("E_RESOURCE_NOT_FOUND: {0}")]
+    NotFound(String),
+    /// The download was stopped (uninstall or shutdown).
+    #[error("E_RESOURCE_CANCELLED: resource {resource:?}: {reason}")]
+    Cancelled {
+        /// The resource id.
+        resource: String,
+        /// Why it was stopped.
+        reason: String,
+    },
+}
+
+impl From<Attempt> for Error {
+    fn from(a: Attempt) -> Self {
+        Error::Attempt(Box::new(a))
+    }
+}
+
+fn list_attempts(attempts: &[Attempt]) -> String {
+    attempts.iter().map(|a| format!("\n  - {a}")).collect()
+}
+
+impl Error {
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Manifest(e) => e.code(),
+            Error::Attempt(a) => a.code(),
+            Error::Unavailable { .. } => "E_RESOURCE_UNAVAILABLE",
+            Error::DiskSpace { .. } => "E_RESOURCE_DISK_SPACE",
+            Error::Io { .. } => "E_RESOURCE_IO",
+            Error::Config(_) => "E_RESOURCE_CONFIG",
+            Error::NotFound(_) => "E_RESOURCE_NOT_FOUND",
+            Error::Cancelled { .. } => "E_RESOURCE_CANCELLED",
+        }
+    }
+
+    /// Builds an [`Error::Io`].
+    pub(crate) fn io(
+        context: impl Into<String>,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            context: context.into(),
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,39 @@
+//! Downloads, verifies and keeps the large files that gems declare in the
+//! `resources` list of their manifests.
+//!
+//! # Layout
+//! - [`manifest`]: strict validation of a manifest's `resources`.
+//! - [`guard`]: refuses local and internal-network addresses.
+//! - [`policy`]: the user's allowlist or blocklist of hosts.
+//! - [`config`]: the TOML configuration.
+//! - [`resolve`]: DNS resolution that hands out only guarded addresses.
+//! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
+//! - [`store`]: the content-addressed store and its atomic publication.
+//! - [`download`]: one resource over its url and mirrors.
+//! - [`error`]: typed errors with stable codes.
+//!
+//! The binary `gem-resources` is a thin command-line shell over this API.
+
+pub mod config;
+pub mod download;
+pub mod error;
+pub mod fetch;
+pub mod guard;
+pub mod manifest;
+pub mod policy;
+pub mod resolve;
+pub mod store;
+
+pub use config::Config;
+pub use download::{download, RetryPolicy};
+pub use error::{Attempt, AttemptError, Error, Result};
+pub use fetch::{Fetcher, Transfer, MAX_REDIRECTS};
+pub use manifest::{parse_manifest, Manifest, Resource};
+pub use store::Store;
+
+/// Installs the process-wide TLS crypto provider (ring) once.
+pub fn install_crypto_provider() {
+    // Another part of the program may have installed it already; either way
+    // a provider is in place afterwards.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,155 @@
+//! Name resolution that only ever hands out addresses the guard accepts.
+//!
+//! The HTTP client asks [`GuardedResolver`] for every connection it opens,
+//! so the check happens on the very addresses we connect to: a name that
+//! answered with a public address for a check and with `127.0.0.1` a moment
+//! later (DNS rebinding) gets the second answer filtered out too. IP-literal
+//! hosts never reach a resolver; the fetcher checks those itself.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
+
+use hickory_resolver::config::ResolverConfig;
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::TokioResolver;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+use crate::error::AttemptError;
+use crate::guard::{AddressGuard, Blocked};
+
+/// Resolves names (system DNS, or the fixed `[dev] resolve` answers) and
+/// keeps only the answers the address guard accepts.
+#[derive(Clone)]
+pub struct GuardedResolver {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Rejects local and internal-network answers.
+    guard: AddressGuard,
+    /// Fixed answers from `[dev] resolve`, keyed by lowercase name.
+    fixed: BTreeMap<String, Vec<IpAddr>>,
+    /// The system resolver, built on first use (inside the runtime).
+    system: OnceLock<TokioResolver>,
+}
+
+impl GuardedResolver {
+    /// A resolver with the given guard and fixed answers.
+    pub fn new(guard: AddressGuard, fixed: BTreeMap<String, Vec<IpAddr>>) -> Self {
+        let fixed = fixed
+            .into_iter()
+            .map(|(name, ips)| (normalise(&name), ips))
+            .collect();
+        GuardedResolver {
+            inner: Arc::new(Inner {
+                guard,
+                fixed,
+                system: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The guard in use.
+    pub fn guard(&self) -> &AddressGuard {
+        &self.inner.guard
+    }
+
+    /// Resolves `name` and returns the answers that passed the guard.
+    ///
+    /// Fails with [`AttemptError::Address`] when there were answers but none
+    /// passed, and with [`AttemptError::Network`] when the name does not
+    /// resolve.
+    pub async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
+        let key = normalise(name);
+        let answers = match self.inner.fixed.get(&key) {
+            Some(ips) => ips.clone(),
+            None => {
+                if let Some(reason) = crate::guard::classify_name(&key) {
+                    return Err(AttemptError::Address(Blocked {
+                        address: key,
+                        reason: reason.to_string(),
+                    }));
+                }
+                self.system_lookup(&key).await?
+            }
+        };
+        let mut allowed = Vec::new();
+        let mut first_refusal = None;
+        for ip in answers {
+            match self.inner.guard.check_ip(ip) {
+                Ok(()) => allowed.push(ip),
+                Err(blocked) => {
+                    first_refusal.get_or_insert(blocked);
+                }
+            }
+        }
+        match (allowed.is_empty(), first_refusal) {
+            (false, _) => Ok(allowed),
+            (true, Some(blocked)) => Err(AttemptError::Address(Blocked {
+                address: format!("{key} (resolves to {})", blocked.address),
+                reason: blocked.reason,
+            })),
+            (true, None) => Err(AttemptError::Network {
+                reason: format!("DNS lookup of {key} returned no addresses"),
+            }),
+        }
+    }
+
+    async fn system_lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
+        let resolver = self.inner.system.get_or_init(build_system_resolver);
+        // A fully qualified name stops the search-domain expansion.
+        let fqdn = format!("{name}.");
+        match resolver.lookup_ip(fqdn.as_str()).await {
+            Ok(lookup) => Ok(lookup.iter().collect()),
+            Err(e) => Err(AttemptError::Network {
+                reason: format!("DNS lookup of {name} failed: {e}"),
+            }),
+        }
+    }
+}
+
+fn build_system_resolver() -> TokioResolver {
+    match TokioResolver::builder_tokio().and_then(|b| b.build()) {
+        Ok(resolver) => resolver,
+        Err(e) => {
+            tracing::warn!("no system DNS configuration ({e}); names will not resolve");
+            let empty = ResolverConfig::from_name_servers(Vec::new());
+            match TokioResolver::builder_with_config(empty, TokioRuntimeProvider::default()).build()
+            {
+                Ok(resolver) => resolver,
+                // Building from an empty configuration reads nothing and
+                // cannot fail in practice; retrying keeps this path total.
+                Err(_) => build_system_resolver(),
+            }
+        }
+    }
+}
+
+fn normalise(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The error a refused lookup travels as through the HTTP client, so the
+/// fetcher can recover the typed reason from the error chain.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct LookupRefused(pub AttemptError);
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let this = self.clone();
+        let name = name.as_str().to_string();
+        Box::pin(async move {
+            match this.lookup(&name).await {
+                Ok(ips) => {
+                    let addrs: Addrs = Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+                    Ok(addrs)
+                }
+                Err(e) => {
+                    Err(Box::new(LookupRefused(e)) as Box<dyn std::error::Error + Send + Sync>)
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,342 @@
+//! The content-addressed store of verified files.
+//!
+//! ```text
+//! <store>/
+//!   store-v1/                      layout version; a new layout gets a new folder
+//!     blobs/<sha256>/<file name>   verified files, read-only; more names for the
+//!                                  same bytes are hard links in the same folder
+//!     tmp/<sha256>.<size>.<random>.partial
+//!                                  a download in progress; never visible as a blob
+//!     locks/<sha256>.lock          held (file lock) while <sha256> is downloaded
+//!     gems/<gem id>.json           what each installed gem declares (service)
+//!     failures/<gem id>.json       last failure per resource (service)
+//! ```
+//!
+//! Files are named by the SHA-256 of their contents, so two gems that
+//! declare the same bytes share one copy, and a tool that loads
+//! `ocr-v3.onnx` gets a path ending in `ocr-v3.onnx`.
+//!
+//! Bytes are written to `tmp/` and only a file whose size and digest were
+//! verified is fsynced, made read-only and renamed into `blobs/`. A crash at
+//! any moment leaves at worst a `.partial` file, which [`Store::clean_tmp`]
+//! removes once no process holds its lock. The declared size is part of a
+//! partial file's name, so every process can tell how much the downloads in
+//! progress will still write when it checks free space. A later resumable
+//! download keeps its partial file (and its validator) under the same
+//! `tmp/<sha256>.…` prefix.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tempfile::TempPath;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
+
+use crate::error::{Error, Result};
+
+/// The current layout version's folder name.
+pub const LAYOUT: &str = "store-v1";
+
+const WRITE_BUFFER: usize = 256 * 1024;
+
+/// A store folder.
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// `<store>/store-v1`.
+    root: PathBuf,
+    /// Serialises "check free space, then create the partial file" within
+    /// this process, so two downloads cannot both count the same free bytes.
+    space: Arc<Mutex<()>>,
+}
+
+/// An exclusive, cross-process lock on one SHA-256; released on drop.
+#[derive(Debug)]
+pub struct ShaLock {
+    _file: File,
+}
+
+impl Store {
+    /// Opens (creating when needed) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Store> {
+        let root = dir.join(LAYOUT);
+        for sub in ["blobs", "tmp", "locks", "gems", "failures"] {
+            let path = root.join(sub);
+            fs::create_dir_all(&path)
+                .map_err(|e| Error::io("cannot create store folder", &path, e))?;
+        }
+        Ok(Store {
+            root,
+            space: Arc::new(Mutex::new(())),
+        })
+    }
+
+    /// `<store>/store-v1`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the verified file for `sha256` is kept under `name`.
+    pub fn blob_path(&self, sha256: &str, name: &str) -> PathBuf {
+        self.root.join("blobs").join(sha256).join(name)
+    }
+
+    /// Returns the verified file for `sha256` named `name`, when the store
+    /// has these bytes (under this or another name: another name gets a hard
+    /// link, so the tool still sees its own file name). No hashing: files in
+    /// `blobs/` were verified before they got there.
+    pub fn find(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
+        let wanted = self.blob_path(sha256, name);
+        if wanted.is_file() {
+            return Ok(Some(wanted));
+        }
+        let dir = self.root.join("blobs").join(sha256);
+        let Some(existing) = first_file(&dir) else {
+            return Ok(None);
+        };
+        match fs::hard_link(&existing, &wanted) {
+            Ok(()) => Ok(Some(wanted)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(wanted)),
+            Err(_) => {
+                // Hard links can fail (file system without them): copy.
+                fs::copy(&existing, &wanted)
+                    .map_err(|e| Error::io("cannot copy stored file", &wanted, e))?;
+                Ok(Some(wanted))
+            }
+        }
+    }
+
+    /// Whether the store holds the bytes of `sha256` under any name.
+    pub fn has(&self, sha256: &str) -> bool {
+        first_file(&self.root.join("blobs").join(sha256)).is_some()
+    }
+
+    /// Every SHA-256 the store holds.
+    pub fn blobs(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("blobs");
+        let entries = fs::read_dir(&dir).map_err(|e| Error::io("cannot list", &dir, e))?;
+        let mut out: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| is_sha256(n))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// The verified files of `sha256` (one per name).
+    pub fn blob_files(&self, sha256: &str) -> Vec<PathBuf> {
+        let dir = self.root.join("blobs").join(sha256);
+        let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Deletes the bytes of `sha256` (every name).
+    pub fn remove(&self, sha256: &str) -> Result<()> {
+        if !is_sha256(sha256) {
+            return Ok(());
+        }
+        let dir = self.root.join("blobs").join(sha256);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("cannot delete", &dir, e)),
+        }
+    }
+
+    /// Takes the cross-process lock for downloading `sha256`, waiting for a
+    /// process or task that holds it.
+    pub async fn lock(&self, sha256: &str) -> Result<ShaLock> {
+        let path = self.root.join("locks").join(format!("{sha256}.lock"));
+        let file = open_lock_file(&path)?;
+        tokio::task::spawn_blocking(move || {
+            file.lock()
+                .map(|()| ShaLock { _file: file })
+                .map_err(|e| Error::io("cannot lock", &path, e))
+        })
+        .await
+        .map_err(|e| {
+            Error::io(
+                "lock task failed",
+                self.root.join("locks"),
+                io::Error::other(e),
+            )
+        })?
+    }
+
+    /// Takes the lock for `sha256` only if nobody holds it.
+    pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
+        let path = self.root.join("locks").join(format!("{sha256}.lock"));
+        let file = open_lock_file(&path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(ShaLock { _file: file })),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(Error::io("cannot lock", &path, e)),
+        }
+    }
+
+    /// Starts a download of `size` bytes for `sha256`: checks that the file
+    /// system has room for it on top of what other downloads in progress will
+    /// still write, then creates the partial file. Touches no network.
+    pub fn begin(&self, resource: &str, sha256: &str, size: u64) -> Result<Partial> {
+        let tmp = self.root.join("tmp");
+        let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
+        let available = available_space(&tmp)?;
+        let reserved = self.reserved_bytes();
+        if available < size.saturating_add(reserved) {
+            return Err(Error::DiskSpace {
+                resource: resource.to_string(),
+                needed: size,
+                available,
+                reserved,
+                store: self.root.clone(),
+            });
+        }
+        let named = tempfile::Builder::new()
+            .prefix(&format!("{sha256}.{size}."))
+            .suffix(".partial")
+            .tempfile_in(&tmp)
+            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
+        let (file, path) = named.into_parts();
+        Ok(Partial {
+            writer: BufWriter::with_capacity(WRITE_BUFFER, tokio::fs::File::from_std(file)),
+            path,
+        })
+    }
+
+    /// Bytes that downloads in progress (in any process) will still write.
+    pub fn reserved_bytes(&self) -> u64 {
+        partial_files(&self.root.join("tmp"))
+            .map(|(path, declared)| {
+                let written = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                declared.saturating_sub(written)
+            })
+            .sum()
+    }
+
+    /// Removes partial files left by crashed downloads (those whose lock is
+    /// free) and returns how many were removed.
+    pub fn clean_tmp(&self) -> Result<usize> {
+        let mut removed = 0;
+        let tmp = self.root.join("tmp");
+        let entries = fs::read_dir(&tmp).map_err(|e| Error::io("cannot list", &tmp, e))?;
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            let sha = name.split('.').next().unwrap_or_default().to_string();
+            let owned = is_sha256(&sha) && self.try_lock(&sha)?.is_none();
+            if !owned && fs::remove_file(&path).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// A download in progress: a temporary file deleted on drop unless committed.
+#[derive(Debug)]
+pub struct Partial {
+    /// Buffered writer over the temporary file.
+    writer: BufWriter<tokio::fs::File>,
+    /// Deletes the file when dropped without `commit`.
+    path: TempPath,
+}
+
+impl Partial {
+    /// The writer the transfer streams into.
+    pub fn writer(&mut self) -> &mut BufWriter<tokio::fs::File> {
+        &mut self.writer
+    }
+
+    /// Empties the file for another try.
+    pub async fn rewind(&mut self) -> Result<()> {
+        let path: &Path = &self.path;
+        let map = |e| Error::io("cannot reset temporary file", path, e);
+        self.writer.flush().await.map_err(map)?;
+        let file = self.writer.get_mut();
+        file.set_len(0).await.map_err(map)?;
+        file.seek(io::SeekFrom::Start(0)).await.map_err(map)?;
+        Ok(())
+    }
+
+    /// Publishes verified bytes: flush, fsync, read-only, rename into
+    /// `blobs/<sha256>/<name>`, fsync the folder.
+    pub async fn commit(mut self, store: &Store, sha256: &str, name: &str) -> Result<PathBuf> {
+        let tmp: PathBuf = self.path.to_path_buf();
+        let map = |e| Error::io("cannot write", &tmp, e);
+        self.writer.flush().await.map_err(map)?;
+        let file = self.writer.get_mut();
+        file.sync_all().await.map_err(map)?;
+        let mut perms = file.metadata().await.map_err(map)?.permissions();
+        perms.set_readonly(true);
+        file.set_permissions(perms).await.map_err(map)?;
+        let dir = store.root.join("blobs").join(sha256);
+        fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        let dest = dir.join(name);
+        self.path
+            .persist(&dest)
+            .map_err(|e| Error::io("cannot move verified file to", &dest, e.error))?;
+        sync_dir(&dir);
+        Ok(dest)
+    }
+}
+
+fn first_file(dir: &Path) -> Option<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files.into_iter().next()
+}
+
+fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, u64)> {
+    fs::read_dir(tmp)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|entry| {
+            let name = entry.file_name().to_str()?.to_string();
+            let mut parts = name.split('.');
+            let sha = parts.next()?;
+            let size: u64 = parts.next()?.parse().ok()?;
+            (is_sha256(sha) && name.ends_with(".partial")).then(|| (entry.path(), size))
+        })
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io("cannot open lock file", path, e))
+}
+
+fn available_space(dir: &Path) -> Result<u64> {
+    let stat = rustix::fs::statvfs(dir)
+        .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+fn sync_dir(dir: &Path) {
+    // Makes the rename durable; a failure here loses nothing that was
+    // verified, so it is not worth failing the download for.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Whether `text` is 64 lowercase hex digits.
+pub fn is_sha256(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}

@@ -1,0 +1,177 @@
+//! Shared test fixtures: an in-process HTTPS origin and a configuration
+//! that trusts it through the explicit `[dev]` settings.
+
+// Each test module uses part of this.
+#![allow(dead_code)]
+
+pub mod origin;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use gem_resources::Config;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+use url::Url;
+
+#[allow(unused_imports)]
+pub use origin::{Behaviour, Gate, Origin};
+
+/// Names the test configuration maps to 127.0.0.1.
+pub const TEST_HOSTS: &[&str] = &[
+    "origin.test",
+    "mirror.test",
+    "cdn.test",
+    "other.test",
+    "blocked.test",
+    "evil.test",
+    "a.origin.test",
+    "b.origin.test",
+];
+
+/// An origin, a scratch folder and a configuration that reaches the origin.
+pub struct Env {
+    /// The HTTPS origin.
+    pub origin: Origin,
+    /// Scratch folder (config, CA, store, manifests).
+    pub dir: TempDir,
+}
+
+impl Env {
+    /// Starts an origin and writes `ca.pem` and `config.toml` into a new
+    /// scratch folder.
+    pub async fn new() -> Env {
+        let origin = Origin::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), origin.ca_pem()).unwrap();
+        let env = Env { origin, dir };
+        env.write_config("");
+        env
+    }
+
+    /// The `[dev]` section that lets the tests reach the origin.
+    pub fn dev_section() -> String {
+        let resolve: Vec<String> = TEST_HOSTS
+            .iter()
+            .map(|h| format!("\"{h}\" = [\"127.0.0.1\"]"))
+            .collect();
+        format!(
+            "[dev]\nextra_root_certs = [\"ca.pem\"]\nresolve = {{ {} }}\nallow_addresses = [\"127.0.0.1/32\"]\n",
+            resolve.join(", ")
+        )
+    }
+
+    /// Writes `config.toml` with the test defaults, `network` lines added to
+    /// `[network]`, and returns its path.
+    pub fn write_config(&self, network: &str) -> PathBuf {
+        self.write_config_full(network, "")
+    }
+
+    /// Like [`Env::write_config`], with extra top-level sections appended.
+    pub fn write_config_full(&self, network: &str, extra: &str) -> PathBuf {
+        let path = self.dir.path().join("config.toml");
+        let text = format!(
+            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 1\nretries = 0\n{network}\n{}\n{extra}\n",
+            Env::dev_section()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// The configuration as the binary would load it.
+    pub fn config(&self) -> Config {
+        Config::load(&self.dir.path().join("config.toml")).unwrap()
+    }
+
+    /// `https://{host}:{port}{path}`.
+    pub fn url(&self, host: &str, path: &str) -> Url {
+        Url::parse(&self.origin.url(host, path)).unwrap()
+    }
+
+    /// Serves `body` at `path` and returns its URL on origin.test.
+    pub fn serve(&self, path: &str, body: &[u8]) -> Url {
+        self.origin.route(path, Behaviour::Body(body.to_vec()));
+        self.url("origin.test", path)
+    }
+
+    /// The store folder the configuration names.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// Writes a manifest file holding `resources` and returns its path.
+    pub fn write_manifest(&self, name: &str, resources: serde_json::Value) -> PathBuf {
+        let path = self.dir.path().join(name);
+        let doc = serde_json::json!({ "id": "sample", "name": "Sample", "resources": resources });
+        std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+        path
+    }
+
+    /// Runs the binary with this configuration and `args`, off the async
+    /// runtime so the origin keeps serving.
+    pub async fn run(&self, args: &[&str]) -> Output {
+        let config = self.dir.path().join("config.toml");
+        let mut all: Vec<String> = vec!["--config".into(), config.display().to_string()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        run_bin(all).await
+    }
+}
+
+/// Runs the binary with exactly `args`.
+pub async fn run_bin(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .args(&args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// Lowercase hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// Deterministic test bytes.
+pub fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// A resource entry for a manifest.
+pub fn entry(id: &str, url: &Url, body: &[u8]) -> serde_json::Value {
+    serde_json::json!({ "id": id, "url": url.as_str(), "sha256": sha256_hex(body), "size": body.len() })
+}
+
+/// stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}

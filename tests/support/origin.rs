@@ -1,0 +1,623 @@
+//! An in-process HTTPS origin for the gem-resources tests and the offline demo.
+//!
+//! [`Origin::start`] binds an ephemeral port on 127.0.0.1, makes a throwaway CA
+//! and a leaf certificate signed by it, and answers HTTP/1.1 over TLS with a
+//! hand-written responder so that each route can misbehave in one exact way
+//! (wrong lengths, stalls, resets, redirects, gates, slow bodies).
+//!
+//! The file is self-contained: it is included as `mod origin;` from
+//! `tests/support/mod.rs` and through `#[path = ...]` from examples.
+
+// Each test binary and example uses only part of this module.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+/// DNS names the leaf certificate is valid for.
+const DNS_NAMES: &[&str] = &[
+    "localhost",
+    "origin.test",
+    "mirror.test",
+    "cdn.test",
+    "other.test",
+    "blocked.test",
+    "evil.test",
+    "*.origin.test",
+];
+
+/// IP addresses the leaf certificate is valid for.
+const IP_NAMES: &[&str] = &["127.0.0.1", "::1"];
+
+/// Largest request head accepted; a longer one gets 400.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Size of each body write.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// How long a finished connection waits for the client to close before
+/// dropping the socket (so that unread client bytes never turn the close into
+/// a reset that could discard the tail of a response).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Pause between the last byte sent and the reset in [`Behaviour::Reset`].
+const RESET_PAUSE: Duration = Duration::from_millis(20);
+
+/// What a GET of one path returns.
+#[derive(Clone, Debug)]
+pub enum Behaviour {
+    /// 200, correct Content-Length, body.
+    Body(Vec<u8>),
+    /// 200, body streamed with no Content-Length, connection closed at the end
+    /// (close-delimited).
+    BodyNoLength(Vec<u8>),
+    /// 200 with `Content-Length: content_length` but sends `body` (shorter or
+    /// longer) then closes.
+    WrongLength {
+        /// The bytes actually sent.
+        body: Vec<u8>,
+        /// The length announced in Content-Length.
+        content_length: u64,
+    },
+    /// 200 with the full Content-Length, sends the first `sent` bytes of body,
+    /// then holds the connection open, sending nothing more, until the origin
+    /// is dropped.
+    Stall {
+        /// The whole body, whose length is announced.
+        body: Vec<u8>,
+        /// How many bytes of it are sent before stalling.
+        sent: usize,
+    },
+    /// 200 with the full Content-Length, sends the first `sent` bytes, then
+    /// resets the TCP connection (SO_LINGER 0 and close), so the client sees a
+    /// reset or an unexpected EOF. A client that is not reading may get fewer
+    /// than `sent` bytes before the error, since a reset discards what the
+    /// kernel had not yet delivered.
+    Reset {
+        /// The whole body, whose length is announced.
+        body: Vec<u8>,
+        /// How many bytes of it are sent before the reset.
+        sent: usize,
+    },
+    /// Any status code with a short text body (none for 1xx, 204 and 304).
+    Status(u16),
+    /// `status` with `Location: location` sent verbatim, and an empty body.
+    Redirect {
+        /// The status code, e.g. 301, 302, 303, 307 or 308.
+        status: u16,
+        /// The Location header value, relative or absolute.
+        location: String,
+    },
+    /// Like [`Behaviour::Body`] but answers only once `gate` is open (the
+    /// request is counted first).
+    Gated {
+        /// The body sent once the gate opens.
+        body: Vec<u8>,
+        /// The latch the response waits on.
+        gate: Gate,
+    },
+    /// Body sent in `chunk`-byte pieces with `delay` between them, correct
+    /// Content-Length.
+    Slow {
+        /// The whole body.
+        body: Vec<u8>,
+        /// Bytes per piece (0 is taken as 1).
+        chunk: usize,
+        /// Pause between pieces.
+        delay: Duration,
+    },
+}
+
+/// A latch shared between a test and the origin: [`Gate::open`] releases every
+/// waiting and future request. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Gate {
+    open: Arc<watch::Sender<bool>>,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Gate {
+        Gate::default()
+    }
+
+    /// Opens the gate for good, releasing every waiting and future request.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Whether the gate has been opened.
+    pub fn is_open(&self) -> bool {
+        *self.open.borrow()
+    }
+
+    /// Waits until the gate is open; returns at once if it already is.
+    pub async fn wait(&self) {
+        let mut rx = self.open.subscribe();
+        // The sender lives in `self`, so this cannot fail while we wait.
+        let _ = rx.wait_for(|open| *open).await;
+    }
+}
+
+/// State shared by the origin handle and its connection tasks.
+#[derive(Default)]
+struct Shared {
+    /// Routes by path; `Arc` so that serving a large body never copies it.
+    routes: Mutex<HashMap<String, Arc<Behaviour>>>,
+    hits: Mutex<HashMap<String, usize>>,
+    total: AtomicUsize,
+    last_headers: Mutex<HashMap<String, Vec<(String, String)>>>,
+}
+
+/// Connection tasks, and whether the origin has been dropped.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<()>,
+    closed: bool,
+}
+
+/// An HTTPS origin on 127.0.0.1 with its own CA. Dropping it stops the
+/// accept loop and every connection.
+pub struct Origin {
+    addr: SocketAddr,
+    ca_pem: String,
+    shared: Arc<Shared>,
+    tasks: Arc<Mutex<Tasks>>,
+    accept: JoinHandle<()>,
+}
+
+impl Origin {
+    /// Binds 127.0.0.1 on an ephemeral port, makes a throwaway CA and a leaf
+    /// certificate signed by it for localhost, origin.test, mirror.test,
+    /// cdn.test, other.test, blocked.test, evil.test, *.origin.test,
+    /// 127.0.0.1 and ::1, and serves HTTP/1.1 over TLS 1.2 and 1.3.
+    ///
+    /// Must be called inside a tokio runtime. Panics on setup failure.
+    pub async fn start() -> Origin {
+        let (ca_pem, chain, key) = make_certificates();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .expect("origin: TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("origin: server certificate");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("origin: bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("origin: local address");
+
+        let shared = Arc::new(Shared::default());
+        let tasks = Arc::new(Mutex::new(Tasks::default()));
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            acceptor,
+            Arc::clone(&shared),
+            Arc::clone(&tasks),
+        ));
+        Origin {
+            addr,
+            ca_pem,
+            shared,
+            tasks,
+            accept,
+        }
+    }
+
+    /// The port the origin listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The address the origin listens on (127.0.0.1 and an ephemeral port).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The CA certificate, PEM, for clients to trust.
+    pub fn ca_pem(&self) -> String {
+        self.ca_pem.clone()
+    }
+
+    /// `https://{host}:{port}{path}`.
+    pub fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.port())
+    }
+
+    /// Sets (or replaces) what a GET of `path` returns. Unknown paths get 404.
+    ///
+    /// A request whose target has a query string is looked up first by its
+    /// whole target, then by the part before `?`.
+    pub fn route(&self, path: &str, behaviour: Behaviour) {
+        lock(&self.shared.routes).insert(path.to_owned(), Arc::new(behaviour));
+    }
+
+    /// How many requests for `path` arrived (counted when the request head is
+    /// read, before responding).
+    pub fn hits(&self, path: &str) -> usize {
+        lock(&self.shared.hits).get(path).copied().unwrap_or(0)
+    }
+
+    /// How many well-formed request heads arrived, for any path.
+    pub fn total_hits(&self) -> usize {
+        self.shared.total.load(Ordering::SeqCst)
+    }
+
+    /// The headers of the last request for `path`, in the order sent, names
+    /// lower-cased and values trimmed (the Host header included).
+    pub fn last_headers(&self, path: &str) -> Option<Vec<(String, String)>> {
+        lock(&self.shared.last_headers).get(path).cloned()
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let mut tasks = lock(&self.tasks);
+        tasks.closed = true;
+        tasks.set.abort_all();
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (a panicking test must not hide others).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes the CA and the leaf; returns the CA PEM, the leaf chain and its key.
+fn make_certificates() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+    let ca_key = KeyPair::generate().expect("origin: CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("origin: CA params");
+    let mut ca_name = DistinguishedName::new();
+    ca_name.push(DnType::CommonName, "gem-resources test CA");
+    ca_params.distinguished_name = ca_name;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).expect("origin: CA cert");
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let names: Vec<String> = DNS_NAMES
+        .iter()
+        .chain(IP_NAMES)
+        .map(|s| s.to_string())
+        .collect();
+    let leaf_key = KeyPair::generate().expect("origin: leaf key");
+    let mut leaf_params = CertificateParams::new(names).expect("origin: leaf params");
+    let mut leaf_name = DistinguishedName::new();
+    leaf_name.push(DnType::CommonName, "origin.test");
+    leaf_params.distinguished_name = leaf_name;
+    leaf_params.is_ca = IsCa::ExplicitNoCa;
+    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf_params.use_authority_key_identifier_extension = true;
+    let leaf_cert = leaf_params
+        .signed_by(&leaf_key, &issuer)
+        .expect("origin: leaf cert");
+
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+    (ca_cert.pem(), vec![leaf_cert.der().clone()], key)
+}
+
+/// Accepts connections until the origin is dropped, each on its own task.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    shared: Arc<Shared>,
+    tasks: Arc<Mutex<Tasks>>,
+) {
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(_) => {
+                // Out of descriptors or a connection gone before accept:
+                // back off a little and keep serving.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let mut guard = lock(&tasks);
+        if guard.closed {
+            return;
+        }
+        while guard.set.try_join_next().is_some() {}
+        guard
+            .set
+            .spawn(connection(tcp, acceptor.clone(), Arc::clone(&shared)));
+    }
+}
+
+/// Serves one request on one connection, then closes it.
+async fn connection(tcp: TcpStream, acceptor: TlsAcceptor, shared: Arc<Shared>) {
+    let _ = tcp.set_nodelay(true);
+    // A failed handshake or a vanished client just ends the connection.
+    let Ok(mut tls) = acceptor.accept(tcp).await else {
+        return;
+    };
+    let _ = serve(&mut tls, &shared).await;
+}
+
+/// The parsed request head.
+struct Request {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+}
+
+/// Reads the request head: `Ok(None)` if the client left before sending one.
+async fn read_head(tls: &mut TlsStream<TcpStream>) -> std::io::Result<Option<Result<Request, ()>>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        if let Some(end) = find_head_end(&buf) {
+            return Ok(Some(parse_head(&buf[..end])));
+        }
+        if buf.len() >= MAX_HEAD {
+            return Ok(Some(Err(())));
+        }
+        let n = tls.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The index just past the blank line ending the head, within [`MAX_HEAD`].
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .filter(|&end| end <= MAX_HEAD)
+}
+
+/// Parses a request head; `Err` for anything that is not HTTP/1.x.
+fn parse_head(head: &[u8]) -> Result<Request, ()> {
+    let text = std::str::from_utf8(head).map_err(|_| ())?;
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().ok_or(())?;
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(());
+    };
+    let method_ok = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
+    if !method_ok || !target.starts_with('/') || !version.starts_with("HTTP/1.") {
+        return Err(());
+    }
+    let mut headers = Vec::new();
+    for line in lines.take_while(|l| !l.is_empty()) {
+        let (name, value) = line.split_once(':').ok_or(())?;
+        if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace()) {
+            return Err(());
+        }
+        headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    Ok(Request {
+        method: method.to_owned(),
+        target: target.to_owned(),
+        headers,
+    })
+}
+
+/// Reads one request, records it and answers it.
+async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Result<()> {
+    let request = match read_head(tls).await? {
+        None => return Ok(()),
+        Some(Ok(request)) => request,
+        Some(Err(())) => {
+            write_status(tls, 400, false).await?;
+            return close(tls).await;
+        }
+    };
+
+    let (key, behaviour) = {
+        let routes = lock(&shared.routes);
+        let bare = request.target.split('?').next().unwrap_or_default();
+        match routes.get(&request.target) {
+            Some(b) => (request.target.clone(), Some(Arc::clone(b))),
+            None => (bare.to_owned(), routes.get(bare).cloned()),
+        }
+    };
+    *lock(&shared.hits).entry(key.clone()).or_default() += 1;
+    lock(&shared.last_headers).insert(key, request.headers);
+    shared.total.fetch_add(1, Ordering::SeqCst);
+
+    let head_only = request.method == "HEAD";
+    if request.method != "GET" && !head_only {
+        write_status(tls, 405, false).await?;
+        return close(tls).await;
+    }
+    let Some(behaviour) = behaviour else {
+        write_status(tls, 404, head_only).await?;
+        return close(tls).await;
+    };
+
+    match &*behaviour {
+        Behaviour::Body(body) => {
+            write_ok_head(tls, Some(body.len() as u64)).await?;
+            if !head_only {
+                write_body(tls, body).await?;
+            }
+        }
+        Behaviour::BodyNoLength(body) => {
+            write_ok_head(tls, None).await?;
+            if !head_only {
+                write_body(tls, body).await?;
+            }
+        }
+        Behaviour::WrongLength {
+            body,
+            content_length,
+        } => {
+            write_ok_head(tls, Some(*content_length)).await?;
+            if !head_only {
+                write_body(tls, body).await?;
+            }
+        }
+        Behaviour::Stall { body, sent } => {
+            write_ok_head(tls, Some(body.len() as u64)).await?;
+            if !head_only {
+                write_body(tls, &body[..(*sent).min(body.len())]).await?;
+                // Hold the connection until the origin is dropped, which
+                // aborts this task.
+                std::future::pending::<()>().await;
+            }
+        }
+        Behaviour::Reset { body, sent } => {
+            write_ok_head(tls, Some(body.len() as u64)).await?;
+            if !head_only {
+                write_body(tls, &body[..(*sent).min(body.len())]).await?;
+            }
+            // Let loopback deliver what was sent, then SO_LINGER 0 so that
+            // dropping the socket sends RST instead of FIN.
+            tokio::time::sleep(RESET_PAUSE).await;
+            tls.get_ref().0.set_zero_linger()?;
+            return Ok(());
+        }
+        Behaviour::Status(status) => write_status(tls, *status, head_only).await?,
+        Behaviour::Redirect { status, location } => {
+            let head = format!(
+                "HTTP/1.1 {status} {}\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                reason(*status)
+            );
+            tls.write_all(head.as_bytes()).await?;
+            tls.flush().await?;
+        }
+        Behaviour::Gated { body, gate } => {
+            gate.wait().await;
+            write_ok_head(tls, Some(body.len() as u64)).await?;
+            if !head_only {
+                write_body(tls, body).await?;
+            }
+        }
+        Behaviour::Slow { body, chunk, delay } => {
+            write_ok_head(tls, Some(body.len() as u64)).await?;
+            if !head_only {
+                let mut pieces = body.chunks((*chunk).max(1)).peekable();
+                while let Some(piece) = pieces.next() {
+                    write_body(tls, piece).await?;
+                    if pieces.peek().is_some() {
+                        tokio::time::sleep(*delay).await;
+                    }
+                }
+            }
+        }
+    }
+    close(tls).await
+}
+
+/// Writes a 200 head for an octet-stream body, with or without a length.
+async fn write_ok_head(
+    tls: &mut TlsStream<TcpStream>,
+    content_length: Option<u64>,
+) -> std::io::Result<()> {
+    let length = content_length
+        .map(|n| format!("Content-Length: {n}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{length}Connection: close\r\n\r\n"
+    );
+    tls.write_all(head.as_bytes()).await?;
+    tls.flush().await
+}
+
+/// Writes a status with a short text body (none where HTTP forbids one).
+async fn write_status(
+    tls: &mut TlsStream<TcpStream>,
+    status: u16,
+    head_only: bool,
+) -> std::io::Result<()> {
+    let no_body = (100..200).contains(&status) || status == 204 || status == 304;
+    let mut response = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    let text = format!("{status} {}\n", reason(status));
+    if !no_body {
+        response.push_str("Content-Type: text/plain; charset=utf-8\r\n");
+        response.push_str(&format!("Content-Length: {}\r\n", text.len()));
+    }
+    response.push_str("Connection: close\r\n\r\n");
+    if !no_body && !head_only {
+        response.push_str(&text);
+    }
+    tls.write_all(response.as_bytes()).await?;
+    tls.flush().await
+}
+
+/// Writes body bytes in [`WRITE_CHUNK`] pieces, flushing each.
+async fn write_body(tls: &mut TlsStream<TcpStream>, body: &[u8]) -> std::io::Result<()> {
+    for piece in body.chunks(WRITE_CHUNK) {
+        tls.write_all(piece).await?;
+        tls.flush().await?;
+    }
+    Ok(())
+}
+
+/// Sends close_notify and FIN, then waits briefly for the client to close so
+/// that the response is never cut short by a reset.
+async fn close(tls: &mut TlsStream<TcpStream>) -> std::io::Result<()> {
+    tls.shutdown().await?;
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(LINGER, async {
+        while let Ok(n) = tls.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// The reason phrase for a status code.
+fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        410 => "Gone",
+        416 => "Range Not Satisfiable",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
