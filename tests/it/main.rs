@@ -4,4 +4,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod address_guard;
+mod autofill;
+mod cli_basics;
+mod fetch_rules;
+mod manifest_cli;
 mod smoke;
