@@ -10,6 +10,10 @@
 //! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
 //! - [`store`]: the content-addressed store and its atomic publication.
 //! - [`download`]: one resource over its url and mirrors.
+//! - [`registry`]: installed gems and failure records, crash-safe.
+//! - `limiter`, `scheduler`: bounded, fair, cancellable background downloads.
+//! - [`service`]: [`Resources`], the service the app embeds.
+//! - [`events`]: progress events for a UI.
 //! - [`error`]: typed errors with stable codes.
 //!
 //! The binary `gem-resources` is a thin command-line shell over this API.
@@ -17,18 +21,25 @@
 pub mod config;
 pub mod download;
 pub mod error;
+pub mod events;
 pub mod fetch;
 pub mod guard;
+mod limiter;
 pub mod manifest;
 pub mod policy;
+pub mod registry;
 pub mod resolve;
+mod scheduler;
+pub mod service;
 pub mod store;
 
 pub use config::Config;
 pub use download::{download, RetryPolicy};
 pub use error::{Attempt, AttemptError, Error, Result};
+pub use events::Event;
 pub use fetch::{Fetcher, Transfer, MAX_REDIRECTS};
 pub use manifest::{parse_manifest, Manifest, Resource};
+pub use service::{GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport, VerifyReport};
 pub use store::Store;
 
 /// Installs the process-wide TLS crypto provider (ring) once.

@@ -221,6 +221,24 @@ impl Store {
             .sum()
     }
 
+    /// Bytes written so far by another process downloading `sha256`, when
+    /// one holds its lock.
+    pub fn downloading_elsewhere(&self, sha256: &str) -> Option<u64> {
+        if !matches!(self.try_lock(sha256), Ok(None)) {
+            return None;
+        }
+        let written = partial_files(&self.root.join("tmp"))
+            .filter(|(path, _)| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(sha256))
+            })
+            .filter_map(|(path, _)| fs::metadata(path).ok().map(|m| m.len()))
+            .max()
+            .unwrap_or(0);
+        Some(written)
+    }
+
     /// Removes partial files left by crashed downloads (those whose lock is
     /// free) and returns how many were removed.
     pub fn clean_tmp(&self) -> Result<usize> {

@@ -1,0 +1,237 @@
+//! What each installed gem declares, and the last failure of each resource.
+//!
+//! Both live in the store (`gems/<gem id>.json`, `failures/<gem id>.json`),
+//! are written atomically (temporary file, fsync, rename, fsync folder) and
+//! are changed only under a cross-process lock (`locks/registry.lock`), so
+//! several processes can share one store and a crash never leaves a
+//! half-written record.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::manifest::Resource;
+use crate::store::Store;
+
+/// A gem's registration: its validated resources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The gem's id.
+    pub gem: String,
+    /// Its resources, as validated at install.
+    pub resources: Vec<Resource>,
+}
+
+/// The last failure of one resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// When it failed, seconds since the Unix epoch.
+    pub at: u64,
+    /// The error code.
+    pub code: String,
+    /// The full message.
+    pub message: String,
+    /// Each address with its own code and reason.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One address of a failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The address tried.
+    pub address: String,
+    /// The error code.
+    pub code: String,
+    /// Why it failed.
+    pub reason: String,
+}
+
+impl FailureRecord {
+    /// Records `error` as of now.
+    pub fn from_error(error: &Error) -> FailureRecord {
+        let attempts = match error {
+            Error::Unavailable { attempts, .. } => attempts
+                .iter()
+                .map(|a| AttemptRecord {
+                    address: a.address.to_string(),
+                    code: a.code().to_string(),
+                    reason: a.error.to_string(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        FailureRecord {
+            at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            code: error.code().to_string(),
+            message: error.to_string(),
+            attempts,
+        }
+    }
+}
+
+/// The registrations and failure records of a store.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    /// `store-v1/gems`.
+    gems: PathBuf,
+    /// `store-v1/failures`.
+    failures: PathBuf,
+    /// `store-v1/locks/registry.lock`.
+    lock: PathBuf,
+}
+
+/// Held while the registry is being changed; released on drop.
+#[derive(Debug)]
+pub struct RegistryLock {
+    _file: File,
+}
+
+impl Registry {
+    /// The registry of `store`.
+    pub fn new(store: &Store) -> Registry {
+        let root = store.root();
+        Registry {
+            gems: root.join("gems"),
+            failures: root.join("failures"),
+            lock: root.join("locks").join("registry.lock"),
+        }
+    }
+
+    /// Takes the cross-process registry lock.
+    pub async fn lock(&self) -> Result<RegistryLock> {
+        let path = self.lock.clone();
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("cannot open lock file", &path, e))?;
+        tokio::task::spawn_blocking(move || {
+            file.lock()
+                .map(|()| RegistryLock { _file: file })
+                .map_err(|e| Error::io("cannot lock", &path, e))
+        })
+        .await
+        .map_err(|e| Error::io("lock task failed", &self.lock, std::io::Error::other(e)))?
+    }
+
+    /// The registration of `gem`, if installed.
+    pub fn get(&self, gem: &str) -> Result<Option<Registration>> {
+        read_json(&self.gems.join(format!("{gem}.json")))
+    }
+
+    /// Every registration, ordered by gem id.
+    pub fn list(&self) -> Result<Vec<Registration>> {
+        let mut out = Vec::new();
+        for gem in json_stems(&self.gems)? {
+            if let Some(reg) = self.get(&gem)? {
+                out.push(reg);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a registration atomically. Call with the lock held.
+    pub fn put(&self, reg: &Registration) -> Result<()> {
+        write_json(&self.gems.join(format!("{}.json", reg.gem)), reg)
+    }
+
+    /// Removes a registration and its failure records. Call with the lock held.
+    pub fn remove(&self, gem: &str) -> Result<bool> {
+        let _ = fs::remove_file(self.failures.join(format!("{gem}.json")));
+        let path = self.gems.join(format!("{gem}.json"));
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io("cannot remove", &path, e)),
+        }
+    }
+
+    /// The failure records of `gem`, by resource id.
+    pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
+        Ok(read_json(&self.failures.join(format!("{gem}.json")))?.unwrap_or_default())
+    }
+
+    /// Sets (or, with `None`, clears) the failure record of one resource.
+    pub async fn set_failure(&self, gem: &str, resource: &str, record: Option<FailureRecord>) -> Result<()> {
+        let _lock = self.lock().await?;
+        if self.get(gem)?.is_none() {
+            return Ok(());
+        }
+        let path = self.failures.join(format!("{gem}.json"));
+        let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
+        let changed = match record {
+            Some(r) => {
+                all.insert(resource.to_string(), r);
+                true
+            }
+            None => all.remove(resource).is_some(),
+        };
+        if changed {
+            write_json(&path, &all)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `gem` can be used as a gem id (it names files in the store).
+pub fn valid_gem_id(gem: &str) -> bool {
+    let mut chars = gem.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && gem.len() <= 128
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn json_stems(dir: &Path) -> Result<Vec<String>> {
+    let entries = fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))?;
+    let mut out: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
+        .filter(|n| valid_gem_id(n))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Error::io(
+                "corrupted record",
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("cannot read", path, e)),
+    }
+}
+
+/// Writes `value` as JSON to `path` atomically and durably.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
+    tmp.write_all(&bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| Error::io("cannot write", tmp.path(), e))?;
+    tmp.persist(path)
+        .map_err(|e| Error::io("cannot replace", path, e.error))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

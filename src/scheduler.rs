@@ -1,0 +1,282 @@
+//! Runs downloads: one job per SHA-256, bounded concurrency, cancellation.
+//!
+//! However many callers want the same bytes (a background install, several
+//! tools calling `path`), there is one job; each caller waits on its result.
+//! A job takes a per-host slot, then a global slot ([`Limiter`]), downloads,
+//! records the outcome, and publishes events. Jobs are tracked so shutdown
+//! can cancel them and wait until every temporary file is gone.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::download::{download, RetryPolicy};
+use crate::error::Error;
+use crate::events::Event;
+use crate::fetch::Fetcher;
+use crate::limiter::Limiter;
+use crate::manifest::Resource;
+use crate::registry::{FailureRecord, Registry};
+use crate::store::Store;
+
+/// How often progress events are published per download at most.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// The outcome every waiter of a job gets.
+pub(crate) type JobResult = Result<PathBuf, Arc<Error>>;
+
+/// What a job is doing, for status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for a slot.
+    Queued,
+    /// Transferring; bytes received so far.
+    Downloading(u64),
+}
+
+/// A running or queued job.
+#[derive(Debug, Clone)]
+struct Job {
+    /// Distinguishes this job from a later one for the same SHA-256.
+    id: u64,
+    /// Set when an on-demand caller waits; moves the job up the queue.
+    urgent: Arc<AtomicBool>,
+    /// Stops the job.
+    cancel: CancellationToken,
+    /// Whether it holds its slots and is transferring.
+    started: Arc<AtomicBool>,
+    /// Bytes received by the current attempt.
+    bytes: Arc<AtomicU64>,
+    /// Resolves once with the outcome.
+    done: watch::Receiver<Option<JobResult>>,
+}
+
+/// Everything a job needs, shared.
+#[derive(Clone)]
+pub(crate) struct Deps {
+    /// Transfers.
+    pub fetcher: Fetcher,
+    /// Where files go.
+    pub store: Store,
+    /// Failure records.
+    pub registry: Registry,
+    /// Rounds over the address list after transient failures.
+    pub retry: RetryPolicy,
+    /// Event channel.
+    pub events: broadcast::Sender<Event>,
+}
+
+/// The download scheduler.
+pub(crate) struct Scheduler {
+    deps: Deps,
+    /// Global slots.
+    global: Arc<Limiter>,
+    /// Slots per host (of the resource's `url`).
+    hosts: Mutex<HashMap<String, Arc<Limiter>>>,
+    /// Slots per host, for new host limiters.
+    per_host: usize,
+    /// Jobs by SHA-256.
+    jobs: Mutex<HashMap<String, Job>>,
+    /// Next job id.
+    next_id: AtomicU64,
+    /// Every job task, for a clean drain on shutdown.
+    tracker: TaskTracker,
+    /// Cancels every job at shutdown.
+    shutdown: CancellationToken,
+}
+
+impl Scheduler {
+    pub(crate) fn new(deps: Deps, global: usize, per_host: usize) -> Scheduler {
+        Scheduler {
+            deps,
+            global: Limiter::new(global),
+            hosts: Mutex::new(HashMap::new()),
+            per_host,
+            jobs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            tracker: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn jobs(&self) -> MutexGuard<'_, HashMap<String, Job>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn host_limiter(&self, resource: &Resource) -> Arc<Limiter> {
+        let host = resource.url.host_str().unwrap_or_default().to_ascii_lowercase();
+        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        hosts
+            .entry(host)
+            .or_insert_with(|| Limiter::new(self.per_host))
+            .clone()
+    }
+
+    /// Makes sure a job for `resource` exists (starting one when needed) and
+    /// returns a handle on its outcome. `urgent` moves it ahead of
+    /// background work.
+    pub(crate) fn ensure(
+        self: &Arc<Self>,
+        gem: &str,
+        resource: &Resource,
+        urgent: bool,
+    ) -> watch::Receiver<Option<JobResult>> {
+        let mut jobs = self.jobs();
+        if let Some(job) = jobs.get(&resource.sha256) {
+            if urgent {
+                job.urgent.store(true, Ordering::Relaxed);
+            }
+            return job.done.clone();
+        }
+        let (tx, rx) = watch::channel(None);
+        let job = Job {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            urgent: Arc::new(AtomicBool::new(urgent)),
+            cancel: self.shutdown.child_token(),
+            started: Arc::new(AtomicBool::new(false)),
+            bytes: Arc::new(AtomicU64::new(0)),
+            done: rx.clone(),
+        };
+        jobs.insert(resource.sha256.clone(), job.clone());
+        drop(jobs);
+        let this = self.clone();
+        let (gem, resource) = (gem.to_string(), resource.clone());
+        self.tracker.spawn(async move {
+            let result = this.run(&gem, &resource, &job).await;
+            {
+                let mut jobs = this.jobs();
+                if jobs.get(&resource.sha256).is_some_and(|j| j.id == job.id) {
+                    jobs.remove(&resource.sha256);
+                }
+            }
+            let _ = tx.send(Some(result));
+        });
+        rx
+    }
+
+    async fn run(&self, gem: &str, resource: &Resource, job: &Job) -> JobResult {
+        let deps = &self.deps;
+        let emit = |event: Event| {
+            let _ = deps.events.send(event);
+        };
+        let (gem_s, id, size) = (gem.to_string(), resource.id.clone(), resource.size);
+        emit(Event::Queued {
+            gem: gem_s.clone(),
+            resource: id.clone(),
+            size,
+        });
+        let cancelled = || {
+            Arc::new(Error::Cancelled {
+                resource: resource.id.clone(),
+                reason: "stopped before it finished".into(),
+            })
+        };
+        let host = self.host_limiter(resource);
+        let slots = async {
+            let host_permit = host.acquire(gem, &job.urgent).await;
+            let global_permit = self.global.acquire(gem, &job.urgent).await;
+            (host_permit, global_permit)
+        };
+        let _permits = tokio::select! {
+            permits = slots => permits,
+            () = job.cancel.cancelled() => return Err(cancelled()),
+        };
+        job.started.store(true, Ordering::Relaxed);
+        emit(Event::Started {
+            gem: gem_s.clone(),
+            resource: id.clone(),
+            size,
+        });
+        let mut last = Instant::now();
+        let mut progress = |bytes: u64| {
+            job.bytes.store(bytes, Ordering::Relaxed);
+            if last.elapsed() >= PROGRESS_EVERY || bytes == size {
+                last = Instant::now();
+                emit(Event::Progress {
+                    gem: gem_s.clone(),
+                    resource: id.clone(),
+                    bytes,
+                    size,
+                });
+            }
+        };
+        let outcome = tokio::select! {
+            r = download(&deps.fetcher, &deps.store, resource, deps.retry, &mut progress) => r,
+            () = job.cancel.cancelled() => return Err(cancelled()),
+        };
+        match outcome {
+            Ok(path) => {
+                if let Err(e) = deps.registry.set_failure(gem, &resource.id, None).await {
+                    tracing::warn!("{e}");
+                }
+                emit(Event::Verified {
+                    gem: gem_s,
+                    resource: id,
+                    path: path.clone(),
+                });
+                Ok(path)
+            }
+            Err(error) => {
+                tracing::warn!(gem, "{error}");
+                let record = FailureRecord::from_error(&error);
+                if let Err(e) = deps.registry.set_failure(gem, &resource.id, Some(record)).await {
+                    tracing::warn!("{e}");
+                }
+                emit(Event::Failed {
+                    gem: gem_s,
+                    resource: id,
+                    code: error.code().to_string(),
+                    message: error.to_string(),
+                });
+                Err(Arc::new(error))
+            }
+        }
+    }
+
+    /// What the job for `sha256` is doing, if there is one.
+    pub(crate) fn state(&self, sha256: &str) -> Option<JobState> {
+        let jobs = self.jobs();
+        let job = jobs.get(sha256)?;
+        Some(if job.started.load(Ordering::Relaxed) {
+            JobState::Downloading(job.bytes.load(Ordering::Relaxed))
+        } else {
+            JobState::Queued
+        })
+    }
+
+    /// Cancels the job for `sha256` and waits until it has stopped (its
+    /// temporary file removed).
+    pub(crate) async fn cancel(&self, sha256: &str) {
+        let job = self.jobs().get(sha256).cloned();
+        if let Some(mut job) = job {
+            job.cancel.cancel();
+            let _ = job.done.wait_for(|r| r.is_some()).await;
+        }
+    }
+
+    /// Waits until no job is queued or running.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let pending: Vec<Job> = self.jobs().values().cloned().collect();
+            if pending.is_empty() {
+                return;
+            }
+            for mut job in pending {
+                let _ = job.done.wait_for(|r| r.is_some()).await;
+            }
+        }
+    }
+
+    /// Cancels every job and waits for all of them to finish.
+    pub(crate) async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
