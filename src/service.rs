@@ -354,6 +354,11 @@ impl Resources {
         self.inner.scheduler.shutdown().await;
     }
 
+    /// The ids of every installed gem.
+    pub fn installed(&self) -> Result<Vec<String>> {
+        Ok(self.inner.registry.list()?.into_iter().map(|r| r.gem).collect())
+    }
+
     /// Every installed gem (or just `gem`) with each resource's state.
     pub fn status(&self, gem: Option<&str>) -> Result<Vec<GemStatus>> {
         let inner = &self.inner;

@@ -9,4 +9,8 @@ mod autofill;
 mod cli_basics;
 mod fetch_rules;
 mod manifest_cli;
+mod service_cli;
+mod service_concurrency;
+mod service_crash;
+mod service_lifecycle;
 mod smoke;

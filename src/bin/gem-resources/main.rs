@@ -9,7 +9,9 @@ mod cli;
 mod commands;
 mod progress;
 mod render;
+mod serve;
 mod service_commands;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,117 @@
+//! `serve`: keeps a gems folder's resources installed until SIGINT/SIGTERM.
+//!
+//! The folder holds one sub-folder per installed gem, named by the gem's id,
+//! with its `notochord.json` (or Gem Studio's `manifest.json`). Every
+//! `interval` seconds the folder is scanned: a new or changed manifest is an
+//! install or upgrade, a removed sub-folder an uninstall. A manifest that
+//! fails validation is reported and the gem keeps its previous version (a
+//! failed upgrade changes nothing). Polling works the same on every file
+//! system, network mounts included.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use gem_resources::registry::valid_gem_id;
+use gem_resources::{parse_manifest, Resources};
+use sha2::{Digest, Sha256};
+
+use crate::watch::{self, Output};
+
+/// Manifest file names, in the order they are looked for.
+const MANIFEST_NAMES: [&str; 2] = ["notochord.json", "manifest.json"];
+
+/// Runs the service until a shutdown signal.
+pub async fn run(service: &Resources, gems: &Path, interval: f64, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        interval.is_finite() && interval > 0.0,
+        "--interval must be a positive number of seconds"
+    );
+    anyhow::ensure!(gems.is_dir(), "gems folder {} does not exist", gems.display());
+    let watcher = watch::spawn(service, json, Output::Stdout);
+    let queued = service.start().await?;
+    tracing::info!(queued, "started");
+    let mut seen: BTreeMap<String, [u8; 32]> = BTreeMap::new();
+    let mut signal = std::pin::pin!(shutdown_signal());
+    loop {
+        if let Err(e) = scan(service, gems, &mut seen).await {
+            tracing::warn!("scan of {} failed: {e:#}", gems.display());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs_f64(interval)) => {}
+            () = &mut signal => break,
+        }
+    }
+    tracing::info!("stopping: cancelling downloads");
+    service.shutdown().await;
+    watcher.stop().await;
+    Ok(())
+}
+
+async fn scan(service: &Resources, gems: &Path, seen: &mut BTreeMap<String, [u8; 32]>) -> anyhow::Result<()> {
+    let present = manifests(gems)?;
+    for (gem, path) in &present {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("cannot read {}: {e}", path.display());
+                continue;
+            }
+        };
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        if seen.get(gem) == Some(&digest) {
+            continue;
+        }
+        seen.insert(gem.clone(), digest);
+        match parse_manifest(&bytes) {
+            Ok(manifest) => match service.install(gem, &manifest).await {
+                Ok(report) => tracing::info!(gem, upgrade = report.upgrade, queued = report.queued, "installed"),
+                Err(e) => tracing::error!(gem, "install failed: {e}"),
+            },
+            Err(e) => tracing::error!(gem, "{} rejected; keeping the installed version:\n{e}", path.display()),
+        }
+    }
+    let installed: BTreeSet<String> = service.installed()?.into_iter().collect();
+    for gem in installed.difference(&present.keys().cloned().collect()) {
+        seen.remove(gem);
+        match service.uninstall(gem).await {
+            Ok(report) => tracing::info!(gem, deleted = report.deleted.len(), "uninstalled"),
+            Err(e) => tracing::error!(gem, "uninstall failed: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Gem id → manifest path for every sub-folder that has one.
+fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    let entries = std::fs::read_dir(gems).with_context(|| format!("cannot list {}", gems.display()))?;
+    for entry in entries.flatten() {
+        let Some(gem) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !valid_gem_id(&gem) || !entry.path().is_dir() {
+            continue;
+        }
+        if let Some(path) = MANIFEST_NAMES.iter().map(|n| entry.path().join(n)).find(|p| p.is_file()) {
+            out.insert(gem, path);
+        }
+    }
+    Ok(out)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
