@@ -39,7 +39,10 @@ pub use error::{Attempt, AttemptError, Error, Result};
 pub use events::Event;
 pub use fetch::{Fetcher, Transfer, MAX_REDIRECTS};
 pub use manifest::{parse_manifest, Manifest, Resource};
-pub use service::{GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport, VerifyReport};
+pub use service::{
+    GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport,
+    VerifyReport,
+};
 pub use store::Store;
 
 /// Installs the process-wide TLS crypto provider (ring) once.

@@ -1,1 +1,222 @@
-//! (being written)
+//! `gem-resources fetch` and the global options: output, exit status,
+//! configuration.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Serves two resources and writes a manifest declaring them.
+fn two_resources(env: &Env) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
+    let a = bytes(2000, 1);
+    let b = bytes(3000, 2);
+    let ua = env.serve("/models/a.onnx", &a);
+    let ub = env.serve("/data/b.bin", &b);
+    let manifest = env.write_manifest(
+        "manifest.json",
+        json!([entry("a", &ua, &a), entry("b", &ub, &b)]),
+    );
+    (manifest, a, b)
+}
+
+#[tokio::test]
+async fn fetch_prints_each_id_and_its_local_path() {
+    let env = Env::new().await;
+    let (manifest, a, b) = two_resources(&env);
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<(&str, &str)> = text.lines().map(|l| l.split_once('\t').unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0].0, "a");
+    assert_eq!(lines[1].0, "b");
+    let store = env.store_dir();
+    for ((_, path), (body, name)) in lines.iter().zip([(&a, "a.onnx"), (&b, "b.bin")]) {
+        let path = std::path::Path::new(path);
+        assert!(path.starts_with(&store), "{}", path.display());
+        assert!(path.ends_with(name), "{}", path.display());
+        assert_eq!(&std::fs::read(path).unwrap(), body);
+    }
+}
+
+#[tokio::test]
+async fn fetch_json_lists_id_path_size_and_digest() {
+    let env = Env::new().await;
+    let (manifest, a, b) = two_resources(&env);
+    let out = env
+        .run(&["--json", "fetch", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    let list = v["resources"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{v}");
+    for (item, (id, body)) in list.iter().zip([("a", &a), ("b", &b)]) {
+        assert_eq!(item["id"], id);
+        assert_eq!(item["size"], body.len());
+        assert_eq!(item["sha256"], sha256_hex(body));
+        let path = item["path"].as_str().unwrap();
+        assert_eq!(&std::fs::read(path).unwrap(), body);
+    }
+}
+
+#[tokio::test]
+async fn a_resource_already_in_the_store_is_not_downloaded_again() {
+    let env = Env::new().await;
+    let (manifest, _, _) = two_resources(&env);
+    let first = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert_eq!(env.origin.total_hits(), 2);
+    let second = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    assert_eq!(stdout(&second), stdout(&first));
+    assert_eq!(env.origin.total_hits(), 2);
+}
+
+#[tokio::test]
+async fn fetch_with_ids_downloads_only_those() {
+    let env = Env::new().await;
+    let (manifest, _, b) = two_resources(&env);
+    let out = env.run(&["fetch", manifest.to_str().unwrap(), "b"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with("b\t"), "{text}");
+    assert_eq!(env.origin.hits("/models/a.onnx"), 0);
+    assert_eq!(env.origin.hits("/data/b.bin"), 1);
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    assert_eq!(store.blobs().unwrap(), [sha256_hex(&b)]);
+}
+
+#[tokio::test]
+async fn fetch_of_an_unknown_id_fails_with_not_found() {
+    let env = Env::new().await;
+    let (manifest, _, _) = two_resources(&env);
+    let out = env
+        .run(&["fetch", manifest.to_str().unwrap(), "a", "nope"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.starts_with("E_RESOURCE_NOT_FOUND: "), "{err}");
+    assert!(err.contains("\"nope\""), "{err}");
+    assert_eq!(env.origin.total_hits(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_resource_exits_1_with_its_codes_and_the_others_still_download() {
+    let env = Env::new().await;
+    let good = bytes(1000, 3);
+    let gu = env.serve("/good.bin", &good);
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let bad = env.url("origin.test", "/gone.bin");
+    let manifest = env.write_manifest(
+        "manifest.json",
+        json!([entry("bad", &bad, b"whatever"), entry("good", &gu, &good)]),
+    );
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("E_RESOURCE_UNAVAILABLE: resource \"bad\""),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("E_RESOURCE_HTTP: {bad}: HTTP status 404")),
+        "{err}"
+    );
+    assert!(stdout(&out).starts_with("good\t"), "{}", stdout(&out));
+
+    let out = env
+        .run(&["--json", "fetch", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["resources"][0]["id"], "bad", "{v}");
+    assert_eq!(v["resources"][0]["code"], "E_RESOURCE_UNAVAILABLE", "{v}");
+    assert_eq!(
+        v["resources"][0]["attempts"][0]["code"], "E_RESOURCE_HTTP",
+        "{v}"
+    );
+    assert_eq!(v["resources"][1]["id"], "good", "{v}");
+}
+
+#[tokio::test]
+async fn the_store_option_overrides_the_configured_store() {
+    let env = Env::new().await;
+    let (manifest, _, _) = two_resources(&env);
+    let other = env.dir.path().join("elsewhere");
+    let out = env
+        .run(&[
+            "--store",
+            other.to_str().unwrap(),
+            "fetch",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for line in stdout(&out).lines() {
+        let (_, path) = line.split_once('\t').unwrap();
+        assert!(path.starts_with(other.to_str().unwrap()), "{line}");
+    }
+    assert!(!env.store_dir().exists());
+}
+
+#[tokio::test]
+async fn a_usage_error_exits_2() {
+    let env = Env::new().await;
+    for args in [
+        vec!["fetch"],
+        vec!["frobnicate"],
+        vec!["check-url", "not a url"],
+        vec!["autofill", "https://"],
+    ] {
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).is_empty(), "{args:?}");
+    }
+    assert_eq!(env.origin.total_hits(), 0);
+}
+
+#[tokio::test]
+async fn a_missing_configuration_file_is_an_error() {
+    let env = Env::new().await;
+    let missing = env.dir.path().join("missing.toml");
+    let out = run_bin(vec![
+        "--config".into(),
+        missing.display().to_string(),
+        "check-url".into(),
+        "https://1.1.1.1/".into(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert_eq!(stdout(&out), "");
+    assert!(stderr(&out).contains("missing.toml"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn an_unknown_configuration_key_is_an_error_naming_it() {
+    let env = Env::new().await;
+    env.write_config("mdoe = \"allowlist\"");
+    let out = env.run(&["check-url", "https://1.1.1.1/"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.starts_with("E_RESOURCE_CONFIG: "), "{err}");
+    assert!(err.contains("mdoe"), "{err}");
+    assert!(err.contains("config.toml"), "{err}");
+}
+
+#[tokio::test]
+async fn configured_retries_go_over_the_addresses_again() {
+    let env = Env::new().await;
+    let config = env.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("retries = 0", "retries = 1\nretry_backoff_secs = 0");
+    std::fs::write(&config, text).unwrap();
+    env.origin.route("/busy.bin", Behaviour::Status(503));
+    let url = env.url("origin.test", "/busy.bin");
+    let manifest = env.write_manifest("manifest.json", json!([entry("busy", &url, b"x")]));
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(env.origin.hits("/busy.bin"), 2);
+}

@@ -1,1 +1,362 @@
-//! (being written)
+//! Manifest validation through `gem-resources check` and `fetch`.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const HASH: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// A valid entry with `key` replaced by `value`.
+fn entry_with(id: &str, key: &str, value: Value) -> Value {
+    let mut e = json!({
+        "id": id,
+        "url": format!("https://cdn.example.com/{id}.bin"),
+        "sha256": HASH,
+        "size": 10,
+    });
+    e[key] = value;
+    e
+}
+
+fn valid(id: &str) -> Value {
+    entry_with(id, "size", json!(10))
+}
+
+/// Runs `check` on `resources` and returns the exit code and stderr lines.
+async fn check(env: &Env, resources: Value) -> (Option<i32>, Vec<String>) {
+    let path = env.write_manifest("manifest.json", resources);
+    check_file(env, &path).await
+}
+
+async fn check_file(env: &Env, path: &std::path::Path) -> (Option<i32>, Vec<String>) {
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    let lines = stderr(&out).lines().map(str::to_string).collect();
+    (out.status.code(), lines)
+}
+
+#[tokio::test]
+async fn a_valid_manifest_is_accepted() {
+    let env = Env::new().await;
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([
+            valid("a"),
+            {
+                "id": "b",
+                "url": "https://cdn.example.com/models/ocr-v3.onnx",
+                "mirrors": ["https://mirror.example.org/ocr-v3.onnx"],
+                "sha256": HASH,
+                "size": 0,
+                "required": true,
+                "description": "OCR model",
+            }
+        ]),
+    );
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("ok: 2 resource(s)\n"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(stderr(&out), "");
+}
+
+#[tokio::test]
+async fn an_http_url_is_reported_with_its_path_and_value() {
+    let env = Env::new().await;
+    let (code, lines) = check(
+        &env,
+        json!([
+            valid("a"),
+            entry_with("b", "url", json!("http://cdn.example.com/b.bin"))
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        ["E_PERM_INVALID: manifest.resources[1].url: must start with https://, got \"http://cdn.example.com/b.bin\""]
+    );
+}
+
+#[tokio::test]
+async fn each_entry_rule_has_its_own_message() {
+    let env = Env::new().await;
+    let mut missing_id = valid("x");
+    missing_id.as_object_mut().unwrap().remove("id");
+    let mut missing_sha = valid("x");
+    missing_sha.as_object_mut().unwrap().remove("sha256");
+    let mut missing_size = valid("x");
+    missing_size.as_object_mut().unwrap().remove("size");
+    let mut missing_url = valid("x");
+    missing_url.as_object_mut().unwrap().remove("url");
+    let r0 = "E_PERM_INVALID: manifest.resources[0]";
+    let cases: Vec<(Value, String)> = vec![
+        (missing_id, format!("{r0}.id: is required")),
+        (
+            entry_with("x", "id", json!("")),
+            format!("{r0}.id: must not be empty"),
+        ),
+        (
+            entry_with("x", "id", json!(7)),
+            format!("{r0}.id: must be a string, got number"),
+        ),
+        (missing_url, format!("{r0}.url: is required")),
+        (
+            entry_with("x", "url", json!("ftp://cdn.example.com/x")),
+            format!("{r0}.url: must start with https://, got \"ftp://cdn.example.com/x\""),
+        ),
+        (
+            entry_with("x", "url", json!("https://user:pass@cdn.example.com/x")),
+            format!(
+                "{r0}.url: must not contain credentials, got \"https://***@cdn.example.com/x\""
+            ),
+        ),
+        (
+            entry_with("x", "url", json!("https://host:99999/x")),
+            format!(
+                "{r0}.url: is not a valid URL (invalid port number), got \"https://host:99999/x\""
+            ),
+        ),
+        (
+            entry_with(
+                "x",
+                "mirrors",
+                json!(["https://m.example.com/x", "http://m.example.com/x"]),
+            ),
+            format!("{r0}.mirrors[1]: must start with https://, got \"http://m.example.com/x\""),
+        ),
+        (
+            entry_with("x", "mirrors", json!("https://m.example.com/x")),
+            format!("{r0}.mirrors: must be an array, got string"),
+        ),
+        (missing_sha, format!("{r0}.sha256: is required")),
+        (
+            entry_with("x", "sha256", json!(HASH.to_uppercase())),
+            format!(
+                "{r0}.sha256: must be 64 lowercase hex digits, got \"{}\"",
+                HASH.to_uppercase()
+            ),
+        ),
+        (
+            entry_with("x", "sha256", json!(&HASH[1..])),
+            format!(
+                "{r0}.sha256: must be 64 lowercase hex digits, got \"{}\"",
+                &HASH[1..]
+            ),
+        ),
+        (missing_size, format!("{r0}.size: is required")),
+        (
+            entry_with("x", "size", json!(-1)),
+            format!("{r0}.size: must be a non-negative integer, got -1"),
+        ),
+        (
+            entry_with("x", "size", json!(1.5)),
+            format!("{r0}.size: must be a non-negative integer, got 1.5"),
+        ),
+        (
+            entry_with("x", "size", json!("10")),
+            format!("{r0}.size: must be a non-negative integer, got string"),
+        ),
+        (
+            entry_with("x", "required", json!("yes")),
+            format!("{r0}.required: must be a boolean, got string"),
+        ),
+        (
+            entry_with("x", "description", json!(["a"])),
+            format!("{r0}.description: must be a string, got array"),
+        ),
+        (
+            entry_with("x", "colour", json!("red")),
+            format!("{r0}: unknown key \"colour\""),
+        ),
+        (
+            json!("not an entry"),
+            format!("{r0}: must be an object, got string"),
+        ),
+    ];
+    for (entry, expected) in cases {
+        let (code, lines) = check(&env, json!([entry])).await;
+        assert_eq!(code, Some(1), "{expected}");
+        assert_eq!(lines, [expected]);
+    }
+}
+
+#[tokio::test]
+async fn every_error_is_reported_not_only_the_first() {
+    let env = Env::new().await;
+    let (code, lines) = check(
+        &env,
+        json!([
+            valid("a"),
+            entry_with("b", "url", json!("http://cdn.example.com/b.bin")),
+            entry_with("c", "colour", json!("blue")),
+            valid("a"),
+            entry_with("e", "mirrors", json!(["ftp://x/y"])),
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        [
+            "E_PERM_INVALID: manifest.resources[1].url: must start with https://, got \"http://cdn.example.com/b.bin\"",
+            "E_PERM_INVALID: manifest.resources[2]: unknown key \"colour\"",
+            "E_PERM_INVALID: manifest.resources[3].id: duplicate id \"a\" (first used by manifest.resources[0])",
+            "E_PERM_INVALID: manifest.resources[4].mirrors[0]: must start with https://, got \"ftp://x/y\"",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_json_is_refused() {
+    let env = Env::new().await;
+    let path = env.dir.path().join("broken.json");
+    std::fs::write(&path, "{\"resources\": [").unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(1));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("E_PERM_INVALID: manifest: is not valid JSON ("),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_manifest_that_is_not_an_object_is_refused() {
+    let env = Env::new().await;
+    let path = env.dir.path().join("array.json");
+    std::fs::write(&path, serde_json::to_vec(&json!([valid("a")])).unwrap()).unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        ["E_PERM_INVALID: manifest: must be a JSON object, got array"]
+    );
+
+    std::fs::write(
+        &path,
+        serde_json::to_vec(&json!({ "resources": { "a": 1 } })).unwrap(),
+    )
+    .unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        ["E_PERM_INVALID: manifest.resources: must be an array, got object"]
+    );
+}
+
+#[tokio::test]
+async fn a_manifest_larger_than_one_mebibyte_is_refused() {
+    let env = Env::new().await;
+    let limit = 1024 * 1024;
+    let doc = serde_json::to_string(&json!({ "resources": [valid("a")] })).unwrap();
+    // Padded with trailing whitespace: still valid JSON.
+    let at_limit = format!("{doc}{}", " ".repeat(limit - doc.len()));
+    let path = env.dir.path().join("big.json");
+    std::fs::write(&path, &at_limit).unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+
+    std::fs::write(&path, format!("{at_limit} ")).unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        ["E_PERM_INVALID: manifest: is 1048577 bytes, larger than the 1048576-byte limit"]
+    );
+}
+
+#[tokio::test]
+async fn other_top_level_keys_are_not_ours_and_are_ignored() {
+    let env = Env::new().await;
+    let path = env.dir.path().join("manifest.json");
+    let doc = json!({
+        "id": "sample",
+        "url": "http://not-checked.example.com/",
+        "permissions": { "network": ["http://x/"] },
+        "resource": 12,
+        "resources": [valid("a")],
+    });
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert!(lines.is_empty(), "{lines:?}");
+}
+
+#[tokio::test]
+async fn check_json_output_lists_the_resources() {
+    let env = Env::new().await;
+    let path = env.write_manifest(
+        "manifest.json",
+        json!([
+            valid("a"),
+            entry_with(
+                "b",
+                "mirrors",
+                json!(["https://m.example.com/b", "https://n.example.com/b"])
+            ),
+        ]),
+    );
+    let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v,
+        json!({
+            "ok": true,
+            "resources": [
+                { "id": "a", "url": "https://cdn.example.com/a.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": 0 },
+                { "id": "b", "url": "https://cdn.example.com/b.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": 2 },
+            ]
+        })
+    );
+}
+
+#[tokio::test]
+async fn check_json_output_lists_every_problem() {
+    let env = Env::new().await;
+    let path = env.write_manifest(
+        "manifest.json",
+        json!([
+            entry_with("a", "url", json!("http://cdn.example.com/a.bin")),
+            entry_with("b", "size", json!(-3)),
+        ]),
+    );
+    let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], "E_PERM_INVALID", "{v}");
+    assert_eq!(
+        v["problems"],
+        json!([
+            { "path": "manifest.resources[0].url", "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
+            { "path": "manifest.resources[1].size", "message": "must be a non-negative integer, got -3" },
+        ])
+    );
+}
+
+#[tokio::test]
+async fn fetching_an_invalid_manifest_downloads_nothing() {
+    let env = Env::new().await;
+    let good = bytes(100, 1);
+    let url = env.serve("/good.bin", &good);
+    let path = env.write_manifest(
+        "manifest.json",
+        json!([
+            entry("good", &url, &good),
+            entry_with("bad", "url", json!("http://cdn.example.com/bad.bin")),
+        ]),
+    );
+    let out = env.run(&["fetch", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out).lines().collect::<Vec<_>>(),
+        ["E_PERM_INVALID: manifest.resources[1].url: must start with https://, got \"http://cdn.example.com/bad.bin\""]
+    );
+    assert_eq!(stdout(&out), "");
+    assert_eq!(env.origin.total_hits(), 0);
+    assert!(files_under(&env.store_dir()).is_empty());
+}
