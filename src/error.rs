@@ -230,7 +230,7 @@ impl Error {
     }
 
     /// Builds an [`Error::Io`].
-    pub(crate) fn io(
+    pub fn io(
         context: impl Into<String>,
         path: impl Into<PathBuf>,
         source: std::io::Error,

@@ -75,8 +75,7 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
 
 /// Reads and validates a manifest file.
 pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
-    let bytes =
-        read_capped(path).with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let bytes = read_capped(path).map_err(|e| Error::io("cannot read manifest", path, e))?;
     Ok(parse_manifest(&bytes).map_err(Error::from)?)
 }
 
