@@ -85,26 +85,18 @@ impl Fetcher {
         let resolver = GuardedResolver::new(guard, config.dev.resolve.clone());
         let mut certs = Vec::new();
         for path in &config.dev.extra_root_certs {
-            let pem =
-                std::fs::read(path).map_err(|e| Error::io("cannot read certificate", path, e))?;
-            let found = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                Error::Config(format!("{}: not a PEM certificate: {e}", path.display()))
-            })?;
-            if found.is_empty() {
-                return Err(Error::Config(format!(
-                    "{}: no certificate in file",
-                    path.display()
-                )));
-            }
-            certs.extend(found);
+            certs.extend(crate::tls::read_pem_certs(path)?);
         }
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .referer(false)
             .connect_timeout(config.connect_timeout())
-            .dns_resolver(resolver.clone())
-            .tls_certs_merge(certs)
+            .dns_resolver(resolver.clone());
+        if !certs.is_empty() {
+            builder = builder.tls_backend_preconfigured(crate::tls::client_config(certs)?);
+        }
+        let client = builder
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", chain(&e))))?;
         Ok(Fetcher {

@@ -32,6 +32,7 @@ pub mod resolve;
 mod scheduler;
 pub mod service;
 pub mod store;
+mod tls;
 
 pub use config::Config;
 pub use download::{download, RetryPolicy};

@@ -14,3 +14,4 @@ mod service_concurrency;
 mod service_crash;
 mod service_lifecycle;
 mod smoke;
+mod tls_trust;

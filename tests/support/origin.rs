@@ -189,7 +189,21 @@ impl Origin {
     ///
     /// Must be called inside a tokio runtime. Panics on setup failure.
     pub async fn start() -> Origin {
-        let (ca_pem, chain, key) = make_certificates();
+        Origin::start_with(make_certificates()).await
+    }
+
+    /// Like [`Origin::start`], but the server presents one self-signed
+    /// certificate marked `CA:TRUE` (what `openssl req -x509` or Go's
+    /// `httptest` make) instead of a leaf signed by a separate CA;
+    /// [`Origin::ca_pem`] is that certificate.
+    pub async fn start_self_signed() -> Origin {
+        Origin::start_with(make_self_signed()).await
+    }
+
+    async fn start_with(
+        certs: (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+    ) -> Origin {
+        let (ca_pem, chain, key) = certs;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -318,6 +332,24 @@ fn make_certificates() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'
 
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
     (ca_cert.pem(), vec![leaf_cert.der().clone()], key)
+}
+
+/// One self-signed certificate, `CA:TRUE`, for every test name.
+fn make_self_signed() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+    let names: Vec<String> = DNS_NAMES
+        .iter()
+        .chain(IP_NAMES)
+        .map(|s| s.to_string())
+        .collect();
+    let key = KeyPair::generate().expect("origin: key");
+    let mut params = CertificateParams::new(names).expect("origin: params");
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "origin.test");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).expect("origin: self-signed cert");
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    (cert.pem(), vec![cert.der().clone()], der)
 }
 
 /// Accepts connections until the origin is dropped, each on its own task.
