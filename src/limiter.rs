@@ -1,13 +1,20 @@
-//! A counting semaphore that serves urgent waiters first and shares the rest
-//! fairly between gems.
+//! A counting semaphore with a second, per-key bound (the host), that serves
+//! urgent waiters first and shares the rest fairly between gems.
 //!
 //! `tokio::sync::Semaphore` is strictly first-come first-served. The service
-//! needs two more things: an on-demand lookup (a tool waiting for its file)
-//! goes ahead of queued background downloads, even when its download was
-//! already queued in the background (its urgency flag flips while it waits);
-//! and background downloads of a gem that declares many files must not starve
-//! a gem that declares one. So a released slot goes to the oldest urgent
-//! waiter, else to the waiter whose gem has been served least.
+//! needs more: an on-demand lookup (a tool waiting for its file) goes ahead
+//! of queued background downloads, even when its download was already queued
+//! in the background (its urgency flag flips while it waits); background
+//! downloads of a gem that declares many files must not starve a gem that
+//! declares one; and no host gets more than its share of slots.
+//!
+//! Both bounds are taken together, in one step: a waiter gets a slot only
+//! when a global slot and a slot of its host are both free. (Taking a host
+//! slot and then waiting for a global one would let a queued background job
+//! sit on its host's slot, so that an urgent lookup for the same host could
+//! not even join the queue for the global slot.) A released slot goes to the
+//! oldest urgent waiter that can take it, else to the waiter that can take it
+//! whose gem has been served least.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-/// A bounded number of slots.
+/// A bounded number of slots, and at most `per_key` of them per key.
 #[derive(Debug)]
 pub(crate) struct Limiter {
     state: Mutex<State>,
@@ -25,6 +32,10 @@ pub(crate) struct Limiter {
 struct State {
     /// Free slots.
     available: usize,
+    /// Slots one key may hold at once.
+    per_key: usize,
+    /// Slots held per key.
+    held: HashMap<String, usize>,
     /// Waiting acquirers, oldest first.
     waiters: Vec<Waiter>,
     /// Slots handed out per gem so far, for fair sharing.
@@ -37,6 +48,7 @@ struct State {
 struct Waiter {
     id: u64,
     gem: String,
+    key: String,
     urgent: Arc<AtomicBool>,
     wake: oneshot::Sender<()>,
 }
@@ -45,11 +57,12 @@ struct Waiter {
 #[derive(Debug)]
 pub(crate) struct Permit {
     limiter: Arc<Limiter>,
+    key: String,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.limiter.release();
+        self.limiter.release(&self.key);
     }
 }
 
@@ -58,6 +71,7 @@ impl Drop for Permit {
 struct Pending<'a> {
     limiter: &'a Arc<Limiter>,
     id: u64,
+    key: String,
     done: bool,
 }
 
@@ -73,17 +87,41 @@ impl Drop for Pending<'_> {
         drop(state);
         if !was_waiting {
             // The slot was handed over while the acquirer went away.
-            self.limiter.release();
+            self.limiter.release(&self.key);
+        }
+    }
+}
+
+impl State {
+    fn can_take(&self, key: &str) -> bool {
+        self.available > 0 && self.held.get(key).copied().unwrap_or(0) < self.per_key
+    }
+
+    fn take(&mut self, gem: &str, key: &str) {
+        self.available -= 1;
+        *self.held.entry(key.to_string()).or_default() += 1;
+        *self.served.entry(gem.to_string()).or_default() += 1;
+    }
+
+    fn give_back(&mut self, key: &str) {
+        self.available += 1;
+        if let Some(n) = self.held.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.held.remove(key);
+            }
         }
     }
 }
 
 impl Limiter {
-    /// A limiter with `slots` slots.
-    pub(crate) fn new(slots: usize) -> Arc<Limiter> {
+    /// A limiter with `slots` slots, at most `per_key` of them per key.
+    pub(crate) fn new(slots: usize, per_key: usize) -> Arc<Limiter> {
         Arc::new(Limiter {
             state: Mutex::new(State {
                 available: slots,
+                per_key,
+                held: HashMap::new(),
                 waiters: Vec::new(),
                 served: HashMap::new(),
                 next_id: 0,
@@ -95,16 +133,23 @@ impl Limiter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits for a slot. `urgent` may flip to true while waiting.
-    pub(crate) async fn acquire(self: &Arc<Self>, gem: &str, urgent: &Arc<AtomicBool>) -> Permit {
+    /// Waits for a slot for `key`. `urgent` may flip to true while waiting.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        gem: &str,
+        key: &str,
+        urgent: &Arc<AtomicBool>,
+    ) -> Permit {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut state = self.lock();
-            if state.available > 0 && state.waiters.is_empty() {
-                state.available -= 1;
-                *state.served.entry(gem.to_string()).or_default() += 1;
+            // Every waiter that could take a slot was handed one when the
+            // slot came free, so a free slot here is nobody else's.
+            if state.can_take(key) {
+                state.take(gem, key);
                 return Permit {
                     limiter: self.clone(),
+                    key: key.to_string(),
                 };
             }
             let id = state.next_id;
@@ -112,6 +157,7 @@ impl Limiter {
             state.waiters.push(Waiter {
                 id,
                 gem: gem.to_string(),
+                key: key.to_string(),
                 urgent: urgent.clone(),
                 wake: tx,
             });
@@ -120,6 +166,7 @@ impl Limiter {
         let mut pending = Pending {
             limiter: self,
             id,
+            key: key.to_string(),
             done: false,
         };
         // The sender is only dropped after a send, or with the limiter.
@@ -127,6 +174,7 @@ impl Limiter {
         pending.done = true;
         Permit {
             limiter: self.clone(),
+            key: key.to_string(),
         }
     }
 
@@ -136,32 +184,33 @@ impl Limiter {
         self.lock().waiters.len()
     }
 
-    fn release(&self) {
+    fn release(&self, key: &str) {
         let mut state = self.lock();
-        loop {
-            let Some(index) = pick(&state) else {
-                state.available += 1;
-                return;
-            };
+        state.give_back(key);
+        while let Some(index) = pick(&state) {
             let waiter = state.waiters.remove(index);
-            *state.served.entry(waiter.gem.clone()).or_default() += 1;
-            if waiter.wake.send(()).is_ok() {
-                return;
+            state.take(&waiter.gem, &waiter.key);
+            if waiter.wake.send(()).is_err() {
+                // That acquirer is gone; offer the slot to the next one.
+                state.give_back(&waiter.key);
             }
-            // That acquirer is gone; offer the slot to the next one.
         }
     }
 }
 
-/// The waiter that gets the next slot.
+/// The waiter that gets the next slot, among those that can take one.
 fn pick(state: &State) -> Option<usize> {
-    if let Some(i) = state.waiters.iter().position(|w| w.urgent.load(Ordering::Relaxed)) {
+    let eligible = || {
+        state
+            .waiters
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| state.can_take(&w.key))
+    };
+    if let Some((i, _)) = eligible().find(|(_, w)| w.urgent.load(Ordering::Relaxed)) {
         return Some(i);
     }
-    state
-        .waiters
-        .iter()
-        .enumerate()
+    eligible()
         .min_by_key(|(i, w)| (state.served.get(&w.gem).copied().unwrap_or(0), *i))
         .map(|(i, _)| i)
 }
@@ -176,11 +225,11 @@ mod tests {
 
     #[tokio::test]
     async fn never_more_than_the_slots() {
-        let limiter = Limiter::new(2);
-        let a = limiter.acquire("g", &flag(false)).await;
-        let _b = limiter.acquire("g", &flag(false)).await;
+        let limiter = Limiter::new(2, 2);
+        let a = limiter.acquire("g", "h", &flag(false)).await;
+        let _b = limiter.acquire("g", "h", &flag(false)).await;
         let l2 = limiter.clone();
-        let third = tokio::spawn(async move { l2.acquire("g", &flag(false)).await });
+        let third = tokio::spawn(async move { l2.acquire("g", "h", &flag(false)).await });
         tokio::task::yield_now().await;
         while limiter.waiting() == 0 {
             tokio::task::yield_now().await;
@@ -191,8 +240,8 @@ mod tests {
     }
 
     async fn order_of_service(waiters: Vec<(&'static str, bool)>) -> Vec<&'static str> {
-        let limiter = Limiter::new(1);
-        let held = limiter.acquire("holder", &flag(false)).await;
+        let limiter = Limiter::new(1, 1);
+        let held = limiter.acquire("holder", "h", &flag(false)).await;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut flags = Vec::new();
         for (gem, urgent) in waiters.iter().copied() {
@@ -200,7 +249,7 @@ mod tests {
             flags.push(f.clone());
             let before = limiter.waiting();
             tokio::spawn(async move {
-                let permit = l.acquire(gem, &f).await;
+                let permit = l.acquire(gem, "h", &f).await;
                 tx.send(gem).unwrap();
                 drop(permit);
             });
@@ -224,8 +273,13 @@ mod tests {
 
     #[tokio::test]
     async fn gems_share_slots_fairly() {
-        let order =
-            order_of_service(vec![("many", false), ("many", false), ("many", false), ("one", false)]).await;
+        let order = order_of_service(vec![
+            ("many", false),
+            ("many", false),
+            ("many", false),
+            ("one", false),
+        ])
+        .await;
         // "one" is served before the third file of "many".
         let one = order.iter().position(|g| *g == "one").unwrap();
         assert!(one <= 1, "{order:?}");
@@ -233,16 +287,54 @@ mod tests {
 
     #[tokio::test]
     async fn an_abandoned_acquire_does_not_leak_a_slot() {
-        let limiter = Limiter::new(1);
-        let held = limiter.acquire("g", &flag(false)).await;
+        let limiter = Limiter::new(1, 1);
+        let held = limiter.acquire("g", "h", &flag(false)).await;
         let l2 = limiter.clone();
-        let waiting = tokio::spawn(async move { l2.acquire("g", &flag(false)).await });
+        let waiting = tokio::spawn(async move { l2.acquire("g", "h", &flag(false)).await });
         while limiter.waiting() == 0 {
             tokio::task::yield_now().await;
         }
         waiting.abort();
         let _ = waiting.await;
         drop(held);
-        let _again = limiter.acquire("g", &flag(false)).await;
+        let _again = limiter.acquire("g", "h", &flag(false)).await;
+    }
+
+    #[tokio::test]
+    async fn a_full_key_does_not_hold_back_other_keys() {
+        let limiter = Limiter::new(2, 1);
+        let _a = limiter.acquire("g", "busy", &flag(false)).await;
+        let l2 = limiter.clone();
+        let same = tokio::spawn(async move { l2.acquire("g", "busy", &flag(false)).await });
+        while limiter.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The second slot is free, and another key takes it at once.
+        let _b = limiter.acquire("g", "free", &flag(false)).await;
+        assert!(!same.is_finished());
+    }
+
+    #[tokio::test]
+    async fn an_urgent_waiter_for_a_busy_key_goes_ahead_of_background_waiters() {
+        // One global slot, two per key: A runs; B (background) and C
+        // (urgent), both for A's key, wait. C must get the slot A frees.
+        let limiter = Limiter::new(1, 2);
+        let a = limiter.acquire("a", "h", &flag(false)).await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for (gem, urgent) in [("b", false), ("c", true)] {
+            let (l, tx) = (limiter.clone(), tx.clone());
+            let before = limiter.waiting();
+            tokio::spawn(async move {
+                let permit = l.acquire(gem, "h", &flag(urgent)).await;
+                tx.send(gem).unwrap();
+                drop(permit);
+            });
+            while limiter.waiting() == before {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(a);
+        assert_eq!(rx.recv().await.unwrap(), "c");
+        assert_eq!(rx.recv().await.unwrap(), "b");
     }
 }

@@ -160,7 +160,12 @@ impl Registry {
     }
 
     /// Sets (or, with `None`, clears) the failure record of one resource.
-    pub async fn set_failure(&self, gem: &str, resource: &str, record: Option<FailureRecord>) -> Result<()> {
+    pub async fn set_failure(
+        &self,
+        gem: &str,
+        resource: &str,
+        record: Option<FailureRecord>,
+    ) -> Result<()> {
         let _lock = self.lock().await?;
         if self.get(gem)?.is_none() {
             return Ok(());

@@ -2,7 +2,7 @@
 //!
 //! However many callers want the same bytes (a background install, several
 //! tools calling `path`), there is one job; each caller waits on its result.
-//! A job takes a per-host slot, then a global slot ([`Limiter`]), downloads,
+//! A job takes a slot (global and per host at once, [`Limiter`]), downloads,
 //! records the outcome, and publishes events. Jobs are tracked so shutdown
 //! can cancel them and wait until every temporary file is gone.
 
@@ -75,12 +75,8 @@ pub(crate) struct Deps {
 /// The download scheduler.
 pub(crate) struct Scheduler {
     deps: Deps,
-    /// Global slots.
-    global: Arc<Limiter>,
-    /// Slots per host (of the resource's `url`).
-    hosts: Mutex<HashMap<String, Arc<Limiter>>>,
-    /// Slots per host, for new host limiters.
-    per_host: usize,
+    /// Download slots: global, and per host (of the resource's `url`).
+    slots: Arc<Limiter>,
     /// Jobs by SHA-256.
     jobs: Mutex<HashMap<String, Job>>,
     /// Next job id.
@@ -95,9 +91,7 @@ impl Scheduler {
     pub(crate) fn new(deps: Deps, global: usize, per_host: usize) -> Scheduler {
         Scheduler {
             deps,
-            global: Limiter::new(global),
-            hosts: Mutex::new(HashMap::new()),
-            per_host,
+            slots: Limiter::new(global, per_host),
             jobs: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             tracker: TaskTracker::new(),
@@ -107,15 +101,6 @@ impl Scheduler {
 
     fn jobs(&self) -> MutexGuard<'_, HashMap<String, Job>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn host_limiter(&self, resource: &Resource) -> Arc<Limiter> {
-        let host = resource.url.host_str().unwrap_or_default().to_ascii_lowercase();
-        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        hosts
-            .entry(host)
-            .or_insert_with(|| Limiter::new(self.per_host))
-            .clone()
     }
 
     /// Makes sure a job for `resource` exists (starting one when needed) and
@@ -177,14 +162,13 @@ impl Scheduler {
                 reason: "stopped before it finished".into(),
             })
         };
-        let host = self.host_limiter(resource);
-        let slots = async {
-            let host_permit = host.acquire(gem, &job.urgent).await;
-            let global_permit = self.global.acquire(gem, &job.urgent).await;
-            (host_permit, global_permit)
-        };
-        let _permits = tokio::select! {
-            permits = slots => permits,
+        let host = resource
+            .url
+            .host_str()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let _permit = tokio::select! {
+            permit = self.slots.acquire(gem, &host, &job.urgent) => permit,
             () = job.cancel.cancelled() => return Err(cancelled()),
         };
         job.started.store(true, Ordering::Relaxed);
@@ -212,9 +196,7 @@ impl Scheduler {
         };
         match outcome {
             Ok(path) => {
-                if let Err(e) = deps.registry.set_failure(gem, &resource.id, None).await {
-                    tracing::warn!("{e}");
-                }
+                record_outcome(job, deps.registry.set_failure(gem, &resource.id, None)).await;
                 emit(Event::Verified {
                     gem: gem_s,
                     resource: id,
@@ -225,9 +207,11 @@ impl Scheduler {
             Err(error) => {
                 tracing::warn!(gem, "{error}");
                 let record = FailureRecord::from_error(&error);
-                if let Err(e) = deps.registry.set_failure(gem, &resource.id, Some(record)).await {
-                    tracing::warn!("{e}");
-                }
+                record_outcome(
+                    job,
+                    deps.registry.set_failure(gem, &resource.id, Some(record)),
+                )
+                .await;
                 emit(Event::Failed {
                     gem: gem_s,
                     resource: id,
@@ -278,5 +262,23 @@ impl Scheduler {
         self.shutdown.cancel();
         self.tracker.close();
         self.tracker.wait().await;
+    }
+}
+
+/// Writes a job's failure record (or clears it) unless the job is cancelled
+/// meanwhile. Writing takes the registry lock, and install and uninstall
+/// hold that lock while they cancel a job and wait for it to end: waiting
+/// for the lock regardless would deadlock them.
+async fn record_outcome(
+    job: &Job,
+    write: impl std::future::Future<Output = crate::error::Result<()>>,
+) {
+    tokio::select! {
+        result = write => {
+            if let Err(e) = result {
+                tracing::warn!("{e}");
+            }
+        }
+        () = job.cancel.cancelled() => {}
     }
 }

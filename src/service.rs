@@ -249,7 +249,9 @@ impl Resources {
         inner.registry.remove(gem)?;
         let (deleted, kept) = self.delete_unclaimed(shas(&old.resources)).await?;
         drop(lock);
-        self.emit(Event::Uninstalled { gem: gem.to_string() });
+        self.emit(Event::Uninstalled {
+            gem: gem.to_string(),
+        });
         Ok(UninstallReport {
             gem: gem.to_string(),
             deleted,
@@ -259,7 +261,10 @@ impl Resources {
 
     /// Deletes those of `candidates` no registration declares (cancelling
     /// their downloads first). Call with the registry lock held.
-    async fn delete_unclaimed(&self, candidates: BTreeSet<String>) -> Result<(Vec<String>, Vec<String>)> {
+    async fn delete_unclaimed(
+        &self,
+        candidates: BTreeSet<String>,
+    ) -> Result<(Vec<String>, Vec<String>)> {
         let inner = &self.inner;
         let mut claimed = BTreeSet::new();
         for reg in inner.registry.list()? {
@@ -274,7 +279,9 @@ impl Resources {
             inner.scheduler.cancel(&sha).await;
             if inner.store.has(&sha) {
                 inner.store.remove(&sha)?;
-                self.emit(Event::Deleted { sha256: sha.clone() });
+                self.emit(Event::Deleted {
+                    sha256: sha.clone(),
+                });
                 deleted.push(sha);
             }
         }
@@ -295,7 +302,9 @@ impl Resources {
         }
         let mut done = self.inner.scheduler.ensure(gem, &resource, true);
         let result: JobResult = match done.wait_for(|r| r.is_some()).await {
-            Ok(r) => r.clone().unwrap_or_else(|| Err(Arc::new(cancelled(&resource)))),
+            Ok(r) => r
+                .clone()
+                .unwrap_or_else(|| Err(Arc::new(cancelled(&resource)))),
             Err(_) => Err(Arc::new(cancelled(&resource))),
         };
         result?;
@@ -319,7 +328,9 @@ impl Resources {
         reg.resources
             .into_iter()
             .find(|r| r.id == resource_id)
-            .ok_or_else(|| Error::NotFound(format!("gem {gem:?} declares no resource {resource_id:?}")))
+            .ok_or_else(|| {
+                Error::NotFound(format!("gem {gem:?} declares no resource {resource_id:?}"))
+            })
     }
 
     /// What an app start does: removes leftovers of a crash (partial files
@@ -329,7 +340,10 @@ impl Resources {
         let inner = &self.inner;
         let removed = inner.store.clean_tmp()?;
         if removed > 0 {
-            tracing::info!(removed, "removed partial files left by an interrupted download");
+            tracing::info!(
+                removed,
+                "removed partial files left by an interrupted download"
+            );
         }
         let mut queued = 0;
         for reg in inner.registry.list()? {
@@ -356,7 +370,13 @@ impl Resources {
 
     /// The ids of every installed gem.
     pub fn installed(&self) -> Result<Vec<String>> {
-        Ok(self.inner.registry.list()?.into_iter().map(|r| r.gem).collect())
+        Ok(self
+            .inner
+            .registry
+            .list()?
+            .into_iter()
+            .map(|r| r.gem)
+            .collect())
     }
 
     /// Every installed gem (or just `gem`) with each resource's state.
@@ -436,7 +456,9 @@ impl Resources {
                 report.ok += 1;
             } else {
                 store.remove(&sha)?;
-                self.emit(Event::Deleted { sha256: sha.clone() });
+                self.emit(Event::Deleted {
+                    sha256: sha.clone(),
+                });
                 report.corrupted.push(sha);
             }
         }
@@ -472,7 +494,10 @@ async fn hash_file(path: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = file.read(&mut buf).await.map_err(|e| Error::io("cannot read", path, e))?;
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(|e| Error::io("cannot read", path, e))?;
         if n == 0 {
             break;
         }

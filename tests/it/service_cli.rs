@@ -1,1 +1,430 @@
-//! (being written)
+//! The service through the binary: install, path, status, sync, verify,
+//! uninstall, a failed upgrade, and two processes sharing one store.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::support::*;
+
+fn assert_ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        stdout(out),
+        stderr(out)
+    );
+}
+
+async fn status_json(env: &Env) -> serde_json::Value {
+    let out = env.run(&["--json", "status"]).await;
+    assert_ok(&out);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn install_waits_for_required_downloads_and_leaves_lazy_ones() {
+    let env = Env::new().await;
+    let (req, lazy) = (bytes(20_000, 31), bytes(2000, 32));
+    let req_url = env.serve("/req.bin", &req);
+    let lazy_url = env.serve("/lazy.bin", &lazy);
+    let m = env.write_manifest(
+        "notochord.json",
+        json!([
+            required_entry("req", &req_url, &req),
+            entry("lazy", &lazy_url, &lazy)
+        ]),
+    );
+    let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
+    assert_ok(&out);
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert_eq!(stored_files(&env, &req).len(), 1);
+    assert!(stored_files(&env, &lazy).is_empty());
+    assert_eq!(env.origin.hits("/req.bin"), 1);
+    assert_eq!(env.origin.hits("/lazy.bin"), 0);
+}
+
+#[tokio::test]
+async fn install_no_wait_returns_before_the_download_finishes() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(20_000, 33);
+    let gate = Gate::new();
+    env.origin.route(
+        "/held.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
+    let out = within(
+        "install --no-wait",
+        env.run(&["install", "--no-wait", "g", m.to_str().unwrap()]),
+    )
+    .await;
+    assert_ok(&out);
+    assert!(!gate.is_open());
+    assert!(stored_files(&env, &body).is_empty());
+    // The stopped process left nothing half-written behind.
+    assert!(partial_files(&env).is_empty(), "{:?}", partial_files(&env));
+    let status = status_json(&env).await;
+    assert_eq!(status["gems"][0]["gem"], "g");
+}
+
+#[tokio::test]
+async fn install_of_a_gem_whose_required_file_fails_still_succeeds() {
+    let env = Env::new().await;
+    let body = bytes(1000, 34);
+    env.origin.route("/nope.bin", Behaviour::Status(404));
+    let url = env.url("origin.test", "/nope.bin");
+    let m = env.write_manifest("m.json", json!([required_entry("nope", &url, &body)]));
+    let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("E_RESOURCE_UNAVAILABLE"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(env.origin.hits("/nope.bin"), 1);
+    let status = status_json(&env).await;
+    let r = &status["gems"][0]["resources"][0];
+    assert_eq!(r["state"], "failed");
+    assert_eq!(r["code"], "E_RESOURCE_UNAVAILABLE");
+    assert_eq!(r["attempts"][0]["code"], "E_RESOURCE_HTTP");
+}
+
+#[tokio::test]
+async fn path_prints_only_the_path_of_the_downloaded_file() {
+    let env = Env::new().await;
+    let body = bytes(30_000, 35);
+    let url = env.serve("/models/ocr-v3.onnx", &body);
+    let m = env.write_manifest("m.json", json!([entry("ocr", &url, &body)]));
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    assert_eq!(env.origin.hits("/models/ocr-v3.onnx"), 0);
+
+    let out = env.run(&["path", "g", "ocr"]).await;
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let path = PathBuf::from(text.trim());
+    assert!(path.is_file(), "{text}");
+    assert!(path.ends_with("ocr-v3.onnx"));
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+    assert_eq!(env.origin.hits("/models/ocr-v3.onnx"), 1);
+
+    let again = env.run(&["path", "g", "ocr"]).await;
+    assert_ok(&again);
+    assert_eq!(stdout(&again), text);
+    assert_eq!(env.origin.hits("/models/ocr-v3.onnx"), 1);
+
+    let unknown = env.run(&["path", "g", "nope"]).await;
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(stdout(&unknown).is_empty());
+    assert!(
+        stderr(&unknown).contains("E_RESOURCE_NOT_FOUND"),
+        "{}",
+        stderr(&unknown)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_path_exits_1_with_the_code_and_each_address() {
+    let env = Env::new().await;
+    let body = bytes(1000, 36);
+    env.origin.route("/bad.bin", Behaviour::Status(410));
+    let url = env.url("origin.test", "/bad.bin");
+    let m = env.write_manifest("m.json", json!([entry("bad", &url, &body)]));
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    let out = env.run(&["path", "g", "bad"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).is_empty());
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_UNAVAILABLE"), "{err}");
+    assert!(
+        err.contains("E_RESOURCE_HTTP") && err.contains("/bad.bin"),
+        "{err}"
+    );
+    assert_eq!(env.origin.hits("/bad.bin"), 1);
+}
+
+#[tokio::test]
+async fn status_prints_a_readable_table_and_json() {
+    let env = Env::new().await;
+    let (a, b, c) = (bytes(2048, 37), bytes(3000, 38), bytes(100, 39));
+    let a_url = env.serve("/a.bin", &a);
+    env.origin.route("/b.bin", Behaviour::Body(b.clone()));
+    let b_url = env.url("cdn.test", "/b.bin");
+    env.origin.route("/c.bin", Behaviour::Status(404));
+    let c_url = env.url("origin.test", "/c.bin");
+    let mut a_entry = required_entry("alpha", &a_url, &a);
+    a_entry["description"] = json!("Alpha model");
+    let m = env.write_manifest(
+        "m.json",
+        json!([
+            a_entry,
+            entry("beta", &b_url, &b),
+            required_entry("gamma", &c_url, &c)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+
+    let out = env.run(&["status"]).await;
+    assert_ok(&out);
+    let table = stdout(&out);
+    let line = |label: &str| {
+        table
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} line in\n{table}"))
+            .to_string()
+    };
+    assert!(table.lines().next().unwrap().starts_with('g'), "{table}");
+    let alpha = line("Alpha model");
+    assert!(
+        alpha.contains("origin.test") && alpha.contains("eager") && alpha.contains("present"),
+        "{alpha}"
+    );
+    let beta = line("beta");
+    assert!(
+        beta.contains("cdn.test") && beta.contains("lazy") && beta.contains("missing"),
+        "{beta}"
+    );
+    let gamma = line("gamma");
+    assert!(
+        gamma.contains("failed") && gamma.contains("E_RESOURCE_UNAVAILABLE"),
+        "{gamma}"
+    );
+    assert!(
+        table.contains("E_RESOURCE_HTTP"),
+        "the reason per address is shown:\n{table}"
+    );
+
+    let v = status_json(&env).await;
+    let gems = v["gems"].as_array().unwrap();
+    assert_eq!(gems.len(), 1);
+    assert_eq!(gems[0]["gem"], "g");
+    let rs = gems[0]["resources"].as_array().unwrap();
+    assert_eq!(rs.len(), 3);
+    assert_eq!(rs[0]["id"], "alpha");
+    assert_eq!(rs[0]["label"], "Alpha model");
+    assert_eq!(rs[0]["size"], 2048);
+    assert_eq!(rs[0]["host"], "origin.test");
+    assert_eq!(rs[0]["required"], true);
+    assert_eq!(rs[0]["sha256"], sha256_hex(&a));
+    assert_eq!(rs[0]["state"], "present");
+    assert!(PathBuf::from(rs[0]["path"].as_str().unwrap()).is_file());
+    assert_eq!(rs[1]["label"], "beta");
+    assert_eq!(rs[1]["required"], false);
+    assert_eq!(rs[1]["state"], "missing");
+    assert_eq!(rs[2]["state"], "failed");
+    assert_eq!(rs[2]["code"], "E_RESOURCE_UNAVAILABLE");
+    assert!(rs[2]["at"].as_u64().unwrap() > 0);
+    assert!(rs[2]["attempts"][0]["address"]
+        .as_str()
+        .unwrap()
+        .ends_with("/c.bin"));
+    assert!(rs[2]["attempts"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("404"));
+
+    let one = env.run(&["--json", "status", "g"]).await;
+    assert_ok(&one);
+    let none = env.run(&["status", "other"]).await;
+    assert_eq!(none.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn sync_downloads_missing_required_files_and_fails_while_one_still_fails() {
+    let env = Env::new().await;
+    let (a, b) = (bytes(4000, 40), bytes(5000, 41));
+    env.origin.route("/a.bin", Behaviour::Status(503));
+    env.origin.route("/b.bin", Behaviour::Status(503));
+    let m = env.write_manifest(
+        "m.json",
+        json!([
+            required_entry("a", &env.url("origin.test", "/a.bin"), &a),
+            required_entry("b", &env.url("origin.test", "/b.bin"), &b)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    assert_eq!(
+        (env.origin.hits("/a.bin"), env.origin.hits("/b.bin")),
+        (1, 1)
+    );
+
+    env.origin.route("/a.bin", Behaviour::Body(a.clone()));
+    let out = env.run(&["sync"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("g/b") || stderr(&out).contains("1 still missing"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stored_files(&env, &a).len(), 1);
+    assert_eq!(
+        (env.origin.hits("/a.bin"), env.origin.hits("/b.bin")),
+        (2, 2)
+    );
+
+    env.origin.route("/b.bin", Behaviour::Body(b.clone()));
+    let out = env.run(&["sync"]).await;
+    assert_ok(&out);
+    assert_eq!(stored_files(&env, &b).len(), 1);
+    // A was present: not fetched again.
+    assert_eq!(
+        (env.origin.hits("/a.bin"), env.origin.hits("/b.bin")),
+        (2, 3)
+    );
+
+    let out = env.run(&["--json", "sync"]).await;
+    assert_ok(&out);
+    let last = stdout(&out).lines().last().unwrap().to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["queued"], 0);
+    assert_eq!(v["failed"], json!([]));
+    assert_eq!(env.origin.total_hits(), 5);
+}
+
+#[tokio::test]
+async fn verify_removes_and_reports_a_corrupted_file() {
+    let env = Env::new().await;
+    let (good, bad) = (bytes(3000, 42), bytes(4000, 43));
+    let m = env.write_manifest(
+        "m.json",
+        json!([
+            required_entry("good", &env.serve("/good.bin", &good), &good),
+            required_entry("bad", &env.serve("/bad.bin", &bad), &bad)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    let clean = env.run(&["verify"]).await;
+    assert_ok(&clean);
+    assert!(
+        stdout(&clean).contains("verified 2 file(s), 0 corrupted"),
+        "{}",
+        stdout(&clean)
+    );
+
+    let file = stored_files(&env, &bad).pop().unwrap();
+    let mut perms = std::fs::metadata(&file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&file, perms).unwrap();
+    let mut corrupted = bad.clone();
+    corrupted[100] ^= 0xff;
+    std::fs::write(&file, &corrupted).unwrap();
+
+    let out = env.run(&["verify"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("1 corrupted"), "{text}");
+    assert!(text.contains(&sha256_hex(&bad)), "{text}");
+    assert!(stored_files(&env, &bad).is_empty());
+    assert_eq!(stored_files(&env, &good).len(), 1);
+    let v = status_json(&env).await;
+    assert_eq!(v["gems"][0]["resources"][1]["state"], "missing");
+
+    // The next sync fetches it again.
+    assert_ok(&env.run(&["sync"]).await);
+    assert_eq!(env.origin.hits("/bad.bin"), 2);
+    assert_eq!(env.origin.hits("/good.bin"), 1);
+}
+
+#[tokio::test]
+async fn uninstall_removes_the_gem_and_its_files() {
+    let env = Env::new().await;
+    let body = bytes(3000, 44);
+    let m = env.write_manifest(
+        "m.json",
+        json!([required_entry("x", &env.serve("/x.bin", &body), &body)]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    assert_eq!(stored_files(&env, &body).len(), 1);
+    let out = env.run(&["uninstall", "g"]).await;
+    assert_ok(&out);
+    assert!(stored_files(&env, &body).is_empty());
+    let v = status_json(&env).await;
+    assert_eq!(v["gems"], json!([]));
+    let again = env.run(&["uninstall", "g"]).await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("E_RESOURCE_NOT_FOUND"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_upgrade_leaves_the_old_version_and_its_files_in_place() {
+    let env = Env::new().await;
+    let (a, b) = (bytes(3000, 45), bytes(3500, 46));
+    let m = env.write_manifest(
+        "v1.json",
+        json!([
+            required_entry("a", &env.serve("/a.bin", &a), &a),
+            required_entry("b", &env.serve("/b.bin", &b), &b)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    let before = status_json(&env).await;
+    let registration = store_root(&env).join("gems").join("g.json");
+    let registered = std::fs::read(&registration).unwrap();
+
+    // v2 drops B but one of its entries is invalid: nothing of it is used.
+    let bad = env.write_manifest(
+        "v2.json",
+        json!([
+            required_entry("a", &env.url("origin.test", "/a.bin"), &a),
+            { "id": "c", "url": "http://origin.test/c.bin", "sha256": sha256_hex(&b), "size": 1 }
+        ]),
+    );
+    let out = env.run(&["install", "g", bad.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("E_PERM_INVALID"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&registration).unwrap(), registered);
+    assert_eq!(status_json(&env).await, before);
+    assert_eq!(stored_files(&env, &a).len(), 1);
+    assert_eq!(stored_files(&env, &b).len(), 1);
+    assert_eq!(env.origin.total_hits(), 2);
+}
+
+#[tokio::test]
+async fn two_processes_sharing_a_store_make_one_request() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(50_000, 47);
+    let gate = Gate::new();
+    env.origin.route(
+        "/both.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/both.bin");
+    let m = env.write_manifest("m.json", json!([entry("both", &url, &body)]));
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+
+    let opener = async {
+        wait_until("the first request", || env.origin.hits("/both.bin") == 1).await;
+        gate.open();
+    };
+    let (first, second, ()) = within("two path processes", async {
+        tokio::join!(
+            env.run(&["path", "g", "both"]),
+            env.run(&["path", "g", "both"]),
+            opener
+        )
+    })
+    .await;
+    assert_ok(&first);
+    assert_ok(&second);
+    assert_eq!(stdout(&first), stdout(&second));
+    let path = PathBuf::from(stdout(&first).trim());
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.hits("/both.bin"), 1);
+}

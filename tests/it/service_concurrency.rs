@@ -1,1 +1,250 @@
-//! (being written)
+//! Shared downloads and bounded concurrency: many callers, one request; a
+//! global limit; on-demand lookups ahead of background work.
+
+use gem_resources::{ResourceState, Resources};
+use serde_json::json;
+
+use crate::support::*;
+
+fn gated(env: &Env, path: &str, body: &[u8]) -> Gate {
+    let gate = Gate::new();
+    env.origin.route(
+        path,
+        Behaviour::Gated {
+            body: body.to_vec(),
+            gate: gate.clone(),
+        },
+    );
+    gate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_path_calls_for_one_lazy_resource_make_one_request() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(40_000, 21);
+    let gate = gated(&env, "/lazy.bin", &body);
+    let url = env.url("origin.test", "/lazy.bin");
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("lazy", &url, &body)])))
+        .await
+        .unwrap();
+    let callers: Vec<_> = (0..50)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move { service.path("g", "lazy").await })
+        })
+        .collect();
+    wait_until("the one request arrives", || {
+        env.origin.hits("/lazy.bin") == 1
+    })
+    .await;
+    gate.open();
+    let mut paths = Vec::new();
+    for caller in callers {
+        paths.push(within("a path call", caller).await.unwrap().unwrap());
+    }
+    assert!(paths.iter().all(|p| *p == paths[0]), "{paths:?}");
+    assert_eq!(std::fs::read(&paths[0]).unwrap(), body);
+    assert_eq!(env.origin.hits("/lazy.bin"), 1);
+}
+
+#[tokio::test]
+async fn path_for_a_required_file_already_downloading_joins_that_download() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(20_000, 22);
+    let gate = gated(&env, "/req.bin", &body);
+    let url = env.url("origin.test", "/req.bin");
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("g", &manifest(json!([required_entry("req", &url, &body)])))
+        .await
+        .unwrap();
+    wait_until("the background request", || {
+        env.origin.hits("/req.bin") == 1
+    })
+    .await;
+    let caller = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("g", "req").await })
+    };
+    gate.open();
+    let path = within("path", caller).await.unwrap().unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    within("idle", service.wait_idle()).await;
+    assert_eq!(env.origin.hits("/req.bin"), 1);
+}
+
+#[tokio::test]
+async fn two_services_sharing_a_store_share_one_download() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(20_000, 23);
+    let gate = gated(&env, "/shared.bin", &body);
+    let url = env.url("origin.test", "/shared.bin");
+    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    first
+        .install("g", &manifest(json!([entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    let a = {
+        let s = first.clone();
+        tokio::spawn(async move { s.path("g", "s").await })
+    };
+    wait_until("the first request", || env.origin.hits("/shared.bin") == 1).await;
+    // The other service sees the download in progress through the store.
+    wait_until("the second service sees the download", || {
+        matches!(
+            second.status(Some("g")).unwrap()[0].resources[0].state,
+            ResourceState::Downloading { .. }
+        )
+    })
+    .await;
+    let b = {
+        let s = second.clone();
+        tokio::spawn(async move { s.path("g", "s").await })
+    };
+    gate.open();
+    let pa = within("first path", a).await.unwrap().unwrap();
+    let pb = within("second path", b).await.unwrap().unwrap();
+    assert_eq!(pa, pb);
+    assert_eq!(std::fs::read(pa).unwrap(), body);
+    assert_eq!(env.origin.hits("/shared.bin"), 1);
+}
+
+#[tokio::test]
+async fn a_global_limit_of_one_runs_one_download_at_a_time() {
+    let env = Env::new().await;
+    write_patient_config(&env, "[service]\nmax_concurrent_downloads = 1");
+    let (a, b) = (bytes(10_000, 24), bytes(10_000, 25));
+    let gate_a = gated(&env, "/a.bin", &a);
+    let gate_b = gated(&env, "/b.bin", &b);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install(
+            "g",
+            &manifest(json!([
+                required_entry("a", &env.url("origin.test", "/a.bin"), &a),
+                required_entry("b", &env.url("origin.test", "/b.bin"), &b)
+            ])),
+        )
+        .await
+        .unwrap();
+    wait_until("one request", || {
+        env.origin.hits("/a.bin") + env.origin.hits("/b.bin") == 1
+    })
+    .await;
+    // Whichever went first holds the only slot; the other is not requested
+    // while it is in flight.
+    let (first, second) = if env.origin.hits("/a.bin") == 1 {
+        (gate_a, (gate_b, "/b.bin"))
+    } else {
+        (gate_b, (gate_a, "/a.bin"))
+    };
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(env.origin.hits(second.1), 0);
+    first.open();
+    wait_until("the second request", || env.origin.hits(second.1) == 1).await;
+    second.0.open();
+    within("idle", service.wait_idle()).await;
+    assert_eq!(stored_files(&env, &a).len(), 1);
+    assert_eq!(stored_files(&env, &b).len(), 1);
+    assert_eq!(env.origin.total_hits(), 2);
+}
+
+/// Starts A (in flight, gated) and queues B in the background with a global
+/// limit of one, then asks for C on demand; returns which of B and C was
+/// requested first once A finished.
+async fn first_after_a(env: &Env, c_host: &str) -> &'static str {
+    write_patient_config(env, "[service]\nmax_concurrent_downloads = 1");
+    let (a, b, c) = (bytes(5000, 26), bytes(5000, 27), bytes(5000, 28));
+    let gate_a = gated(env, "/a.bin", &a);
+    let gate_b = gated(env, "/b.bin", &b);
+    let gate_c = gated(env, "/c.bin", &c);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install(
+            "bg-a",
+            &manifest(json!([required_entry(
+                "a",
+                &env.url("origin.test", "/a.bin"),
+                &a
+            )])),
+        )
+        .await
+        .unwrap();
+    wait_until("A is in flight", || env.origin.hits("/a.bin") == 1).await;
+    service
+        .install(
+            "bg-b",
+            &manifest(json!([required_entry(
+                "b",
+                &env.url("origin.test", "/b.bin"),
+                &b
+            )])),
+        )
+        .await
+        .unwrap();
+    service
+        .install(
+            "tool",
+            &manifest(json!([entry("c", &env.url(c_host, "/c.bin"), &c)])),
+        )
+        .await
+        .unwrap();
+    let caller = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("tool", "c").await })
+    };
+    // Both B and C are waiting for the slot.
+    let mut queued = Vec::new();
+    within("B and C are queued", async {
+        while queued.len() < 2 {
+            if let gem_resources::Event::Queued { resource, .. } = events.recv().await.unwrap() {
+                if resource != "a" {
+                    queued.push(resource);
+                }
+            }
+        }
+    })
+    .await;
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(env.origin.hits("/b.bin") + env.origin.hits("/c.bin"), 0);
+    gate_a.open();
+    wait_until("the next request", || {
+        env.origin.hits("/b.bin") + env.origin.hits("/c.bin") == 1
+    })
+    .await;
+    let first = if env.origin.hits("/c.bin") == 1 {
+        "C"
+    } else {
+        "B"
+    };
+    gate_b.open();
+    gate_c.open();
+    let path = within("C's path", caller).await.unwrap().unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), c);
+    within("idle", service.wait_idle()).await;
+    assert_eq!(env.origin.total_hits(), 3);
+    first
+}
+
+#[tokio::test]
+async fn an_on_demand_path_goes_ahead_of_queued_background_downloads() {
+    let env = Env::new().await;
+    assert_eq!(first_after_a(&env, "cdn.test").await, "C");
+}
+
+#[tokio::test]
+async fn an_on_demand_path_goes_ahead_of_queued_background_downloads_from_the_same_host() {
+    let env = Env::new().await;
+    assert_eq!(first_after_a(&env, "origin.test").await, "C");
+}

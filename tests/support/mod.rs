@@ -175,3 +175,72 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// A validated manifest holding `resources`.
+pub fn manifest(resources: serde_json::Value) -> gem_resources::Manifest {
+    let doc = serde_json::json!({ "resources": resources });
+    gem_resources::parse_manifest(&serde_json::to_vec(&doc).unwrap()).unwrap()
+}
+
+/// A required resource entry for a manifest.
+pub fn required_entry(id: &str, url: &Url, body: &[u8]) -> serde_json::Value {
+    let mut e = entry(id, url, body);
+    e["required"] = serde_json::Value::Bool(true);
+    e
+}
+
+/// Writes `config.toml` like [`Env::write_config_full`], but with a stall
+/// timeout long enough that a held (stalled or gated) download stays in
+/// flight for as long as a test needs it.
+pub fn write_patient_config(env: &Env, extra: &str) -> PathBuf {
+    let path = env.dir.path().join("config.toml");
+    let text = format!(
+        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 60\nretries = 0\n\n{}\n{extra}\n",
+        Env::dev_section()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `<store>/store-v1`.
+pub fn store_root(env: &Env) -> PathBuf {
+    env.store_dir().join("store-v1")
+}
+
+/// Every file in the store's temporary area.
+pub fn tmp_files(env: &Env) -> Vec<PathBuf> {
+    files_under(&store_root(env).join("tmp"))
+}
+
+/// The `.partial` files in the store's temporary area.
+pub fn partial_files(env: &Env) -> Vec<PathBuf> {
+    tmp_files(env)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".partial"))
+        .collect()
+}
+
+/// The verified files stored for the bytes `body`.
+pub fn stored_files(env: &Env, body: &[u8]) -> Vec<PathBuf> {
+    files_under(&store_root(env).join("blobs").join(sha256_hex(body)))
+}
+
+/// Polls `cond` every few milliseconds until it holds; panics naming `what`
+/// after 10 seconds.
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs `fut`, panicking naming `what` if it takes more than 10 seconds.
+pub async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(10), fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}

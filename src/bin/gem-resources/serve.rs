@@ -9,7 +9,9 @@
 //! system, network mounts included.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -23,17 +25,26 @@ use crate::watch::{self, Output};
 const MANIFEST_NAMES: [&str; 2] = ["notochord.json", "manifest.json"];
 
 /// Runs the service until a shutdown signal.
-pub async fn run(service: &Resources, gems: &Path, interval: f64, json: bool) -> anyhow::Result<()> {
+pub async fn run(
+    service: &Resources,
+    gems: &Path,
+    interval: f64,
+    json: bool,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         interval.is_finite() && interval > 0.0,
         "--interval must be a positive number of seconds"
     );
-    anyhow::ensure!(gems.is_dir(), "gems folder {} does not exist", gems.display());
+    anyhow::ensure!(
+        gems.is_dir(),
+        "gems folder {} does not exist",
+        gems.display()
+    );
+    let mut signal = shutdown_signal();
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
     tracing::info!(queued, "started");
     let mut seen: BTreeMap<String, [u8; 32]> = BTreeMap::new();
-    let mut signal = std::pin::pin!(shutdown_signal());
     loop {
         if let Err(e) = scan(service, gems, &mut seen).await {
             tracing::warn!("scan of {} failed: {e:#}", gems.display());
@@ -49,7 +60,11 @@ pub async fn run(service: &Resources, gems: &Path, interval: f64, json: bool) ->
     Ok(())
 }
 
-async fn scan(service: &Resources, gems: &Path, seen: &mut BTreeMap<String, [u8; 32]>) -> anyhow::Result<()> {
+async fn scan(
+    service: &Resources,
+    gems: &Path,
+    seen: &mut BTreeMap<String, [u8; 32]>,
+) -> anyhow::Result<()> {
     let present = manifests(gems)?;
     for (gem, path) in &present {
         let bytes = match std::fs::read(path) {
@@ -66,10 +81,19 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut BTreeMap<String, [u8;
         seen.insert(gem.clone(), digest);
         match parse_manifest(&bytes) {
             Ok(manifest) => match service.install(gem, &manifest).await {
-                Ok(report) => tracing::info!(gem, upgrade = report.upgrade, queued = report.queued, "installed"),
+                Ok(report) => tracing::info!(
+                    gem,
+                    upgrade = report.upgrade,
+                    queued = report.queued,
+                    "installed"
+                ),
                 Err(e) => tracing::error!(gem, "install failed: {e}"),
             },
-            Err(e) => tracing::error!(gem, "{} rejected; keeping the installed version:\n{e}", path.display()),
+            Err(e) => tracing::error!(
+                gem,
+                "{} rejected; keeping the installed version:\n{e}",
+                path.display()
+            ),
         }
     }
     let installed: BTreeSet<String> = service.installed()?.into_iter().collect();
@@ -86,7 +110,8 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut BTreeMap<String, [u8;
 /// Gem id → manifest path for every sub-folder that has one.
 fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
     let mut out = BTreeMap::new();
-    let entries = std::fs::read_dir(gems).with_context(|| format!("cannot list {}", gems.display()))?;
+    let entries =
+        std::fs::read_dir(gems).with_context(|| format!("cannot list {}", gems.display()))?;
     for entry in entries.flatten() {
         let Some(gem) = entry.file_name().to_str().map(str::to_string) else {
             continue;
@@ -94,24 +119,38 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
         if !valid_gem_id(&gem) || !entry.path().is_dir() {
             continue;
         }
-        if let Some(path) = MANIFEST_NAMES.iter().map(|n| entry.path().join(n)).find(|p| p.is_file()) {
+        if let Some(path) = MANIFEST_NAMES
+            .iter()
+            .map(|n| entry.path().join(n))
+            .find(|p| p.is_file())
+        {
             out.insert(gem, path);
         }
     }
     Ok(out)
 }
 
-async fn shutdown_signal() {
+/// Registers the SIGINT and SIGTERM handlers now, so that a signal that
+/// arrives while the service starts up is not lost (nor kills the process
+/// before its downloads are stopped), and returns a future that resolves at
+/// the first of them.
+fn shutdown_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            return Box::pin(async move {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            });
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    Box::pin(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }

@@ -16,7 +16,11 @@ use crate::watch::Output;
 pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
     let service = Resources::open(config)?;
     match command {
-        Command::Install { gem, manifest, no_wait } => {
+        Command::Install {
+            gem,
+            manifest,
+            no_wait,
+        } => {
             let manifest = read_manifest(&manifest)?;
             let watcher = crate::watch::spawn(&service, json, Output::Stderr);
             let report = service.install(&gem, &manifest).await?;
@@ -27,7 +31,11 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!({ "event": "install_report", "report": report }));
             } else {
-                let verb = if report.upgrade { "upgraded" } else { "installed" };
+                let verb = if report.upgrade {
+                    "upgraded"
+                } else {
+                    "installed"
+                };
                 eprintln!(
                     "{verb} {}: {} resource(s), {} already present, {} downloaded in the background, {} deleted",
                     report.gem,
@@ -89,21 +97,36 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
             } else {
-                eprintln!("sync: {queued} required file(s) were missing, {} still missing", failed.len());
+                eprintln!(
+                    "sync: {queued} required file(s) were missing, {} still missing",
+                    failed.len()
+                );
             }
-            Ok(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Verify => {
             let report = service.verify().await?;
             if json {
                 print_json(&json!(report));
             } else {
-                println!("verified {} file(s), {} corrupted", report.ok, report.corrupted.len());
+                println!(
+                    "verified {} file(s), {} corrupted",
+                    report.ok,
+                    report.corrupted.len()
+                );
                 for sha in &report.corrupted {
                     println!("removed corrupted file {sha}");
                 }
             }
-            Ok(if report.corrupted.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if report.corrupted.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Serve { gems, interval } => {
             crate::serve::run(&service, &gems, interval, json).await?;
@@ -149,9 +172,15 @@ fn print_status(status: &[GemStatus]) {
                 ResourceState::Missing => "missing".to_string(),
                 ResourceState::Queued => "queued".to_string(),
                 ResourceState::Downloading { bytes } => {
-                    format!("downloading {}/{}", render::bytes(*bytes), render::bytes(r.size))
+                    format!(
+                        "downloading {}/{}",
+                        render::bytes(*bytes),
+                        render::bytes(r.size)
+                    )
                 }
-                ResourceState::Failed { failure } => format!("failed ({}) at {}", failure.code, failure.at),
+                ResourceState::Failed { failure } => {
+                    format!("failed ({}) at {}", failure.code, render::utc(failure.at))
+                }
             };
             println!(
                 "  {:<20} {:>10}  {:<24} {:<5}  {}",
@@ -180,7 +209,11 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
         return;
     }
     match event {
-        Event::Verified { gem, resource, path } => {
+        Event::Verified {
+            gem,
+            resource,
+            path,
+        } => {
             eprintln!("verified {gem}/{resource}: {}", path.display())
         }
         Event::Failed { message, .. } => eprintln!("{message}"),

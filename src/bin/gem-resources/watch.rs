@@ -60,10 +60,22 @@ pub fn spawn(service: &Resources, json: bool, output: Output) -> Watcher {
 
 fn follow(bars: &mut HashMap<String, Bar>, event: &Event, json: bool, output: Output) {
     match event {
-        Event::Started { gem, resource, size } => {
-            bars.insert(format!("{gem}/{resource}"), Bar::new(&format!("{gem}/{resource}"), *size, json));
+        Event::Started {
+            gem,
+            resource,
+            size,
+        } => {
+            bars.insert(
+                format!("{gem}/{resource}"),
+                Bar::new(&format!("{gem}/{resource}"), *size, json),
+            );
         }
-        Event::Progress { gem, resource, bytes, .. } => {
+        Event::Progress {
+            gem,
+            resource,
+            bytes,
+            ..
+        } => {
             if let Some(bar) = bars.get(&format!("{gem}/{resource}")) {
                 bar.set(*bytes);
             }
@@ -75,7 +87,12 @@ fn follow(bars: &mut HashMap<String, Bar>, event: &Event, json: bool, output: Ou
         }
         _ => {}
     }
-    if json || !matches!(event, Event::Progress { .. } | Event::Queued { .. } | Event::Started { .. }) {
+    if json
+        || !matches!(
+            event,
+            Event::Progress { .. } | Event::Queued { .. } | Event::Started { .. }
+        )
+    {
         print_event(event, json, output);
     }
 }
