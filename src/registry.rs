@@ -154,6 +154,25 @@ impl Registry {
         }
     }
 
+    /// Removes temporary files left by a write that a crash interrupted
+    /// (the records themselves are always whole) and returns how many.
+    pub fn clean(&self) -> usize {
+        let mut removed = 0;
+        for dir in [&self.gems, &self.failures] {
+            for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with('.')
+                    && name.ends_with(".tmp")
+                    && fs::remove_file(entry.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// The failure records of `gem`, by resource id.
     pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
         Ok(read_json(&self.failures.join(format!("{gem}.json")))?.unwrap_or_default())

@@ -338,11 +338,14 @@ impl Resources {
     /// files. Returns how many were queued; does not wait for them.
     pub async fn start(&self) -> Result<usize> {
         let inner = &self.inner;
-        let removed = inner.store.clean_tmp()?;
+        let removed = {
+            let _lock = inner.registry.lock().await?;
+            inner.store.clean_tmp()? + inner.registry.clean()
+        };
         if removed > 0 {
             tracing::info!(
                 removed,
-                "removed partial files left by an interrupted download"
+                "removed temporary files left by an interrupted download or write"
             );
         }
         let mut queued = 0;

@@ -185,9 +185,19 @@ impl Store {
     /// Starts a download of `size` bytes for `sha256`: checks that the file
     /// system has room for it on top of what other downloads in progress will
     /// still write, then creates the partial file. Touches no network.
+    ///
+    /// The caller holds the lock of `sha256` ([`Store::lock`]), so a partial
+    /// file of `sha256` found here was left by a crashed download: it is
+    /// removed first, and neither it nor any other unlocked leftover counts
+    /// against the free space.
     pub fn begin(&self, resource: &str, sha256: &str, size: u64) -> Result<Partial> {
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
+        for (path, sha, _) in partial_files(&tmp) {
+            if sha == sha256 {
+                let _ = fs::remove_file(path);
+            }
+        }
         let available = available_space(&tmp)?;
         let reserved = self.reserved_bytes();
         if available < size.saturating_add(reserved) {
@@ -211,10 +221,14 @@ impl Store {
         })
     }
 
-    /// Bytes that downloads in progress (in any process) will still write.
+    /// Bytes that downloads in progress (in any process) will still write:
+    /// the declared size less what is written, for every partial file whose
+    /// SHA-256 lock is held. Leftovers of a crashed download hold no lock and
+    /// do not count.
     pub fn reserved_bytes(&self) -> u64 {
         partial_files(&self.root.join("tmp"))
-            .map(|(path, declared)| {
+            .filter(|(_, sha, _)| matches!(self.try_lock(sha), Ok(None)))
+            .map(|(path, _, declared)| {
                 let written = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
                 declared.saturating_sub(written)
             })
@@ -228,12 +242,8 @@ impl Store {
             return None;
         }
         let written = partial_files(&self.root.join("tmp"))
-            .filter(|(path, _)| {
-                path.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(sha256))
-            })
-            .filter_map(|(path, _)| fs::metadata(path).ok().map(|m| m.len()))
+            .filter(|(_, sha, _)| sha == sha256)
+            .filter_map(|(path, _, _)| fs::metadata(path).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
         Some(written)
@@ -317,7 +327,8 @@ fn first_file(dir: &Path) -> Option<PathBuf> {
     files.into_iter().next()
 }
 
-fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, u64)> {
+/// `(path, sha256, declared size)` of every partial file in `tmp`.
+fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
     fs::read_dir(tmp)
         .into_iter()
         .flatten()
@@ -327,7 +338,8 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, u64)> {
             let mut parts = name.split('.');
             let sha = parts.next()?;
             let size: u64 = parts.next()?.parse().ok()?;
-            (is_sha256(sha) && name.ends_with(".partial")).then(|| (entry.path(), size))
+            (is_sha256(sha) && name.ends_with(".partial"))
+                .then(|| (entry.path(), sha.to_string(), size))
         })
 }
 

@@ -613,3 +613,21 @@ async fn shutdown_stops_an_in_flight_download_and_removes_its_partial_file() {
         ResourceState::Failed { .. }
     ));
 }
+
+#[tokio::test]
+async fn start_removes_records_half_written_by_a_crash_and_keeps_whole_ones() {
+    let env = Env::new().await;
+    let body = bytes(100, 60);
+    let url = env.serve("/kept.bin", &body);
+    let service = open(&env);
+    service
+        .install("g", &manifest(json!([entry("kept", &url, &body)])))
+        .await
+        .unwrap();
+    let leftover = store_root(&env).join("gems").join(".g.json.x1y2.tmp");
+    std::fs::write(&leftover, b"{\"gem\": \"g\", \"reso").unwrap();
+    let service = open(&env);
+    service.start().await.unwrap();
+    assert!(!leftover.exists());
+    assert_eq!(service.installed().unwrap(), vec!["g".to_string()]);
+}

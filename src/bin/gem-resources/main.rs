@@ -19,7 +19,13 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
-    render::init_logging();
+    // The long-running service says what it does; one-shot commands only
+    // warn, so their output stays clean.
+    let default_log = match args.command {
+        cli::Command::Serve { .. } => "info",
+        _ => "warn",
+    };
+    render::init_logging(default_log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -4,10 +4,10 @@ use gem_resources::error::Attempt;
 use gem_resources::Error;
 use serde_json::{json, Value};
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
-pub fn init_logging() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default: `default`).
+pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
