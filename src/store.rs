@@ -59,6 +59,10 @@ pub struct ShaLock {
 impl Store {
     /// Opens (creating when needed) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Store> {
+        // Paths handed to tools must not depend on the caller's working
+        // folder.
+        let dir = std::path::absolute(dir)
+            .map_err(|e| Error::io("cannot resolve store folder", dir, e))?;
         let root = dir.join(LAYOUT);
         for sub in ["blobs", "tmp", "locks", "gems", "failures"] {
             let path = root.join(sub);

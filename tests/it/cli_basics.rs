@@ -162,6 +162,32 @@ async fn the_store_option_overrides_the_configured_store() {
 }
 
 #[tokio::test]
+async fn printed_paths_are_absolute_even_for_a_relative_store() {
+    let env = Env::new().await;
+    let (manifest, _, _) = two_resources(&env);
+    let config = env.dir.path().join("config.toml");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .current_dir(config.parent().unwrap())
+            .args(["--config", "config.toml", "--store", "rel", "fetch"])
+            .arg(manifest.file_name().unwrap())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(!text.is_empty());
+    for line in text.lines() {
+        let (_, path) = line.split_once('\t').unwrap();
+        let path = std::path::Path::new(path);
+        assert!(path.is_absolute(), "{line}");
+        assert!(path.starts_with(env.dir.path().join("rel")), "{line}");
+    }
+}
+
+#[tokio::test]
 async fn a_usage_error_exits_2() {
     let env = Env::new().await;
     for args in [
