@@ -27,6 +27,10 @@ pub enum AttemptError {
         /// The scheme that was refused.
         scheme: String,
     },
+    /// The address (or a redirect) carries a user name or password, which
+    /// would be sent as an authorization header and end up in logs.
+    #[error("addresses with a user name or password are not allowed")]
+    Credentials,
     /// The address names, or resolves to, a local or internal-network address.
     #[error("{0}")]
     Address(#[from] Blocked),
@@ -86,7 +90,7 @@ impl AttemptError {
     /// The stable error code.
     pub fn code(&self) -> &'static str {
         match self {
-            AttemptError::Scheme { .. } => "E_RESOURCE_SCHEME",
+            AttemptError::Scheme { .. } | AttemptError::Credentials => "E_RESOURCE_SCHEME",
             AttemptError::Address(_) => "E_RESOURCE_ADDRESS",
             AttemptError::Policy { .. } => "E_RESOURCE_POLICY",
             AttemptError::Redirects { .. } => "E_RESOURCE_REDIRECTS",
@@ -191,6 +195,9 @@ pub enum Error {
     /// The configuration is invalid.
     #[error("E_RESOURCE_CONFIG: {0}")]
     Config(String),
+    /// An input (a gem id, a SHA-256 in a record) is not acceptable.
+    #[error("E_PERM_INVALID: {0}")]
+    Invalid(String),
     /// No such gem or resource is installed.
     #[error("E_RESOURCE_NOT_FOUND: {0}")]
     NotFound(String),
@@ -224,6 +231,7 @@ impl Error {
             Error::DiskSpace { .. } => "E_RESOURCE_DISK_SPACE",
             Error::Io { .. } => "E_RESOURCE_IO",
             Error::Config(_) => "E_RESOURCE_CONFIG",
+            Error::Invalid(_) => "E_PERM_INVALID",
             Error::NotFound(_) => "E_RESOURCE_NOT_FOUND",
             Error::Cancelled { .. } => "E_RESOURCE_CANCELLED",
         }

@@ -116,9 +116,25 @@ impl Fetcher {
                 scheme: url.scheme().to_string(),
             });
         }
+        if !url.username().is_empty() || url.password().is_some() {
+            // They would be sent as a Basic authorization header and end up
+            // in logs and failure records.
+            return Err(AttemptError::Credentials);
+        }
         let host = url.host().ok_or_else(|| AttemptError::Network {
             reason: "address has no host".into(),
         })?;
+        if let Host::Domain(name) = host {
+            // `blocked.test..` must not slip past a policy or guard that
+            // strips one trailing dot: only one is allowed at all.
+            let labels = name.strip_suffix('.').unwrap_or(name);
+            if labels.is_empty() || labels.split('.').any(str::is_empty) {
+                return Err(AttemptError::Address(Blocked {
+                    address: name.to_string(),
+                    reason: "malformed host name (empty label)".into(),
+                }));
+            }
+        }
         let text = host_text(&host);
         if !self.policy.permits(&text) {
             return Err(AttemptError::Policy {

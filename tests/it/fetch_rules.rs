@@ -574,3 +574,47 @@ async fn a_permanent_failure_is_not_retried() {
     assert_eq!(env.origin.hits("/busy.bin"), 1);
     assert_eq!(env.origin.hits("/missing.bin"), 2);
 }
+
+#[tokio::test]
+async fn a_redirect_to_an_address_with_credentials_is_refused() {
+    let env = Env::new().await;
+    let body = bytes(100, 30);
+    env.origin
+        .route("/secret.bin", Behaviour::Body(body.clone()));
+    let target = env
+        .url("origin.test", "/secret.bin")
+        .as_str()
+        .replace("https://", "https://user:pw@");
+    redirect(&env, "/to-creds", 302, &target);
+    let r = resource("c", &env.url("origin.test", "/to-creds"), &[], &body);
+    let err = fetch(&env, &r).await.unwrap_err();
+    let a = only_attempt(&err);
+    assert_eq!(a.code(), "E_RESOURCE_SCHEME", "{err}");
+    assert!(err.to_string().contains("user name or password"), "{err}");
+    assert_eq!(env.origin.hits("/secret.bin"), 0);
+}
+
+#[tokio::test]
+async fn a_host_with_an_empty_label_cannot_slip_past_the_blocklist() {
+    let env = Env::new().await;
+    env.write_config("mode = \"blocklist\"\nhosts = [\"blocked.test\"]");
+    let body = bytes(100, 31);
+    env.origin
+        .route("/target.bin", Behaviour::Body(body.clone()));
+    let port = env.origin.port();
+    for location in [
+        format!("https://blocked.test..:{port}/target.bin"),
+        format!("https://blocked.test.:{port}/target.bin"),
+        format!("https://BLOCKED.test:{port}/target.bin"),
+    ] {
+        redirect(&env, "/to-blocked", 302, &location);
+        let r = resource("b", &env.url("origin.test", "/to-blocked"), &[], &body);
+        let err = fetch(&env, &r).await.unwrap_err();
+        let code = only_attempt(&err).code();
+        assert!(
+            code == "E_RESOURCE_POLICY" || code == "E_RESOURCE_ADDRESS",
+            "{location}: {err}"
+        );
+    }
+    assert_eq!(env.origin.hits("/target.bin"), 0);
+}
