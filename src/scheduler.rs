@@ -1,7 +1,12 @@
 //! Runs downloads: one job per SHA-256, bounded concurrency, cancellation.
 //!
-//! However many callers want the same bytes (a background install, several
-//! tools calling `path`), there is one job; each caller waits on its result.
+//! However many callers want the same bytes from the same addresses (a
+//! background install, several tools calling `path`), there is one job; each
+//! caller waits on its result. Jobs are keyed by SHA-256 *and* address list:
+//! a gem whose addresses fail must not decide the fate of another gem that
+//! declares the same bytes elsewhere. Two such jobs still make at most one
+//! transfer at a time (the store's per-SHA-256 lock), and the second finds
+//! the file in place when the first succeeded.
 //! A job takes a slot (global and per host at once, [`Limiter`]), downloads,
 //! records the outcome, and publishes events. Jobs are tracked so shutdown
 //! can cancel them and wait until every temporary file is gone.
@@ -55,6 +60,36 @@ struct Job {
     bytes: Arc<AtomicU64>,
     /// Resolves once with the outcome.
     done: watch::Receiver<Option<JobResult>>,
+    /// The SHA-256 it downloads.
+    sha256: String,
+    /// Every (gem, resource id) waiting on it, for their failure records.
+    waiters: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Job {
+    fn add_waiter(&self, gem: &str, resource: &str) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if !waiters.iter().any(|(g, r)| g == gem && r == resource) {
+            waiters.push((gem.to_string(), resource.to_string()));
+        }
+    }
+
+    fn waiters(&self) -> Vec<(String, String)> {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The key of a job: the bytes and where they are fetched from.
+fn job_key(resource: &Resource) -> String {
+    let mut key = resource.sha256.clone();
+    for address in resource.addresses() {
+        key.push(' ');
+        key.push_str(address.as_str());
+    }
+    key
 }
 
 /// Everything a job needs, shared.
@@ -112,11 +147,13 @@ impl Scheduler {
         resource: &Resource,
         urgent: bool,
     ) -> watch::Receiver<Option<JobResult>> {
+        let key = job_key(resource);
         let mut jobs = self.jobs();
-        if let Some(job) = jobs.get(&resource.sha256) {
+        if let Some(job) = jobs.get(&key) {
             if urgent {
                 job.urgent.store(true, Ordering::Relaxed);
             }
+            job.add_waiter(gem, &resource.id);
             return job.done.clone();
         }
         let (tx, rx) = watch::channel(None);
@@ -127,8 +164,10 @@ impl Scheduler {
             started: Arc::new(AtomicBool::new(false)),
             bytes: Arc::new(AtomicU64::new(0)),
             done: rx.clone(),
+            sha256: resource.sha256.clone(),
+            waiters: Arc::new(Mutex::new(vec![(gem.to_string(), resource.id.clone())])),
         };
-        jobs.insert(resource.sha256.clone(), job.clone());
+        jobs.insert(key.clone(), job.clone());
         drop(jobs);
         let this = self.clone();
         let (gem, resource) = (gem.to_string(), resource.clone());
@@ -136,8 +175,8 @@ impl Scheduler {
             let result = this.run(&gem, &resource, &job).await;
             {
                 let mut jobs = this.jobs();
-                if jobs.get(&resource.sha256).is_some_and(|j| j.id == job.id) {
-                    jobs.remove(&resource.sha256);
+                if jobs.get(&key).is_some_and(|j| j.id == job.id) {
+                    jobs.remove(&key);
                 }
             }
             let _ = tx.send(Some(result));
@@ -194,9 +233,15 @@ impl Scheduler {
             r = download(&deps.fetcher, &deps.store, resource, deps.retry, &mut progress) => r,
             () = job.cancel.cancelled() => return Err(cancelled()),
         };
+        let outcome = match outcome {
+            Ok(path) => self.still_declared(resource, job, path).await,
+            Err(error) => Err(error),
+        };
         match outcome {
             Ok(path) => {
-                record_outcome(job, deps.registry.set_failure(gem, &resource.id, None)).await;
+                for (gem, rid) in job.waiters() {
+                    record_outcome(job, deps.registry.set_failure(&gem, &rid, None)).await;
+                }
                 emit(Event::Verified {
                     gem: gem_s,
                     resource: id,
@@ -207,11 +252,10 @@ impl Scheduler {
             Err(error) => {
                 tracing::warn!(gem, "{error}");
                 let record = FailureRecord::from_error(&error);
-                record_outcome(
-                    job,
-                    deps.registry.set_failure(gem, &resource.id, Some(record)),
-                )
-                .await;
+                for (gem, rid) in job.waiters() {
+                    let write = deps.registry.set_failure(&gem, &rid, Some(record.clone()));
+                    record_outcome(job, write).await;
+                }
                 emit(Event::Failed {
                     gem: gem_s,
                     resource: id,
@@ -223,22 +267,66 @@ impl Scheduler {
         }
     }
 
+    /// Keeps a just-verified file only if an installed gem still declares
+    /// it: an uninstall or upgrade (here or in another process) may have
+    /// dropped it while it downloaded. Checked under the registry lock, which
+    /// install and uninstall hold while they decide what to delete.
+    async fn still_declared(
+        &self,
+        resource: &Resource,
+        job: &Job,
+        path: PathBuf,
+    ) -> Result<PathBuf, Error> {
+        let registry = &self.deps.registry;
+        let check = async {
+            let _lock = registry.lock().await?;
+            let declared = registry
+                .list()?
+                .iter()
+                .any(|reg| reg.resources.iter().any(|r| r.sha256 == resource.sha256));
+            if !declared {
+                self.deps.store.remove(&resource.sha256)?;
+            }
+            Ok::<bool, Error>(declared)
+        };
+        let declared = tokio::select! {
+            r = check => r?,
+            // Uninstall holds the lock while it cancels this job, and
+            // deletes the file itself afterwards.
+            () = job.cancel.cancelled() => false,
+        };
+        if declared {
+            Ok(path)
+        } else {
+            Err(Error::Cancelled {
+                resource: resource.id.clone(),
+                reason: "no installed gem declares it any more".into(),
+            })
+        }
+    }
+
     /// What the job for `sha256` is doing, if there is one.
     pub(crate) fn state(&self, sha256: &str) -> Option<JobState> {
         let jobs = self.jobs();
-        let job = jobs.get(sha256)?;
-        Some(if job.started.load(Ordering::Relaxed) {
-            JobState::Downloading(job.bytes.load(Ordering::Relaxed))
-        } else {
-            JobState::Queued
+        let mut mine = jobs.values().filter(|j| j.sha256 == sha256).peekable();
+        mine.peek()?;
+        let started = mine.find(|j| j.started.load(Ordering::Relaxed));
+        Some(match started {
+            Some(job) => JobState::Downloading(job.bytes.load(Ordering::Relaxed)),
+            None => JobState::Queued,
         })
     }
 
-    /// Cancels the job for `sha256` and waits until it has stopped (its
-    /// temporary file removed).
+    /// Cancels every job for `sha256` and waits until they have stopped
+    /// (their temporary files removed).
     pub(crate) async fn cancel(&self, sha256: &str) {
-        let job = self.jobs().get(sha256).cloned();
-        if let Some(mut job) = job {
+        let jobs: Vec<Job> = self
+            .jobs()
+            .values()
+            .filter(|j| j.sha256 == sha256)
+            .cloned()
+            .collect();
+        for mut job in jobs {
             job.cancel.cancel();
             let _ = job.done.wait_for(|r| r.is_some()).await;
         }

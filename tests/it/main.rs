@@ -13,5 +13,6 @@ mod service_cli;
 mod service_concurrency;
 mod service_crash;
 mod service_lifecycle;
+mod service_races;
 mod smoke;
 mod tls_trust;

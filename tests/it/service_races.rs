@@ -1,0 +1,93 @@
+//! Gems that share bytes, and installs or uninstalls that race downloads.
+
+use gem_resources::{Error, ResourceState, Resources};
+use serde_json::json;
+
+use crate::support::*;
+
+fn open(env: &Env) -> Resources {
+    Resources::open_at(&env.config(), &env.store_dir()).unwrap()
+}
+
+fn state(service: &Resources, gem: &str, id: &str) -> ResourceState {
+    service.status(Some(gem)).unwrap()[0]
+        .resources
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap()
+        .state
+        .clone()
+}
+
+#[tokio::test]
+async fn a_gem_whose_addresses_fail_does_not_stop_another_gem_declaring_the_same_bytes() {
+    let env = Env::new().await;
+    let body = bytes(4000, 70);
+    env.origin.route("/broken.bin", Behaviour::Status(404));
+    let broken = env.url("origin.test", "/broken.bin");
+    let good = env.serve("/good.bin", &body);
+    let service = open(&env);
+    service
+        .install(
+            "a",
+            &manifest(json!([required_entry("ra", &broken, &body)])),
+        )
+        .await
+        .unwrap();
+    service
+        .install("b", &manifest(json!([required_entry("rb", &good, &body)])))
+        .await
+        .unwrap();
+    within("both downloads", service.wait_idle()).await;
+    assert_eq!(env.origin.hits("/good.bin"), 1);
+    assert!(matches!(
+        state(&service, "b", "rb"),
+        ResourceState::Present { .. }
+    ));
+    // Gem a's file is the same bytes: present for it too.
+    assert!(matches!(
+        state(&service, "a", "ra"),
+        ResourceState::Present { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(3000, 71);
+    let gate = Gate::new();
+    env.origin.route(
+        "/gated.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/gated.bin");
+    let m = manifest(json!([entry("lazy", &url, &body)]));
+    // Two services on one store stand for two processes.
+    let downloader = open(&env);
+    let other = open(&env);
+    downloader.install("g", &m).await.unwrap();
+    let lookup = {
+        let downloader = downloader.clone();
+        tokio::spawn(async move { downloader.path("g", "lazy").await })
+    };
+    wait_until("the request is in flight", || {
+        env.origin.hits("/gated.bin") == 1
+    })
+    .await;
+    let report = other.uninstall("g").await.unwrap();
+    assert!(report.deleted.is_empty(), "nothing was stored yet");
+    gate.open();
+    let result = within("the lookup", lookup).await.unwrap();
+    match result {
+        Err(e) => assert!(matches!(*e, Error::Cancelled { .. }), "{e}"),
+        Ok(p) => panic!(
+            "the lookup of an uninstalled gem succeeded: {}",
+            p.display()
+        ),
+    }
+    assert!(stored_files(&env, &body).is_empty());
+}
