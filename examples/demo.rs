@@ -61,12 +61,13 @@ async fn main() -> Outcome {
     // path, so the mirror gets its own path on the same origin.
     origin.route("/mirror/models/ocr-v3.onnx", slow(&model));
 
-    let v1 = load(Path::new("testdata/sample-gem/v1/notochord.json"), port)?;
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sample-gem");
+    let v1 = load(&testdata.join("v1/notochord.json"), port)?;
     let v1 = v1.replace(
         &format!("https://mirror.test:{port}{mirror_path}"),
         &format!("https://mirror.test:{port}/mirror{mirror_path}"),
     );
-    let v2 = load(Path::new("testdata/sample-gem/v2/notochord.json"), port)?;
+    let v2 = load(&testdata.join("v2/notochord.json"), port)?;
 
     step("1. fetch: the url serves corrupted bytes, the mirror good ones");
     let manifest = parse_manifest(v1.as_bytes())?;

@@ -25,6 +25,7 @@ pub mod events;
 pub mod fetch;
 pub mod guard;
 mod limiter;
+mod lockfile;
 pub mod manifest;
 pub mod policy;
 pub mod registry;

@@ -106,25 +106,31 @@ impl Registry {
 
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
-        let path = self.lock.clone();
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io("cannot open lock file", &path, e))?;
-        tokio::task::spawn_blocking(move || {
-            file.lock()
-                .map(|()| RegistryLock { _file: file })
-                .map_err(|e| Error::io("cannot lock", &path, e))
-        })
-        .await
-        .map_err(|e| Error::io("lock task failed", &self.lock, std::io::Error::other(e)))?
+        let file = crate::lockfile::lock(&self.lock).await?;
+        Ok(RegistryLock { _file: file })
     }
 
     /// The registration of `gem`, if installed.
     pub fn get(&self, gem: &str) -> Result<Option<Registration>> {
-        read_json(&self.gems.join(format!("{gem}.json")))
+        let path = self.gems.join(format!("{gem}.json"));
+        let reg: Option<Registration> = read_json(&path)?;
+        // Records are ours, but a SHA-256 names folders in the store: one
+        // that is not a SHA-256 is treated as corruption, never as a path.
+        if let Some(bad) = reg
+            .iter()
+            .flat_map(|r| &r.resources)
+            .find(|r| !crate::store::is_sha256(&r.sha256))
+        {
+            return Err(Error::io(
+                "corrupted record",
+                &path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("resource {:?} has sha256 {:?}", bad.id, bad.sha256),
+                ),
+            ));
+        }
+        Ok(reg)
     }
 
     /// Every registration, ordered by gem id.

@@ -31,7 +31,7 @@ struct Inner {
     /// Fixed answers from `[dev] resolve`, keyed by lowercase name.
     fixed: BTreeMap<String, Vec<IpAddr>>,
     /// The system resolver, built on first use (inside the runtime).
-    system: OnceLock<TokioResolver>,
+    system: OnceLock<Option<TokioResolver>>,
 }
 
 impl GuardedResolver {
@@ -97,7 +97,11 @@ impl GuardedResolver {
     }
 
     async fn system_lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
-        let resolver = self.inner.system.get_or_init(build_system_resolver);
+        let Some(resolver) = self.inner.system.get_or_init(build_system_resolver) else {
+            return Err(AttemptError::Network {
+                reason: format!("cannot resolve {name}: no DNS resolver could be set up"),
+            });
+        };
         // A fully qualified name stops the search-domain expansion.
         let fqdn = format!("{name}.");
         match resolver.lookup_ip(fqdn.as_str()).await {
@@ -109,19 +113,17 @@ impl GuardedResolver {
     }
 }
 
-fn build_system_resolver() -> TokioResolver {
+/// The system resolver, or `None` when even an empty configuration cannot
+/// be built (names then fail to resolve with a clear error).
+fn build_system_resolver() -> Option<TokioResolver> {
     match TokioResolver::builder_tokio().and_then(|b| b.build()) {
-        Ok(resolver) => resolver,
+        Ok(resolver) => Some(resolver),
         Err(e) => {
             tracing::warn!("no system DNS configuration ({e}); names will not resolve");
             let empty = ResolverConfig::from_name_servers(Vec::new());
-            match TokioResolver::builder_with_config(empty, TokioRuntimeProvider::default()).build()
-            {
-                Ok(resolver) => resolver,
-                // Building from an empty configuration reads nothing and
-                // cannot fail in practice; retrying keeps this path total.
-                Err(_) => build_system_resolver(),
-            }
+            TokioResolver::builder_with_config(empty, TokioRuntimeProvider::default())
+                .build()
+                .ok()
         }
     }
 }

@@ -480,7 +480,7 @@ fn check_gem_id(gem: &str) -> Result<()> {
     if valid_gem_id(gem) {
         Ok(())
     } else {
-        Err(Error::NotFound(format!(
+        Err(Error::Invalid(format!(
             "invalid gem id {gem:?}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
         )))
     }

@@ -90,6 +90,7 @@ impl Store {
     /// link, so the tool still sees its own file name). No hashing: files in
     /// `blobs/` were verified before they got there.
     pub fn find(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
+        check_sha256(sha256)?;
         let wanted = self.blob_path(sha256, name);
         if wanted.is_file() {
             return Ok(Some(wanted));
@@ -102,9 +103,22 @@ impl Store {
             Ok(()) => Ok(Some(wanted)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(wanted)),
             Err(_) => {
-                // Hard links can fail (file system without them): copy.
-                fs::copy(&existing, &wanted)
-                    .map_err(|e| Error::io("cannot copy stored file", &wanted, e))?;
+                // No hard links on this file system: copy, but publish the
+                // copy like a download (whole, read-only, renamed into
+                // place), so nobody sees a half-copied file.
+                let tmp = self.root.join("tmp");
+                let copy = tempfile::Builder::new()
+                    .prefix(&format!("{sha256}.copy."))
+                    .tempfile_in(&tmp)
+                    .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
+                let fail = |e| Error::io("cannot copy stored file to", &wanted, e);
+                fs::copy(&existing, copy.path()).map_err(fail)?;
+                copy.as_file().sync_all().map_err(fail)?;
+                let mut perms = copy.as_file().metadata().map_err(fail)?.permissions();
+                perms.set_readonly(true);
+                copy.as_file().set_permissions(perms).map_err(fail)?;
+                copy.persist(&wanted).map_err(|e| fail(e.error))?;
+                sync_dir(&dir);
                 Ok(Some(wanted))
             }
         }
@@ -158,32 +172,20 @@ impl Store {
     /// Takes the cross-process lock for downloading `sha256`, waiting for a
     /// process or task that holds it.
     pub async fn lock(&self, sha256: &str) -> Result<ShaLock> {
-        let path = self.root.join("locks").join(format!("{sha256}.lock"));
-        let file = open_lock_file(&path)?;
-        tokio::task::spawn_blocking(move || {
-            file.lock()
-                .map(|()| ShaLock { _file: file })
-                .map_err(|e| Error::io("cannot lock", &path, e))
-        })
-        .await
-        .map_err(|e| {
-            Error::io(
-                "lock task failed",
-                self.root.join("locks"),
-                io::Error::other(e),
-            )
-        })?
+        let path = self.lock_path(sha256)?;
+        let file = crate::lockfile::lock(&path).await?;
+        Ok(ShaLock { _file: file })
     }
 
     /// Takes the lock for `sha256` only if nobody holds it.
     pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
-        let path = self.root.join("locks").join(format!("{sha256}.lock"));
-        let file = open_lock_file(&path)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(ShaLock { _file: file })),
-            Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(Error::io("cannot lock", &path, e)),
-        }
+        let path = self.lock_path(sha256)?;
+        Ok(crate::lockfile::try_lock(&path)?.map(|file| ShaLock { _file: file }))
+    }
+
+    fn lock_path(&self, sha256: &str) -> Result<PathBuf> {
+        check_sha256(sha256)?;
+        Ok(self.root.join("locks").join(format!("{sha256}.lock")))
     }
 
     /// Starts a download of `size` bytes for `sha256`: checks that the file
@@ -195,6 +197,7 @@ impl Store {
     /// removed first, and neither it nor any other unlocked leftover counts
     /// against the free space.
     pub fn begin(&self, resource: &str, sha256: &str, size: u64) -> Result<Partial> {
+        check_sha256(sha256)?;
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
         for (path, sha, _) in partial_files(&tmp) {
@@ -347,15 +350,6 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
         })
 }
 
-fn open_lock_file(path: &Path) -> Result<File> {
-    fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io("cannot open lock file", path, e))
-}
-
 fn available_space(dir: &Path) -> Result<u64> {
     let stat = rustix::fs::statvfs(dir)
         .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
@@ -367,6 +361,18 @@ fn sync_dir(dir: &Path) {
     // verified, so it is not worth failing the download for.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+/// Refuses anything but a SHA-256 where one names a file: a record read back
+/// from disk (or built in memory) must never steer a path out of the store.
+fn check_sha256(sha256: &str) -> Result<()> {
+    if is_sha256(sha256) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{sha256:?} is not a SHA-256 (64 lowercase hex digits)"
+        )))
     }
 }
 

@@ -251,3 +251,77 @@ async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_
     assert!(tmp_files(&env).is_empty(), "{:?}", tmp_files(&env));
     assert!(stored_files(&env, &body).is_empty());
 }
+
+#[tokio::test]
+async fn serve_stops_promptly_while_waiting_for_another_process_download() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(1_000_000, 54);
+    env.origin.route(
+        "/held.bin",
+        Behaviour::Stall {
+            body: body.clone(),
+            // More than the write buffer, so bytes reach the disk.
+            sent: 600_000,
+        },
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let gems = env.dir.path().join("gems");
+    std::fs::create_dir_all(gems.join("g")).unwrap();
+    let doc = json!({ "resources": [required_entry("held", &url, &body)] });
+    std::fs::write(gems.join("g").join("notochord.json"), doc.to_string()).unwrap();
+    let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
+    let out = env
+        .run(&["install", "--no-wait", "g", m.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Another process holds the file's lock, stalled mid-download.
+    let holder_log = env.dir.path().join("holder.log");
+    let _holder = Reaper(spawn(&env, &["path", "g", "held"], &holder_log));
+    wait_until("the holder has bytes on disk", || {
+        partial_files(&env)
+            .iter()
+            .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+    })
+    .await;
+
+    let log = env.dir.path().join("serve.log");
+    let mut serve = Reaper(spawn(
+        &env,
+        &[
+            "serve",
+            "--gems",
+            gems.to_str().unwrap(),
+            "--interval",
+            "0.05",
+        ],
+        &log,
+    ));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until("serve has installed the gem", || {
+        log_text().contains("installed")
+    })
+    .await;
+    let term = Command::new("kill")
+        .arg("-TERM")
+        .arg(serve.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(term.success());
+    // The holder is still stalled: serve must not wait for it (the
+    // runtime's own 2-second shutdown grace must not be what ends it).
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let status = loop {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not stop while another process held the lock\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "{status:?}\n{}", log_text());
+}

@@ -91,3 +91,25 @@ async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
     }
     assert!(stored_files(&env, &body).is_empty());
 }
+
+#[tokio::test]
+async fn a_record_whose_sha256_is_not_a_digest_is_refused_not_used_as_a_path() {
+    let env = Env::new().await;
+    let body = bytes(100, 72);
+    let url = env.serve("/r.bin", &body);
+    let service = open(&env);
+    service
+        .install("x", &manifest(json!([entry("r", &url, &body)])))
+        .await
+        .unwrap();
+    let record = store_root(&env).join("gems").join("x.json");
+    let text = std::fs::read_to_string(&record)
+        .unwrap()
+        .replace(&sha256_hex(&body), "../../../outside");
+    std::fs::write(&record, text).unwrap();
+    let err = service.path("x", "r").await.unwrap_err();
+    assert_eq!(err.code(), "E_RESOURCE_IO", "{err}");
+    assert!(err.to_string().contains("corrupted record"), "{err}");
+    assert_eq!(env.origin.hits("/r.bin"), 0);
+    assert!(!env.dir.path().join("outside").exists());
+}

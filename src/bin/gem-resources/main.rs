@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let args = cli::Args::parse();
     // The long-running service says what it does; one-shot commands only
     // warn, so their output stays clean.
@@ -36,5 +37,20 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(commands::run(args))
+    let code = runtime.block_on(commands::run(args));
+    // Every download was stopped by now; don't let a stray helper thread
+    // hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    code
+}
+
+/// A closed stdout (`gem-resources status | head -1`) ends the program
+/// quietly, like other command-line tools, instead of a panic in `println!`.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in `main`, before any other thread exists;
+    // setting a signal's disposition to its default has no other effect.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

@@ -24,6 +24,23 @@ use crate::watch::{self, Output};
 /// Manifest file names, in the order they are looked for.
 const MANIFEST_NAMES: [&str; 2] = ["notochord.json", "manifest.json"];
 
+/// Longest accepted `--interval` (a day).
+const MAX_INTERVAL_SECS: f64 = 86_400.0;
+
+/// Scans in a row a gem must be missing from the folder before it is
+/// uninstalled: an app that replaces a gem folder (delete, then extract)
+/// must not have its files deleted and downloaded again.
+const MISSING_SCANS_TO_UNINSTALL: u32 = 2;
+
+/// What the scans have seen so far.
+#[derive(Debug, Default)]
+struct Seen {
+    /// SHA-256 of each gem's manifest as last installed (or rejected).
+    manifests: BTreeMap<String, [u8; 32]>,
+    /// Consecutive scans each installed gem has been missing from.
+    missing: BTreeMap<String, u32>,
+}
+
 /// Runs the service until a shutdown signal.
 pub async fn run(
     service: &Resources,
@@ -32,8 +49,8 @@ pub async fn run(
     json: bool,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
-        interval.is_finite() && interval > 0.0,
-        "--interval must be a positive number of seconds"
+        interval.is_finite() && interval > 0.0 && interval <= MAX_INTERVAL_SECS,
+        "--interval must be a positive number of seconds, at most {MAX_INTERVAL_SECS}"
     );
     anyhow::ensure!(
         gems.is_dir(),
@@ -44,7 +61,7 @@ pub async fn run(
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
     tracing::info!(queued, "started");
-    let mut seen: BTreeMap<String, [u8; 32]> = BTreeMap::new();
+    let mut seen = Seen::default();
     loop {
         if let Err(e) = scan(service, gems, &mut seen).await {
             tracing::warn!("scan of {} failed: {e:#}", gems.display());
@@ -60,11 +77,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn scan(
-    service: &Resources,
-    gems: &Path,
-    seen: &mut BTreeMap<String, [u8; 32]>,
-) -> anyhow::Result<()> {
+async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
     let present = manifests(gems)?;
     for (gem, path) in &present {
         let bytes = match std::fs::read(path) {
@@ -75,30 +88,46 @@ async fn scan(
             }
         };
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        if seen.get(gem) == Some(&digest) {
+        if seen.manifests.get(gem) == Some(&digest) {
             continue;
         }
-        seen.insert(gem.clone(), digest);
         match parse_manifest(&bytes) {
             Ok(manifest) => match service.install(gem, &manifest).await {
-                Ok(report) => tracing::info!(
-                    gem,
-                    upgrade = report.upgrade,
-                    queued = report.queued,
-                    "installed"
-                ),
+                Ok(report) => {
+                    seen.manifests.insert(gem.clone(), digest);
+                    tracing::info!(
+                        gem,
+                        upgrade = report.upgrade,
+                        queued = report.queued,
+                        "installed"
+                    )
+                }
+                // Not remembered: the next scan tries again.
                 Err(e) => tracing::error!(gem, "install failed: {e}"),
             },
-            Err(e) => tracing::error!(
-                gem,
-                "{} rejected; keeping the installed version:\n{e}",
-                path.display()
-            ),
+            Err(e) => {
+                // Remembered, so an unchanged invalid manifest is reported
+                // once; a fixed one is installed at the next scan.
+                seen.manifests.insert(gem.clone(), digest);
+                tracing::error!(
+                    gem,
+                    "{} rejected; keeping the installed version:\n{e}",
+                    path.display()
+                )
+            }
         }
     }
     let installed: BTreeSet<String> = service.installed()?.into_iter().collect();
+    seen.missing
+        .retain(|gem, _| installed.contains(gem) && !present.contains_key(gem));
     for gem in installed.difference(&present.keys().cloned().collect()) {
-        seen.remove(gem);
+        let scans = seen.missing.entry(gem.clone()).or_default();
+        *scans += 1;
+        if *scans < MISSING_SCANS_TO_UNINSTALL {
+            continue;
+        }
+        seen.missing.remove(gem);
+        seen.manifests.remove(gem);
         match service.uninstall(gem).await {
             Ok(report) => tracing::info!(gem, deleted = report.deleted.len(), "uninstalled"),
             Err(e) => tracing::error!(gem, "uninstall failed: {e}"),
