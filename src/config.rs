@@ -25,6 +25,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::download::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::policy::{Mode, Policy};
 
@@ -214,6 +215,15 @@ impl Config {
     /// The connect timeout.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.network.connect_timeout_secs)
+    }
+
+    /// How often to go over a resource's addresses again after transient
+    /// failures, and how long to wait first.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            retries: self.network.retries,
+            backoff: Duration::from_secs_f64(self.network.retry_backoff_secs),
+        }
     }
 
     /// The stall timeout.

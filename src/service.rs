@@ -23,7 +23,6 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::broadcast;
 
 use crate::config::Config;
-use crate::download::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::fetch::Fetcher;
@@ -155,10 +154,7 @@ impl Resources {
             fetcher: Fetcher::new(config)?,
             store: store.clone(),
             registry: registry.clone(),
-            retry: RetryPolicy {
-                retries: config.network.retries,
-                backoff: std::time::Duration::from_secs_f64(config.network.retry_backoff_secs),
-            },
+            retry: config.retry_policy(),
             events: events.clone(),
         };
         let scheduler = Scheduler::new(

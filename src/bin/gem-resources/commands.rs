@@ -1,12 +1,10 @@
 //! One function per subcommand: call the library, render the outcome.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gem_resources::{
-    download, parse_manifest, Config, Error, Fetcher, Manifest, RetryPolicy, Store,
-};
+use gem_resources::{download, parse_manifest, Config, Error, Fetcher, Manifest, Store};
 use serde_json::json;
 use url::Url;
 
@@ -191,7 +189,7 @@ async fn fetch(
     }
     let store = Store::open(&config.store_dir())?;
     let fetcher = Fetcher::new(config)?;
-    let retry = retry_policy(config);
+    let retry = config.retry_policy();
     let mut results = Vec::new();
     let mut failed = false;
     for resource in manifest
@@ -230,18 +228,4 @@ async fn fetch(
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// The retry settings of the configuration.
-pub fn retry_policy(config: &Config) -> RetryPolicy {
-    RetryPolicy {
-        retries: config.network.retries,
-        backoff: std::time::Duration::from_secs_f64(config.network.retry_backoff_secs),
-    }
-}
-
-/// The store folder of the configuration.
-#[allow(dead_code)]
-pub fn store_dir(config: &Config) -> PathBuf {
-    config.store_dir()
 }
