@@ -39,10 +39,37 @@ pub async fn download(
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);
     }
+    let waiting_since = std::time::SystemTime::now();
     let _lock = store.lock(&resource.sha256).await?;
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);
     }
+    let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
+    // A download of the same bytes from the same addresses that failed while
+    // this caller waited for the lock (another process sharing the store)
+    // is this caller's result too; only a later call tries again.
+    if let Some(failure) = store.failure_since(&resource.sha256, &addresses, waiting_since) {
+        return Err(Error::FailedElsewhere {
+            code: failure.code,
+            message: failure.message,
+        });
+    }
+    let result = transfer_verified(fetcher, store, resource, retry, progress, &name).await;
+    match &result {
+        Ok(_) => store.clear_failure(&resource.sha256),
+        Err(e) => store.record_failure(&resource.sha256, &addresses, e),
+    }
+    result
+}
+
+async fn transfer_verified(
+    fetcher: &Fetcher,
+    store: &Store,
+    resource: &Resource,
+    retry: RetryPolicy,
+    progress: &mut (dyn FnMut(u64) + Send),
+    name: &str,
+) -> Result<PathBuf> {
     let mut partial = store.begin(&resource.id, &resource.sha256, resource.size)?;
     let expected = Expected {
         size: resource.size,
@@ -64,7 +91,7 @@ pub async fn download(
                 )
                 .await;
             match result {
-                Ok(_) => return partial.commit(store, &resource.sha256, &name).await,
+                Ok(_) => return partial.commit(store, &resource.sha256, name).await,
                 Err(TransferError::Local(e)) => return Err(e),
                 Err(TransferError::Attempt(a)) => {
                     tracing::info!(resource = %resource.id, "{a}");

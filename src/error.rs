@@ -165,6 +165,16 @@ pub enum Error {
         /// Each address tried, with its own reason, in order.
         attempts: Vec<Attempt>,
     },
+    /// Another process sharing the store failed to download the same bytes
+    /// from the same addresses while this call waited for it; its error,
+    /// as it reported it, is this call's result.
+    #[error("{message}")]
+    FailedElsewhere {
+        /// The other download's error code.
+        code: &'static str,
+        /// Its full message, with the reason for each address.
+        message: String,
+    },
     /// Not enough free space for the download; nothing was requested.
     #[error(
         "E_RESOURCE_DISK_SPACE: resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
@@ -228,6 +238,7 @@ impl Error {
             Error::Manifest(e) => e.code(),
             Error::Attempt(a) => a.code(),
             Error::Unavailable { .. } => "E_RESOURCE_UNAVAILABLE",
+            Error::FailedElsewhere { code, .. } => code,
             Error::DiskSpace { .. } => "E_RESOURCE_DISK_SPACE",
             Error::Io { .. } => "E_RESOURCE_IO",
             Error::Config(_) => "E_RESOURCE_CONFIG",
@@ -250,6 +261,25 @@ impl Error {
         }
     }
 }
+
+/// Every code [`Error::code`] can return, for reading one back from disk.
+pub const CODES: &[&str] = &[
+    "E_PERM_INVALID",
+    "E_RESOURCE_SCHEME",
+    "E_RESOURCE_ADDRESS",
+    "E_RESOURCE_POLICY",
+    "E_RESOURCE_REDIRECTS",
+    "E_RESOURCE_HTTP",
+    "E_RESOURCE_NETWORK",
+    "E_RESOURCE_SIZE",
+    "E_RESOURCE_SHA256",
+    "E_RESOURCE_UNAVAILABLE",
+    "E_RESOURCE_DISK_SPACE",
+    "E_RESOURCE_IO",
+    "E_RESOURCE_CONFIG",
+    "E_RESOURCE_NOT_FOUND",
+    "E_RESOURCE_CANCELLED",
+];
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

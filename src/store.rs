@@ -8,6 +8,8 @@
 //!     tmp/<sha256>.<size>.<random>.partial
 //!                                  a download in progress; never visible as a blob
 //!     locks/<sha256>.lock          held (file lock) while <sha256> is downloaded
+//!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
+//!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
 //!     failures/<gem id>.json       last failure per resource (service)
 //! ```
@@ -273,6 +275,87 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// The last failed download of one SHA-256, shared with other processes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SharedFailure {
+    /// When it failed, milliseconds since the Unix epoch.
+    pub at_ms: u128,
+    /// The addresses it tried (url, then mirrors).
+    pub addresses: Vec<String>,
+    /// Its error code.
+    #[serde(skip)]
+    pub code: &'static str,
+    /// The code as written.
+    code_text: String,
+    /// Its full message.
+    pub message: String,
+}
+
+impl Store {
+    fn failure_path(&self, sha256: &str) -> PathBuf {
+        self.root
+            .join("locks")
+            .join(format!("{sha256}.failed.json"))
+    }
+
+    /// Records a failed download of `sha256` (best effort: only callers
+    /// waiting in other processes read it). Call with the SHA-256 lock held.
+    pub fn record_failure(&self, sha256: &str, addresses: &[String], error: &Error) {
+        let record = SharedFailure {
+            at_ms: now_ms(),
+            addresses: addresses.to_vec(),
+            code: error.code(),
+            code_text: error.code().to_string(),
+            message: error.to_string(),
+        };
+        let Ok(bytes) = serde_json::to_vec(&record) else {
+            return;
+        };
+        let locks = self.root.join("locks");
+        if let Ok(mut file) = tempfile::Builder::new()
+            .prefix(&format!(".{sha256}.failed."))
+            .tempfile_in(&locks)
+        {
+            use std::io::Write;
+            if file.write_all(&bytes).is_ok() {
+                let _ = file.persist(self.failure_path(sha256));
+            }
+        }
+    }
+
+    /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
+    pub fn clear_failure(&self, sha256: &str) {
+        let _ = fs::remove_file(self.failure_path(sha256));
+    }
+
+    /// The failure of `sha256` from the same `addresses` recorded at or after
+    /// `since`, if any. Call with the SHA-256 lock held.
+    pub fn failure_since(
+        &self,
+        sha256: &str,
+        addresses: &[String],
+        since: std::time::SystemTime,
+    ) -> Option<SharedFailure> {
+        let bytes = fs::read(self.failure_path(sha256)).ok()?;
+        let mut record: SharedFailure = serde_json::from_slice(&bytes).ok()?;
+        let since_ms = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        record.code = crate::error::CODES
+            .iter()
+            .find(|c| **c == record.code_text)?;
+        (record.at_ms >= since_ms && record.addresses == addresses).then_some(record)
+    }
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// A download in progress: a temporary file deleted on drop unless committed.

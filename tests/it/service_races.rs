@@ -113,3 +113,50 @@ async fn a_record_whose_sha256_is_not_a_digest_is_refused_not_used_as_a_path() {
     assert_eq!(env.origin.hits("/r.bin"), 0);
     assert!(!env.dir.path().join("outside").exists());
 }
+
+#[tokio::test]
+async fn a_failure_while_another_process_waited_is_that_process_result_too() {
+    // The test configuration gives up on a stalled transfer after 1 s.
+    let env = Env::new().await;
+    let body = bytes(300_000, 73);
+    env.origin.route(
+        "/stalls.bin",
+        Behaviour::Stall {
+            body: body.clone(),
+            sent: 1000,
+        },
+    );
+    let url = env.url("origin.test", "/stalls.bin");
+    let m = manifest(json!([entry("r", &url, &body)]));
+    // Two services on one store stand for two processes.
+    let first = open(&env);
+    let second = open(&env);
+    first.install("g", &m).await.unwrap();
+    let a = {
+        let first = first.clone();
+        tokio::spawn(async move { first.path("g", "r").await })
+    };
+    wait_until("the first request is in flight", || {
+        env.origin.hits("/stalls.bin") == 1
+    })
+    .await;
+    let b = {
+        let second = second.clone();
+        tokio::spawn(async move { second.path("g", "r").await })
+    };
+    let a = within("the first lookup", a).await.unwrap().unwrap_err();
+    let b = within("the second lookup", b).await.unwrap().unwrap_err();
+    assert_eq!(
+        env.origin.hits("/stalls.bin"),
+        1,
+        "the waiting process fetched again"
+    );
+    assert_eq!(a.code(), "E_RESOURCE_UNAVAILABLE");
+    assert_eq!(b.code(), a.code());
+    assert_eq!(b.to_string(), a.to_string());
+    // A later call tries again.
+    env.origin
+        .route("/stalls.bin", Behaviour::Body(body.clone()));
+    second.path("g", "r").await.unwrap();
+    assert_eq!(env.origin.hits("/stalls.bin"), 2);
+}
