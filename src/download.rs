@@ -40,7 +40,10 @@ pub async fn download(
         return Ok(path);
     }
     let waiting_since = std::time::SystemTime::now();
-    let _lock = store.lock(&resource.sha256).await?;
+    let (_lock, waited) = match store.try_lock(&resource.sha256)? {
+        Some(lock) => (lock, false),
+        None => (store.lock(&resource.sha256).await?, true),
+    };
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);
     }
@@ -48,7 +51,10 @@ pub async fn download(
     // A download of the same bytes from the same addresses that failed while
     // this caller waited for the lock (another process sharing the store)
     // is this caller's result too; only a later call tries again.
-    if let Some(failure) = store.failure_since(&resource.sha256, &addresses, waiting_since) {
+    let shared = waited
+        .then(|| store.failure_since(&resource.sha256, &addresses, waiting_since))
+        .flatten();
+    if let Some(failure) = shared {
         return Err(Error::FailedElsewhere {
             code: failure.code,
             message: failure.message,

@@ -280,8 +280,8 @@ impl Store {
 /// The last failed download of one SHA-256, shared with other processes.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SharedFailure {
-    /// When it failed, milliseconds since the Unix epoch.
-    pub at_ms: u128,
+    /// When it failed, nanoseconds since the Unix epoch.
+    pub at_ns: u128,
     /// The addresses it tried (url, then mirrors).
     pub addresses: Vec<String>,
     /// Its error code.
@@ -304,7 +304,7 @@ impl Store {
     /// waiting in other processes read it). Call with the SHA-256 lock held.
     pub fn record_failure(&self, sha256: &str, addresses: &[String], error: &Error) {
         let record = SharedFailure {
-            at_ms: now_ms(),
+            at_ns: now_ns(),
             addresses: addresses.to_vec(),
             code: error.code(),
             code_text: error.code().to_string(),
@@ -340,21 +340,21 @@ impl Store {
     ) -> Option<SharedFailure> {
         let bytes = fs::read(self.failure_path(sha256)).ok()?;
         let mut record: SharedFailure = serde_json::from_slice(&bytes).ok()?;
-        let since_ms = since
+        let since_ns = since
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
+            .map(|d| d.as_nanos())
             .unwrap_or(0);
         record.code = crate::error::CODES
             .iter()
             .find(|c| **c == record.code_text)?;
-        (record.at_ms >= since_ms && record.addresses == addresses).then_some(record)
+        (record.at_ns >= since_ns && record.addresses == addresses).then_some(record)
     }
 }
 
-fn now_ms() -> u128 {
+fn now_ns() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
+        .map(|d| d.as_nanos())
         .unwrap_or(0)
 }
 
