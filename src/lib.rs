@@ -12,11 +12,15 @@
 //! - [`download`]: one resource over its url and mirrors.
 //! - [`registry`]: installed gems and failure records, crash-safe.
 //! - `limiter`, `scheduler`: bounded, fair, cancellable background downloads.
+//! - `lockfile`: cross-process file locks whose waits can be cancelled.
+//! - `tls`: certificate trust for the `[dev] extra_root_certs` setting.
 //! - [`service`]: [`Resources`], the service the app embeds.
 //! - [`events`]: progress events for a UI.
 //! - [`error`]: typed errors with stable codes.
 //!
 //! The binary `gem-resources` is a thin command-line shell over this API.
+
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod download;
