@@ -118,15 +118,7 @@ async fn a_download_killed_mid_way_leaves_no_visible_file_and_sync_completes_it(
 async fn a_lazy_download_killed_mid_way_is_completed_by_the_next_path_call() {
     let env = Env::new().await;
     write_patient_config(&env, "");
-    let body = bytes(1_000_000, 52);
-    env.origin.route(
-        "/lazy.bin",
-        Behaviour::Stall {
-            body: body.clone(),
-            sent: 600_000,
-        },
-    );
-    let url = env.url("origin.test", "/lazy.bin");
+    let (body, url) = stalled_route(&env, "/lazy.bin", 1_000_000, 600_000, 52);
     let m = env.write_manifest("m.json", json!([entry("lazy", &url, &body)]));
     let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
     assert!(out.status.success(), "{}", stderr(&out));
@@ -204,19 +196,8 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
 async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_file() {
     let env = Env::new().await;
     write_patient_config(&env, "");
-    let body = bytes(1_000_000, 54);
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Stall {
-            body: body.clone(),
-            sent: 600_000,
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
-    let gems = env.dir.path().join("gems");
-    std::fs::create_dir_all(gems.join("g")).unwrap();
-    let doc = json!({ "resources": [required_entry("held", &url, &body)] });
-    std::fs::write(gems.join("g").join("notochord.json"), doc.to_string()).unwrap();
+    let (body, url) = stalled_route(&env, "/held.bin", 1_000_000, 600_000, 54);
+    let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
 
     let log = env.dir.path().join("serve.log");
     let mut child = Reaper(spawn(
@@ -256,20 +237,8 @@ async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_
 async fn serve_stops_promptly_while_waiting_for_another_process_download() {
     let env = Env::new().await;
     write_patient_config(&env, "");
-    let body = bytes(1_000_000, 54);
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Stall {
-            body: body.clone(),
-            // More than the write buffer, so bytes reach the disk.
-            sent: 600_000,
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
-    let gems = env.dir.path().join("gems");
-    std::fs::create_dir_all(gems.join("g")).unwrap();
-    let doc = json!({ "resources": [required_entry("held", &url, &body)] });
-    std::fs::write(gems.join("g").join("notochord.json"), doc.to_string()).unwrap();
+    let (body, url) = stalled_route(&env, "/held.bin", 1_000_000, 600_000, 54);
+    let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
     let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
     let out = env
         .run(&["install", "--no-wait", "g", m.to_str().unwrap()])

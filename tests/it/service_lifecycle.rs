@@ -325,15 +325,7 @@ async fn a_file_shared_by_two_gems_survives_the_first_uninstall_and_goes_with_th
 async fn uninstall_cancels_an_in_flight_download_and_leaves_no_partial_file() {
     let env = Env::new().await;
     write_patient_config(&env, "");
-    let body = bytes(100_000, 11);
-    env.origin.route(
-        "/stall.bin",
-        Behaviour::Stall {
-            body: body.clone(),
-            sent: 40_000,
-        },
-    );
-    let url = env.url("origin.test", "/stall.bin");
+    let (body, url) = stalled_route(&env, "/stall.bin", 100_000, 40_000, 11);
     let service = open(&env);
     service
         .install("g", &manifest(json!([required_entry("s", &url, &body)])))
@@ -574,15 +566,7 @@ async fn a_failed_download_emits_failed_with_its_code() {
 async fn shutdown_stops_an_in_flight_download_and_removes_its_partial_file() {
     let env = Env::new().await;
     write_patient_config(&env, "");
-    let body = bytes(600_000, 19);
-    env.origin.route(
-        "/stall.bin",
-        Behaviour::Stall {
-            body: body.clone(),
-            sent: 400_000,
-        },
-    );
-    let url = env.url("origin.test", "/stall.bin");
+    let (body, url) = stalled_route(&env, "/stall.bin", 600_000, 400_000, 19);
     let service = open(&env);
     service
         .install("g", &manifest(json!([required_entry("s", &url, &body)])))
