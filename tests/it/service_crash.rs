@@ -56,6 +56,26 @@ impl Drop for Reaper {
     }
 }
 
+/// Starts `serve` on the `gems` folder, scanning every 50 ms.
+fn spawn_serve(env: &Env, gems: &Path, log: &Path) -> Reaper {
+    let gems = gems.to_str().unwrap();
+    Reaper(spawn(
+        env,
+        &["serve", "--gems", gems, "--interval", "0.05"],
+        log,
+    ))
+}
+
+/// Sends SIGTERM to `child`.
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Starts `path GEM RES` against a stalled route, waits until stalled bytes
 /// are on disk, and kills the process with SIGKILL.
 async fn kill_mid_download(env: &Env, gem: &str, res: &str, body: &[u8]) {
@@ -152,17 +172,7 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     std::fs::write(gem_dir.join("notochord.json"), doc.to_string()).unwrap();
 
     let log = env.dir.path().join("serve.log");
-    let mut child = Reaper(spawn(
-        &env,
-        &[
-            "serve",
-            "--gems",
-            gems.to_str().unwrap(),
-            "--interval",
-            "0.05",
-        ],
-        &log,
-    ));
+    let mut child = spawn_serve(&env, &gems, &log);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("the required file is downloaded", || {
         stored_files(&env, &body).len() == 1
@@ -180,12 +190,7 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     })
     .await;
 
-    let term = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(term.success());
+    sigterm(&child.0);
     let status = wait_exit(&mut child.0).await;
     assert!(status.success(), "{status:?}\n{}", log_text());
     assert!(tmp_files(&env).is_empty(), "{:?}", tmp_files(&env));
@@ -200,29 +205,14 @@ async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_
     let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
 
     let log = env.dir.path().join("serve.log");
-    let mut child = Reaper(spawn(
-        &env,
-        &[
-            "serve",
-            "--gems",
-            gems.to_str().unwrap(),
-            "--interval",
-            "0.05",
-        ],
-        &log,
-    ));
+    let mut child = spawn_serve(&env, &gems, &log);
     wait_until("stalled bytes are on disk", || {
         partial_files(&env)
             .iter()
             .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
     })
     .await;
-    let term = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(term.success());
+    sigterm(&child.0);
     let status = wait_exit(&mut child.0).await;
     assert!(
         status.success(),
@@ -256,28 +246,13 @@ async fn serve_stops_promptly_while_waiting_for_another_process_download() {
     .await;
 
     let log = env.dir.path().join("serve.log");
-    let mut serve = Reaper(spawn(
-        &env,
-        &[
-            "serve",
-            "--gems",
-            gems.to_str().unwrap(),
-            "--interval",
-            "0.05",
-        ],
-        &log,
-    ));
+    let mut serve = spawn_serve(&env, &gems, &log);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("serve has installed the gem", || {
         log_text().contains("installed")
     })
     .await;
-    let term = Command::new("kill")
-        .arg("-TERM")
-        .arg(serve.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(term.success());
+    sigterm(&serve.0);
     // The holder is still stalled: serve must not wait for it (the
     // runtime's own 2-second shutdown grace must not be what ends it).
     let deadline = Instant::now() + Duration::from_millis(1500);
