@@ -9,6 +9,7 @@ mod autofill;
 mod cli_basics;
 mod fetch_rules;
 mod manifest_cli;
+mod process_signals;
 mod service_cli;
 mod service_concurrency;
 mod service_crash;

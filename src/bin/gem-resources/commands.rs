@@ -29,7 +29,7 @@ pub async fn run(args: Args) -> ExitCode {
                 None if json => {
                     print_json(&json!({ "code": "E_RESOURCE_USAGE", "message": format!("{e:#}") }))
                 }
-                None => eprintln!("error: {e:#}"),
+                None => crate::errln!("error: {e:#}"),
             }
             let usage = e.downcast_ref::<Error>().is_none();
             ExitCode::from(if usage { USAGE } else { FAILED })
@@ -41,7 +41,7 @@ fn report_error(e: &Error, json: bool) {
     if json {
         print_json(&render::error_json(e));
     } else {
-        eprintln!("{e}");
+        crate::errln!("{e}");
     }
 }
 
@@ -98,14 +98,14 @@ fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             })).collect::<Vec<_>>(),
         }));
     } else {
-        println!("ok: {} resource(s)", manifest.resources.len());
+        crate::outln!("ok: {} resource(s)", manifest.resources.len());
         for r in &manifest.resources {
             let when = if r.required {
                 "required"
             } else {
                 "on first use"
             };
-            println!("  {}  {}  {}  {when}", r.id, render::bytes(r.size), r.url);
+            crate::outln!("  {}  {}  {}  {when}", r.id, render::bytes(r.size), r.url);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -126,7 +126,7 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
                 );
             } else {
                 let list: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
-                println!("allowed: {url} ({})", list.join(", "));
+                crate::outln!("allowed: {url} ({})", list.join(", "));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -141,7 +141,7 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
                 value["allowed"] = json!(false);
                 print_json(&value);
             } else {
-                eprintln!("refused: {attempt}");
+                crate::errln!("refused: {attempt}");
             }
             Ok(ExitCode::from(FAILED))
         }
@@ -162,10 +162,10 @@ async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<Exi
             "final_url": transfer.final_url.as_str(),
         }));
     } else {
-        println!("size: {}", transfer.size);
-        println!("sha256: {}", transfer.sha256);
+        crate::outln!("size: {}", transfer.size);
+        crate::outln!("sha256: {}", transfer.sha256);
         if transfer.final_url != url {
-            println!("final url: {}", transfer.final_url);
+            crate::outln!("final url: {}", transfer.final_url);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -205,7 +205,7 @@ async fn fetch(
                 if json {
                     results.push(json!({ "id": resource.id, "path": path, "size": resource.size, "sha256": resource.sha256 }));
                 } else {
-                    println!("{}\t{}", resource.id, path.display());
+                    crate::outln!("{}\t{}", resource.id, path.display());
                 }
             }
             Err(e) => {
@@ -215,7 +215,7 @@ async fn fetch(
                     value["id"] = json!(resource.id);
                     results.push(value);
                 } else {
-                    eprintln!("{e}");
+                    crate::errln!("{e}");
                 }
             }
         }

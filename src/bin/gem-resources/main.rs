@@ -18,7 +18,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    restore_sigpipe();
     let args = cli::Args::parse();
     // The long-running service says what it does; one-shot commands only
     // warn, so their output stays clean.
@@ -33,7 +32,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            crate::errln!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -42,15 +41,4 @@ fn main() -> ExitCode {
     // hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     code
-}
-
-/// A closed stdout (`gem-resources status | head -1`) ends the program
-/// quietly, like other command-line tools, instead of a panic in `println!`.
-fn restore_sigpipe() {
-    #[cfg(unix)]
-    // SAFETY: called first in `main`, before any other thread exists;
-    // setting a signal's disposition to its default has no other effect.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
 }

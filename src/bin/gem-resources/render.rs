@@ -1,5 +1,9 @@
 //! Rendering: text for people, JSON for scripts, logs on stderr.
 
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use gem_resources::error::Attempt;
 use gem_resources::Error;
 use serde_json::{json, Value};
@@ -49,7 +53,44 @@ pub fn error_json(e: &Error) -> Value {
 
 /// Prints a JSON value on stdout, one line.
 pub fn print_json(value: &Value) {
-    println!("{value}");
+    crate::outln!("{value}");
+}
+
+/// Set once stdout turned out closed (`gem-resources status | head -1`).
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes one line to stdout. A closed stdout is not an error: the rest of
+/// the output is dropped quietly and the command ends with its normal exit
+/// status, as `cat` or `ls` do. (SIGPIPE stays ignored, Rust's default, so a
+/// server resetting a connection can never kill the process.)
+pub fn write_out(args: fmt::Arguments<'_>) {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes one line to stderr, ignoring a closed stderr.
+pub fn write_err(args: fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
+}
+
+/// `println!` that never panics on a closed stdout.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::render::write_out(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` that never panics on a closed stderr.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::render::write_err(format_args!($($arg)*)) };
 }
 
 /// Human-readable byte count.

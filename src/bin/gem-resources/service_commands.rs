@@ -36,7 +36,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
                 } else {
                     "installed"
                 };
-                eprintln!(
+                crate::errln!(
                     "{verb} {}: {} resource(s), {} already present, {} downloaded in the background, {} deleted",
                     report.gem,
                     report.resources,
@@ -53,7 +53,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!(report));
             } else {
-                eprintln!(
+                crate::errln!(
                     "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
                     report.gem,
                     report.deleted.len(),
@@ -71,7 +71,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
                     if json {
                         print_json(&json!({ "gem": gem, "resource": resource, "path": path }));
                     } else {
-                        println!("{}", path.display());
+                        crate::outln!("{}", path.display());
                     }
                     Ok(ExitCode::SUCCESS)
                 }
@@ -97,7 +97,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
             } else {
-                eprintln!(
+                crate::errln!(
                     "sync: {queued} required file(s) were missing, {} still missing",
                     failed.len()
                 );
@@ -113,13 +113,13 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!(report));
             } else {
-                println!(
+                crate::outln!(
                     "verified {} file(s), {} corrupted",
                     report.ok,
                     report.corrupted.len()
                 );
                 for sha in &report.corrupted {
-                    println!("removed corrupted file {sha}");
+                    crate::outln!("removed corrupted file {sha}");
                 }
             }
             Ok(if report.corrupted.is_empty() {
@@ -140,7 +140,7 @@ fn fail(e: &Arc<Error>, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         print_json(&render::error_json(e));
     } else {
-        eprintln!("{e}");
+        crate::errln!("{e}");
     }
     Ok(ExitCode::from(1))
 }
@@ -160,11 +160,11 @@ fn failed_required(status: &[GemStatus]) -> Vec<String> {
 
 fn print_status(status: &[GemStatus]) {
     if status.is_empty() {
-        println!("no gems installed");
+        crate::outln!("no gems installed");
         return;
     }
     for gem in status {
-        println!("{}", gem.gem);
+        crate::outln!("{}", gem.gem);
         for r in &gem.resources {
             let when = if r.required { "eager" } else { "lazy" };
             let state = match &r.state {
@@ -182,7 +182,7 @@ fn print_status(status: &[GemStatus]) {
                     format!("failed ({}) at {}", failure.code, render::utc(failure.at))
                 }
             };
-            println!(
+            crate::outln!(
                 "  {:<20} {:>10}  {:<24} {:<5}  {}",
                 r.label,
                 render::bytes(r.size),
@@ -192,7 +192,7 @@ fn print_status(status: &[GemStatus]) {
             );
             if let ResourceState::Failed { failure } = &r.state {
                 for a in &failure.attempts {
-                    println!("      {} {}: {}", a.code, a.address, a.reason);
+                    crate::outln!("      {} {}: {}", a.code, a.address, a.reason);
                 }
             }
         }
@@ -204,7 +204,7 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
     if json {
         match output {
             Output::Stdout => print_json(&json!(event)),
-            Output::Stderr => eprintln!("{}", json!(event)),
+            Output::Stderr => crate::errln!("{}", json!(event)),
         }
         return;
     }
@@ -214,10 +214,10 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
             resource,
             path,
         } => {
-            eprintln!("verified {gem}/{resource}: {}", path.display())
+            crate::errln!("verified {gem}/{resource}: {}", path.display())
         }
-        Event::Failed { message, .. } => eprintln!("{message}"),
-        Event::Deleted { sha256 } => eprintln!("deleted {sha256}"),
+        Event::Failed { message, .. } => crate::errln!("{message}"),
+        Event::Deleted { sha256 } => crate::errln!("deleted {sha256}"),
         _ => {}
     }
 }

@@ -1,0 +1,140 @@
+//! What only the running process shows: a server resetting a connection
+//! never kills the binary (SIGPIPE stays ignored), and a closed stdout ends a
+//! command quietly with its normal exit status.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// A route that announces `body` whole, sends 60% of it, then resets the
+/// TCP connection.
+fn reset_route(env: &Env, path: &str, body: &[u8]) -> url::Url {
+    env.origin.route(
+        path,
+        Behaviour::Reset {
+            body: body.to_vec(),
+            sent: body.len() * 6 / 10,
+        },
+    );
+    env.url("origin.test", path)
+}
+
+#[tokio::test]
+async fn fetch_survives_a_reset_mid_body_and_falls_back_to_the_mirror() {
+    let env = Env::new().await;
+    // Large enough that the reset lands while the client is still reading
+    // and writing on the connection.
+    let body = bytes(4_000_000, 81);
+    let url = reset_route(&env, "/reset.bin", &body);
+    let mirror = env.serve("/good.bin", &body);
+    let mut entry = entry("model", &url, &body);
+    entry["mirrors"] = json!([mirror.as_str()]);
+    let manifest = env.write_manifest("m.json", json!([entry]));
+    for _ in 0..3 {
+        let _ = std::fs::remove_dir_all(env.store_dir());
+        let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "the process must not die on a reset: {out:?}"
+        );
+        assert!(stdout(&out).starts_with("model\t"), "{}", stdout(&out));
+    }
+    assert!(env.origin.hits("/reset.bin") >= 3);
+    assert_eq!(env.origin.hits("/good.bin"), 3);
+}
+
+/// Kills the child when dropped, so a failing test leaves no process.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn_serve(env: &Env, gems: &Path) -> Reaper {
+    let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
+    Reaper(
+        Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .arg("--config")
+            .arg(env.dir.path().join("config.toml"))
+            .args(["serve", "--gems", gems.to_str().unwrap()])
+            .args(["--interval", "0.05"])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn serve_keeps_running_after_a_server_resets_mid_body() {
+    let env = Env::new().await;
+    let bad = bytes(4_000_000, 82);
+    let url = reset_route(&env, "/reset.bin", &bad);
+    let gems = env.dir.path().join("gems");
+    write_gem_folder(&env, "resetting", json!([required_entry("r", &url, &bad)]));
+    let mut serve = spawn_serve(&env, &gems);
+    wait_until("the resetting route was tried", || {
+        env.origin.hits("/reset.bin") >= 1
+    })
+    .await;
+    // Give a write on the dead connection time to happen.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        serve.0.try_wait().unwrap().is_none(),
+        "serve died after a reset"
+    );
+    // And it still does its job for another gem.
+    let good = bytes(10_000, 83);
+    let good_url = env.serve("/after.bin", &good);
+    write_gem_folder(
+        &env,
+        "later",
+        json!([required_entry("g", &good_url, &good)]),
+    );
+    wait_until("the later gem's file is stored", || {
+        !stored_files(&env, &good).is_empty()
+    })
+    .await;
+    assert!(serve.0.try_wait().unwrap().is_none(), "serve died");
+}
+
+#[tokio::test]
+async fn a_closed_stdout_ends_the_command_quietly_with_its_exit_status() {
+    let env = Env::new().await;
+    let body = bytes(100, 84);
+    let url = env.serve("/x.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([entry("x", &url, &body)]));
+    let (reader, writer) = std::io::pipe().unwrap();
+    // Nobody will ever read: every write to stdout fails with EPIPE.
+    drop(reader);
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .args(["check", manifest.to_str().unwrap()])
+            .env("NO_COLOR", "1")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
