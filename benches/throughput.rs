@@ -71,6 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let retry = RetryPolicy {
         retries: 0,
         backoff: Duration::ZERO,
+        ..RetryPolicy::default()
     };
 
     let start = Instant::now();

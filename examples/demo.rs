@@ -76,6 +76,7 @@ async fn main() -> Outcome {
     let retry = RetryPolicy {
         retries: 0,
         backoff: Duration::ZERO,
+        ..RetryPolicy::default()
     };
     let resource = &manifest.resources[0];
     // What happens at the url alone, for the record:

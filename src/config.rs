@@ -64,13 +64,30 @@ pub struct NetworkConfig {
     /// There is no total timeout: files can be gigabytes.
     #[serde(default = "default_stall")]
     pub stall_timeout_secs: f64,
-    /// How many more rounds over the whole address list after every address
-    /// failed with a transient error (network, 408, 429, 5xx).
+    /// How many more tries of one address after a transient failure
+    /// (network, 408, 429, 5xx) before the next address; a try that
+    /// received bytes does not count.
     #[serde(default = "default_retries")]
     pub retries: u32,
-    /// Seconds to wait before the first extra round; doubles each round.
+    /// Backoff base in seconds: retry `n` waits a random time up to
+    /// `retry_backoff_secs · 2ⁿ` (at most a minute).
     #[serde(default = "default_backoff")]
     pub retry_backoff_secs: f64,
+    /// Longest `Retry-After` (on 429 and 503) honoured; a longer one moves
+    /// on to the next address.
+    #[serde(default = "default_retry_after_max")]
+    pub retry_after_max_secs: f64,
+    /// A transfer receiving fewer bytes than this in a minute is abandoned
+    /// (0: no floor).
+    #[serde(default = "default_min_per_min")]
+    pub min_bytes_per_min: u64,
+    /// Cap on all downloads of the process together, in bytes per second
+    /// (unset: unlimited).
+    #[serde(default)]
+    pub max_bytes_per_sec: Option<u64>,
+    /// Interrupted downloads are kept for resume this many days.
+    #[serde(default = "default_partial_max_age")]
+    pub partial_max_age_days: f64,
     /// Largest body auto-fill reads before giving up, in bytes.
     #[serde(default = "default_autofill_max")]
     pub autofill_max_bytes: u64,
@@ -115,7 +132,16 @@ fn default_stall() -> f64 {
     30.0
 }
 fn default_retries() -> u32 {
-    2
+    5
+}
+fn default_retry_after_max() -> f64 {
+    120.0
+}
+fn default_min_per_min() -> u64 {
+    64 << 10
+}
+fn default_partial_max_age() -> f64 {
+    7.0
 }
 fn default_backoff() -> f64 {
     1.0
@@ -139,6 +165,10 @@ impl Default for NetworkConfig {
             stall_timeout_secs: default_stall(),
             retries: default_retries(),
             retry_backoff_secs: default_backoff(),
+            retry_after_max_secs: default_retry_after_max(),
+            min_bytes_per_min: default_min_per_min(),
+            max_bytes_per_sec: None,
+            partial_max_age_days: default_partial_max_age(),
             autofill_max_bytes: default_autofill_max(),
         }
     }
@@ -223,7 +253,13 @@ impl Config {
         RetryPolicy {
             retries: self.network.retries,
             backoff: Duration::from_secs_f64(self.network.retry_backoff_secs),
+            retry_after_max: Duration::from_secs_f64(self.network.retry_after_max_secs),
         }
+    }
+
+    /// How long an interrupted download is kept for resume.
+    pub fn partial_max_age(&self) -> Duration {
+        Duration::from_secs_f64(self.network.partial_max_age_days * 86_400.0)
     }
 
     /// The stall timeout.
@@ -246,9 +282,14 @@ impl Config {
                 return Err(format!("{name} must be a positive number of seconds"));
             }
         }
-        let backoff = self.network.retry_backoff_secs;
-        if !(backoff.is_finite() && (0.0..1e6).contains(&backoff)) {
-            return Err("network.retry_backoff_secs must be zero or more seconds".into());
+        for (name, value) in [
+            ("network.retry_backoff_secs", self.network.retry_backoff_secs),
+            ("network.retry_after_max_secs", self.network.retry_after_max_secs),
+            ("network.partial_max_age_days", self.network.partial_max_age_days),
+        ] {
+            if !(value.is_finite() && (0.0..1e6).contains(&value)) {
+                return Err(format!("{name} must be zero or more (and finite)"));
+            }
         }
         if self.service.max_concurrent_downloads == 0 || self.service.max_per_host == 0 {
             return Err("service limits must be at least 1".into());

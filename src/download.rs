@@ -1,30 +1,36 @@
 //! One resource, downloaded exactly once into the store.
 //!
 //! This is the one place that decides "try the next address": the url, then
-//! each mirror in order, with no wait between them. Only when every address
-//! failed, and every failure was transient, does it back off and go over the
-//! list again (at most `network.retries` more rounds).
+//! each mirror in order. Each address is tried until [`crate::retry`] says
+//! to move on: transient failures (network, `408`, `429`, `5xx`) are
+//! retried on the same address after a backoff (or the server's
+//! `Retry-After`), continuing the bytes already received with `Range`;
+//! permanent ones move on at once.
+//!
+//! Resume rules:
+//! - the partial file is continued only with the address it came from
+//!   (a validator belongs to one server), and only once that address is the
+//!   one being tried; another address's `200` starts it afresh;
+//! - a resumed file that fails the final size or SHA-256 check may hold bad
+//!   old bytes: it is discarded and the same address is tried once more from
+//!   zero before moving on.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use crate::error::{Attempt, Error, Result};
-use crate::fetch::{Expected, Fetcher, TransferError};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use crate::error::{Attempt, AttemptError, Error, Result};
+use crate::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
 use crate::manifest::Resource;
+use crate::partial::PartialPaths;
+pub use crate::retry::RetryPolicy;
+use crate::retry::Decision;
 use crate::store::Store;
 
-/// How often to go over the address list again after transient failures.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy {
-    /// Extra rounds after the first.
-    pub retries: u32,
-    /// Wait before the first extra round; doubles each round.
-    pub backoff: Duration,
-}
-
 /// Returns the local path of `resource`, downloading and verifying it first
-/// when the store does not have it. `progress` receives the bytes received so
-/// far of the current attempt.
+/// when the store does not have it. `progress` receives the bytes of the
+/// file present so far.
 ///
 /// Other tasks and processes that want the same bytes wait on the store's
 /// lock and then find the file in place.
@@ -33,7 +39,21 @@ pub async fn download(
     store: &Store,
     resource: &Resource,
     retry: RetryPolicy,
-    progress: &mut (dyn FnMut(u64) + Send),
+    progress: &mut dyn Reporter,
+) -> Result<PathBuf> {
+    download_with(fetcher, store, resource, retry, progress, None).await
+}
+
+/// [`download`] that stops when `cancel` fires, with
+/// [`Error::Cancelled`]; the bytes received so far are kept for the next
+/// try.
+pub async fn download_with(
+    fetcher: &Fetcher,
+    store: &Store,
+    resource: &Resource,
+    retry: RetryPolicy,
+    progress: &mut dyn Reporter,
+    cancel: Option<&CancellationToken>,
 ) -> Result<PathBuf> {
     let name = resource.file_name();
     if let Some(path) = store.find(&resource.sha256, &name)? {
@@ -42,7 +62,17 @@ pub async fn download(
     let waiting_since = std::time::SystemTime::now();
     let (_lock, waited) = match store.try_lock(&resource.sha256)? {
         Some(lock) => (lock, false),
-        None => (store.lock(&resource.sha256).await?, true),
+        None => {
+            let lock = store.lock(&resource.sha256);
+            let lock = match cancel {
+                Some(token) => tokio::select! {
+                    lock = lock => lock?,
+                    () = token.cancelled() => return Err(cancelled(resource)),
+                },
+                None => lock.await?,
+            };
+            (lock, true)
+        }
     };
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);
@@ -60,61 +90,173 @@ pub async fn download(
             message: failure.message,
         });
     }
-    let result = transfer_verified(fetcher, store, resource, retry, progress, &name).await;
+    let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
+    let job = Job {
+        fetcher,
+        resource,
+        paths: &paths,
+        retry,
+        cancel,
+    };
+    let result = match job.run(progress).await {
+        Ok(()) => store.publish(&paths, &resource.sha256, &name),
+        Err(e) => Err(e),
+    };
     match &result {
         Ok(_) => store.clear_failure(&resource.sha256),
+        Err(Error::Cancelled { .. }) => {}
         Err(e) => store.record_failure(&resource.sha256, &addresses, e),
     }
     result
 }
 
-async fn transfer_verified(
-    fetcher: &Fetcher,
-    store: &Store,
-    resource: &Resource,
+fn cancelled(resource: &Resource) -> Error {
+    Error::Cancelled {
+        resource: resource.id.clone(),
+        reason: "stopped before it finished".into(),
+    }
+}
+
+/// One download over the address list, with the SHA-256 lock held.
+struct Job<'a> {
+    fetcher: &'a Fetcher,
+    resource: &'a Resource,
+    paths: &'a PartialPaths,
     retry: RetryPolicy,
-    progress: &mut (dyn FnMut(u64) + Send),
-    name: &str,
-) -> Result<PathBuf> {
-    let mut partial = store.begin(&resource.id, &resource.sha256, resource.size)?;
-    let expected = Expected {
-        size: resource.size,
-        sha256: &resource.sha256,
-    };
-    let mut round = 0;
-    loop {
+    cancel: Option<&'a CancellationToken>,
+}
+
+impl Job<'_> {
+    /// Leaves verified bytes in the partial file, or fails with every
+    /// address's last reason.
+    async fn run(&self, progress: &mut dyn Reporter) -> Result<()> {
         let mut attempts: Vec<Attempt> = Vec::new();
-        for address in resource.addresses() {
-            partial.rewind().await?;
-            tracing::debug!(resource = %resource.id, %address, "trying");
-            let result = fetcher
-                .transfer(
-                    address,
-                    Some(expected),
-                    resource.size,
-                    partial.writer(),
-                    progress,
-                )
-                .await;
-            match result {
-                Ok(_) => return partial.commit(store, &resource.sha256, name).await,
-                Err(TransferError::Local(e)) => return Err(e),
+        for address in self.resource.addresses() {
+            match self.address(address, progress).await {
+                Ok(()) => return Ok(()),
                 Err(TransferError::Attempt(a)) => {
-                    tracing::info!(resource = %resource.id, "{a}");
+                    tracing::debug!(resource = %self.resource.id, "{a}");
                     attempts.push(a);
+                }
+                Err(TransferError::Local(e)) => return Err(e),
+                Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
+            }
+        }
+        Err(Error::Unavailable {
+            resource: self.resource.id.clone(),
+            attempts,
+        })
+    }
+
+    /// Tries one address until it succeeds or [`RetryPolicy::decide`] says
+    /// to move on.
+    async fn address(
+        &self,
+        address: &Url,
+        progress: &mut dyn Reporter,
+    ) -> Result<(), TransferError> {
+        let expected = Expected {
+            size: self.resource.size,
+            sha256: &self.resource.sha256,
+        };
+        let mut retries = 0;
+        let mut fresh_retry_used = false;
+        loop {
+            let resume = self.resume_from(address);
+            let resumed_from = resume.as_ref().map_or(0, |r| r.offset);
+            tracing::debug!(resource = %self.resource.id, %address, resumed_from, "trying");
+            let mut received = 0u64;
+            let mut tracker = Tracker {
+                inner: &mut *progress,
+                last: &mut received,
+            };
+            let control = Control {
+                cancel: self.cancel,
+                reporter: &mut tracker,
+            };
+            let output = Output::Partial {
+                paths: self.paths,
+                resume,
+            };
+            let result = self
+                .fetcher
+                .transfer(address, Some(expected), self.resource.size, output, control)
+                .await;
+            let attempt = match result {
+                Ok(_) => return Ok(()),
+                Err(TransferError::Attempt(a)) => a,
+                Err(other) => return Err(other),
+            };
+            let bad_bytes = matches!(
+                attempt.error,
+                AttemptError::Size { .. } | AttemptError::Sha256 { .. }
+            );
+            if bad_bytes {
+                // Whatever is in the partial file is not the declared file.
+                self.paths.remove();
+                if resumed_from > 0 && !fresh_retry_used {
+                    // The fault may be in the kept bytes: once from zero.
+                    fresh_retry_used = true;
+                    tracing::info!(resource = %self.resource.id, %address, "{attempt}; trying again from zero");
+                    continue;
+                }
+                return Err(TransferError::Attempt(attempt));
+            }
+            let progressed = received > resumed_from;
+            if progressed {
+                retries = 0;
+            }
+            match self.retry.decide(&attempt.error, retries) {
+                Decision::NextAddress => return Err(TransferError::Attempt(attempt)),
+                Decision::Retry(wait) => {
+                    tracing::info!(resource = %self.resource.id, "{attempt}; retrying in {:.1}s", wait.as_secs_f64());
+                    retries += 1;
+                    self.sleep(wait).await?;
                 }
             }
         }
-        let transient = attempts.iter().all(|a| a.error.is_transient());
-        if !transient || round >= retry.retries {
-            return Err(Error::Unavailable {
-                resource: resource.id.clone(),
-                attempts,
-            });
+    }
+
+    /// The kept bytes, when they came from `address` and can be continued.
+    fn resume_from(&self, address: &Url) -> Option<Resume> {
+        let (meta, offset) = self.paths.kept()?;
+        if meta.address != address.as_str() || offset >= self.resource.size {
+            return None;
         }
-        let wait = retry.backoff.saturating_mul(1 << round.min(16));
-        tracing::info!(resource = %resource.id, ?wait, "every address failed; retrying");
-        tokio::time::sleep(wait).await;
-        round += 1;
+        Some(Resume {
+            offset,
+            validator: meta.validator?,
+        })
+    }
+
+    async fn sleep(&self, wait: std::time::Duration) -> Result<(), TransferError> {
+        match self.cancel {
+            Some(token) => tokio::select! {
+                () = tokio::time::sleep(wait) => Ok(()),
+                () = token.cancelled() => Err(TransferError::Cancelled),
+            },
+            None => {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Passes progress on and remembers how far this attempt got.
+struct Tracker<'a> {
+    inner: &'a mut dyn Reporter,
+    last: &'a mut u64,
+}
+
+impl Reporter for Tracker<'_> {
+    fn resumed(&mut self, offset: u64) {
+        *self.last = offset;
+        self.inner.resumed(offset);
+    }
+
+    fn bytes(&mut self, total: u64) {
+        *self.last = total;
+        self.inner.bytes(total);
     }
 }

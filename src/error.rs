@@ -49,10 +49,12 @@ pub enum AttemptError {
         limit: usize,
     },
     /// The server answered with a status other than 200 (or a redirect).
-    #[error("HTTP status {status}{}", reason_suffix(*.status))]
+    #[error("HTTP status {status}{}{}", reason_suffix(*.status), retry_after_suffix(*.retry_after))]
     Http {
         /// The status code received.
         status: u16,
+        /// The server's `Retry-After`, when it gave a valid one.
+        retry_after: Option<std::time::Duration>,
     },
     /// DNS, connect, TLS, reset or timeout.
     #[error("{reason}")]
@@ -86,6 +88,11 @@ fn reason_suffix(status: u16) -> String {
         .unwrap_or_default()
 }
 
+fn retry_after_suffix(wait: Option<std::time::Duration>) -> String {
+    wait.map(|w| format!(" (retry after {}s)", w.as_secs()))
+        .unwrap_or_default()
+}
+
 impl AttemptError {
     /// The stable error code.
     pub fn code(&self) -> &'static str {
@@ -101,20 +108,10 @@ impl AttemptError {
         }
     }
 
-    /// Whether trying the same address again later may succeed.
-    ///
-    /// This is the one place that decides what is transient:
-    /// - network failures (DNS, connect, TLS, reset, stall) come and go;
-    /// - `408`, `429` and `5xx` are the server saying "not now";
-    /// - everything else is a property of the address or of the bytes it
-    ///   serves (wrong scheme, refused address or host, redirect loop, `404`,
-    ///   wrong size or digest) and will fail the same way again.
+    /// Whether trying the same address again later may succeed
+    /// (decided in [`crate::retry`]).
     pub fn is_transient(&self) -> bool {
-        match self {
-            AttemptError::Network { .. } => true,
-            AttemptError::Http { status } => matches!(status, 408 | 429 | 500..=599),
-            _ => false,
-        }
+        crate::retry::is_transient(self)
     }
 }
 

@@ -14,16 +14,27 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use reqwest::header::{ACCEPT_ENCODING, LOCATION, USER_AGENT};
-use sha2::{Digest, Sha256};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use reqwest::header::{
+    ACCEPT_ENCODING, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, LOCATION, RANGE, RETRY_AFTER,
+    USER_AGENT,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use crate::config::Config;
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::guard::{AddressGuard, Blocked};
 use crate::policy::Policy;
+use crate::headers;
+use crate::partial::{Checkpointer, PartialPaths};
 use crate::resolve::{GuardedResolver, LookupRefused};
+use crate::sink::{Sink, Target};
+use crate::throttle::Throttle;
 
 /// Redirects followed at most; the next one is refused.
 pub const MAX_REDIRECTS: usize = 5;
@@ -48,13 +59,65 @@ pub struct Transfer {
     pub final_url: Url,
 }
 
-/// Why a transfer failed: the address, or something on this machine.
+/// Why a transfer failed: the address, something on this machine, or a
+/// cancellation.
 #[derive(Debug)]
 pub(crate) enum TransferError {
-    /// The address failed; the next one may be tried.
+    /// The address failed; the same address may be retried or the next one
+    /// tried ([`crate::retry`] decides).
     Attempt(Attempt),
     /// Writing locally failed; trying another address would not help.
     Local(Error),
+    /// The caller cancelled; every byte received is kept.
+    Cancelled,
+}
+
+/// Receives a transfer's progress.
+pub trait Reporter: Send {
+    /// The server agreed to continue a kept partial file at `offset`.
+    fn resumed(&mut self, offset: u64) {
+        let _ = offset;
+    }
+    /// Bytes of the file present so far (a resumed prefix included).
+    fn bytes(&mut self, total: u64);
+}
+
+impl<F: FnMut(u64) + Send> Reporter for F {
+    fn bytes(&mut self, total: u64) {
+        self(total)
+    }
+}
+
+/// Bytes kept from an earlier, interrupted transfer of the same address.
+#[derive(Debug, Clone)]
+pub(crate) struct Resume {
+    /// How many (all flushed to disk).
+    pub offset: u64,
+    /// The validator that address gave them, sent as `If-Range`.
+    pub validator: String,
+}
+
+/// Where a transfer's bytes go.
+pub(crate) enum Output<'a> {
+    /// Nowhere: they are only counted and hashed (auto-fill).
+    Discard,
+    /// The resource's partial file, continuing `resume` when the server
+    /// agrees. The file is touched only once a response is accepted, so a
+    /// partial file kept for another address survives a failed try.
+    Partial {
+        /// The partial file's paths.
+        paths: &'a PartialPaths,
+        /// Kept bytes of this very address, if any.
+        resume: Option<Resume>,
+    },
+}
+
+/// The per-transfer context: cancellation and progress.
+pub(crate) struct Control<'a> {
+    /// Stops the transfer (bytes kept).
+    pub cancel: Option<&'a CancellationToken>,
+    /// Progress.
+    pub reporter: &'a mut dyn Reporter,
 }
 
 /// Downloads over HTTPS under the scheme, policy and address rules.
@@ -64,13 +127,23 @@ pub struct Fetcher {
     client: reqwest::Client,
     /// Resolves names and filters the answers.
     resolver: GuardedResolver,
-    /// The user's allowlist or blocklist.
-    policy: Policy,
+    /// The user's allowlist or blocklist; replaced live by [`Fetcher::set_policy`].
+    policy: Arc<RwLock<Policy>>,
+    /// Bumped on every policy change, so transfers in flight re-check their
+    /// current host.
+    policy_version: Arc<watch::Sender<u64>>,
     /// Longest wait for the next byte (or the response head).
     stall: Duration,
     /// Connect timeout, added to the wait for a response head.
     connect: Duration,
+    /// Fewer bytes than this in a minute abandons a transfer (0: no floor).
+    min_per_minute: u64,
+    /// The process-wide bandwidth cap.
+    throttle: Throttle,
 }
+
+/// How long the minimum-progress rule looks back.
+pub const PROGRESS_WINDOW: Duration = Duration::from_secs(60);
 
 impl Fetcher {
     /// Builds a fetcher from the configuration.
@@ -92,6 +165,7 @@ impl Fetcher {
             .no_proxy()
             .referer(false)
             .connect_timeout(config.connect_timeout())
+            .tcp_nodelay(true)
             .dns_resolver(resolver.clone());
         if !certs.is_empty() {
             builder = builder.tls_backend_preconfigured(crate::tls::client_config(certs)?);
@@ -102,10 +176,30 @@ impl Fetcher {
         Ok(Fetcher {
             client,
             resolver,
-            policy: config.policy()?,
+            policy: Arc::new(RwLock::new(config.policy()?)),
+            policy_version: Arc::new(watch::channel(0).0),
             stall: config.stall_timeout(),
             connect: config.connect_timeout(),
+            min_per_minute: config.network.min_bytes_per_min,
+            throttle: Throttle::new(config.network.max_bytes_per_sec),
         })
+    }
+
+    /// The network policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the network policy. It applies to every connection and
+    /// redirect hop from now on, and transfers in flight whose current host
+    /// it no longer permits stop within a second with `E_RESOURCE_POLICY`
+    /// (their bytes kept for resume).
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        self.policy_version.send_modify(|v| *v += 1);
     }
 
     /// Checks one hop without resolving: scheme, policy, then the host by
@@ -135,15 +229,26 @@ impl Fetcher {
                 }));
             }
         }
-        let text = host_text(&host);
-        if !self.policy.permits(&text) {
-            return Err(AttemptError::Policy {
-                host: text,
-                mode: self.policy.mode().as_str(),
-            });
-        }
+        self.check_policy(url)?;
         self.guard().check_host(&host)?;
         Ok(())
+    }
+
+    /// The policy part of [`Fetcher::check_hop`], re-run on a live change.
+    fn check_policy(&self, url: &Url) -> Result<(), AttemptError> {
+        let Some(host) = url.host() else {
+            return Ok(());
+        };
+        let text = host_text(&host);
+        let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
+        if policy.permits(&text) {
+            Ok(())
+        } else {
+            Err(AttemptError::Policy {
+                host: text,
+                mode: policy.mode().as_str(),
+            })
+        }
     }
 
     /// Applies the address rules to `url`, resolving its name (connecting to
@@ -163,14 +268,32 @@ impl Fetcher {
     /// Downloads `url` by the same rules as a resource and returns its size
     /// and SHA-256, keeping nothing. Reads at most `max_bytes`.
     pub async fn autofill(&self, url: &Url, max_bytes: u64) -> Result<Transfer> {
-        let mut sink = tokio::io::sink();
+        self.autofill_with_progress(url, max_bytes, &mut |_| {})
+            .await
+    }
+
+    /// [`Fetcher::autofill`], reporting the bytes received so far.
+    pub async fn autofill_with_progress(
+        &self,
+        url: &Url,
+        max_bytes: u64,
+        progress: &mut dyn Reporter,
+    ) -> Result<Transfer> {
+        let control = Control {
+            cancel: None,
+            reporter: progress,
+        };
         match self
-            .transfer(url, None, max_bytes, &mut sink, &mut |_| {})
+            .transfer(url, None, max_bytes, Output::Discard, control)
             .await
         {
             Ok(t) => Ok(t),
             Err(TransferError::Attempt(a)) => Err(a.into()),
             Err(TransferError::Local(e)) => Err(e),
+            Err(TransferError::Cancelled) => Err(Error::Cancelled {
+                resource: url.to_string(),
+                reason: "stopped before it finished".into(),
+            }),
         }
     }
 
@@ -178,18 +301,17 @@ impl Fetcher {
         self.resolver.guard()
     }
 
-    /// Fetches one address (following redirects) into `out`, counting and
-    /// hashing as bytes arrive. With `expected`, the size and digest must
-    /// match; without, at most `max` bytes are read.
-    pub(crate) async fn transfer<W: AsyncWrite + Unpin>(
+    /// Fetches one address (following redirects) into `output`, counting
+    /// and hashing as bytes arrive. With `expected`, the size and digest
+    /// must match; without, at most `max` bytes are read.
+    pub(crate) async fn transfer(
         &self,
         address: &Url,
         expected: Option<Expected<'_>>,
         max: u64,
-        out: &mut W,
-        progress: &mut (dyn FnMut(u64) + Send),
+        output: Output<'_>,
+        control: Control<'_>,
     ) -> Result<Transfer, TransferError> {
-        let mut hop = address.clone();
         let fail = |hop: &Url, error: AttemptError| {
             TransferError::Attempt(Attempt {
                 address: address.clone(),
@@ -198,105 +320,289 @@ impl Fetcher {
             })
         };
         let limit = expected.map_or(max, |e| e.size);
+        let (paths, mut resume) = match output {
+            Output::Discard => (None, None),
+            Output::Partial { paths, resume } => (Some(paths), resume),
+        };
+        let cancelled = async {
+            match control.cancel {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled);
+        let (hop, mut response, offset) = loop {
+            let head = tokio::select! {
+                head = self.response_head(address, resume.as_ref(), limit) => head,
+                () = &mut cancelled => return Err(TransferError::Cancelled),
+            };
+            match head {
+                Ok(head) => break head,
+                Err(HeadError::Attempt(hop, error)) => return Err(fail(&hop, error)),
+                Err(HeadError::RangeRefused(hop, why)) => {
+                    // The kept bytes cannot be continued: start afresh.
+                    tracing::debug!(%hop, "resume refused: {why}; starting from zero");
+                    if let Some(paths) = paths {
+                        paths.remove();
+                    }
+                    resume = None;
+                }
+            }
+        };
+        if let Some(announced) = response.content_length() {
+            let rest = limit - offset;
+            let exact = expected.is_some() || offset > 0;
+            if announced > rest || (exact && announced != rest) {
+                let detail = format!("the server announced {announced} bytes");
+                let detail = match offset {
+                    0 => detail,
+                    _ => format!("{detail} for the rest after byte {offset}"),
+                };
+                return Err(fail(&hop, size_error(expected, limit, detail)));
+            }
+        }
+        if offset > 0 {
+            control.reporter.resumed(offset);
+        }
+        let mut sink = match paths {
+            None => Sink::hash_only(),
+            Some(paths) => {
+                let validator = match (offset, &resume) {
+                    (1.., Some(r)) => Some(r.validator.clone()),
+                    _ => validator(&response),
+                };
+                let file = paths.open_data().map_err(|e| local_write(&paths.data, e))?;
+                Sink::to_file(Target {
+                    file,
+                    offset,
+                    checkpoints: Checkpointer::new(paths, address.as_str(), validator),
+                })
+            }
+        };
+        let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
+        let mut policy_changes = self.policy_version.subscribe();
+        let mut received = offset;
+        let mut window = (Instant::now(), received);
+        // Every way out before `finish` closes the sink first, so the kept
+        // bytes are flushed and recorded before anyone looks at them.
+        let failure: Option<TransferError> = loop {
+            let next = tokio::select! {
+                biased;
+                () = &mut cancelled => break Some(TransferError::Cancelled),
+                Ok(()) = policy_changes.changed() => {
+                    match self.check_policy(&hop) {
+                        Ok(()) => continue,
+                        Err(e) => break Some(fail(&hop, e)),
+                    }
+                }
+                next = tokio::time::timeout(self.stall, response.chunk()) => next,
+            };
+            let chunk = match next {
+                Err(_) => {
+                    let reason = format!(
+                        "stalled: no data for {}s after {received} bytes",
+                        self.stall.as_secs_f64()
+                    );
+                    break Some(fail(&hop, AttemptError::Network { reason }));
+                }
+                Ok(Err(e)) => break Some(fail(&hop, body_error(&e, received, expected, limit))),
+                Ok(Ok(None)) => break None,
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            let len = chunk.len();
+            received += len as u64;
+            if received > limit {
+                let detail = format!("received more than {limit} bytes");
+                break Some(fail(&hop, size_error(expected, limit, detail)));
+            }
+            if let Err(e) = sink.write(chunk).await {
+                return Err(local_write(&sink_path, e));
+            }
+            control.reporter.bytes(received);
+            if let Err(reason) = self.check_progress(&mut window, received) {
+                break Some(fail(&hop, AttemptError::Network { reason }));
+            }
+            if self.throttle.is_limited() {
+                tokio::select! {
+                    () = self.throttle.take(len) => {}
+                    () = &mut cancelled => break Some(TransferError::Cancelled),
+                }
+            }
+        };
+        if let Some(failure) = failure {
+            sink.close().await;
+            return Err(failure);
+        }
+        let finished = sink.finish().await.map_err(|e| local_write(&sink_path, e))?;
+        if let Some(e) = expected {
+            if finished.len != e.size {
+                let detail = format!("received only {} bytes", finished.len);
+                return Err(fail(&hop, size_error(expected, limit, detail)));
+            }
+            if finished.sha256 != e.sha256 {
+                let error = AttemptError::Sha256 {
+                    expected: e.sha256.to_string(),
+                    actual: finished.sha256,
+                };
+                return Err(fail(&hop, error));
+            }
+        }
+        Ok(Transfer {
+            size: finished.len,
+            sha256: finished.sha256,
+            final_url: hop,
+        })
+    }
+
+    /// The minimum-progress rule: fewer than `network.min_bytes_per_min`
+    /// bytes in a window of [`PROGRESS_WINDOW`] abandons the transfer, so a
+    /// server dripping a byte just under the stall timeout cannot hold a
+    /// download slot forever. A transfer that keeps moving faster than the
+    /// floor is never cut, however long it takes.
+    fn check_progress(&self, window: &mut (Instant, u64), received: u64) -> Result<(), String> {
+        let (since, at_start) = *window;
+        if since.elapsed() < PROGRESS_WINDOW {
+            return Ok(());
+        }
+        let moved = received - at_start;
+        if self.min_per_minute > 0 && moved < self.min_per_minute {
+            return Err(format!(
+                "too slow: {moved} bytes in the last minute (minimum {} bytes per minute)",
+                self.min_per_minute
+            ));
+        }
+        *window = (Instant::now(), received);
+        Ok(())
+    }
+
+    /// Sends the request (with `Range` and `If-Range` when resuming) and
+    /// follows redirects until a response whose body can be read: a `200`,
+    /// or a `206` that continues exactly the kept bytes. Returns the final
+    /// hop, the response and the offset its body starts at.
+    async fn response_head(
+        &self,
+        address: &Url,
+        resume: Option<&Resume>,
+        limit: u64,
+    ) -> Result<(Url, reqwest::Response, u64), HeadError> {
+        let mut hop = address.clone();
         let mut redirects = 0;
-        let mut response = loop {
-            self.check_hop(&hop).map_err(|e| fail(&hop, e))?;
-            let response = self.send(&hop).await.map_err(|e| fail(&hop, e))?;
+        loop {
+            self.check_hop(&hop)
+                .map_err(|e| HeadError::Attempt(hop.clone(), e))?;
+            let response = self
+                .send(&hop, resume)
+                .await
+                .map_err(|e| HeadError::Attempt(hop.clone(), e))?;
             let status = response.status().as_u16();
+            let attempt = |error| HeadError::Attempt(hop.clone(), error);
             if matches!(status, 301 | 302 | 303 | 307 | 308) {
                 if redirects == MAX_REDIRECTS {
-                    return Err(fail(
-                        &hop,
-                        AttemptError::Redirects {
-                            limit: MAX_REDIRECTS,
-                        },
-                    ));
+                    return Err(attempt(AttemptError::Redirects {
+                        limit: MAX_REDIRECTS,
+                    }));
                 }
-                let next = next_hop(&hop, &response).map_err(|e| fail(&hop, e))?;
+                let next = next_hop(&hop, &response).map_err(attempt)?;
                 tracing::debug!(from = %hop, to = %next, "redirect");
                 redirects += 1;
                 hop = next;
                 continue;
             }
-            if status != 200 {
-                return Err(fail(&hop, AttemptError::Http { status }));
-            }
-            break response;
-        };
-        if let Some(announced) = response.content_length() {
-            if announced > limit || expected.is_some_and(|e| e.size != announced) {
-                let detail = format!("the server announced {announced} bytes");
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
-        }
-        let mut hasher = Sha256::new();
-        let mut received: u64 = 0;
-        loop {
-            let chunk = match tokio::time::timeout(self.stall, response.chunk()).await {
-                Err(_) => {
-                    let reason = format!(
-                        "stalled: no data for {:?} after {received} bytes",
-                        self.stall
-                    );
-                    return Err(fail(&hop, AttemptError::Network { reason }));
+            let offset = match (status, resume) {
+                (200, _) => 0,
+                (206, Some(r)) => {
+                    let range = response
+                        .headers()
+                        .get(CONTENT_RANGE)
+                        .and_then(|v| headers::parse_content_range(v.as_bytes()));
+                    match range {
+                        Some(cr)
+                            if cr.start == r.offset
+                                && cr.total == Some(limit)
+                                && cr.end.checked_add(1) == Some(limit) =>
+                        {
+                            r.offset
+                        }
+                        other => {
+                            let why = format!("206 with Content-Range {other:?}");
+                            return Err(HeadError::RangeRefused(hop, why));
+                        }
+                    }
                 }
-                Ok(Err(e)) => return Err(fail(&hop, body_error(&e, received, expected, limit))),
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(chunk))) => chunk,
+                (416, Some(_)) => {
+                    return Err(HeadError::RangeRefused(hop, "416".into()));
+                }
+                _ => {
+                    let retry_after = response
+                        .headers()
+                        .get(RETRY_AFTER)
+                        .and_then(|v| headers::parse_retry_after(v.as_bytes(), SystemTime::now()));
+                    return Err(attempt(AttemptError::Http {
+                        status,
+                        retry_after,
+                    }));
+                }
             };
-            received += chunk.len() as u64;
-            if received > limit {
-                let detail = format!("received more than {limit} bytes");
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
-            hasher.update(&chunk);
-            out.write_all(&chunk).await.map_err(|e| {
-                TransferError::Local(Error::io("cannot write download", "temporary file", e))
-            })?;
-            progress(received);
+            return Ok((hop, response, offset));
         }
-        let sha256 = hex::encode(hasher.finalize());
-        if let Some(e) = expected {
-            if received != e.size {
-                let detail = format!("received only {received} bytes");
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
-            if sha256 != e.sha256 {
-                return Err(fail(
-                    &hop,
-                    AttemptError::Sha256 {
-                        expected: e.sha256.to_string(),
-                        actual: sha256,
-                    },
-                ));
-            }
-        }
-        Ok(Transfer {
-            size: received,
-            sha256,
-            final_url: hop,
-        })
     }
 
-    async fn send(&self, url: &Url) -> Result<reqwest::Response, AttemptError> {
-        let request = self
+    async fn send(
+        &self,
+        url: &Url,
+        resume: Option<&Resume>,
+    ) -> Result<reqwest::Response, AttemptError> {
+        let mut request = self
             .client
             .get(url.clone())
             .header(
                 USER_AGENT,
                 concat!("gem-resources/", env!("CARGO_PKG_VERSION")),
             )
-            .header(ACCEPT_ENCODING, "identity")
-            .send();
+            .header(ACCEPT_ENCODING, "identity");
+        if let Some(r) = resume {
+            request = request
+                .header(RANGE, format!("bytes={}-", r.offset))
+                .header(IF_RANGE, r.validator.as_str());
+        }
+        let request = request.send();
         match tokio::time::timeout(self.connect + self.stall, request).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(request_error(&e)),
             Err(_) => Err(AttemptError::Network {
-                reason: format!("no response within {:?}", self.connect + self.stall),
+                reason: format!(
+                    "no response within {}s",
+                    (self.connect + self.stall).as_secs_f64()
+                ),
             }),
         }
     }
 }
+
+/// Why no readable response head came.
+enum HeadError {
+    /// The hop failed.
+    Attempt(Url, AttemptError),
+    /// The server does not continue the kept bytes as asked.
+    RangeRefused(Url, String),
+}
+
+/// The validator a response gives its bytes: a strong `ETag`, else
+/// `Last-Modified`.
+fn validator(response: &reqwest::Response) -> Option<String> {
+    let h = response.headers();
+    h.get(ETAG)
+        .and_then(|v| headers::parse_strong_etag(v.as_bytes()))
+        .or_else(|| {
+            h.get(LAST_MODIFIED)
+                .and_then(|v| headers::parse_last_modified(v.as_bytes()))
+        })
+}
+
+fn local_write(path: &std::path::Path, e: std::io::Error) -> TransferError {
+    TransferError::Local(Error::io("cannot write download", path, e))
+}
+
 
 fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> AttemptError {
     match expected {
@@ -316,7 +622,10 @@ fn next_hop(current: &Url, response: &reqwest::Response) -> Result<Url, AttemptE
     let location = response
         .headers()
         .get(LOCATION)
-        .ok_or(AttemptError::Http { status })?;
+        .ok_or(AttemptError::Http {
+            status,
+            retry_after: None,
+        })?;
     let text = location.to_str().map_err(|_| AttemptError::Network {
         reason: format!("redirect ({status}) with a Location that is not text"),
     })?;

@@ -9,7 +9,12 @@
 //! - [`resolve`]: DNS resolution that hands out only guarded addresses.
 //! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
 //! - [`store`]: the content-addressed store and its atomic publication.
-//! - [`download`]: one resource over its url and mirrors.
+//! - [`download`]: one resource over its url and mirrors, resuming.
+//! - [`retry`]: which failures are retried, backoff and `Retry-After`.
+//! - [`headers`]: parsers for the response headers a server controls.
+//! - [`partial`]: resumable partial files and their records.
+//! - `sink`: the writer thread that hashes and writes a transfer's bytes.
+//! - [`throttle`]: the bandwidth cap shared by every transfer.
 //! - [`registry`]: installed gems and failure records, crash-safe.
 //! - `limiter`, `scheduler`: bounded, fair, cancellable background downloads.
 //! - `lockfile`: cross-process file locks whose waits can be cancelled.
@@ -28,22 +33,27 @@ pub mod error;
 pub mod events;
 pub mod fetch;
 pub mod guard;
+pub mod headers;
 mod limiter;
 mod lockfile;
 pub mod manifest;
+pub mod partial;
 pub mod policy;
 pub mod registry;
 pub mod resolve;
+pub mod retry;
 mod scheduler;
 pub mod service;
+mod sink;
 pub mod store;
+pub mod throttle;
 mod tls;
 
 pub use config::Config;
-pub use download::{download, RetryPolicy};
+pub use download::{download, download_with, RetryPolicy};
 pub use error::{Attempt, AttemptError, Error, Result};
 pub use events::Event;
-pub use fetch::{Fetcher, Transfer, MAX_REDIRECTS};
+pub use fetch::{Fetcher, Reporter, Transfer, MAX_REDIRECTS};
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use service::{
     GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport,

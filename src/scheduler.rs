@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::download::{download, RetryPolicy};
+use crate::download::{download_with, RetryPolicy};
 use crate::error::Error;
 use crate::events::Event;
 use crate::fetch::Fetcher;
@@ -229,10 +229,19 @@ impl Scheduler {
                 });
             }
         };
-        let outcome = tokio::select! {
-            r = download(&deps.fetcher, &deps.store, resource, deps.retry, &mut progress) => r,
-            () = job.cancel.cancelled() => return Err(cancelled()),
-        };
+        let outcome = download_with(
+            &deps.fetcher,
+            &deps.store,
+            resource,
+            deps.retry,
+            &mut progress,
+            Some(&job.cancel),
+        )
+        .await;
+        if job.cancel.is_cancelled() {
+            // Stopped by shutdown, uninstall or the user: not a failure.
+            return Err(cancelled());
+        }
         let outcome = match outcome {
             Ok(path) => self.still_declared(resource, job, path).await,
             Err(error) => Err(error),

@@ -45,6 +45,8 @@ struct Inner {
     registry: Registry,
     scheduler: Arc<Scheduler>,
     events: broadcast::Sender<Event>,
+    /// How long an interrupted download is kept for resume.
+    partial_max_age: std::time::Duration,
 }
 
 /// What [`Resources::install`] did.
@@ -168,6 +170,7 @@ impl Resources {
                 registry,
                 scheduler: Arc::new(scheduler),
                 events,
+                partial_max_age: config.partial_max_age(),
             }),
         })
     }
@@ -273,6 +276,7 @@ impl Resources {
                 continue;
             }
             inner.scheduler.cancel(&sha).await;
+            inner.store.remove_partials(&sha);
             if inner.store.has(&sha) {
                 inner.store.remove(&sha)?;
                 self.emit(Event::Deleted {
@@ -329,14 +333,22 @@ impl Resources {
             })
     }
 
-    /// What an app start does: removes leftovers of a crash (partial files
-    /// nobody is writing) and queues every installed gem's missing required
-    /// files. Returns how many were queued; does not wait for them.
+    /// What an app start does: removes leftovers of a crash that nobody
+    /// can resume, partial files no installed gem declares or older than
+    /// `network.partial_max_age_days`, and queues every installed gem's
+    /// missing required files (continuing kept partial files). Returns how
+    /// many were queued; does not wait for them.
     pub async fn start(&self) -> Result<usize> {
         let inner = &self.inner;
         let removed = {
             let _lock = inner.registry.lock().await?;
-            inner.store.clean_tmp()? + inner.registry.clean()
+            let mut declared = BTreeSet::new();
+            for reg in inner.registry.list()? {
+                declared.extend(shas(&reg.resources));
+            }
+            inner.store.clean_tmp(inner.partial_max_age)?
+                + inner.store.prune_partials(&declared)
+                + inner.registry.clean()
         };
         if removed > 0 {
             tracing::info!(

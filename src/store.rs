@@ -5,8 +5,11 @@
 //!   store-v1/                      layout version; a new layout gets a new folder
 //!     blobs/<sha256>/<file name>   verified files, read-only; more names for the
 //!                                  same bytes are hard links in the same folder
-//!     tmp/<sha256>.<size>.<random>.partial
-//!                                  a download in progress; never visible as a blob
+//!     tmp/<sha256>.<size>.partial  a download in progress or interrupted; never
+//!                                  visible as a blob
+//!     tmp/<sha256>.<size>.partial.json
+//!                                  its address, validator and flushed length
+//!                                  (resume; see `partial`)
 //!     locks/<sha256>.lock          held (file lock) while <sha256> is downloaded
 //!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
 //!                                  callers in other processes that waited on it
@@ -20,27 +23,23 @@
 //!
 //! Bytes are written to `tmp/` and only a file whose size and digest were
 //! verified is fsynced, made read-only and renamed into `blobs/`. A crash at
-//! any moment leaves at worst a `.partial` file, which [`Store::clean_tmp`]
-//! removes once no process holds its lock. The declared size is part of a
-//! partial file's name, so every process can tell how much the downloads in
-//! progress will still write when it checks free space. A later resumable
-//! download keeps its partial file (and its validator) under the same
-//! `tmp/<sha256>.…` prefix.
+//! any moment leaves at worst a `.partial` file, which the next download of
+//! the same SHA-256 continues (see [`crate::partial`]); [`Store::clean_tmp`]
+//! removes leftovers nobody can resume and partial files older than
+//! `network.partial_max_age_days`. The declared size is part of a partial
+//! file's name, so every process can tell how much the downloads in
+//! progress will still write when it checks free space.
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use tempfile::TempPath;
-use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
-
 use crate::error::{Error, Result};
+use crate::partial::{self, PartialPaths};
 
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
-
-const WRITE_BUFFER: usize = 256 * 1024;
 
 /// A store folder.
 #[derive(Debug, Clone)]
@@ -190,44 +189,99 @@ impl Store {
         Ok(self.root.join("locks").join(format!("{sha256}.lock")))
     }
 
-    /// Starts a download of `size` bytes for `sha256`: checks that the file
-    /// system has room for it on top of what other downloads in progress will
-    /// still write, then creates the partial file. Touches no network.
+    /// Prepares the partial file of a download of `size` bytes for
+    /// `sha256`: checks that the file system has room for what is still
+    /// missing on top of what other downloads in progress will still write,
+    /// and removes partial files of `sha256` declared with another size.
+    /// Touches no network.
     ///
-    /// The caller holds the lock of `sha256` ([`Store::lock`]), so a partial
-    /// file of `sha256` found here was left by a crashed download: it is
-    /// removed first, and neither it nor any other unlocked leftover counts
-    /// against the free space.
-    pub fn begin(&self, resource: &str, sha256: &str, size: u64) -> Result<Partial> {
+    /// The caller holds the lock of `sha256` ([`Store::lock`]).
+    pub(crate) fn prepare(&self, resource: &str, sha256: &str, size: u64) -> Result<PartialPaths> {
         check_sha256(sha256)?;
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
-        for (path, sha, _) in partial_files(&tmp) {
-            if sha == sha256 {
+        let paths = PartialPaths::new(&tmp, sha256, size);
+        for (path, sha, declared) in partial_files(&tmp) {
+            if sha == sha256 && declared != size {
+                PartialPaths::new(&tmp, sha256, declared).remove();
                 let _ = fs::remove_file(path);
             }
         }
+        let kept = paths.kept().map_or(0, |(_, n)| n);
+        let needed = size - kept.min(size);
         let available = available_space(&tmp)?;
-        let reserved = self.reserved_bytes();
-        if available < size.saturating_add(reserved) {
+        let reserved = self.reserved_bytes_except(sha256);
+        if available < needed.saturating_add(reserved) {
             return Err(Error::DiskSpace {
                 resource: resource.to_string(),
-                needed: size,
+                needed,
                 available,
                 reserved,
                 store: self.root.clone(),
             });
         }
-        let named = tempfile::Builder::new()
-            .prefix(&format!("{sha256}.{size}."))
-            .suffix(".partial")
-            .tempfile_in(&tmp)
-            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
-        let (file, path) = named.into_parts();
-        Ok(Partial {
-            writer: BufWriter::with_capacity(WRITE_BUFFER, tokio::fs::File::from_std(file)),
-            path,
-        })
+        Ok(paths)
+    }
+
+    /// Publishes a verified partial file (already flushed): read-only,
+    /// renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    pub(crate) fn publish(&self, paths: &PartialPaths, sha256: &str, name: &str) -> Result<PathBuf> {
+        check_sha256(sha256)?;
+        let tmp = &paths.data;
+        let map = |e| Error::io("cannot publish", tmp, e);
+        let mut perms = fs::metadata(tmp).map_err(map)?.permissions();
+        perms.set_readonly(true);
+        fs::set_permissions(tmp, perms).map_err(map)?;
+        let blobs = self.root.join("blobs");
+        let dir = blobs.join(sha256);
+        let created = !dir.is_dir();
+        fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        if created {
+            // The new folder's entry in `blobs/` must be durable too.
+            sync_dir(&blobs);
+        }
+        let dest = dir.join(name);
+        fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
+        sync_dir(&dir);
+        let _ = fs::remove_file(&paths.meta);
+        Ok(dest)
+    }
+
+    /// Bytes kept for a resumable download of `sha256` (flushed, with a
+    /// validator), if any.
+    pub fn partial_len(&self, sha256: &str) -> Option<u64> {
+        let tmp = self.root.join("tmp");
+        partial_files(&tmp)
+            .filter(|(_, sha, _)| sha == sha256)
+            .filter_map(|(_, sha, size)| PartialPaths::new(&tmp, &sha, size).kept())
+            .map(|(_, n)| n)
+            .max()
+    }
+
+    /// Removes the partial files of `sha256` (nobody downloads it now).
+    pub fn remove_partials(&self, sha256: &str) {
+        let tmp = self.root.join("tmp");
+        for (path, sha, size) in partial_files(&tmp) {
+            if sha == sha256 {
+                PartialPaths::new(&tmp, &sha, size).remove();
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Removes partial files whose SHA-256 is not in `keep` and that no
+    /// process is downloading; returns how many.
+    pub fn prune_partials(&self, keep: &std::collections::BTreeSet<String>) -> usize {
+        let tmp = self.root.join("tmp");
+        let mut removed = 0;
+        for (path, sha, size) in partial_files(&tmp) {
+            if !keep.contains(&sha) && matches!(self.try_lock(&sha), Ok(Some(_))) {
+                PartialPaths::new(&tmp, &sha, size).remove();
+                let _ = fs::remove_file(path);
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Bytes that downloads in progress (in any process) will still write:
@@ -235,8 +289,12 @@ impl Store {
     /// SHA-256 lock is held. Leftovers of a crashed download hold no lock and
     /// do not count.
     pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes_except("")
+    }
+
+    fn reserved_bytes_except(&self, own: &str) -> u64 {
         partial_files(&self.root.join("tmp"))
-            .filter(|(_, sha, _)| matches!(self.try_lock(sha), Ok(None)))
+            .filter(|(_, sha, _)| sha != own && matches!(self.try_lock(sha), Ok(None)))
             .map(|(path, _, declared)| {
                 let written = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
                 declared.saturating_sub(written)
@@ -258,9 +316,11 @@ impl Store {
         Some(written)
     }
 
-    /// Removes partial files left by crashed downloads (those whose lock is
-    /// free) and returns how many were removed.
-    pub fn clean_tmp(&self) -> Result<usize> {
+    /// Removes what no download can use any more, among the files of
+    /// `tmp/` no process holds the lock of: leftovers that cannot be resumed
+    /// (no record, nothing flushed, a temporary copy) and partial files
+    /// untouched for longer than `max_age`. Returns how many were removed.
+    pub fn clean_tmp(&self, max_age: std::time::Duration) -> Result<usize> {
         let mut removed = 0;
         let tmp = self.root.join("tmp");
         let entries = fs::read_dir(&tmp).map_err(|e| Error::io("cannot list", &tmp, e))?;
@@ -268,8 +328,18 @@ impl Store {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
             let sha = name.split('.').next().unwrap_or_default().to_string();
-            let owned = is_sha256(&sha) && self.try_lock(&sha)?.is_none();
-            if !owned && fs::remove_file(&path).is_ok() {
+            if is_sha256(&sha) && self.try_lock(&sha)?.is_none() {
+                continue;
+            }
+            let resumable = match partial::parse_name(&name) {
+                Some((sha, size)) => PartialPaths::new(&tmp, sha, size).kept().is_some(),
+                None => name
+                    .strip_suffix(".json")
+                    .and_then(partial::parse_name)
+                    .is_some_and(|_| tmp.join(name.trim_end_matches(".json")).is_file()),
+            };
+            let keep = resumable && !partial::older_than(&path, max_age);
+            if !keep && fs::remove_file(&path).is_ok() {
                 removed += 1;
             }
         }
@@ -358,54 +428,6 @@ fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
-/// A download in progress: a temporary file deleted on drop unless committed.
-#[derive(Debug)]
-pub struct Partial {
-    /// Buffered writer over the temporary file.
-    writer: BufWriter<tokio::fs::File>,
-    /// Deletes the file when dropped without `commit`.
-    path: TempPath,
-}
-
-impl Partial {
-    /// The writer the transfer streams into.
-    pub fn writer(&mut self) -> &mut BufWriter<tokio::fs::File> {
-        &mut self.writer
-    }
-
-    /// Empties the file for another try.
-    pub async fn rewind(&mut self) -> Result<()> {
-        let path: &Path = &self.path;
-        let map = |e| Error::io("cannot reset temporary file", path, e);
-        self.writer.flush().await.map_err(map)?;
-        let file = self.writer.get_mut();
-        file.set_len(0).await.map_err(map)?;
-        file.seek(io::SeekFrom::Start(0)).await.map_err(map)?;
-        Ok(())
-    }
-
-    /// Publishes verified bytes: flush, fsync, read-only, rename into
-    /// `blobs/<sha256>/<name>`, fsync the folder.
-    pub async fn commit(mut self, store: &Store, sha256: &str, name: &str) -> Result<PathBuf> {
-        let tmp: PathBuf = self.path.to_path_buf();
-        let map = |e| Error::io("cannot write", &tmp, e);
-        self.writer.flush().await.map_err(map)?;
-        let file = self.writer.get_mut();
-        file.sync_all().await.map_err(map)?;
-        let mut perms = file.metadata().await.map_err(map)?.permissions();
-        perms.set_readonly(true);
-        file.set_permissions(perms).await.map_err(map)?;
-        let dir = store.root.join("blobs").join(sha256);
-        fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
-        let dest = dir.join(name);
-        self.path
-            .persist(&dest)
-            .map_err(|e| Error::io("cannot move verified file to", &dest, e.error))?;
-        sync_dir(&dir);
-        Ok(dest)
-    }
-}
-
 fn first_file(dir: &Path) -> Option<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .ok()?
@@ -417,7 +439,7 @@ fn first_file(dir: &Path) -> Option<PathBuf> {
     files.into_iter().next()
 }
 
-/// `(path, sha256, declared size)` of every partial file in `tmp`.
+/// `(path, sha256, declared size)` of every partial data file in `tmp`.
 fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
     fs::read_dir(tmp)
         .into_iter()
@@ -425,11 +447,8 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
         .filter_map(|e| e.ok())
         .filter_map(|entry| {
             let name = entry.file_name().to_str()?.to_string();
-            let mut parts = name.split('.');
-            let sha = parts.next()?;
-            let size: u64 = parts.next()?.parse().ok()?;
-            (is_sha256(sha) && name.ends_with(".partial"))
-                .then(|| (entry.path(), sha.to_string(), size))
+            let (sha, size) = partial::parse_name(&name)?;
+            is_sha256(sha).then(|| (entry.path(), sha.to_string(), size))
         })
 }
 

@@ -274,6 +274,7 @@ async fn the_resolver_used_for_connecting_filters_answers() {
     let retry = RetryPolicy {
         retries: 0,
         backoff: Duration::ZERO,
+        ..RetryPolicy::default()
     };
     let err = download(&f, &store, &resource, retry, &mut |_| {})
         .await

@@ -8,6 +8,7 @@ fn no_retry() -> RetryPolicy {
     RetryPolicy {
         retries: 0,
         backoff: std::time::Duration::ZERO,
+        ..RetryPolicy::default()
     }
 }
 

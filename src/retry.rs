@@ -1,0 +1,176 @@
+//! What to do after a failed attempt: the one place that classifies
+//! failures.
+//!
+//! - **Transient**, retried on the *same* address (with `Range` when bytes
+//!   are kept) after an exponential backoff with full jitter: connect
+//!   errors, resets, stalls and other network failures, `408`, `429` and
+//!   `5xx`. The server or the path to it may recover.
+//! - **Permanent**, moving on to the next address at once: the scheme, the
+//!   address rule, the user's policy, other `4xx`, too many redirects, a
+//!   wrong size or digest. Asking the same address again gives the same
+//!   answer.
+//!
+//! The wait before retry `n` (0-based) is a uniformly random duration in
+//! `[0, min(base · 2ⁿ, MAX_BACKOFF)]` ("full jitter"), so clients that
+//! failed together do not come back together. A `Retry-After` on `429` or
+//! `503` replaces the backoff when it is at most `network.retry_after_max_secs`;
+//! a longer one means "not this address, not now": move on.
+//!
+//! An attempt that received bytes before it failed made progress, so it
+//! does not use up a retry: a link that drops every few hundred megabytes
+//! still finishes a multi-gigabyte file.
+
+use std::time::Duration;
+
+use crate::error::AttemptError;
+
+/// Longest backoff between two tries of one address.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Whether another try of the same address may succeed.
+pub fn is_transient(error: &AttemptError) -> bool {
+    match error {
+        AttemptError::Network { .. } => true,
+        AttemptError::Http { status, .. } => matches!(status, 408 | 429 | 500..=599),
+        _ => false,
+    }
+}
+
+/// The retry settings of `[network]`.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Tries of one address after the first, counting only failed tries
+    /// that received nothing.
+    pub retries: u32,
+    /// Backoff base: the first retry waits up to this long, doubling.
+    pub backoff: Duration,
+    /// Longest `Retry-After` honoured; a longer one moves on.
+    pub retry_after_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            retries: 3,
+            backoff: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What to do after one failed attempt of an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Try the same address again after this wait.
+    Retry(Duration),
+    /// Go on to the next address now.
+    NextAddress,
+}
+
+impl RetryPolicy {
+    /// Decides after a failure. `retry` counts the retries of this address
+    /// already used (tries that made progress do not count).
+    pub fn decide(&self, error: &AttemptError, retry: u32) -> Decision {
+        if !is_transient(error) || retry >= self.retries {
+            return Decision::NextAddress;
+        }
+        if let AttemptError::Http {
+            status: 429 | 503,
+            retry_after: Some(wait),
+        } = error
+        {
+            return if *wait <= self.retry_after_max {
+                Decision::Retry(*wait)
+            } else {
+                Decision::NextAddress
+            };
+        }
+        Decision::Retry(jitter(self.backoff_ceiling(retry)))
+    }
+
+    /// The longest backoff before retry `retry`.
+    pub fn backoff_ceiling(&self, retry: u32) -> Duration {
+        self.backoff
+            .saturating_mul(1u32 << retry.min(16))
+            .min(MAX_BACKOFF)
+    }
+}
+
+/// A uniformly random duration in `[0, ceiling]`.
+fn jitter(ceiling: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // A fresh random seed per call, from the standard library's hasher
+    // keys: enough for spreading retries, no extra dependency.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(ceiling.as_nanos());
+    let fraction = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    ceiling.mul_f64(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(status: u16, retry_after: Option<u64>) -> AttemptError {
+        AttemptError::Http {
+            status,
+            retry_after: retry_after.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn transient_and_permanent_failures() {
+        let network = AttemptError::Network {
+            reason: "reset".into(),
+        };
+        assert!(is_transient(&network));
+        for s in [408, 429, 500, 502, 503, 599] {
+            assert!(is_transient(&http(s, None)), "{s}");
+        }
+        for s in [400, 401, 403, 404, 410, 416] {
+            assert!(!is_transient(&http(s, None)), "{s}");
+        }
+        let size = AttemptError::Size {
+            expected: 1,
+            detail: "x".into(),
+        };
+        assert!(!is_transient(&size));
+    }
+
+    #[test]
+    fn backoff_has_full_jitter_under_a_doubling_ceiling() {
+        let p = RetryPolicy {
+            retries: 10,
+            backoff: Duration::from_millis(100),
+            retry_after_max: Duration::from_secs(120),
+        };
+        assert_eq!(p.backoff_ceiling(0), Duration::from_millis(100));
+        assert_eq!(p.backoff_ceiling(3), Duration::from_millis(800));
+        assert_eq!(p.backoff_ceiling(30), MAX_BACKOFF);
+        let net = AttemptError::Network { reason: "x".into() };
+        let waits: Vec<Duration> = (0..50)
+            .map(|_| match p.decide(&net, 2) {
+                Decision::Retry(w) => w,
+                Decision::NextAddress => panic!("should retry"),
+            })
+            .collect();
+        assert!(waits.iter().all(|w| *w <= Duration::from_millis(400)));
+        assert!(waits.iter().any(|w| *w != waits[0]), "no jitter");
+    }
+
+    #[test]
+    fn retry_after_is_honoured_up_to_the_cap() {
+        let p = RetryPolicy::default();
+        assert_eq!(
+            p.decide(&http(503, Some(7)), 0),
+            Decision::Retry(Duration::from_secs(7))
+        );
+        assert_eq!(
+            p.decide(&http(429, Some(120)), 0),
+            Decision::Retry(Duration::from_secs(120))
+        );
+        assert_eq!(p.decide(&http(429, Some(121)), 0), Decision::NextAddress);
+        assert_eq!(p.decide(&http(404, Some(1)), 0), Decision::NextAddress);
+        assert_eq!(p.decide(&http(503, Some(1)), 3), Decision::NextAddress);
+    }
+}
