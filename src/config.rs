@@ -283,9 +283,18 @@ impl Config {
             }
         }
         for (name, value) in [
-            ("network.retry_backoff_secs", self.network.retry_backoff_secs),
-            ("network.retry_after_max_secs", self.network.retry_after_max_secs),
-            ("network.partial_max_age_days", self.network.partial_max_age_days),
+            (
+                "network.retry_backoff_secs",
+                self.network.retry_backoff_secs,
+            ),
+            (
+                "network.retry_after_max_secs",
+                self.network.retry_after_max_secs,
+            ),
+            (
+                "network.partial_max_age_days",
+                self.network.partial_max_age_days,
+            ),
         ] {
             if !(value.is_finite() && (0.0..1e6).contains(&value)) {
                 return Err(format!("{name} must be zero or more (and finite)"));

@@ -24,8 +24,8 @@ use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
 use crate::manifest::Resource;
 use crate::partial::PartialPaths;
-pub use crate::retry::RetryPolicy;
 use crate::retry::Decision;
+pub use crate::retry::RetryPolicy;
 use crate::store::Store;
 
 /// Returns the local path of `resource`, downloading and verifying it first

@@ -29,9 +29,9 @@ use url::{Host, Url};
 use crate::config::Config;
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::guard::{AddressGuard, Blocked};
-use crate::policy::Policy;
 use crate::headers;
 use crate::partial::{Checkpointer, PartialPaths};
+use crate::policy::Policy;
 use crate::resolve::{GuardedResolver, LookupRefused};
 use crate::sink::{Sink, Target};
 use crate::throttle::Throttle;
@@ -433,7 +433,10 @@ impl Fetcher {
             sink.close().await;
             return Err(failure);
         }
-        let finished = sink.finish().await.map_err(|e| local_write(&sink_path, e))?;
+        let finished = sink
+            .finish()
+            .await
+            .map_err(|e| local_write(&sink_path, e))?;
         if let Some(e) = expected {
             if finished.len != e.size {
                 let detail = format!("received only {} bytes", finished.len);
@@ -603,7 +606,6 @@ fn local_write(path: &std::path::Path, e: std::io::Error) -> TransferError {
     TransferError::Local(Error::io("cannot write download", path, e))
 }
 
-
 fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> AttemptError {
     match expected {
         Some(e) => AttemptError::Size {
@@ -619,13 +621,10 @@ fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> Att
 
 fn next_hop(current: &Url, response: &reqwest::Response) -> Result<Url, AttemptError> {
     let status = response.status().as_u16();
-    let location = response
-        .headers()
-        .get(LOCATION)
-        .ok_or(AttemptError::Http {
-            status,
-            retry_after: None,
-        })?;
+    let location = response.headers().get(LOCATION).ok_or(AttemptError::Http {
+        status,
+        retry_after: None,
+    })?;
     let text = location.to_str().map_err(|_| AttemptError::Network {
         reason: format!("redirect ({status}) with a Location that is not text"),
     })?;

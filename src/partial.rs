@@ -209,7 +209,12 @@ mod tests {
             br#"{"address":"https://cdn.test/a","durable":-1}"#,
             b"not json",
         ] {
-            assert_eq!(PartialMeta::parse(bad), None, "{}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                PartialMeta::parse(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

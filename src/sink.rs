@@ -277,8 +277,7 @@ impl Writer {
             start_write_back(&self.file, self.written_back, len - self.written_back);
             self.written_back = len;
         }
-        if len - self.durable >= CHECKPOINT_BYTES || self.durable_at.elapsed() >= CHECKPOINT_EVERY
-        {
+        if len - self.durable >= CHECKPOINT_BYTES || self.durable_at.elapsed() >= CHECKPOINT_EVERY {
             self.checkpoint(len)?;
         }
         Ok(())
@@ -327,12 +326,7 @@ fn start_write_back(file: &File, from: u64, len: u64) {
         // SAFETY: the descriptor is open for the whole call; the call only
         // schedules write-back of the file's own pages.
         unsafe {
-            libc::sync_file_range(
-                file.as_raw_fd(),
-                from,
-                len,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
+            libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE);
         }
     }
     #[cfg(not(target_os = "linux"))]

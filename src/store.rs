@@ -225,7 +225,12 @@ impl Store {
 
     /// Publishes a verified partial file (already flushed): read-only,
     /// renamed into `blobs/<sha256>/<name>`, folders fsynced.
-    pub(crate) fn publish(&self, paths: &PartialPaths, sha256: &str, name: &str) -> Result<PathBuf> {
+    pub(crate) fn publish(
+        &self,
+        paths: &PartialPaths,
+        sha256: &str,
+        name: &str,
+    ) -> Result<PathBuf> {
         check_sha256(sha256)?;
         let tmp = &paths.data;
         let map = |e| Error::io("cannot publish", tmp, e);

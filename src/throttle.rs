@@ -110,7 +110,10 @@ mod tests {
             // One second of burst, then the cap.
             let expected = (rate * (secs + 1)) as f64;
             let error = (total - expected).abs() / expected;
-            assert!(error < 0.05, "{transfers} transfer(s): {total} bytes, expected {expected}");
+            assert!(
+                error < 0.05,
+                "{transfers} transfer(s): {total} bytes, expected {expected}"
+            );
         }
     }
 

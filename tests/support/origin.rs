@@ -111,6 +111,36 @@ pub enum Behaviour {
         /// The latch the response waits on.
         gate: Gate,
     },
+    /// A server that supports resuming: every response carries `ETag:
+    /// etag`; a `Range: bytes=N-` whose `If-Range` equals `etag` gets `206`
+    /// with the rest (unless `ignore_range`, which always answers `200`
+    /// whole). With `cut_at`, the response resets the connection once the
+    /// body has reached that absolute offset.
+    Ranged {
+        /// The whole body.
+        body: Vec<u8>,
+        /// The entity tag, quotes included (`"v1"`).
+        etag: String,
+        /// Answer every request `200` with the whole body.
+        ignore_range: bool,
+        /// Reset the connection after this offset of the body.
+        cut_at: Option<usize>,
+        /// At `cut_at`, hold the connection open instead of resetting it.
+        hold: bool,
+        /// Send the body in pieces of this many bytes with this pause
+        /// between them.
+        pace: Option<(usize, Duration)>,
+    },
+    /// `status` with a `Retry-After: value` header.
+    RetryAfter {
+        /// The status code (429 or 503).
+        status: u16,
+        /// The header value, sent verbatim.
+        value: String,
+    },
+    /// The n-th request of the path gets the n-th behaviour; the last one
+    /// answers every later request.
+    Sequence(Vec<Behaviour>),
     /// Body sent in `chunk`-byte pieces with `delay` between them, correct
     /// Content-Length.
     Slow {
@@ -121,6 +151,42 @@ pub enum Behaviour {
         /// Pause between pieces.
         delay: Duration,
     },
+}
+
+impl Behaviour {
+    /// [`Behaviour::Ranged`] serving `body` whole, resumable, with `etag`.
+    pub fn ranged(body: &[u8], etag: &str) -> Behaviour {
+        Behaviour::Ranged {
+            body: body.to_vec(),
+            etag: etag.to_string(),
+            ignore_range: false,
+            cut_at: None,
+            hold: false,
+            pace: None,
+        }
+    }
+
+    /// [`Behaviour::Ranged`] that resets the connection at `cut`.
+    pub fn ranged_cut(body: &[u8], etag: &str, cut: usize) -> Behaviour {
+        match Behaviour::ranged(body, etag) {
+            Behaviour::Ranged {
+                body,
+                etag,
+                ignore_range,
+                hold,
+                pace,
+                ..
+            } => Behaviour::Ranged {
+                body,
+                etag,
+                ignore_range,
+                cut_at: Some(cut),
+                hold,
+                pace,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A latch shared between a test and the origin: [`Gate::open`] releases every
@@ -162,6 +228,8 @@ struct Shared {
     hits: Mutex<HashMap<String, usize>>,
     total: AtomicUsize,
     last_headers: Mutex<HashMap<String, Vec<(String, String)>>>,
+    /// Body bytes written per path.
+    served: Mutex<HashMap<String, u64>>,
 }
 
 /// Connection tasks, and whether the origin has been dropped.
@@ -268,6 +336,11 @@ impl Origin {
     /// read, before responding).
     pub fn hits(&self, path: &str) -> usize {
         lock(&self.shared.hits).get(path).copied().unwrap_or(0)
+    }
+
+    /// How many body bytes were written for `path`, over every response.
+    pub fn served(&self, path: &str) -> u64 {
+        lock(&self.shared.served).get(path).copied().unwrap_or(0)
     }
 
     /// How many well-formed request heads arrived, for any path.
@@ -473,8 +546,13 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             None => (bare.to_owned(), routes.get(bare).cloned()),
         }
     };
-    *lock(&shared.hits).entry(key.clone()).or_default() += 1;
-    lock(&shared.last_headers).insert(key, request.headers);
+    let nth = {
+        let mut hits = lock(&shared.hits);
+        let n = hits.entry(key.clone()).or_default();
+        *n += 1;
+        *n - 1
+    };
+    lock(&shared.last_headers).insert(key.clone(), request.headers.clone());
     shared.total.fetch_add(1, Ordering::SeqCst);
 
     let head_only = request.method == "HEAD";
@@ -487,7 +565,86 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         return close(tls).await;
     };
 
-    match &*behaviour {
+    let mut behaviour: &Behaviour = &behaviour;
+    while let Behaviour::Sequence(list) = behaviour {
+        match list.get(nth).or(list.last()) {
+            Some(next) => behaviour = next,
+            None => {
+                write_status(tls, 404, head_only).await?;
+                return close(tls).await;
+            }
+        }
+    }
+    match behaviour {
+        Behaviour::Ranged {
+            body,
+            etag,
+            ignore_range,
+            cut_at,
+            hold,
+            pace,
+        } => {
+            let header = |name: &str| {
+                request
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+            };
+            let start = header("range")
+                .and_then(|r| {
+                    r.strip_prefix("bytes=")?
+                        .strip_suffix('-')?
+                        .parse::<usize>()
+                        .ok()
+                })
+                .filter(|_| !*ignore_range)
+                .filter(|_| header("if-range").is_none_or(|v| &v == etag))
+                .filter(|n| *n < body.len())
+                .unwrap_or(0);
+            let status = if start > 0 {
+                format!(
+                    "206 Partial Content\r\nContent-Range: bytes {start}-{}/{}",
+                    body.len() - 1,
+                    body.len()
+                )
+            } else {
+                "200 OK".to_string()
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len() - start
+            );
+            tls.write_all(head.as_bytes()).await?;
+            let end = cut_at.map_or(body.len(), |c| c.clamp(start, body.len()));
+            if !head_only {
+                let (piece, pause) = pace.unwrap_or((WRITE_CHUNK, Duration::ZERO));
+                for part in body[start..end].chunks(piece.max(1)) {
+                    write_body(tls, part).await?;
+                    *lock(&shared.served).entry(key.clone()).or_default() += part.len() as u64;
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+            if end < body.len() && *hold {
+                std::future::pending::<()>().await;
+            }
+            if end < body.len() {
+                tokio::time::sleep(RESET_PAUSE).await;
+                tls.get_ref().0.set_zero_linger()?;
+                return Ok(());
+            }
+        }
+        Behaviour::RetryAfter { status, value } => {
+            let head = format!(
+                "HTTP/1.1 {status} {}\r\nRetry-After: {value}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                reason(*status)
+            );
+            tls.write_all(head.as_bytes()).await?;
+            tls.flush().await?;
+        }
+        Behaviour::Sequence(_) => write_status(tls, 500, head_only).await?,
         Behaviour::Body(body) => {
             write_ok_head(tls, Some(body.len() as u64)).await?;
             if !head_only {
