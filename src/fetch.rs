@@ -174,6 +174,24 @@ impl Fetcher {
         }
     }
 
+    /// [`Fetcher::autofill`], calling `progress` with the bytes read so far.
+    pub async fn autofill_with_progress(
+        &self,
+        url: &Url,
+        max_bytes: u64,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<Transfer> {
+        let mut sink = tokio::io::sink();
+        match self
+            .transfer(url, None, max_bytes, &mut sink, progress)
+            .await
+        {
+            Ok(t) => Ok(t),
+            Err(TransferError::Attempt(a)) => Err(a.into()),
+            Err(TransferError::Local(e)) => Err(e),
+        }
+    }
+
     fn guard(&self) -> &AddressGuard {
         self.resolver.guard()
     }

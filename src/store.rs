@@ -258,6 +258,15 @@ impl Store {
         Some(written)
     }
 
+    /// Bytes kept for a resumable download of `sha256`: the largest of its
+    /// partial files, if any remains.
+    pub fn partial_len(&self, sha256: &str) -> Option<u64> {
+        partial_files(&self.root.join("tmp"))
+            .filter(|(_, sha, _)| sha == sha256)
+            .filter_map(|(path, _, _)| fs::metadata(path).ok().map(|m| m.len()))
+            .max()
+    }
+
     /// Removes partial files left by crashed downloads (those whose lock is
     /// free) and returns how many were removed.
     pub fn clean_tmp(&self) -> Result<usize> {
