@@ -11,7 +11,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
 /// The bars on screen, created at the first bar.
 static BARS: OnceLock<MultiProgress> = OnceLock::new();
@@ -23,7 +23,91 @@ static LIVE: Mutex<Vec<(u64, ProgressBar)>> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 fn multi() -> &'static MultiProgress {
-    BARS.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()))
+    BARS.get_or_init(|| {
+        MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(Box::new(Stderr), 20))
+    })
+}
+
+/// Columns left free at the right of every bar line. indicatif pads each
+/// line to the terminal's width and leaves the cursor in the last column;
+/// the `^C` a terminal echoes at Ctrl-C would then wrap onto a new line,
+/// and clearing the bars would clear that line instead of the bar above it,
+/// leaving a frozen bar on screen.
+const RIGHT_MARGIN: u16 = 3;
+
+/// stderr as indicatif's terminal, a few columns narrower than it is.
+#[derive(Debug)]
+struct Stderr;
+
+impl Stderr {
+    fn write(&self, text: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        std::io::stderr().lock().write_all(text.as_bytes())
+    }
+
+    fn escape(&self, n: usize, code: char) -> std::io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.write(&format!("\x1b[{n}{code}"))
+    }
+}
+
+impl TermLike for Stderr {
+    fn width(&self) -> u16 {
+        terminal_width().saturating_sub(RIGHT_MARGIN).max(20)
+    }
+
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'A')
+    }
+
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'B')
+    }
+
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'C')
+    }
+
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'D')
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.write(&format!("{s}\n"))
+    }
+
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.write(s)
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.write("\r\x1b[2K")
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        std::io::stderr().flush()
+    }
+}
+
+/// The width of the terminal on stderr (80 when it cannot be told).
+fn terminal_width() -> u16 {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given,
+    // which lives for the whole call.
+    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if ok && size.ws_col > 0 {
+        size.ws_col
+    } else {
+        80
+    }
 }
 
 /// Runs `write` with the bars hidden, so that what it writes to stderr
@@ -87,9 +171,6 @@ impl Bar {
     pub fn finish(&mut self) {
         if let Some((id, bar)) = self.bar.take() {
             bar.finish_and_clear();
-            if let Some(bars) = BARS.get() {
-                bars.remove(&bar);
-            }
             LIVE.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(live, _)| *live != id);
