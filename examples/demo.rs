@@ -126,40 +126,46 @@ async fn main() -> Outcome {
         filled.size, filled.sha256
     );
 
-    step("5. lifecycle of gem sample-ocr");
     let service = Resources::open_at(&config, &dir.path().join("store"))?;
-    let printer = tokio::spawn(print_events(service.subscribe()));
-    let report = service
-        .install("sample-ocr", &parse_manifest(v1.as_bytes())?)
-        .await?;
+    let mut events = service.subscribe();
+    step("5. install gem sample-ocr v1: returns at once, the required file downloads in the background");
+    let v1 = parse_manifest(v1.as_bytes())?;
+    let report = with_events(&mut events, service.install("sample-ocr", &v1)).await?;
     println!(
-        "   install v1 returned at once: {} resources, {} queued in the background",
+        "   registered: {} resources, {} queued",
         report.resources, report.queued
     );
-    service.wait_idle().await;
+    with_events(&mut events, service.wait_idle()).await;
     status(&service)?;
-    let dict_path = service
-        .path("sample-ocr", "dictionary")
+
+    step("6. a lazy file downloads at its first lookup");
+    let dict_path = with_events(&mut events, service.path("sample-ocr", "dictionary"))
         .await
         .map_err(|e| e.to_string())?;
-    println!("   lazy lookup of dictionary -> {}", dict_path.display());
+    println!("   path sample-ocr dictionary -> {}", dict_path.display());
+
+    step("7. upgrade to v2: the unchanged model is reused, the dropped dictionary deleted");
     let hits_before = origin.hits("/v2/ocr-v3.onnx");
-    let report = service
-        .install("sample-ocr", &parse_manifest(v2.as_bytes())?)
-        .await?;
-    service.wait_idle().await;
+    let v2 = parse_manifest(v2.as_bytes())?;
+    let report = with_events(&mut events, async {
+        let report = service.install("sample-ocr", &v2).await;
+        service.wait_idle().await;
+        report
+    })
+    .await?;
     println!(
-        "   upgrade to v2: model reused ({} new requests for it), {} file(s) deleted, {} queued",
+        "   upgraded: model reused ({} new requests for it), {} file(s) deleted, {} queued",
         origin.hits("/v2/ocr-v3.onnx") - hits_before,
         report.deleted.len(),
         report.queued
     );
     status(&service)?;
-    let report = service.uninstall("sample-ocr").await?;
-    println!("   uninstall: {} file(s) deleted", report.deleted.len());
+
+    step("8. uninstall");
+    let report = with_events(&mut events, service.uninstall("sample-ocr")).await?;
+    println!("   uninstalled: {} file(s) deleted", report.deleted.len());
     status(&service)?;
     service.shutdown().await;
-    printer.abort();
     println!("\ndone: every step above ran against the real engine, offline.");
     Ok(())
 }
@@ -213,8 +219,32 @@ fn status(service: &Resources) -> Result<(), Error> {
     Ok(())
 }
 
-async fn print_events(mut events: tokio::sync::broadcast::Receiver<Event>) {
-    while let Ok(event) = events.recv().await {
+/// Runs `work`, printing the events it causes as they come, so each step's
+/// output stays under its heading.
+async fn with_events<T>(
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            event = events.recv() => {
+                if let Ok(event) = event {
+                    print_event(event);
+                }
+            }
+        }
+    };
+    // What `work` sent before it returned belongs to this step too.
+    while let Ok(event) = events.try_recv() {
+        print_event(event);
+    }
+    out
+}
+
+fn print_event(event: Event) {
+    {
         match event {
             Event::Started { resource, size, .. } => {
                 println!("   downloading {resource} ({size} bytes)")

@@ -117,8 +117,9 @@ pub struct DevConfig {
     /// address guard (so they need `allow_addresses` to be local).
     #[serde(default)]
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
-    /// Address ranges exempt from the local/internal-address rule.
-    #[serde(default)]
+    /// Address ranges exempt from the local/internal-address rule. A bare
+    /// address is a range of one (`/32` or `/128`).
+    #[serde(default, with = "nets_serde")]
     pub allow_addresses: Vec<IpNet>,
 }
 
@@ -200,11 +201,37 @@ mod mode_serde {
     }
 }
 
+mod nets_serde {
+    use ipnet::IpNet;
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|text| super::parse_net(text).map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// An address range (`127.0.0.0/8`) or a single address (`127.0.0.1`,
+/// taken as `/32`, or `::1` as `/128`).
+fn parse_net(text: &str) -> std::result::Result<IpNet, String> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Ok(net);
+    }
+    text.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+        format!("{text:?} is neither an address (127.0.0.1, ::1) nor a range (127.0.0.0/8)")
+    })
+}
+
 impl Config {
-    /// Reads a TOML file; relative paths in it resolve against its folder.
+    /// Reads a TOML file; relative paths in it resolve against its folder,
+    /// and every path is made absolute and normalised (no `..`) here, once.
+    /// An error names the file, the line and the key.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::io("cannot read configuration", path, e))?;
+        let path = normalise(path);
         let mut config =
             Config::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -212,9 +239,10 @@ impl Config {
         Ok(config)
     }
 
-    /// Parses TOML text (paths are kept as written).
+    /// Parses TOML text (paths are kept as written). An error says on which
+    /// line and for which key.
     pub fn parse(text: &str) -> std::result::Result<Config, String> {
-        let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        let config: Config = toml::from_str(text).map_err(|e| locate(text, &e))?;
         config.check()?;
         Ok(config)
     }
@@ -310,12 +338,76 @@ impl Config {
 
     fn resolve_paths(&mut self, base: &Path) {
         if let Some(store) = &self.store {
-            self.store = Some(base.join(store));
+            self.store = Some(normalise(&base.join(store)));
         }
         for cert in &mut self.dev.extra_root_certs {
-            *cert = base.join(&*cert);
+            *cert = normalise(&base.join(&*cert));
         }
     }
+}
+
+/// `path` made absolute (against the working folder) with `.` and `..`
+/// removed, so printed paths read `/home/u/store/…`, not
+/// `/home/u/conf/../store/…`. Purely lexical: symbolic links are not
+/// followed, and nothing needs to exist.
+pub fn normalise(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // `/..` is `/`.
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// A TOML error as `line N, key K: message`, with a hint for the commonest
+/// slip, a text value without quotes.
+fn locate(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or_default();
+    let table = text
+        .lines()
+        .take(line_no)
+        .filter_map(|l| {
+            let l = l.trim();
+            (l.starts_with('[') && l.ends_with(']')).then(|| l.trim_matches(['[', ']']).trim())
+        })
+        .last();
+    let Some((key, value)) = line.split_once('=') else {
+        return format!("line {line_no}: {message}");
+    };
+    let key = key.trim();
+    let key = match table {
+        Some(t) if !line.trim_start().starts_with('[') => format!("{t}.{key}"),
+        _ => key.to_string(),
+    };
+    let value = value.trim();
+    let bare = value
+        .chars()
+        .next()
+        .is_some_and(|c| !(c.is_ascii_digit() || "\"'[{+-".contains(c)))
+        && !matches!(value, "true" | "false" | "inf" | "nan");
+    let hint = if bare {
+        format!(
+            " (a text value needs quotes: {} = \"{value}\")",
+            key.rsplit('.').next().unwrap_or(&key)
+        )
+    } else {
+        String::new()
+    };
+    format!("line {line_no}, key {key}: {message}{hint}")
 }
 
 #[cfg(test)]

@@ -258,8 +258,14 @@ impl Scheduler {
                 });
                 Ok(path)
             }
+            // Stopped by our own shutdown (or an uninstall) while the
+            // download was failing for that very reason (a temporary file
+            // cut short, a task cancelled): not a failure of the download.
+            Err(_) if job.cancel.is_cancelled() => Err(cancelled()),
             Err(error) => {
-                tracing::warn!(gem, "{error}");
+                // The Failed event below is what users see; the log line is
+                // for debugging only, so a failure is not printed twice.
+                tracing::debug!(gem, "{error}");
                 let record = FailureRecord::from_error(&error);
                 for (gem, rid) in job.waiters() {
                     let write = deps.registry.set_failure(&gem, &rid, Some(record.clone()));

@@ -56,6 +56,8 @@ pub struct InstallReport {
     pub gem: String,
     /// Whether an earlier version was registered.
     pub upgrade: bool,
+    /// Whether the earlier version declared exactly the same resources.
+    pub unchanged: bool,
     /// Resources declared.
     pub resources: usize,
     /// Declared files already in the store (reused, not downloaded).
@@ -110,6 +112,8 @@ pub struct ResourceStatus {
     pub id: String,
     /// The description, or the id when there is none.
     pub label: String,
+    /// The file's name in the store (`ocr-v3.onnx`).
+    pub file: String,
     /// Declared size.
     pub size: u64,
     /// The host of its `url`.
@@ -135,10 +139,25 @@ pub struct GemStatus {
 /// What [`Resources::verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
-    /// Files whose bytes still match their SHA-256.
+    /// Stored files checked (every name of every stored file).
+    pub checked: usize,
+    /// Stored contents (SHA-256s) whose bytes still match.
     pub ok: usize,
     /// SHA-256s of files that did not match and were removed.
     pub corrupted: Vec<String>,
+    /// The removed files, named.
+    pub removed: Vec<RemovedFile>,
+}
+
+/// A stored file [`Resources::verify`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RemovedFile {
+    /// Its SHA-256.
+    pub sha256: String,
+    /// Its file names in the store.
+    pub files: Vec<String>,
+    /// `gem/resource` of every installed resource that declares it.
+    pub declared_by: Vec<String>,
 }
 
 impl Resources {
@@ -217,6 +236,9 @@ impl Resources {
         let mut report = InstallReport {
             gem: gem.to_string(),
             upgrade: old.is_some(),
+            unchanged: old
+                .as_ref()
+                .is_some_and(|o| o.resources == manifest.resources),
             resources: manifest.resources.len(),
             deleted,
             ..InstallReport::default()
@@ -325,12 +347,18 @@ impl Resources {
             .registry
             .get(gem)?
             .ok_or_else(|| Error::NotFound(format!("gem {gem:?} is not installed")))?;
+        let ids: Vec<&str> = reg.resources.iter().map(|r| r.id.as_str()).collect();
+        let known = if ids.is_empty() {
+            "it declares none".to_string()
+        } else {
+            format!("its resources are: {}", ids.join(", "))
+        };
+        let message = format!("gem {gem:?} declares no resource {resource_id:?}; {known}");
         reg.resources
-            .into_iter()
+            .iter()
             .find(|r| r.id == resource_id)
-            .ok_or_else(|| {
-                Error::NotFound(format!("gem {gem:?} declares no resource {resource_id:?}"))
-            })
+            .cloned()
+            .ok_or(Error::NotFound(message))
     }
 
     /// What an app start does: removes leftovers of a crash that nobody
@@ -412,6 +440,7 @@ impl Resources {
                 .map(|r| ResourceStatus {
                     id: r.id.clone(),
                     label: r.label().to_string(),
+                    file: r.file_name(),
                     size: r.size,
                     host: r.url.host_str().unwrap_or_default().to_string(),
                     required: r.required,
@@ -458,14 +487,24 @@ impl Resources {
         let mut report = VerifyReport::default();
         for sha in store.blobs()? {
             let mut good = true;
-            for file in store.blob_files(&sha) {
-                if hash_file(&file).await? != sha {
+            let files = store.blob_files(&sha);
+            for file in &files {
+                report.checked += 1;
+                if hash_file(file).await? != sha {
                     good = false;
                 }
             }
             if good {
                 report.ok += 1;
             } else {
+                report.removed.push(RemovedFile {
+                    sha256: sha.clone(),
+                    files: files
+                        .iter()
+                        .filter_map(|f| f.file_name()?.to_str().map(str::to_string))
+                        .collect(),
+                    declared_by: self.declared_by(&sha)?,
+                });
                 store.remove(&sha)?;
                 self.emit(Event::Deleted {
                     sha256: sha.clone(),
@@ -474,6 +513,24 @@ impl Resources {
             }
         }
         Ok(report)
+    }
+}
+
+impl Resources {
+    /// `gem/resource` of every installed resource whose SHA-256 is `sha256`.
+    fn declared_by(&self, sha256: &str) -> Result<Vec<String>> {
+        Ok(self
+            .inner
+            .registry
+            .list()?
+            .iter()
+            .flat_map(|reg| {
+                reg.resources
+                    .iter()
+                    .filter(|r| r.sha256 == sha256)
+                    .map(|r| format!("{}/{}", reg.gem, r.id))
+            })
+            .collect())
     }
 }
 

@@ -7,6 +7,7 @@ mod support;
 mod address_guard;
 mod autofill;
 mod cli_basics;
+mod cli_newcomer;
 mod fetch_rules;
 mod manifest_cli;
 mod process_signals;

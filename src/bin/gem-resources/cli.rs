@@ -4,9 +4,42 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+/// What the top-level `--help` adds under the options.
+const AFTER_HELP: &str = "\
+Exit status:
+  0    success
+  1    the operation failed, or the configuration is wrong (the error code is
+       printed: E_RESOURCE_..., E_PERM_INVALID)
+  2    usage error (wrong arguments)
+  130  interrupted (Ctrl-C); what was kept is printed
+
+Environment:
+  RUST_LOG   log filter on stderr (default: warn; serve: info), e.g. RUST_LOG=debug
+             for the full chain of a network failure
+  NO_COLOR   set to anything: no colour in log lines (there is none when stderr
+             is not a terminal either)
+
+Files:
+  configuration  --config FILE, else <config dir>/gem-resources/config.toml when it
+                 exists (Linux: ~/.config/gem-resources/config.toml)
+  store          --store DIR, else the configuration's `store`, else
+                 <data dir>/gem-resources (Linux: ~/.local/share/gem-resources)
+
+First steps:
+  gem-resources check notochord.json
+  gem-resources install my-gem notochord.json
+  gem-resources status";
+
 /// Downloads, verifies and keeps the large files that gems declare.
 #[derive(Debug, Parser)]
-#[command(name = "gem-resources", version, about)]
+#[command(
+    name = "gem-resources",
+    version,
+    about,
+    after_long_help = AFTER_HELP,
+    after_help = "Exit status, RUST_LOG, NO_COLOR and the default locations: see --help.",
+    disable_help_subcommand = true
+)]
 pub struct Args {
     /// Configuration file (TOML). Default: <config dir>/gem-resources/config.toml when it exists.
     #[arg(long, global = true, value_name = "FILE")]
@@ -26,21 +59,29 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate a manifest's resources (notochord.json or manifest.json).
+    #[command(after_long_help = "Example:\n  gem-resources check notochord.json")]
     Check {
         /// The manifest file.
         manifest: PathBuf,
     },
     /// Say whether an address would be used (scheme, policy, local addresses), connecting to nothing.
+    #[command(
+        after_long_help = "Example:\n  gem-resources check-url https://cdn.example.com/models/ocr-v3.onnx"
+    )]
     CheckUrl {
         /// The address.
         url: String,
     },
     /// Download a URL by the resource rules and print its size and SHA-256, keeping nothing.
+    #[command(
+        after_long_help = "Example:\n  gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx"
+    )]
     Autofill {
         /// The address.
         url: String,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
+    #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]
     Fetch {
         /// The manifest file.
         manifest: PathBuf,
@@ -48,6 +89,7 @@ pub enum Command {
         ids: Vec<String>,
     },
     /// Register a gem's resources (install or upgrade); required ones then download.
+    #[command(after_long_help = "Example:\n  gem-resources install my-gem my-gem/notochord.json")]
     Install {
         /// The gem's id.
         gem: String,
@@ -58,11 +100,13 @@ pub enum Command {
         no_wait: bool,
     },
     /// Remove a gem and the files no other gem declares.
+    #[command(after_long_help = "Example:\n  gem-resources uninstall my-gem")]
     Uninstall {
         /// The gem's id.
         gem: String,
     },
     /// Print the local path of a gem's resource, downloading it first when missing.
+    #[command(after_long_help = "Example:\n  gem-resources path my-gem ocr-model")]
     Path {
         /// The gem's id.
         gem: String,
@@ -70,15 +114,19 @@ pub enum Command {
         resource: String,
     },
     /// Show every installed gem's resources and their state.
+    #[command(after_long_help = "Example:\n  gem-resources status my-gem")]
     Status {
         /// Only this gem.
         gem: Option<String>,
     },
     /// Do what an app start does, in the foreground: clean up, then download missing required files.
+    #[command(after_long_help = "Example:\n  gem-resources sync")]
     Sync,
     /// Re-hash every stored file; remove and report corrupted ones.
+    #[command(after_long_help = "Example:\n  gem-resources verify")]
     Verify,
     /// Run the service: keep a gems folder's resources installed until SIGINT/SIGTERM.
+    #[command(after_long_help = "Example:\n  gem-resources serve --gems ~/.notochord/gems")]
     Serve {
         /// Folder with one sub-folder per installed gem, holding its notochord.json.
         #[arg(long, value_name = "DIR")]
@@ -86,5 +134,11 @@ pub enum Command {
         /// Seconds between scans of the gems folder.
         #[arg(long, default_value_t = 2.0)]
         interval: f64,
+    },
+    /// Print the help of the program or of a subcommand.
+    #[command(after_long_help = "Example:\n  gem-resources help install")]
+    Help {
+        /// The subcommand.
+        command: Option<String>,
     },
 }

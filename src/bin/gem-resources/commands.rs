@@ -66,7 +66,7 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
         },
     };
     if let Some(store) = &args.store {
-        config.store = Some(store.clone());
+        config.store = Some(gem_resources::config::normalise(store));
     }
     Ok(config)
 }
@@ -151,9 +151,23 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
 async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
     let url = parse_url(text)?;
     let fetcher = Fetcher::new(config)?;
-    let transfer = fetcher
-        .autofill(&url, config.network.autofill_max_bytes)
-        .await?;
+    let mut interrupted = crate::interrupt::signal();
+    let mut bar = crate::progress::Bar::new(&file_label(&url), None, json);
+    let max = config.network.autofill_max_bytes;
+    let outcome = {
+        let mut on_bytes = |n| bar.set(n);
+        tokio::select! {
+            r = fetcher.autofill_with_progress(&url, max, &mut on_bytes) => Some(r),
+            () = &mut interrupted => None,
+        }
+    };
+    bar.finish();
+    let Some(outcome) = outcome else {
+        crate::progress::clear_all();
+        crate::errln!("interrupted: nothing was kept");
+        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
+    };
+    let transfer = outcome?;
     if json {
         print_json(&json!({
             "size": transfer.size,
@@ -169,6 +183,14 @@ async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<Exi
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The last path segment of `url`, for a progress bar.
+fn file_label(url: &Url) -> String {
+    url.path_segments()
+        .and_then(|mut s| s.next_back().map(str::to_string))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| url.host_str().unwrap_or_default().to_string())
 }
 
 async fn fetch(
@@ -192,14 +214,32 @@ async fn fetch(
     let retry = config.retry_policy();
     let mut results = Vec::new();
     let mut failed = false;
+    let mut interrupted = crate::interrupt::signal();
     for resource in manifest
         .resources
         .iter()
         .filter(|r| ids.is_empty() || ids.contains(&r.id))
     {
-        let bar = crate::progress::Bar::new(&resource.id, resource.size, json);
-        let outcome = download(&fetcher, &store, resource, retry, &mut |n| bar.set(n)).await;
+        let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
+        let outcome = {
+            let mut on_bytes = |n| bar.set(n);
+            tokio::select! {
+                r = download(&fetcher, &store, resource, retry, &mut on_bytes) => Some(r),
+                () = &mut interrupted => None,
+            }
+        };
+        // The bar goes whatever happened.
         bar.finish();
+        let Some(outcome) = outcome else {
+            // The download was dropped, and with it its partial file
+            // unless that is kept for resuming.
+            let unfinished = crate::interrupt::Unfinished {
+                name: resource.file_name(),
+                sha256: resource.sha256.clone(),
+            };
+            crate::interrupt::report(&store, &[unfinished]);
+            return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
+        };
         match outcome {
             Ok(path) => {
                 if json {

@@ -7,18 +7,23 @@
 
 mod cli;
 mod commands;
+mod interrupt;
 mod progress;
 mod render;
+mod report;
 mod serve;
 mod service_commands;
 mod watch;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
+    if let cli::Command::Help { command } = &args.command {
+        return help(command.as_deref());
+    }
     // The long-running service says what it does; one-shot commands only
     // warn, so their output stays clean.
     let default_log = match args.command {
@@ -41,4 +46,24 @@ fn main() -> ExitCode {
     // hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     code
+}
+
+/// `help [COMMAND]`: the long help of the program or of one subcommand.
+fn help(command: Option<&str>) -> ExitCode {
+    let mut cli = cli::Args::command();
+    // Gives subcommands their full names and the global options.
+    cli.build();
+    let shown = match command {
+        None => cli.print_long_help(),
+        Some(name) => match cli.find_subcommand_mut(name) {
+            Some(sub) => sub.print_long_help(),
+            None => {
+                crate::errln!("error: no subcommand {name:?}; see `gem-resources --help`");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    // A closed stdout is not an error.
+    let _ = shown;
+    ExitCode::SUCCESS
 }

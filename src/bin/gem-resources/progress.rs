@@ -1,42 +1,185 @@
 //! Progress bars on a terminal; nothing otherwise.
+//!
+//! Every bar lives in one [`MultiProgress`], and every line the program
+//! writes to stderr (messages and log lines) goes through it, so a line
+//! printed while bars are drawn appears above them instead of leaving a
+//! frozen copy of a bar behind. A bar is cleared when its transfer ends,
+//! however it ends ([`Bar`] clears itself when dropped), and [`clear_all`]
+//! clears whatever is left on Ctrl-C.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
-/// A progress bar for one download, drawn only when stderr is a terminal
+/// The bars on screen, created at the first bar.
+static BARS: OnceLock<MultiProgress> = OnceLock::new();
+
+/// Every bar that was drawn and not yet cleared, for [`clear_all`].
+static LIVE: Mutex<Vec<(u64, ProgressBar)>> = Mutex::new(Vec::new());
+
+/// Identifies bars in [`LIVE`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn multi() -> &'static MultiProgress {
+    BARS.get_or_init(|| {
+        MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(Box::new(Stderr), 20))
+    })
+}
+
+/// Columns left free at the right of every bar line. indicatif pads each
+/// line to the terminal's width and leaves the cursor in the last column;
+/// the `^C` a terminal echoes at Ctrl-C would then wrap onto a new line,
+/// and clearing the bars would clear that line instead of the bar above it,
+/// leaving a frozen bar on screen.
+const RIGHT_MARGIN: u16 = 3;
+
+/// stderr as indicatif's terminal, a few columns narrower than it is.
+#[derive(Debug)]
+struct Stderr;
+
+impl Stderr {
+    fn write(&self, text: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        std::io::stderr().lock().write_all(text.as_bytes())
+    }
+
+    fn escape(&self, n: usize, code: char) -> std::io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.write(&format!("\x1b[{n}{code}"))
+    }
+}
+
+impl TermLike for Stderr {
+    fn width(&self) -> u16 {
+        terminal_width().saturating_sub(RIGHT_MARGIN).max(20)
+    }
+
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'A')
+    }
+
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'B')
+    }
+
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'C')
+    }
+
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.escape(n, 'D')
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.write(&format!("{s}\n"))
+    }
+
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.write(s)
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.write("\r\x1b[2K")
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        std::io::stderr().flush()
+    }
+}
+
+/// The width of the terminal on stderr (80 when it cannot be told).
+fn terminal_width() -> u16 {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given,
+    // which lives for the whole call.
+    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if ok && size.ws_col > 0 {
+        size.ws_col
+    } else {
+        80
+    }
+}
+
+/// Runs `write` with the bars hidden, so that what it writes to stderr
+/// stays on screen above them.
+pub fn suspend<R>(write: impl FnOnce() -> R) -> R {
+    match BARS.get() {
+        Some(bars) => bars.suspend(write),
+        None => write(),
+    }
+}
+
+/// Clears every bar still on screen (on Ctrl-C, before the last message).
+pub fn clear_all() {
+    let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|p| p.into_inner()));
+    for (_, bar) in live {
+        bar.finish_and_clear();
+    }
+    if let Some(bars) = BARS.get() {
+        let _ = bars.clear();
+    }
+}
+
+/// A progress bar for one transfer, drawn only when stderr is a terminal
 /// and JSON output is off.
 pub struct Bar {
-    bar: Option<ProgressBar>,
+    bar: Option<(u64, ProgressBar)>,
 }
 
 impl Bar {
-    /// A bar for `label` of `size` bytes.
-    pub fn new(label: &str, size: u64, json: bool) -> Bar {
+    /// A bar for `label` of `size` bytes (`None`: unknown size).
+    pub fn new(label: &str, size: Option<u64>, json: bool) -> Bar {
         if json || !std::io::stderr().is_terminal() {
             return Bar { bar: None };
         }
-        let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template(
-            "{msg:20!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-        ) {
+        let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
+        let template = match size {
+            Some(_) => "{msg:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            None => "{msg:24!} {spinner} {bytes} {bytes_per_sec}",
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(label.to_string());
-        Bar { bar: Some(bar) }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        LIVE.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, bar.clone()));
+        Bar {
+            bar: Some((id, bar)),
+        }
     }
 
     /// Bytes received so far.
     pub fn set(&self, bytes: u64) {
-        if let Some(bar) = &self.bar {
+        if let Some((_, bar)) = &self.bar {
             bar.set_position(bytes);
         }
     }
 
-    /// Removes the bar.
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
+    /// Removes the bar from the screen.
+    pub fn finish(&mut self) {
+        if let Some((id, bar)) = self.bar.take() {
             bar.finish_and_clear();
+            LIVE.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(live, _)| *live != id);
         }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

@@ -1,21 +1,44 @@
 //! Rendering: text for people, JSON for scripts, logs on stderr.
 
 use std::fmt;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gem_resources::error::Attempt;
 use gem_resources::Error;
 use serde_json::{json, Value};
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: `default`).
+/// Logs go to stderr, filtered by `RUST_LOG` (default: `default`), in
+/// colour only when stderr is a terminal and `NO_COLOR` is not set.
 pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
+        .with_writer(|| LogWriter)
         .try_init();
+}
+
+/// Whether stderr may carry colour: a terminal, and no `NO_COLOR`
+/// (<https://no-color.org>: set to anything but the empty string).
+pub fn colour_on_stderr() -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stderr().is_terminal()
+}
+
+/// Writes log lines to stderr above any progress bars.
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        crate::progress::suspend(|| std::io::stderr().lock().write_all(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// One attempt as JSON.
@@ -75,10 +98,13 @@ pub fn write_out(args: fmt::Arguments<'_>) {
     }
 }
 
-/// Writes one line to stderr, ignoring a closed stderr.
+/// Writes one line to stderr (above any progress bars), ignoring a closed
+/// stderr.
 pub fn write_err(args: fmt::Arguments<'_>) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
+    let line = format!("{args}\n");
+    crate::progress::suspend(|| {
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    });
 }
 
 /// `println!` that never panics on a closed stdout.

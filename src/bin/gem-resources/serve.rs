@@ -52,11 +52,13 @@ pub async fn run(
         interval.is_finite() && interval > 0.0 && interval <= MAX_INTERVAL_SECS,
         "--interval must be a positive number of seconds, at most {MAX_INTERVAL_SECS}"
     );
-    anyhow::ensure!(
-        gems.is_dir(),
-        "gems folder {} does not exist",
-        gems.display()
-    );
+    if !gems.is_dir() {
+        return Err(gem_resources::Error::NotFound(format!(
+            "gems folder {} does not exist (or is not a folder)",
+            gems.display()
+        ))
+        .into());
+    }
     let mut signal = shutdown_signal();
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;

@@ -9,61 +9,37 @@ use serde_json::json;
 
 use crate::cli::Command;
 use crate::commands::read_manifest;
+use crate::interrupt::{self, Unfinished};
 use crate::render::{self, print_json};
-use crate::watch::Output;
+use crate::report::{self, Outcome};
+use crate::watch::{Output, Show, Watcher};
 
 /// Runs a service subcommand.
 pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+    // Looking at a store must not create one.
+    if matches!(
+        command,
+        Command::Status { .. } | Command::Uninstall { .. } | Command::Verify | Command::Path { .. }
+    ) && !store_exists(config)
+    {
+        return nothing_installed(command, json);
+    }
     let service = Resources::open(config)?;
     match command {
         Command::Install {
             gem,
             manifest,
             no_wait,
-        } => {
-            let manifest = read_manifest(&manifest)?;
-            let watcher = crate::watch::spawn(&service, json, Output::Stderr);
-            let report = service.install(&gem, &manifest).await?;
-            if !no_wait {
-                service.wait_idle().await;
-            }
-            watcher.stop().await;
-            if json {
-                print_json(&json!({ "event": "install_report", "report": report }));
-            } else {
-                let verb = if report.upgrade {
-                    "upgraded"
-                } else {
-                    "installed"
-                };
-                crate::errln!(
-                    "{verb} {}: {} resource(s), {} already present, {} downloaded in the background, {} deleted",
-                    report.gem,
-                    report.resources,
-                    report.present,
-                    report.queued,
-                    report.deleted.len()
-                );
-            }
-            // A failed download never fails an install.
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Uninstall { gem } => {
-            let report = service.uninstall(&gem).await?;
-            if json {
-                print_json(&json!(report));
-            } else {
-                crate::errln!(
-                    "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
-                    report.gem,
-                    report.deleted.len(),
-                    report.kept.len()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => install(&service, &gem, &manifest, no_wait, json).await,
+        Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
         Command::Path { gem, resource } => {
-            let watcher = crate::watch::spawn(&service, json, Output::Stderr);
+            // The command's own error reports a failure: no event line too.
+            let show = Show {
+                json,
+                output: Output::Stderr,
+                failures: false,
+            };
+            let watcher = crate::watch::spawn_with(&service, show);
             let result = service.path(&gem, &resource).await;
             watcher.stop().await;
             match result {
@@ -83,44 +59,17 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             if json {
                 print_json(&json!({ "gems": status }));
             } else {
-                print_status(&status);
+                report::print_status(&status);
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sync => {
-            let watcher = crate::watch::spawn(&service, json, Output::Stderr);
-            let queued = service.start().await?;
-            service.wait_idle().await;
-            watcher.stop().await;
-            let status = service.status(None)?;
-            let failed = failed_required(&status);
-            if json {
-                print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
-            } else {
-                crate::errln!(
-                    "sync: {queued} required file(s) were missing, {} still missing",
-                    failed.len()
-                );
-            }
-            Ok(if failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
+        Command::Sync => sync(&service, json).await,
         Command::Verify => {
             let report = service.verify().await?;
             if json {
                 print_json(&json!(report));
             } else {
-                crate::outln!(
-                    "verified {} file(s), {} corrupted",
-                    report.ok,
-                    report.corrupted.len()
-                );
-                for sha in &report.corrupted {
-                    crate::outln!("removed corrupted file {sha}");
-                }
+                report::print_verify(&report);
             }
             Ok(if report.corrupted.is_empty() {
                 ExitCode::SUCCESS
@@ -134,6 +83,180 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
+}
+
+/// Whether the configured store was ever created. The folder name is the
+/// store's layout version (see `src/store.rs`).
+fn store_exists(config: &Config) -> bool {
+    config.store_dir().join("store-v1").is_dir()
+}
+
+/// `status`, `uninstall` and `verify` on a store that does not exist.
+fn nothing_installed(command: Command, json: bool) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Status { gem: Some(gem) } | Command::Path { gem, .. } => {
+            Err(Error::NotFound(format!("gem {gem:?} is not installed (nothing is)")).into())
+        }
+        Command::Status { gem: None } if json => {
+            print_json(&json!({ "gems": [] }));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Uninstall { gem } => {
+            not_installed(&gem, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify if json => {
+            print_json(&json!(gem_resources::VerifyReport::default()));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify => {
+            crate::outln!("verified 0 file(s): nothing installed");
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            crate::outln!("nothing installed");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn install(
+    service: &Resources,
+    gem: &str,
+    manifest: &std::path::Path,
+    no_wait: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let manifest = read_manifest(manifest)?;
+    let mut interrupted = interrupt::signal();
+    let watcher = (!no_wait).then(|| crate::watch::spawn(service, json, Output::Stderr));
+    let report = service.install(gem, &manifest).await?;
+    if no_wait {
+        // This process ends now: stop what it queued, cleanly, so that
+        // nothing is half-written and no failure is recorded. `serve` or
+        // `sync` downloads the files.
+        service.shutdown().await;
+        if json {
+            print_json(&json!({ "event": "install_report", "report": report }));
+        } else {
+            crate::errln!(
+                "{}: {} resource(s), {} present",
+                report::headline(&report),
+                report.resources,
+                report.present
+            );
+            if report.queued > 0 {
+                crate::errln!(
+                    "queued: {} file(s); they download in the background of `serve`, or now with `sync`",
+                    report.queued
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    tokio::select! {
+        () = service.wait_idle() => {}
+        () = &mut interrupted => return stop(service, watcher, Some(gem)).await,
+    }
+    if let Some(w) = watcher {
+        w.stop().await;
+    }
+    let status = service.status(Some(gem))?;
+    let outcome = Outcome::of(&report, &status);
+    if json {
+        print_json(&json!({
+            "event": "install_report",
+            "report": report,
+            "downloaded": outcome.downloaded,
+            "failed": outcome.failed,
+        }));
+    } else {
+        crate::errln!("{}", report::install_summary(&report, &outcome));
+    }
+    // A failed download never fails an install: the gem is registered, and
+    // `status` and `sync` report and retry the file.
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
+    if !service.installed()?.iter().any(|g| g == gem) {
+        // Like `rm -f`: the wanted end state already holds.
+        not_installed(gem, json);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = service.uninstall(gem).await?;
+    if json {
+        print_json(&json!(report));
+    } else {
+        crate::errln!(
+            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
+            report.gem,
+            report.deleted.len(),
+            report.kept.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn not_installed(gem: &str, json: bool) {
+    if json {
+        print_json(&json!({ "gem": gem, "installed": false, "deleted": [], "kept": [] }));
+    } else {
+        crate::errln!("{gem} is not installed; nothing to do");
+    }
+}
+
+async fn sync(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
+    let mut interrupted = interrupt::signal();
+    let watcher = crate::watch::spawn(service, json, Output::Stderr);
+    let queued = service.start().await?;
+    tokio::select! {
+        () = service.wait_idle() => {}
+        () = &mut interrupted => return stop(service, Some(watcher), None).await,
+    }
+    watcher.stop().await;
+    let status = service.status(None)?;
+    let failed = failed_required(&status);
+    if json {
+        print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
+    } else {
+        crate::errln!(
+            "sync: {queued} required file(s) were missing, {} still missing",
+            failed.len()
+        );
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Ctrl-C: notes what is downloading, stops every download, says what was
+/// kept, exits 130.
+async fn stop(
+    service: &Resources,
+    watcher: Option<Watcher>,
+    gem: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let unfinished: Vec<Unfinished> = service
+        .status(gem)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|g| &g.resources)
+        .filter(|r| matches!(r.state, ResourceState::Downloading { .. }))
+        .map(|r| Unfinished {
+            name: r.file.clone(),
+            sha256: r.sha256.clone(),
+        })
+        .collect();
+    crate::progress::clear_all();
+    service.shutdown().await;
+    if let Some(w) = watcher {
+        w.stop().await;
+    }
+    interrupt::report(service.store(), &unfinished);
+    Ok(ExitCode::from(interrupt::INTERRUPTED))
 }
 
 fn fail(e: &Arc<Error>, json: bool) -> anyhow::Result<ExitCode> {
@@ -156,47 +279,6 @@ fn failed_required(status: &[GemStatus]) -> Vec<String> {
                 .map(move |r| format!("{}/{}", g.gem, r.id))
         })
         .collect()
-}
-
-fn print_status(status: &[GemStatus]) {
-    if status.is_empty() {
-        crate::outln!("no gems installed");
-        return;
-    }
-    for gem in status {
-        crate::outln!("{}", gem.gem);
-        for r in &gem.resources {
-            let when = if r.required { "eager" } else { "lazy" };
-            let state = match &r.state {
-                ResourceState::Present { .. } => "present".to_string(),
-                ResourceState::Missing => "missing".to_string(),
-                ResourceState::Queued => "queued".to_string(),
-                ResourceState::Downloading { bytes } => {
-                    format!(
-                        "downloading {}/{}",
-                        render::bytes(*bytes),
-                        render::bytes(r.size)
-                    )
-                }
-                ResourceState::Failed { failure } => {
-                    format!("failed ({}) at {}", failure.code, render::utc(failure.at))
-                }
-            };
-            crate::outln!(
-                "  {:<20} {:>10}  {:<24} {:<5}  {}",
-                r.label,
-                render::bytes(r.size),
-                r.host,
-                when,
-                state
-            );
-            if let ResourceState::Failed { failure } = &r.state {
-                for a in &failure.attempts {
-                    crate::outln!("      {} {}: {}", a.code, a.address, a.reason);
-                }
-            }
-        }
-    }
 }
 
 /// Renders one event: a JSON line, or a log line on stderr.

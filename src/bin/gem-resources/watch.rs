@@ -2,6 +2,7 @@
 //! terminal, JSON lines with `--json`, short log lines otherwise.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use gem_resources::{Event, Resources};
 use tokio::sync::broadcast::error::RecvError;
@@ -21,19 +22,53 @@ pub enum Output {
     Stderr,
 }
 
+/// Shortest time between two progress lines of one transfer in JSON output.
+const PROGRESS_LINE_EVERY: Duration = Duration::from_millis(250);
+
 /// A running event follower.
 pub struct Watcher {
     task: JoinHandle<()>,
     stop: CancellationToken,
 }
 
+/// What a follower shows.
+#[derive(Debug, Clone, Copy)]
+pub struct Show {
+    /// JSON lines instead of bars and text.
+    pub json: bool,
+    /// Where JSON lines go.
+    pub output: Output,
+    /// Whether a failed download gets a text line. Off for a command whose
+    /// own result reports the failure (`path`), so it is printed once.
+    pub failures: bool,
+}
+
+/// Bars and JSON-line throttling of the transfers being followed.
+#[derive(Default)]
+struct Transfers {
+    bars: HashMap<String, Bar>,
+    last_line: HashMap<String, Instant>,
+}
+
 /// Starts following `service`'s events.
 pub fn spawn(service: &Resources, json: bool, output: Output) -> Watcher {
+    spawn_with(
+        service,
+        Show {
+            json,
+            output,
+            failures: true,
+        },
+    )
+}
+
+/// Starts following `service`'s events, showing what `show` says.
+pub fn spawn_with(service: &Resources, show: Show) -> Watcher {
     let mut events = service.subscribe();
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        let mut bars: HashMap<String, Bar> = HashMap::new();
+        let mut bars = Transfers::default();
         loop {
             let event = tokio::select! {
                 biased;
@@ -45,47 +80,60 @@ pub fn spawn(service: &Resources, json: bool, output: Output) -> Watcher {
                 Err(RecvError::Lagged(_)) => continue,
                 Err(RecvError::Closed) => break,
             };
-            follow(&mut bars, &event, json, output);
+            follow(&mut bars, &event, show);
         }
         // Events already sent before the stop are still shown.
         while let Ok(event) = events.try_recv() {
-            follow(&mut bars, &event, json, output);
+            follow(&mut bars, &event, show);
         }
-        for bar in bars.values() {
-            bar.finish();
-        }
+        // Dropping the bars clears them.
     });
     Watcher { task, stop }
 }
 
-fn follow(bars: &mut HashMap<String, Bar>, event: &Event, json: bool, output: Output) {
+fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
+    let json = show.json;
     match event {
         Event::Started {
             gem,
             resource,
             size,
         } => {
-            bars.insert(
-                format!("{gem}/{resource}"),
-                Bar::new(&format!("{gem}/{resource}"), *size, json),
-            );
+            let key = format!("{gem}/{resource}");
+            let bar = Bar::new(&key, Some(*size), json);
+            transfers.bars.insert(key, bar);
         }
         Event::Progress {
             gem,
             resource,
             bytes,
-            ..
+            size,
         } => {
-            if let Some(bar) = bars.get(&format!("{gem}/{resource}")) {
+            let key = format!("{gem}/{resource}");
+            if let Some(bar) = transfers.bars.get(&key) {
                 bar.set(*bytes);
             }
+            // At most one JSON line per transfer every 250 ms, and the last.
+            let now = Instant::now();
+            let due = transfers
+                .last_line
+                .get(&key)
+                .is_none_or(|t| now.duration_since(*t) >= PROGRESS_LINE_EVERY);
+            if !(due || bytes == size) {
+                return;
+            }
+            transfers.last_line.insert(key, now);
         }
         Event::Verified { gem, resource, .. } | Event::Failed { gem, resource, .. } => {
-            if let Some(bar) = bars.remove(&format!("{gem}/{resource}")) {
-                bar.finish();
-            }
+            let key = format!("{gem}/{resource}");
+            // Dropping the bar clears it.
+            transfers.bars.remove(&key);
+            transfers.last_line.remove(&key);
         }
         _ => {}
+    }
+    if !json && !show.failures && matches!(event, Event::Failed { .. }) {
+        return;
     }
     if json
         || !matches!(
@@ -93,7 +141,7 @@ fn follow(bars: &mut HashMap<String, Bar>, event: &Event, json: bool, output: Ou
             Event::Progress { .. } | Event::Queued { .. } | Event::Started { .. }
         )
     {
-        print_event(event, json, output);
+        print_event(event, json, show.output);
     }
 }
 

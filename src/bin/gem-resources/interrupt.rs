@@ -1,0 +1,69 @@
+//! Ctrl-C (or SIGTERM) during `fetch`, `install` and `sync`: the downloads
+//! stop, the bars are cleared, the command says what was kept of each
+//! unfinished file and exits with status 130, as shells expect of a command
+//! ended by SIGINT.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use gem_resources::Store;
+
+use crate::render;
+
+/// Exit status of an interrupted command (128 + SIGINT).
+pub const INTERRUPTED: u8 = 130;
+
+/// A download that was running when the command was interrupted.
+#[derive(Debug, Clone)]
+pub struct Unfinished {
+    /// The file's name (`ocr-v3.onnx`).
+    pub name: String,
+    /// Its SHA-256.
+    pub sha256: String,
+}
+
+/// Registers the SIGINT and SIGTERM handlers now (so that Ctrl-C no longer
+/// kills the process outright) and returns a future that resolves at the
+/// first of them.
+pub fn signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            return Box::pin(async move {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            });
+        }
+    }
+    Box::pin(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+}
+
+/// Clears the bars and says, once the downloads have stopped, what was
+/// kept of each unfinished file.
+pub fn report(store: &Store, unfinished: &[Unfinished]) {
+    crate::progress::clear_all();
+    if unfinished.is_empty() {
+        crate::errln!("interrupted: no download was running");
+    }
+    for file in unfinished {
+        match store.partial_len(&file.sha256).filter(|n| *n > 0) {
+            Some(kept) => crate::errln!(
+                "interrupted: {} of {} kept; the next run continues",
+                render::bytes(kept),
+                file.name
+            ),
+            None => crate::errln!(
+                "interrupted: the unfinished {} was removed; the next run downloads it again",
+                file.name
+            ),
+        }
+    }
+}

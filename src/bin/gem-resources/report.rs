@@ -1,0 +1,154 @@
+//! Text for people of the service's reports: install summaries, status and
+//! verify.
+
+use std::collections::BTreeSet;
+
+use gem_resources::{GemStatus, InstallReport, ResourceState, VerifyReport};
+
+use crate::render;
+
+/// What waiting for an install's downloads came to.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Files in the store now.
+    pub present: usize,
+    /// Of those, downloaded by this install.
+    pub downloaded: usize,
+    /// Files whose download failed, and the distinct codes.
+    pub failed: usize,
+    /// The failures' codes, each once.
+    pub codes: BTreeSet<String>,
+    /// Lazy files not downloaded yet (they download at the first `path`).
+    pub lazy: usize,
+    /// Required files neither present nor failed (stopped, or downloading
+    /// in another process).
+    pub missing: usize,
+}
+
+impl Outcome {
+    /// Reads a gem's status after its install's downloads have ended.
+    pub fn of(report: &InstallReport, status: &[GemStatus]) -> Outcome {
+        let mut out = Outcome::default();
+        for r in status.iter().flat_map(|g| &g.resources) {
+            match &r.state {
+                ResourceState::Present { .. } => out.present += 1,
+                ResourceState::Failed { failure } => {
+                    out.failed += 1;
+                    out.codes.insert(failure.code.clone());
+                }
+                _ if !r.required => out.lazy += 1,
+                _ => out.missing += 1,
+            }
+        }
+        out.downloaded = out.present.saturating_sub(report.present);
+        out
+    }
+}
+
+/// `installed g: 2 present, 1 downloaded, 1 failed (E_…, see `status`)`.
+pub fn install_summary(report: &InstallReport, outcome: &Outcome) -> String {
+    let mut parts = vec![format!("{} present", outcome.present - outcome.downloaded)];
+    if outcome.downloaded > 0 {
+        parts.push(format!("{} downloaded", outcome.downloaded));
+    }
+    if outcome.failed > 0 {
+        let codes: Vec<&str> = outcome.codes.iter().map(String::as_str).collect();
+        parts.push(format!(
+            "{} failed ({}, see `status`)",
+            outcome.failed,
+            codes.join(", ")
+        ));
+    }
+    if outcome.missing > 0 {
+        parts.push(format!("{} missing", outcome.missing));
+    }
+    if outcome.lazy > 0 {
+        parts.push(format!("{} on first use", outcome.lazy));
+    }
+    if !report.deleted.is_empty() {
+        parts.push(format!("{} deleted", report.deleted.len()));
+    }
+    format!("{}: {}", headline(report), parts.join(", "))
+}
+
+/// `installed g`, `upgraded g` or `g is unchanged`.
+pub fn headline(report: &InstallReport) -> String {
+    if report.unchanged {
+        format!("{} is unchanged", report.gem)
+    } else if report.upgrade {
+        format!("upgraded {}", report.gem)
+    } else {
+        format!("installed {}", report.gem)
+    }
+}
+
+/// The `status` table: one line per resource, its id first (what `path`
+/// takes), then its description.
+pub fn print_status(status: &[GemStatus]) {
+    if status.is_empty() {
+        crate::outln!("nothing installed");
+        return;
+    }
+    for gem in status {
+        crate::outln!("{}", gem.gem);
+        let id_width = gem.resources.iter().map(|r| r.id.len()).max().unwrap_or(0);
+        for r in &gem.resources {
+            let when = if r.required { "eager" } else { "lazy" };
+            let description = if r.label == r.id { "" } else { &r.label };
+            crate::outln!(
+                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<5}  {}",
+                r.id,
+                description,
+                render::bytes(r.size),
+                r.host,
+                when,
+                state(&r.state, r.size)
+            );
+            if let ResourceState::Failed { failure } = &r.state {
+                for a in &failure.attempts {
+                    crate::outln!("      {} {}: {}", a.code, a.address, a.reason);
+                }
+            }
+        }
+    }
+}
+
+fn state(state: &ResourceState, size: u64) -> String {
+    match state {
+        ResourceState::Present { .. } => "present".to_string(),
+        ResourceState::Missing => "missing".to_string(),
+        ResourceState::Queued => "queued".to_string(),
+        ResourceState::Downloading { bytes } => {
+            format!(
+                "downloading {}/{}",
+                render::bytes(*bytes),
+                render::bytes(size)
+            )
+        }
+        ResourceState::Failed { failure } => {
+            format!("failed ({}) at {}", failure.code, render::utc(failure.at))
+        }
+    }
+}
+
+/// `verified 3 file(s): 2 good, 1 corrupted`, then one line per removed file.
+pub fn print_verify(report: &VerifyReport) {
+    let bad: usize = report.removed.iter().map(|r| r.files.len().max(1)).sum();
+    crate::outln!(
+        "verified {} file(s): {} good, {} corrupted",
+        report.checked,
+        report.checked.saturating_sub(bad),
+        bad
+    );
+    for removed in &report.removed {
+        let files = removed.files.join(", ");
+        if removed.declared_by.is_empty() {
+            crate::outln!("removed corrupted {files} ({})", removed.sha256);
+        } else {
+            crate::outln!(
+                "removed corrupted {} ({files}); run `sync` to download it again",
+                removed.declared_by.join(", "),
+            );
+        }
+    }
+}
