@@ -19,6 +19,17 @@ pub enum Event {
         /// How many resources it declares.
         resources: usize,
     },
+    /// The network policy was replaced ([`crate::Resources::set_policy`]).
+    PolicyChanged {
+        /// `allowlist` or `blocklist`, before.
+        old_mode: String,
+        /// Host patterns listed before.
+        old_hosts: usize,
+        /// `allowlist` or `blocklist`, now.
+        new_mode: String,
+        /// Host patterns listed now.
+        new_hosts: usize,
+    },
     /// A gem was removed.
     Uninstalled {
         /// The gem.

@@ -653,7 +653,10 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
         }
         source = s.source();
     }
-    AttemptError::Network { reason: chain(e) }
+    let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
+    AttemptError::Network {
+        reason: crate::reason::network_reason(e, host),
+    }
 }
 
 /// A body that broke off. A reset or timeout is the network's fault; a
@@ -672,16 +675,19 @@ fn body_error(
                 io.kind(),
                 ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
             ) {
+                let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
+                let why = crate::reason::network_reason(e, host);
                 return AttemptError::Network {
-                    reason: format!("connection broke after {received} bytes: {}", chain(e)),
+                    reason: format!("{why} after {received} bytes"),
                 };
             }
         }
         source = s.source();
     }
+    let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
     let detail = format!(
         "the connection closed after {received} bytes ({})",
-        chain(e)
+        crate::reason::network_reason(e, host)
     );
     size_error(expected, limit, detail)
 }
@@ -698,4 +704,54 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetcher(min_per_minute: u64) -> Fetcher {
+        let mut config = Config::default();
+        config.network.min_bytes_per_min = min_per_minute;
+        Fetcher::new(&config).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_below_the_progress_floor_is_abandoned_after_a_minute() {
+        let f = fetcher(64 << 10);
+        let mut window = (Instant::now(), 0);
+        // A byte every 29 seconds stays under any stall timeout of 30 s...
+        let mut received = 0;
+        for _ in 0..2 {
+            tokio::time::advance(Duration::from_secs(29)).await;
+            received += 1;
+            assert!(f.check_progress(&mut window, received).is_ok());
+        }
+        tokio::time::advance(Duration::from_secs(29)).await;
+        received += 1;
+        // ...but not the floor, once a minute has passed.
+        let reason = f.check_progress(&mut window, received).unwrap_err();
+        assert!(reason.contains("too slow"), "{reason}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_but_steady_transfer_is_never_cut() {
+        let f = fetcher(64 << 10);
+        let mut window = (Instant::now(), 0);
+        let mut received = 0;
+        // 2 KiB a second (120 KiB a minute) for an hour.
+        for _ in 0..3600 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            received += 2048;
+            assert!(f.check_progress(&mut window, received).is_ok());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_floor_disables_the_rule() {
+        let f = fetcher(0);
+        let mut window = (Instant::now(), 0);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert!(f.check_progress(&mut window, 1).is_ok());
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`retry`]: which failures are retried, backoff and `Retry-After`.
 //! - [`headers`]: parsers for the response headers a server controls.
 //! - [`partial`]: resumable partial files and their records.
+//! - `reason`: short reasons for network failures.
 //! - `sink`: the writer thread that hashes and writes a transfer's bytes.
 //! - [`throttle`]: the bandwidth cap shared by every transfer.
 //! - [`registry`]: installed gems and failure records, crash-safe.
@@ -39,6 +40,7 @@ mod lockfile;
 pub mod manifest;
 pub mod partial;
 pub mod policy;
+mod reason;
 pub mod registry;
 pub mod resolve;
 pub mod retry;

@@ -185,6 +185,11 @@ impl Policy {
         self.mode
     }
 
+    /// How many host patterns it lists.
+    pub fn host_count(&self) -> usize {
+        self.patterns.len()
+    }
+
     /// True when the policy lets us reach `host` (a URL host as text: a name,
     /// an IPv4, or an IPv6 with or without brackets).
     ///

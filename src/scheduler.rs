@@ -134,6 +134,11 @@ impl Scheduler {
         }
     }
 
+    /// The fetcher every job uses.
+    pub(crate) fn fetcher(&self) -> &Fetcher {
+        &self.deps.fetcher
+    }
+
     fn jobs(&self) -> MutexGuard<'_, HashMap<String, Job>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }

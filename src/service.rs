@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::fetch::Fetcher;
 use crate::manifest::{Manifest, Resource};
+use crate::policy::Policy;
 use crate::registry::{valid_gem_id, FailureRecord, Registration, Registry};
 use crate::scheduler::{Deps, JobResult, JobState, Scheduler};
 use crate::store::Store;
@@ -396,6 +397,47 @@ impl Resources {
         Ok(queued)
     }
 
+    /// The network policy in force.
+    pub fn policy(&self) -> Policy {
+        self.inner.scheduler.fetcher().policy()
+    }
+
+    /// Replaces the network policy (the app's "Settings › System"), at any
+    /// time. From this moment it applies to every connection and redirect
+    /// hop; a download in flight whose current host (url, mirror or
+    /// redirect target) it no longer permits stops within a second with
+    /// `E_RESOURCE_POLICY`, its bytes kept for resume. Required files whose
+    /// last failure was the policy, and which the new policy lets through,
+    /// are queued again at once; lazy ones wait for their next
+    /// [`Resources::path`]. Emits [`Event::PolicyChanged`]; returns how many
+    /// files were queued again.
+    pub fn set_policy(&self, policy: Policy) -> Result<usize> {
+        let inner = &self.inner;
+        let old = self.policy();
+        self.emit(Event::PolicyChanged {
+            old_mode: old.mode().as_str().into(),
+            old_hosts: old.host_count(),
+            new_mode: policy.mode().as_str().into(),
+            new_hosts: policy.host_count(),
+        });
+        inner.scheduler.fetcher().set_policy(policy.clone());
+        let mut queued = 0;
+        for reg in inner.registry.list()? {
+            let failures = inner.registry.failures(&reg.gem)?;
+            for resource in reg.resources.iter().filter(|r| r.required) {
+                let blocked = failures.get(&resource.id).is_some_and(failed_on_policy);
+                let allowed_now = resource
+                    .addresses()
+                    .any(|a| a.host_str().is_some_and(|h| policy.permits(h)));
+                if blocked && allowed_now && !inner.store.has(&resource.sha256) {
+                    inner.scheduler.ensure(&reg.gem, resource, false);
+                    queued += 1;
+                }
+            }
+        }
+        Ok(queued)
+    }
+
     /// Waits until no download is queued or running.
     pub async fn wait_idle(&self) {
         self.inner.scheduler.idle().await;
@@ -539,6 +581,15 @@ fn cancelled(resource: &Resource) -> Error {
         resource: resource.id.clone(),
         reason: "the download was stopped".into(),
     }
+}
+
+/// Whether a failure was (at least on one address) the network policy.
+fn failed_on_policy(record: &FailureRecord) -> bool {
+    record.code == "E_RESOURCE_POLICY"
+        || record
+            .attempts
+            .iter()
+            .any(|a| a.code == "E_RESOURCE_POLICY")
 }
 
 fn check_gem_id(gem: &str) -> Result<()> {
