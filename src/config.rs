@@ -45,6 +45,9 @@ pub struct Config {
     /// Development and test exemptions. Empty in production.
     #[serde(default)]
     pub dev: DevConfig,
+    /// The file it was loaded from, if any (for a reload).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// `[network]`: the user's network policy and the timeouts.
@@ -236,6 +239,7 @@ impl Config {
             Config::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
+        config.source = Some(path);
         Ok(config)
     }
 

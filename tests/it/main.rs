@@ -13,6 +13,7 @@ mod live_policy;
 mod manifest_cli;
 mod process_signals;
 mod resume;
+mod serve_reload;
 mod service_cli;
 mod service_concurrency;
 mod service_crash;

@@ -9,6 +9,7 @@ mod cli;
 mod commands;
 mod interrupt;
 mod progress;
+mod reload;
 mod render;
 mod report;
 mod serve;

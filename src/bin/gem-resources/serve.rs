@@ -19,6 +19,7 @@ use gem_resources::registry::valid_gem_id;
 use gem_resources::{parse_manifest, Resources};
 use sha2::{Digest, Sha256};
 
+use crate::reload::Reloader;
 use crate::watch::{self, Output};
 
 /// Manifest file names, in the order they are looked for.
@@ -44,6 +45,7 @@ struct Seen {
 /// Runs the service until a shutdown signal.
 pub async fn run(
     service: &Resources,
+    config: &gem_resources::Config,
     gems: &Path,
     interval: f64,
     json: bool,
@@ -60,6 +62,8 @@ pub async fn run(
         .into());
     }
     let mut signal = shutdown_signal();
+    let mut hangup = hangup_signal();
+    let mut reloader = Reloader::new(config);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
     tracing::info!(queued, "started");
@@ -68,8 +72,10 @@ pub async fn run(
         if let Err(e) = scan(service, gems, &mut seen).await {
             tracing::warn!("scan of {} failed: {e:#}", gems.display());
         }
+        reloader.check(service, false);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs_f64(interval)) => {}
+            Some(()) = hangup.recv() => reloader.check(service, true),
             () = &mut signal => break,
         }
     }
@@ -165,6 +171,28 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
 /// arrives while the service starts up is not lost (nor kills the process
 /// before its downloads are stopped), and returns a future that resolves at
 /// the first of them.
+/// SIGHUP, as a stream; never fires where there is none.
+fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        let _ = tx.try_send(());
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
+        }
+    }
+    #[cfg(not(unix))]
+    std::mem::forget(tx);
+    rx
+}
+
 fn shutdown_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
     #[cfg(unix)]
     {

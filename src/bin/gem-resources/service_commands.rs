@@ -78,7 +78,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             })
         }
         Command::Serve { gems, interval } => {
-            crate::serve::run(&service, &gems, interval, json).await?;
+            crate::serve::run(&service, config, &gems, interval, json).await?;
             Ok(ExitCode::SUCCESS)
         }
         other => anyhow::bail!("unexpected command {other:?}"),
