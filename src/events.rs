@@ -53,13 +53,25 @@ pub enum Event {
         /// Declared size.
         size: u64,
     },
+    /// An attempt continues bytes kept from an interrupted one: the
+    /// server agreed to send the rest from `offset`.
+    Resumed {
+        /// The gem that asked for it.
+        gem: String,
+        /// The resource id.
+        resource: String,
+        /// Bytes kept and not downloaded again.
+        offset: u64,
+        /// Declared size.
+        size: u64,
+    },
     /// Bytes received so far (throttled).
     Progress {
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
         resource: String,
-        /// Bytes received by the current attempt.
+        /// Bytes of the file present so far (a resumed prefix included).
         bytes: u64,
         /// Declared size.
         size: u64,

@@ -221,18 +221,13 @@ impl Scheduler {
             resource: id.clone(),
             size,
         });
-        let mut last = Instant::now();
-        let mut progress = |bytes: u64| {
-            job.bytes.store(bytes, Ordering::Relaxed);
-            if last.elapsed() >= PROGRESS_EVERY || bytes == size {
-                last = Instant::now();
-                emit(Event::Progress {
-                    gem: gem_s.clone(),
-                    resource: id.clone(),
-                    bytes,
-                    size,
-                });
-            }
+        let mut progress = JobProgress {
+            job,
+            emit: &emit,
+            gem: &gem_s,
+            resource: &id,
+            size,
+            last: Instant::now(),
         };
         let outcome = download_with(
             &deps.fetcher,
@@ -370,6 +365,42 @@ impl Scheduler {
         self.shutdown.cancel();
         self.tracker.close();
         self.tracker.wait().await;
+    }
+}
+
+/// Turns a job's transfer progress into events (throttled).
+struct JobProgress<'a, E: Fn(Event) + Sync> {
+    job: &'a Job,
+    emit: &'a E,
+    gem: &'a str,
+    resource: &'a str,
+    size: u64,
+    /// When the last progress event went out.
+    last: Instant,
+}
+
+impl<E: Fn(Event) + Sync> crate::fetch::Reporter for JobProgress<'_, E> {
+    fn resumed(&mut self, offset: u64) {
+        self.job.bytes.store(offset, Ordering::Relaxed);
+        (self.emit)(Event::Resumed {
+            gem: self.gem.to_string(),
+            resource: self.resource.to_string(),
+            offset,
+            size: self.size,
+        });
+    }
+
+    fn bytes(&mut self, bytes: u64) {
+        self.job.bytes.store(bytes, Ordering::Relaxed);
+        if self.last.elapsed() >= PROGRESS_EVERY || bytes == self.size {
+            self.last = Instant::now();
+            (self.emit)(Event::Progress {
+                gem: self.gem.to_string(),
+                resource: self.resource.to_string(),
+                bytes,
+                size: self.size,
+            });
+        }
     }
 }
 

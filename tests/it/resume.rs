@@ -479,3 +479,38 @@ async fn a_cancelled_download_keeps_its_bytes_and_is_not_a_failure() {
         .failure_since(&r.sha256, &[r.url.to_string()], std::time::UNIX_EPOCH)
         .is_none());
 }
+
+#[tokio::test]
+async fn the_service_reports_a_resumed_download_with_its_offset() {
+    let env = Env::new().await;
+    let body = bytes(1_000_000, 105);
+    let cut = body.len() / 2;
+    env.origin.route(
+        "/s.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::ranged_cut(&body, "\"v1\"", cut),
+            Behaviour::ranged(&body, "\"v1\""),
+        ]),
+    );
+    let url = env.url("origin.test", "/s.bin");
+    // The test configuration retries nothing: the first path() fails.
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    let mut events = service.subscribe();
+    assert!(service.path("g", "s").await.is_err());
+    let path = service.path("g", "s").await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let mut resumed = None;
+    while let Ok(event) = events.try_recv() {
+        if let gem_resources::Event::Resumed { offset, .. } = event {
+            resumed = Some(offset);
+        }
+    }
+    let offset = resumed.expect("a Resumed event");
+    assert!(offset > 0 && offset <= cut as u64, "{offset}");
+    assert_eq!(last_range(&env, "/s.bin"), Some(format!("bytes={offset}-")));
+    service.shutdown().await;
+}
