@@ -154,10 +154,12 @@ fn default_autofill_max() -> u64 {
     64 << 30
 }
 fn default_max_downloads() -> usize {
-    4
+    8
 }
+/// HTTP/1.1 carries one transfer per connection; six per host is what
+/// browsers open.
 fn default_max_per_host() -> usize {
-    2
+    6
 }
 
 impl Default for NetworkConfig {

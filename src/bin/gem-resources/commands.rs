@@ -4,8 +4,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gem_resources::{download, parse_manifest, Config, Error, Fetcher, Manifest, Store};
+use futures_util::StreamExt;
+use gem_resources::{
+    download_with, parse_manifest, Config, Error, Fetcher, Manifest, Resource, Store,
+};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::cli::{Args, Command};
@@ -212,34 +216,64 @@ async fn fetch(
     let store = Store::open(&config.store_dir())?;
     let fetcher = Fetcher::new(config)?;
     let retry = config.retry_policy();
-    let mut results = Vec::new();
-    let mut failed = false;
-    let mut interrupted = crate::interrupt::signal();
-    for resource in manifest
+    let selected: Vec<&Resource> = manifest
         .resources
         .iter()
         .filter(|r| ids.is_empty() || ids.contains(&r.id))
-    {
-        let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
-        let outcome = {
-            let mut on_bytes = |n| bar.set(n);
-            tokio::select! {
-                r = download(&fetcher, &store, resource, retry, &mut on_bytes) => Some(r),
-                () = &mut interrupted => None,
-            }
-        };
-        // The bar goes whatever happened.
-        bar.finish();
-        let Some(outcome) = outcome else {
-            // The download was dropped, and with it its partial file
-            // unless that is kept for resuming.
-            let unfinished = crate::interrupt::Unfinished {
-                name: resource.file_name(),
-                sha256: resource.sha256.clone(),
+        .collect();
+    // Ctrl-C cancels every download; each keeps what it received.
+    let cancel = CancellationToken::new();
+    let one = |resource: &'_ Resource| {
+        let (fetcher, store, cancel) = (&fetcher, &store, &cancel);
+        let resource = resource.clone();
+        async move {
+            let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
+            let outcome = {
+                let mut on_bytes = |n| bar.set(n);
+                download_with(
+                    fetcher,
+                    store,
+                    &resource,
+                    retry,
+                    &mut on_bytes,
+                    Some(cancel),
+                )
+                .await
             };
-            crate::interrupt::report(&store, &[unfinished]);
-            return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
-        };
+            // The bar goes whatever happened.
+            bar.finish();
+            (resource, outcome)
+        }
+    };
+    // Several at once, results in manifest order.
+    let parallel = config.service.max_concurrent_downloads.max(1);
+    let all = futures_util::stream::iter(selected.iter().map(|r| one(r)))
+        .buffered(parallel)
+        .collect::<Vec<_>>();
+    tokio::pin!(all);
+    let mut interrupted = crate::interrupt::signal();
+    let (outcomes, stopped) = tokio::select! {
+        outcomes = &mut all => (outcomes, false),
+        () = &mut interrupted => {
+            cancel.cancel();
+            (all.await, true)
+        }
+    };
+    if stopped {
+        let unfinished: Vec<crate::interrupt::Unfinished> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, Err(Error::Cancelled { .. })))
+            .map(|(r, _)| crate::interrupt::Unfinished {
+                name: r.file_name(),
+                sha256: r.sha256.clone(),
+            })
+            .collect();
+        crate::interrupt::report(&store, &unfinished);
+        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
+    }
+    let mut results = Vec::new();
+    let mut failed = false;
+    for (resource, outcome) in outcomes {
         match outcome {
             Ok(path) => {
                 if json {
