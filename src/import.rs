@@ -262,3 +262,56 @@ fn reflink(from: &File, to: &File) -> bool {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(body: &[u8], sha256: String) -> Resource {
+        Resource {
+            id: "m".into(),
+            url: url::Url::parse("https://cdn.test/m.bin").unwrap(),
+            mirrors: vec![],
+            sha256,
+            size: body.len() as u64,
+            required: false,
+            description: None,
+        }
+    }
+
+    #[test]
+    fn a_copy_whose_bytes_do_not_match_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let source = dir.path().join("m.bin");
+        std::fs::write(&source, b"the bytes on disk now").unwrap();
+        // What the file held when it was hashed (and what is declared).
+        let declared = b"the bytes hashed once";
+        let r = resource(declared, hex::encode(Sha256::digest(declared)));
+        let err = copy_in(&store, &source, &r).unwrap_err();
+        assert_eq!(err.code(), "E_RESOURCE_IO");
+        assert!(
+            err.to_string().contains("changed while it was imported"),
+            "{err}"
+        );
+        assert!(!store.has(&r.sha256));
+        let left: Vec<_> = std::fs::read_dir(store.root().join("tmp"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_matching_copy_is_published_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let body = b"model weights";
+        let source = dir.path().join("m.bin");
+        std::fs::write(&source, body).unwrap();
+        let r = resource(body, hash_file(&source).unwrap());
+        let path = copy_in(&store, &source, &r).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), body);
+        assert!(std::fs::metadata(&path).unwrap().permissions().readonly());
+        assert!(!std::fs::metadata(&source).unwrap().permissions().readonly());
+    }
+}

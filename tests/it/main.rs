@@ -9,6 +9,7 @@ mod autofill;
 mod cli_basics;
 mod cli_newcomer;
 mod fetch_rules;
+mod import;
 mod manifest_cli;
 mod process_signals;
 mod resume;
