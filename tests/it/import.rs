@@ -174,6 +174,12 @@ async fn import_clears_the_failure_of_the_resource() {
     let r = &status["gems"][0]["resources"][0];
     assert_eq!(r["state"], "present", "{r}");
     assert!(r.get("code").is_none(), "{r}");
+    // The record itself is gone, not only hidden by the present file.
+    let store = Store::open(&env.store_dir()).unwrap();
+    let failures = gem_resources::registry::Registry::new(&store)
+        .failures("g")
+        .unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
     // `sync` has nothing left to do, and asks nothing.
     assert_exit(&env.run(&["sync"]).await, 0);
     assert_eq!(env.origin.hits("/gone.bin"), 1);
