@@ -9,6 +9,7 @@
 //! - [`resolve`]: DNS resolution that hands out only guarded addresses.
 //! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
 //! - [`store`]: the content-addressed store and its atomic publication.
+//! - [`import`]: files the user already has, matched and copied in offline.
 //! - [`download`]: one resource over its url and mirrors, resuming.
 //! - [`retry`]: which failures are retried, backoff and `Retry-After`.
 //! - [`headers`]: parsers for the response headers a server controls.
@@ -35,6 +36,7 @@ pub mod events;
 pub mod fetch;
 pub mod guard;
 pub mod headers;
+pub mod import;
 mod limiter;
 mod lockfile;
 pub mod manifest;
@@ -56,6 +58,7 @@ pub use download::{download, download_with, RetryPolicy};
 pub use error::{Attempt, AttemptError, Error, Result};
 pub use events::Event;
 pub use fetch::{Fetcher, Reporter, Transfer, MAX_REDIRECTS};
+pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use service::{
     GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport,

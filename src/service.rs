@@ -126,6 +126,11 @@ pub struct ResourceStatus {
     /// Where it stands.
     #[serde(flatten)]
     pub state: ResourceState,
+    /// Bytes of an interrupted download kept for resuming, when the file is
+    /// missing (or failed) and no download runs: the next one continues
+    /// from there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial_bytes: Option<u64>,
 }
 
 /// One gem in [`Resources::status`].
@@ -479,15 +484,19 @@ impl Resources {
             let resources = reg
                 .resources
                 .iter()
-                .map(|r| ResourceStatus {
-                    id: r.id.clone(),
-                    label: r.label().to_string(),
-                    file: r.file_name(),
-                    size: r.size,
-                    host: r.url.host_str().unwrap_or_default().to_string(),
-                    required: r.required,
-                    sha256: r.sha256.clone(),
-                    state: self.state_of(r, failures.get(&r.id)),
+                .map(|r| {
+                    let state = self.state_of(r, failures.get(&r.id));
+                    ResourceStatus {
+                        id: r.id.clone(),
+                        label: r.label().to_string(),
+                        file: r.file_name(),
+                        size: r.size,
+                        host: r.url.host_str().unwrap_or_default().to_string(),
+                        required: r.required,
+                        sha256: r.sha256.clone(),
+                        partial_bytes: self.partial_of(r, &state),
+                        state,
+                    }
                 })
                 .collect();
             out.push(GemStatus {
@@ -520,6 +529,13 @@ impl Resources {
             Some(f) => ResourceState::Failed { failure: f.clone() },
             None => ResourceState::Missing,
         }
+    }
+
+    /// The resumable bytes kept for `r`, shown while nothing downloads it.
+    fn partial_of(&self, r: &Resource, state: &ResourceState) -> Option<u64> {
+        matches!(state, ResourceState::Missing | ResourceState::Failed { .. })
+            .then(|| self.inner.store.partial_len(&r.sha256))
+            .flatten()
     }
 
     /// Re-hashes every stored file; a file whose bytes no longer match its

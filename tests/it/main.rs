@@ -9,6 +9,7 @@ mod autofill;
 mod cli_basics;
 mod cli_newcomer;
 mod fetch_rules;
+mod import;
 mod live_policy;
 mod manifest_cli;
 mod process_signals;

@@ -122,6 +122,15 @@ pub enum Command {
     /// Do what an app start does, in the foreground: clean up, then download missing required files.
     #[command(after_long_help = "Example:\n  gem-resources sync")]
     Sync,
+    /// Store files you already have: each one matching a declared resource (size and SHA-256) is copied in.
+    #[command(
+        after_long_help = "No network is used; the files are only read.\n\nExit status: 0 when every file was imported or already present, 1 when one matches no declared resource.\n\nExample:\n  gem-resources import ~/Downloads/ocr-v3.onnx"
+    )]
+    Import {
+        /// The files.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
     /// Re-hash every stored file; remove and report corrupted ones.
     #[command(after_long_help = "Example:\n  gem-resources verify")]
     Verify,

@@ -16,9 +16,9 @@ use crate::cli::{Args, Command};
 use crate::render::{self, print_json};
 
 /// Exit status for a failed operation.
-const FAILED: u8 = 1;
+pub const FAILED: u8 = 1;
 /// Exit status for a usage error.
-const USAGE: u8 = 2;
+pub const USAGE: u8 = 2;
 
 /// Runs the parsed command line.
 pub async fn run(args: Args) -> ExitCode {
@@ -57,6 +57,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
         Command::CheckUrl { url } => check_url(&config, &url, json).await,
         Command::Autofill { url } => autofill(&config, &url, json).await,
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
+        Command::Import { files } => crate::import::run(&config, &files, json).await,
         other => crate::service_commands::run(&config, other, json).await,
     }
 }

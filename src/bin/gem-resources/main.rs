@@ -7,6 +7,7 @@
 
 mod cli;
 mod commands;
+mod import;
 mod interrupt;
 mod progress;
 mod reload;

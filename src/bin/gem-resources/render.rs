@@ -74,6 +74,20 @@ pub fn error_json(e: &Error) -> Value {
     value
 }
 
+/// The line `import` prints for one file: `FILE: imported GEM/ID, …`,
+/// `FILE: already present (GEM/ID, …)` or `FILE: matches no declared resource`.
+pub fn import_line(file: &std::path::Path, outcome: &gem_resources::ImportOutcome) -> String {
+    use gem_resources::ImportOutcome;
+    let what = match outcome {
+        ImportOutcome::Imported { resources, .. } => format!("imported {}", resources.join(", ")),
+        ImportOutcome::AlreadyPresent { resources, .. } => {
+            format!("already present ({})", resources.join(", "))
+        }
+        ImportOutcome::NoMatch { .. } => "matches no declared resource".to_string(),
+    };
+    format!("{}: {what}", file.display())
+}
+
 /// Prints a JSON value on stdout, one line.
 pub fn print_json(value: &Value) {
     crate::outln!("{value}");

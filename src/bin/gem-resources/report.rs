@@ -102,7 +102,7 @@ pub fn print_status(status: &[GemStatus]) {
                 render::bytes(r.size),
                 r.host,
                 when,
-                state(&r.state, r.size)
+                state(&r.state, r.size, r.partial_bytes)
             );
             if let ResourceState::Failed { failure } = &r.state {
                 for a in &failure.attempts {
@@ -113,10 +113,11 @@ pub fn print_status(status: &[GemStatus]) {
     }
 }
 
-fn state(state: &ResourceState, size: u64) -> String {
+fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
+    let partial = partial.map(|n| format!("partial {}/{}", render::bytes(n), render::bytes(size)));
     match state {
         ResourceState::Present { .. } => "present".to_string(),
-        ResourceState::Missing => "missing".to_string(),
+        ResourceState::Missing => partial.unwrap_or_else(|| "missing".to_string()),
         ResourceState::Queued => "queued".to_string(),
         ResourceState::Downloading { bytes } => {
             format!(
@@ -126,7 +127,11 @@ fn state(state: &ResourceState, size: u64) -> String {
             )
         }
         ResourceState::Failed { failure } => {
-            format!("failed ({}) at {}", failure.code, render::utc(failure.at))
+            let failed = format!("failed ({}) at {}", failure.code, render::utc(failure.at));
+            match partial {
+                Some(kept) => format!("{failed}; {kept} kept"),
+                None => failed,
+            }
         }
     }
 }

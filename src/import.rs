@@ -1,0 +1,317 @@
+//! Offline import: a file the user already has, stored as if downloaded.
+//!
+//! For machines with no network, and for users who already hold the file.
+//! The file is hashed (streaming, constant memory) and matched by size and
+//! SHA-256 against the resources installed gems declare. A match is copied
+//! into the store through the same path as a download: the partial file in
+//! `tmp/` (created by [`Store::prepare`], which checks free space) under the
+//! SHA-256's lock, fsynced, hashed again, then made read-only and renamed
+//! into `blobs/` ([`Store::publish`]).
+//!
+//! The copy is a reflink (`FICLONE`) where the file system supports it, and
+//! a plain copy otherwise; never a hard link, so a later edit of the user's
+//! file cannot change the stored bytes. The user's file is only read.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::manifest::Resource;
+use crate::registry::Registry;
+use crate::service::Resources;
+use crate::store::Store;
+
+/// Read buffer for hashing; memory stays constant whatever the file size.
+const HASH_BUFFER: usize = 1 << 20;
+
+/// What importing one file did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ImportOutcome {
+    /// The bytes were copied into the store.
+    Imported {
+        /// Their SHA-256.
+        sha256: String,
+        /// Their size.
+        size: u64,
+        /// `gem/resource` of every installed resource they satisfy.
+        resources: Vec<String>,
+        /// Where they are stored now.
+        path: PathBuf,
+    },
+    /// The store already had these bytes; nothing was copied.
+    AlreadyPresent {
+        /// Their SHA-256.
+        sha256: String,
+        /// Their size.
+        size: u64,
+        /// `gem/resource` of every installed resource they satisfy.
+        resources: Vec<String>,
+    },
+    /// No installed gem declares a file of this size and SHA-256.
+    NoMatch {
+        /// The file's size.
+        size: u64,
+        /// Its SHA-256; not computed when no declared file has its size.
+        sha256: Option<String>,
+    },
+}
+
+impl Resources {
+    /// Imports the file at `path`: when an installed gem declares its size
+    /// and SHA-256, copies it into the store (the user's file is left as
+    /// it was) and clears the failure records of the resources it
+    /// satisfies. Afterwards [`Resources::path`] answers without a request.
+    pub async fn import(&self, path: &Path) -> Result<ImportOutcome> {
+        let store = self.store().clone();
+        let registry = Registry::new(&store);
+        let source = path.to_path_buf();
+        let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Invalid(format!(
+                "{} is not a file; import takes the files to store",
+                path.display()
+            )));
+        }
+        let size = meta.len();
+        if matching(&registry, size, None)?.is_empty() {
+            return Ok(ImportOutcome::NoMatch { size, sha256: None });
+        }
+        let sha256 = blocking(path, {
+            let source = source.clone();
+            move || hash_file(&source)
+        })
+        .await?;
+        if matching(&registry, size, Some(&sha256))?.is_empty() {
+            return Ok(ImportOutcome::NoMatch {
+                size,
+                sha256: Some(sha256),
+            });
+        }
+        // The download lock first (a download of these bytes in progress
+        // finishes), then the registry lock, so an uninstall cannot drop the
+        // declaration between the match and the publication.
+        let _sha_lock = store.lock(&sha256).await?;
+        let registry_lock = registry.lock().await?;
+        let matches = matching(&registry, size, Some(&sha256))?;
+        let Some((_, first)) = matches.first() else {
+            return Ok(ImportOutcome::NoMatch {
+                size,
+                sha256: Some(sha256),
+            });
+        };
+        let resources: Vec<String> = matches
+            .iter()
+            .map(|(gem, r)| format!("{gem}/{}", r.id))
+            .collect();
+        let outcome = if store.has(&sha256) {
+            ImportOutcome::AlreadyPresent {
+                sha256: sha256.clone(),
+                size,
+                resources,
+            }
+        } else {
+            let first = first.clone();
+            let stored = blocking(path, {
+                let (store, source) = (store.clone(), source.clone());
+                move || copy_in(&store, &source, &first)
+            })
+            .await?;
+            // Every declared name of these bytes exists from now on.
+            for (_, r) in &matches {
+                store.find(&sha256, &r.file_name())?;
+            }
+            ImportOutcome::Imported {
+                sha256: sha256.clone(),
+                size,
+                resources,
+                path: stored,
+            }
+        };
+        drop(registry_lock);
+        store.clear_failure(&sha256);
+        for (gem, r) in &matches {
+            registry.set_failure(gem, &r.id, None).await?;
+        }
+        Ok(outcome)
+    }
+}
+
+/// `(gem, resource)` of every installed resource of `size` bytes (and, when
+/// given, that SHA-256).
+fn matching(
+    registry: &Registry,
+    size: u64,
+    sha256: Option<&str>,
+) -> Result<Vec<(String, Resource)>> {
+    Ok(registry
+        .list()?
+        .into_iter()
+        .flat_map(|reg| {
+            let gem = reg.gem;
+            reg.resources
+                .into_iter()
+                .filter(|r| r.size == size && sha256.is_none_or(|s| r.sha256 == s))
+                .map(move |r| (gem.clone(), r))
+        })
+        .collect())
+}
+
+/// Runs blocking file work on `path` off the async runtime.
+async fn blocking<T: Send + 'static>(
+    path: &Path,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::io("the import stopped:", path, io::Error::other(e)))?
+}
+
+/// Lowercase hex SHA-256 of the file at `path`.
+fn hash_file(path: &Path) -> Result<String> {
+    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    Ok(hex::encode(hash_reader(file, path)?.0))
+}
+
+/// SHA-256 and length of everything `reader` yields.
+fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(Vec<u8>, u64)> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; HASH_BUFFER];
+    let mut len = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io("cannot read", path, e)),
+        };
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok((hasher.finalize().to_vec(), len))
+}
+
+/// Copies `source` into the store as `resource`'s file and publishes it once
+/// the copy's own bytes are verified. Call with the SHA-256 lock held.
+fn copy_in(store: &Store, source: &Path, resource: &Resource) -> Result<PathBuf> {
+    let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
+    // A kept partial download of the same bytes is replaced by the copy.
+    paths.remove();
+    let result = copy_and_check(source, &paths.data, resource);
+    match result {
+        Ok(()) => store.publish(&paths, &resource.sha256, &resource.file_name()),
+        Err(e) => {
+            paths.remove();
+            Err(e)
+        }
+    }
+}
+
+fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()> {
+    let from = File::open(source).map_err(|e| Error::io("cannot open", source, e))?;
+    let mut to = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dest)
+        .map_err(|e| Error::io("cannot create", dest, e))?;
+    if !reflink(&from, &to) {
+        // Any reflink error (another file system, no support, a partial
+        // clone) leaves the copy to do: start from an empty file.
+        let fail = |e| Error::io("cannot copy into", dest, e);
+        to.set_len(0).map_err(fail)?;
+        io::copy(&mut &from, &mut to).map_err(fail)?;
+    }
+    to.sync_all()
+        .map_err(|e| Error::io("cannot flush", dest, e))?;
+    // Verify what the store holds, not what the user's file held: the file
+    // may have changed since it was hashed, and the copy may be wrong.
+    let copy = File::open(dest).map_err(|e| Error::io("cannot open", dest, e))?;
+    let (digest, len) = hash_reader(copy, dest)?;
+    let actual = hex::encode(digest);
+    if len != resource.size || actual != resource.sha256 {
+        return Err(Error::io(
+            format!("resource {:?}: the copy of", resource.id),
+            source,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "changed while it was imported: expected {} bytes with SHA-256 {}, copied {len} bytes with SHA-256 {actual}",
+                    resource.size, resource.sha256
+                ),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Shares `from`'s blocks with the empty `to` (copy-on-write), where the
+/// file system can; `false` when a plain copy is needed.
+fn reflink(from: &File, to: &File) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        rustix::fs::ioctl_ficlone(to, from).is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (from, to);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(body: &[u8], sha256: String) -> Resource {
+        Resource {
+            id: "m".into(),
+            url: url::Url::parse("https://cdn.test/m.bin").unwrap(),
+            mirrors: vec![],
+            sha256,
+            size: body.len() as u64,
+            required: false,
+            description: None,
+        }
+    }
+
+    #[test]
+    fn a_copy_whose_bytes_do_not_match_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let source = dir.path().join("m.bin");
+        std::fs::write(&source, b"the bytes on disk now").unwrap();
+        // What the file held when it was hashed (and what is declared).
+        let declared = b"the bytes hashed once";
+        let r = resource(declared, hex::encode(Sha256::digest(declared)));
+        let err = copy_in(&store, &source, &r).unwrap_err();
+        assert_eq!(err.code(), "E_RESOURCE_IO");
+        assert!(
+            err.to_string().contains("changed while it was imported"),
+            "{err}"
+        );
+        assert!(!store.has(&r.sha256));
+        let left: Vec<_> = std::fs::read_dir(store.root().join("tmp"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_matching_copy_is_published_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let body = b"model weights";
+        let source = dir.path().join("m.bin");
+        std::fs::write(&source, body).unwrap();
+        let r = resource(body, hash_file(&source).unwrap());
+        let path = copy_in(&store, &source, &r).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), body);
+        assert!(std::fs::metadata(&path).unwrap().permissions().readonly());
+        assert!(!std::fs::metadata(&source).unwrap().permissions().readonly());
+    }
+}
