@@ -52,7 +52,7 @@ pub async fn download(
     // this caller waited for the lock (another process sharing the store)
     // is this caller's result too; only a later call tries again.
     let shared = waited
-        .then(|| store.failure_since(&resource.sha256, &addresses, waiting_since))
+        .then(|| store.failure_since(&resource.sha256, resource.size, &addresses, waiting_since))
         .flatten();
     if let Some(failure) = shared {
         return Err(Error::FailedElsewhere {
@@ -63,7 +63,7 @@ pub async fn download(
     let result = transfer_verified(fetcher, store, resource, retry, progress, &name).await;
     match &result {
         Ok(_) => store.clear_failure(&resource.sha256),
-        Err(e) => store.record_failure(&resource.sha256, &addresses, e),
+        Err(e) => store.record_failure(&resource.sha256, resource.size, &addresses, e),
     }
     result
 }

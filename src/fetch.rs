@@ -321,7 +321,10 @@ fn next_hop(current: &Url, response: &reqwest::Response) -> Result<Url, AttemptE
         reason: format!("redirect ({status}) with a Location that is not text"),
     })?;
     current.join(text).map_err(|e| AttemptError::Network {
-        reason: format!("redirect ({status}) to an invalid Location {text:?}: {e}"),
+        reason: format!(
+            "redirect ({status}) to an invalid Location {:?}: {e}",
+            crate::error::shorten(text)
+        ),
     })
 }
 

@@ -22,7 +22,10 @@ use url::Host;
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",
 /// "link-local", "carrier-grade NAT", "local host name".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{address} is a local or internal-network address ({reason})")]
+#[error(
+    "{} is a local or internal-network address ({reason})",
+    crate::error::shorten(address)
+)]
 pub struct Blocked {
     /// The refused host name or IP address, as text.
     pub address: String,
