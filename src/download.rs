@@ -42,7 +42,10 @@ pub async fn download(
     let waiting_since = std::time::SystemTime::now();
     let (_lock, waited) = match store.try_lock(&resource.sha256)? {
         Some(lock) => (lock, false),
-        None => (store.lock(&resource.sha256).await?, true),
+        None => {
+            tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
+            (store.lock(&resource.sha256).await?, true)
+        }
     };
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);

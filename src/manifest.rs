@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 
 use serde_json::{Map, Value};
 use url::Url;
@@ -156,16 +157,57 @@ fn render_problems(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// Reads a manifest file for [`parse_manifest`] without ever holding more
+/// than the cap: the size is checked from the file's metadata first, then
+/// at most one byte past [`MAX_MANIFEST_BYTES`] is read (enough for the
+/// validator to report a file that grew in between). Anything but a regular
+/// file (a folder, a FIFO, a device) is refused without being read.
+pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
+    let io = |e| crate::Error::io("cannot read manifest", path, e);
+    let not_regular = || {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
+    };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if !metadata.is_file() {
+        return Err(not_regular());
+    }
+    if metadata.len() > MAX_MANIFEST_BYTES as u64 {
+        return Err(ManifestError::single("manifest", too_large(metadata.len())).into());
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Should the file be swapped for a FIFO after the check, opening it
+    // must not wait for a writer.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(not_regular());
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(file, MAX_MANIFEST_BYTES as u64 + 1),
+        &mut bytes,
+    )
+    .map_err(io)?;
+    Ok(bytes)
+}
+
+/// The problem of a manifest of `len` bytes.
+fn too_large(len: u64) -> String {
+    format!("is {len} bytes, larger than the {MAX_MANIFEST_BYTES}-byte limit")
+}
+
 /// Validates raw bytes (checks the size cap first, then JSON, then object,
 /// then resources).
 pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ManifestError> {
     if bytes.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::single(
             "manifest",
-            format!(
-                "is {} bytes, larger than the {MAX_MANIFEST_BYTES}-byte limit",
-                bytes.len()
-            ),
+            too_large(bytes.len() as u64),
         ));
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|error| {

@@ -157,6 +157,7 @@ impl Scheduler {
                 job.urgent.store(true, Ordering::Relaxed);
             }
             job.add_waiter(gem, &resource.id);
+            tracing::debug!(gem, resource = %resource.id, "joining the download in progress");
             return job.done.clone();
         }
         let (tx, rx) = watch::channel(None);
