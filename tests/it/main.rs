@@ -8,6 +8,7 @@ mod address_guard;
 mod autofill;
 mod cli_basics;
 mod fetch_rules;
+mod hostile_input;
 mod manifest_cli;
 mod process_signals;
 mod service_cli;
