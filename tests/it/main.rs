@@ -11,6 +11,7 @@ mod fetch_rules;
 mod hostile_input;
 mod manifest_cli;
 mod process_signals;
+mod serve_scans;
 mod service_cli;
 mod service_concurrency;
 mod service_crash;

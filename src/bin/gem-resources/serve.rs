@@ -131,6 +131,10 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     for gem in installed.difference(&present.keys().cloned().collect()) {
         let scans = seen.missing.entry(gem.clone()).or_default();
         *scans += 1;
+        tracing::info!(
+            gem,
+            "missing from the gems folder (scan {scans} of {MISSING_SCANS_TO_UNINSTALL})"
+        );
         if *scans < MISSING_SCANS_TO_UNINSTALL {
             continue;
         }
