@@ -63,6 +63,7 @@ pub async fn download_with(
     let (_lock, waited) = match store.try_lock(&resource.sha256)? {
         Some(lock) => (lock, false),
         None => {
+            tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
             let lock = store.lock(&resource.sha256);
             let lock = match cancel {
                 Some(token) => tokio::select! {
@@ -82,7 +83,7 @@ pub async fn download_with(
     // this caller waited for the lock (another process sharing the store)
     // is this caller's result too; only a later call tries again.
     let shared = waited
-        .then(|| store.failure_since(&resource.sha256, &addresses, waiting_since))
+        .then(|| store.failure_since(&resource.sha256, resource.size, &addresses, waiting_since))
         .flatten();
     if let Some(failure) = shared {
         return Err(Error::FailedElsewhere {
@@ -102,10 +103,14 @@ pub async fn download_with(
         Ok(()) => store.publish(&paths, &resource.sha256, &name),
         Err(e) => Err(e),
     };
+    if result.is_err() && paths.kept().is_none() {
+        // Nothing in it can be resumed.
+        paths.remove();
+    }
     match &result {
         Ok(_) => store.clear_failure(&resource.sha256),
         Err(Error::Cancelled { .. }) => {}
-        Err(e) => store.record_failure(&resource.sha256, &addresses, e),
+        Err(e) => store.record_failure(&resource.sha256, resource.size, &addresses, e),
     }
     result
 }

@@ -35,7 +35,10 @@ pub enum AttemptError {
     #[error("{0}")]
     Address(#[from] Blocked),
     /// The user's network policy does not permit the host.
-    #[error("host {host} is not permitted by the network policy ({mode} mode)")]
+    #[error(
+        "host {} is not permitted by the network policy ({mode} mode)",
+        shorten(host)
+    )]
     Policy {
         /// The refused host.
         host: String,
@@ -57,7 +60,7 @@ pub enum AttemptError {
         retry_after: Option<std::time::Duration>,
     },
     /// DNS, connect, TLS, reset or timeout.
-    #[error("{reason}")]
+    #[error("{}", shorten_to(reason, MAX_REASON_CHARS))]
     Network {
         /// What happened, with the underlying cause.
         reason: String,
@@ -129,7 +132,7 @@ pub struct Attempt {
 
 fn hop_suffix(address: &Url, hop: Option<&Url>) -> String {
     match hop {
-        Some(hop) if hop != address => format!(" (redirected to {hop})"),
+        Some(hop) if hop != address => format!(" (redirected to {})", shorten(hop.as_str())),
         _ => String::new(),
     }
 }
@@ -278,5 +281,67 @@ pub const CODES: &[&str] = &[
     "E_RESOURCE_CANCELLED",
 ];
 
+/// The most characters [`shorten`] keeps of a text taken from a server.
+const MAX_SERVER_TEXT_CHARS: usize = 256;
+
+/// The most characters a network failure's reason keeps: it may quote a
+/// server's URL inside an error chain, so it gets a cap of its own.
+pub(crate) const MAX_REASON_CHARS: usize = 1024;
+
+/// Cuts a text taken from a server (a redirect's Location, a hop's URL or
+/// host) to about 256 characters, so that a hostile server cannot blow up a
+/// message or a failure record. A cut text ends with `…` and the original
+/// length, e.g. `https://evil.test/aaaa… (204800 characters)`.
+pub(crate) fn shorten(text: &str) -> String {
+    shorten_to(text, MAX_SERVER_TEXT_CHARS)
+}
+
+/// [`shorten`] with an explicit limit, in characters.
+pub(crate) fn shorten_to(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}… ({} characters)", &text[..cut], text.chars().count()),
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorten_keeps_short_text_and_cuts_long_text_at_a_char_boundary() {
+        assert_eq!(shorten("https://a.test/x"), "https://a.test/x");
+        let exact = "a".repeat(256);
+        assert_eq!(shorten(&exact), exact);
+        let long = "é".repeat(300);
+        let cut = shorten(&long);
+        assert_eq!(cut, format!("{}… (300 characters)", "é".repeat(256)));
+    }
+
+    #[test]
+    fn an_attempt_names_a_long_redirect_target_shortened() {
+        let long = format!("https://evil.test/{}", "a".repeat(200_000));
+        let attempt = Attempt {
+            address: Url::parse("https://cdn.test/m.bin").unwrap(),
+            hop: Some(Url::parse(&long).unwrap()),
+            error: AttemptError::Network {
+                reason: format!("error sending request for url ({long})"),
+            },
+        };
+        let text = attempt.to_string();
+        assert!(text.len() < 2000, "{} bytes", text.len());
+        assert!(
+            text.contains("(redirected to https://evil.test/aaa"),
+            "{text}"
+        );
+        assert!(text.contains("(200018 characters)"), "{text}");
+        let policy = AttemptError::Policy {
+            host: "x".repeat(10_000),
+            mode: "allowlist",
+        };
+        assert!(policy.to_string().len() < 400);
+    }
+}

@@ -383,6 +383,12 @@ impl Fetcher {
         let mut policy_changes = self.policy_version.subscribe();
         let mut received = offset;
         let mut window = (Instant::now(), received);
+        let mut checkpoints = tokio::time::interval(crate::sink::CHECKPOINT_EVERY);
+        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checkpoints.reset();
+        // The stall timer runs from the last byte, whatever else wakes the
+        // loop.
+        let mut stall_at = Instant::now() + self.stall;
         // Every way out before `finish` closes the sink first, so the kept
         // bytes are flushed and recorded before anyone looks at them.
         let failure: Option<TransferError> = loop {
@@ -395,7 +401,13 @@ impl Fetcher {
                         Err(e) => break Some(fail(&hop, e)),
                     }
                 }
-                next = tokio::time::timeout(self.stall, response.chunk()) => next,
+                _ = checkpoints.tick() => {
+                    if let Err(e) = sink.checkpoint().await {
+                        return Err(local_write(&sink_path, e));
+                    }
+                    continue;
+                }
+                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
             };
             let chunk = match next {
                 Err(_) => {
@@ -409,6 +421,7 @@ impl Fetcher {
                 Ok(Ok(None)) => break None,
                 Ok(Ok(Some(chunk))) => chunk,
             };
+            stall_at = Instant::now() + self.stall;
             let len = chunk.len();
             received += len as u64;
             if received > limit {
@@ -629,7 +642,10 @@ fn next_hop(current: &Url, response: &reqwest::Response) -> Result<Url, AttemptE
         reason: format!("redirect ({status}) with a Location that is not text"),
     })?;
     current.join(text).map_err(|e| AttemptError::Network {
-        reason: format!("redirect ({status}) to an invalid Location {text:?}: {e}"),
+        reason: format!(
+            "redirect ({status}) to an invalid Location {:?}: {e}",
+            crate::error::shorten(text)
+        ),
     })
 }
 

@@ -22,7 +22,10 @@ use url::Host;
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",
 /// "link-local", "carrier-grade NAT", "local host name".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{address} is a local or internal-network address ({reason})")]
+#[error(
+    "{} is a local or internal-network address ({reason})",
+    crate::error::shorten(address)
+)]
 pub struct Blocked {
     /// The refused host name or IP address, as text.
     pub address: String,
@@ -164,6 +167,61 @@ fn low_v4(bits: u128) -> Ipv4Addr {
     Ipv4Addr::from(bits as u32)
 }
 
+/// An IPv4 address carried inside an IPv6 address.
+enum Embedded {
+    /// One address, carried the way `Embedding` says.
+    One(Embedding, Ipv4Addr),
+    /// A Teredo address: its server, and its (de-obfuscated) client.
+    Teredo { server: Ipv4Addr, client: Ipv4Addr },
+}
+
+/// The IPv4 address(es) `bits` carries, if it is one of the transition
+/// formats. `::` and `::1` are not IPv4-compatible addresses.
+fn embedding(bits: u128) -> Option<Embedded> {
+    // ::ffff:a.b.c.d
+    if prefix_match(bits, 0xffff << 32, 96) {
+        return Some(Embedded::One(Embedding::Mapped, low_v4(bits)));
+    }
+    // ::a.b.c.d
+    if prefix_match(bits, 0, 96) && bits > 1 {
+        return Some(Embedded::One(Embedding::Compatible, low_v4(bits)));
+    }
+    // 64:ff9b::a.b.c.d
+    if prefix_match(bits, 0x0064_ff9b << 96, 96) {
+        return Some(Embedded::One(Embedding::Nat64, low_v4(bits)));
+    }
+    // 2002:AABB:CCDD::/48 carries a.b.c.d in bits 16..48.
+    if prefix_match(bits, 0x2002 << 112, 16) {
+        return Some(Embedded::One(Embedding::SixToFour, low_v4(bits >> 80)));
+    }
+    // Teredo, 2001:0:SSSS:SSSS:flags:port:CCCC:CCCC.
+    if prefix_match(bits, 0x2001 << 112, 32) {
+        return Some(Embedded::Teredo {
+            server: low_v4(bits >> 64),
+            client: low_v4(!bits),
+        });
+    }
+    None
+}
+
+/// The IPv4 address an IPv6 address reaches through a transition format:
+/// IPv4-mapped, IPv4-compatible, NAT64 (the well-known `64:ff9b::/96` and
+/// the local-use `64:ff9b:1::/48`, whose usual `/96` prefixes carry the
+/// address in the low 32 bits), 6to4, and Teredo (its client, the host the
+/// traffic is relayed to; the Teredo server only helps set up the tunnel).
+///
+/// The policy uses this so that an IPv4 pattern matches every IPv6
+/// spelling of that address.
+pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(ip);
+    match embedding(bits) {
+        Some(Embedded::One(_, v4)) => Some(v4),
+        Some(Embedded::Teredo { client, .. }) => Some(client),
+        None if prefix_match(bits, 0x0064_ff9b_0001 << 80, 48) => Some(low_v4(bits)),
+        None => None,
+    }
+}
+
 fn classify_v6(ip: Ipv6Addr) -> Option<&'static str> {
     let bits = u128::from(ip);
     if bits == 0 {
@@ -172,33 +230,19 @@ fn classify_v6(ip: Ipv6Addr) -> Option<&'static str> {
     if bits == 1 {
         return Some("loopback");
     }
-    // ::ffff:a.b.c.d
-    if prefix_match(bits, 0xffff << 32, 96) {
-        return classify_embedded(low_v4(bits), Embedding::Mapped);
-    }
-    // ::a.b.c.d (:: and ::1 were handled above)
-    if prefix_match(bits, 0, 96) {
-        return classify_embedded(low_v4(bits), Embedding::Compatible);
-    }
-    // 64:ff9b::a.b.c.d
-    if prefix_match(bits, 0x0064_ff9b << 96, 96) {
-        return classify_embedded(low_v4(bits), Embedding::Nat64);
-    }
-    // 2002:AABB:CCDD::/48 carries a.b.c.d in bits 16..48.
-    if prefix_match(bits, 0x2002 << 112, 16) {
-        return classify_embedded(low_v4(bits >> 80), Embedding::SixToFour);
-    }
-    // Teredo, 2001:0:SSSS:SSSS:flags:port:CCCC:CCCC. The whole prefix lies in
-    // the IETF protocol assignment block 2001::/23, which is not globally
-    // reachable, and a Teredo relay forwards to whatever client address the
-    // IPv6 address names, so every Teredo address is refused; the embedded
-    // addresses only make the reason more precise.
-    if prefix_match(bits, 0x2001 << 112, 32) {
-        let server = low_v4(bits >> 64);
-        let client = low_v4(!bits);
-        return classify_embedded(server, Embedding::TeredoServer)
-            .or_else(|| classify_embedded(client, Embedding::TeredoClient))
-            .or(Some("Teredo tunnel (2001::/32)"));
+    match embedding(bits) {
+        Some(Embedded::One(how, v4)) => return classify_embedded(v4, how),
+        // The whole Teredo prefix lies in the IETF protocol assignment block
+        // 2001::/23, which is not globally reachable, and a Teredo relay
+        // forwards to whatever client address the IPv6 address names, so
+        // every Teredo address is refused; the embedded addresses only make
+        // the reason more precise.
+        Some(Embedded::Teredo { server, client }) => {
+            return classify_embedded(server, Embedding::TeredoServer)
+                .or_else(|| classify_embedded(client, Embedding::TeredoClient))
+                .or(Some("Teredo tunnel (2001::/32)"));
+        }
+        None => {}
     }
     if let Some(&(_, _, reason)) = V6_SPECIAL
         .iter()

@@ -1,5 +1,6 @@
-//! A counting semaphore with a second, per-key bound (the host), that serves
-//! urgent waiters first and shares the rest fairly between gems.
+//! A counting semaphore with a second, per-key bound (the host) and a
+//! per-gem share, that serves urgent waiters first and shares the rest
+//! fairly between gems.
 //!
 //! `tokio::sync::Semaphore` is strictly first-come first-served. The service
 //! needs more: an on-demand lookup (a tool waiting for its file) goes ahead
@@ -15,6 +16,11 @@
 //! not even join the queue for the global slot.) A released slot goes to the
 //! oldest urgent waiter that can take it, else to the waiter that can take it
 //! whose gem has been served least.
+//!
+//! No gem holds every slot: a gem may hold at most all slots but one (with a
+//! single slot, that one). A gem whose files sit on several hosts, or whose
+//! server drips bytes just fast enough not to stall, can therefore never
+//! keep another gem from starting a download.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +40,10 @@ struct State {
     available: usize,
     /// Slots one key may hold at once.
     per_key: usize,
+    /// Slots one gem may hold at once: all but one.
+    per_gem: usize,
+    /// Slots held per gem.
+    held_by_gem: HashMap<String, usize>,
     /// Slots held per key.
     held: HashMap<String, usize>,
     /// Waiting acquirers, oldest first.
@@ -57,12 +67,13 @@ struct Waiter {
 #[derive(Debug)]
 pub(crate) struct Permit {
     limiter: Arc<Limiter>,
+    gem: String,
     key: String,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.limiter.release(&self.key);
+        self.limiter.release(&self.gem, &self.key);
     }
 }
 
@@ -71,6 +82,7 @@ impl Drop for Permit {
 struct Pending<'a> {
     limiter: &'a Arc<Limiter>,
     id: u64,
+    gem: String,
     key: String,
     done: bool,
 }
@@ -87,40 +99,52 @@ impl Drop for Pending<'_> {
         drop(state);
         if !was_waiting {
             // The slot was handed over while the acquirer went away.
-            self.limiter.release(&self.key);
+            self.limiter.release(&self.gem, &self.key);
         }
     }
 }
 
 impl State {
-    fn can_take(&self, key: &str) -> bool {
-        self.available > 0 && self.held.get(key).copied().unwrap_or(0) < self.per_key
+    fn can_take(&self, gem: &str, key: &str) -> bool {
+        self.available > 0
+            && self.held.get(key).copied().unwrap_or(0) < self.per_key
+            && self.held_by_gem.get(gem).copied().unwrap_or(0) < self.per_gem
     }
 
     fn take(&mut self, gem: &str, key: &str) {
         self.available -= 1;
         *self.held.entry(key.to_string()).or_default() += 1;
+        *self.held_by_gem.entry(gem.to_string()).or_default() += 1;
         *self.served.entry(gem.to_string()).or_default() += 1;
     }
 
-    fn give_back(&mut self, key: &str) {
+    fn give_back(&mut self, gem: &str, key: &str) {
         self.available += 1;
-        if let Some(n) = self.held.get_mut(key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.held.remove(key);
-            }
+        decrement(&mut self.held, key);
+        decrement(&mut self.held_by_gem, gem);
+    }
+}
+
+/// Counts one slot fewer for `name`, forgetting it at zero.
+fn decrement(counts: &mut HashMap<String, usize>, name: &str) {
+    if let Some(n) = counts.get_mut(name) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(name);
         }
     }
 }
 
 impl Limiter {
-    /// A limiter with `slots` slots, at most `per_key` of them per key.
+    /// A limiter with `slots` slots, at most `per_key` of them per key and
+    /// at most `slots - 1` (at least one) per gem.
     pub(crate) fn new(slots: usize, per_key: usize) -> Arc<Limiter> {
         Arc::new(Limiter {
             state: Mutex::new(State {
                 available: slots,
                 per_key,
+                per_gem: slots.saturating_sub(1).max(1),
+                held_by_gem: HashMap::new(),
                 held: HashMap::new(),
                 waiters: Vec::new(),
                 served: HashMap::new(),
@@ -145,10 +169,11 @@ impl Limiter {
             let mut state = self.lock();
             // Every waiter that could take a slot was handed one when the
             // slot came free, so a free slot here is nobody else's.
-            if state.can_take(key) {
+            if state.can_take(gem, key) {
                 state.take(gem, key);
                 return Permit {
                     limiter: self.clone(),
+                    gem: gem.to_string(),
                     key: key.to_string(),
                 };
             }
@@ -166,6 +191,7 @@ impl Limiter {
         let mut pending = Pending {
             limiter: self,
             id,
+            gem: gem.to_string(),
             key: key.to_string(),
             done: false,
         };
@@ -174,6 +200,7 @@ impl Limiter {
         pending.done = true;
         Permit {
             limiter: self.clone(),
+            gem: gem.to_string(),
             key: key.to_string(),
         }
     }
@@ -184,15 +211,21 @@ impl Limiter {
         self.lock().waiters.len()
     }
 
-    fn release(&self, key: &str) {
+    /// Slots `gem` holds now (for tests).
+    #[cfg(test)]
+    pub(crate) fn held_by(&self, gem: &str) -> usize {
+        self.lock().held_by_gem.get(gem).copied().unwrap_or(0)
+    }
+
+    fn release(&self, gem: &str, key: &str) {
         let mut state = self.lock();
-        state.give_back(key);
+        state.give_back(gem, key);
         while let Some(index) = pick(&state) {
             let waiter = state.waiters.remove(index);
             state.take(&waiter.gem, &waiter.key);
             if waiter.wake.send(()).is_err() {
                 // That acquirer is gone; offer the slot to the next one.
-                state.give_back(&waiter.key);
+                state.give_back(&waiter.gem, &waiter.key);
             }
         }
     }
@@ -205,7 +238,7 @@ fn pick(state: &State) -> Option<usize> {
             .waiters
             .iter()
             .enumerate()
-            .filter(|(_, w)| state.can_take(&w.key))
+            .filter(|(_, w)| state.can_take(&w.gem, &w.key))
     };
     if let Some((i, _)) = eligible().find(|(_, w)| w.urgent.load(Ordering::Relaxed)) {
         return Some(i);
@@ -227,7 +260,7 @@ mod tests {
     async fn never_more_than_the_slots() {
         let limiter = Limiter::new(2, 2);
         let a = limiter.acquire("g", "h", &flag(false)).await;
-        let _b = limiter.acquire("g", "h", &flag(false)).await;
+        let _b = limiter.acquire("other", "h", &flag(false)).await;
         let l2 = limiter.clone();
         let third = tokio::spawn(async move { l2.acquire("g", "h", &flag(false)).await });
         tokio::task::yield_now().await;
@@ -310,8 +343,43 @@ mod tests {
             tokio::task::yield_now().await;
         }
         // The second slot is free, and another key takes it at once.
-        let _b = limiter.acquire("g", "free", &flag(false)).await;
+        let _b = limiter.acquire("other", "free", &flag(false)).await;
         assert!(!same.is_finished());
+    }
+
+    #[tokio::test]
+    async fn no_gem_holds_every_slot_while_another_gem_waits() {
+        // Two slots, each host may use both: gem "many" gets one, and its
+        // second file (on another host) waits although a slot is free, so
+        // that gem "one" starts at once.
+        let limiter = Limiter::new(2, 2);
+        let first = limiter.acquire("many", "a.test", &flag(false)).await;
+        let l2 = limiter.clone();
+        let second = tokio::spawn(async move { l2.acquire("many", "b.test", &flag(false)).await });
+        // The spawned acquire has either queued or taken a slot once it ran.
+        while limiter.waiting() == 0 && !second.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(limiter.held_by("many"), 1);
+        let other = limiter.acquire("one", "c.test", &flag(false)).await;
+        assert_eq!(limiter.held_by("one"), 1);
+        assert!(!second.is_finished());
+        // When the other gem is done, the waiting file of "many" still
+        // waits for its own gem's slot; when that frees, it runs.
+        drop(other);
+        assert_eq!(limiter.waiting(), 1);
+        drop(first);
+        let _second = second.await.unwrap();
+        assert_eq!(limiter.held_by("many"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_single_slot_is_a_gem_share_of_one() {
+        let limiter = Limiter::new(1, 1);
+        let held = limiter.acquire("g", "h", &flag(false)).await;
+        assert_eq!(limiter.held_by("g"), 1);
+        drop(held);
+        let _again = limiter.acquire("g", "h", &flag(false)).await;
     }
 
     #[tokio::test]

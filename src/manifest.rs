@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 
 use serde_json::{Map, Value};
 use url::Url;
@@ -29,6 +30,9 @@ const QUOTE_LIMIT: usize = 100;
 const MAX_ID_CHARS: usize = 128;
 /// The most characters a `url` or mirror may have.
 const MAX_URL_CHARS: usize = 2048;
+/// The most mirrors a resource may list: enough for any real distribution,
+/// few enough that one manifest cannot queue thousands of attempts.
+pub const MAX_MIRRORS: usize = 16;
 /// The most bytes [`Resource::file_name`] returns.
 const MAX_FILE_NAME_BYTES: usize = 200;
 /// The longest extension (dot included) kept when a file name is cut.
@@ -153,16 +157,57 @@ fn render_problems(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// Reads a manifest file for [`parse_manifest`] without ever holding more
+/// than the cap: the size is checked from the file's metadata first, then
+/// at most one byte past [`MAX_MANIFEST_BYTES`] is read (enough for the
+/// validator to report a file that grew in between). Anything but a regular
+/// file (a folder, a FIFO, a device) is refused without being read.
+pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
+    let io = |e| crate::Error::io("cannot read manifest", path, e);
+    let not_regular = || {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
+    };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if !metadata.is_file() {
+        return Err(not_regular());
+    }
+    if metadata.len() > MAX_MANIFEST_BYTES as u64 {
+        return Err(ManifestError::single("manifest", too_large(metadata.len())).into());
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Should the file be swapped for a FIFO after the check, opening it
+    // must not wait for a writer.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(not_regular());
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(file, MAX_MANIFEST_BYTES as u64 + 1),
+        &mut bytes,
+    )
+    .map_err(io)?;
+    Ok(bytes)
+}
+
+/// The problem of a manifest of `len` bytes.
+fn too_large(len: u64) -> String {
+    format!("is {len} bytes, larger than the {MAX_MANIFEST_BYTES}-byte limit")
+}
+
 /// Validates raw bytes (checks the size cap first, then JSON, then object,
 /// then resources).
 pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ManifestError> {
     if bytes.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::single(
             "manifest",
-            format!(
-                "is {} bytes, larger than the {MAX_MANIFEST_BYTES}-byte limit",
-                bytes.len()
-            ),
+            too_large(bytes.len() as u64),
         ));
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|error| {
@@ -309,7 +354,12 @@ fn check_entry(
 
     let id = check_id(object.get("id"), path, index, first_use, report);
     let url = check_required_url(object.get("url"), &format!("{path}.url"), report);
-    let mirrors = check_mirrors(object.get("mirrors"), &format!("{path}.mirrors"), report);
+    let mirrors = check_mirrors(
+        object.get("mirrors"),
+        url.as_ref(),
+        &format!("{path}.mirrors"),
+        report,
+    );
     let sha256 = check_sha256(object.get("sha256"), &format!("{path}.sha256"), report);
     let size = check_size(object.get("size"), &format!("{path}.size"), report);
     let required = check_required(object.get("required"), &format!("{path}.required"), report);
@@ -393,8 +443,15 @@ fn check_url_text(text: &str, path: &str, report: &mut Report) -> Option<Url> {
     }
 }
 
-/// Checks the optional `mirrors` array; every element is reported on its own.
-fn check_mirrors(value: Option<&Value>, path: &str, report: &mut Report) -> Option<Vec<Url>> {
+/// Checks the optional `mirrors` array; every element is reported on its
+/// own. At most [`MAX_MIRRORS`]; a mirror equal to `url` or to an earlier
+/// mirror (compared as parsed addresses) is refused.
+fn check_mirrors(
+    value: Option<&Value>,
+    url: Option<&Url>,
+    path: &str,
+    report: &mut Report,
+) -> Option<Vec<Url>> {
     let items = match value {
         None => return Some(Vec::new()),
         Some(Value::Array(items)) => items,
@@ -403,9 +460,21 @@ fn check_mirrors(value: Option<&Value>, path: &str, report: &mut Report) -> Opti
             return None;
         }
     };
-    let mut mirrors = Vec::with_capacity(items.len());
     let mut all_valid = true;
-    for (index, item) in items.iter().enumerate() {
+    if items.len() > MAX_MIRRORS {
+        report.add(
+            &format!("{path}[{MAX_MIRRORS}]"),
+            format!(
+                "at most {MAX_MIRRORS} mirrors are allowed, got {}",
+                items.len()
+            ),
+        );
+        all_valid = false;
+    }
+    let mut mirrors: Vec<Url> = Vec::with_capacity(items.len().min(MAX_MIRRORS));
+    // Only the allowed ones are checked, so an oversized list costs no more
+    // than a full one.
+    for (index, item) in items.iter().enumerate().take(MAX_MIRRORS) {
         let item_path = format!("{path}[{index}]");
         let parsed = match item {
             Value::String(text) => check_url_text(text, &item_path, report),
@@ -417,10 +486,31 @@ fn check_mirrors(value: Option<&Value>, path: &str, report: &mut Report) -> Opti
                 None
             }
         };
-        match parsed {
-            Some(url) => mirrors.push(url),
-            None => all_valid = false,
+        let Some(mirror) = parsed else {
+            all_valid = false;
+            continue;
+        };
+        let entry_path = path.strip_suffix(".mirrors").unwrap_or(path);
+        if url == Some(&mirror) {
+            report.add(
+                &item_path,
+                format!(
+                    "must differ from {entry_path}.url, got {}",
+                    quote(mirror.as_str())
+                ),
+            );
+            all_valid = false;
+        } else if let Some(first) = mirrors.iter().position(|m| *m == mirror) {
+            report.add(
+                &item_path,
+                format!(
+                    "duplicate mirror {} (first listed at {path}[{first}])",
+                    quote(mirror.as_str())
+                ),
+            );
+            all_valid = false;
         }
+        mirrors.push(mirror);
     }
     all_valid.then_some(mirrors)
 }
@@ -1211,6 +1301,46 @@ mod tests {
         assert!(one_resource(entry_with("mirrors", json!([])))
             .mirrors
             .is_empty());
+    }
+
+    #[test]
+    fn at_most_sixteen_mirrors() {
+        let list = |n: usize| -> Vec<String> {
+            (0..n)
+                .map(|i| format!("https://m{i}.example.com/a"))
+                .collect()
+        };
+        assert_eq!(
+            one_resource(entry_with("mirrors", json!(list(16))))
+                .mirrors
+                .len(),
+            16
+        );
+        assert_eq!(
+            lines(&json!({ "resources": [entry_with("mirrors", json!(list(60_000)))] })),
+            ["E_PERM_INVALID: manifest.resources[0].mirrors[16]: at most 16 mirrors are allowed, got 60000"]
+        );
+    }
+
+    #[test]
+    fn a_mirror_may_not_repeat_the_url_or_an_earlier_mirror() {
+        let url = base_entry()["url"].as_str().unwrap().to_string();
+        let entry = entry_with(
+            "mirrors",
+            json!([
+                "https://m.example.com/a",
+                url,
+                "https://M.Example.COM:443/a",
+                "https://other.example.com/a"
+            ]),
+        );
+        assert_eq!(
+            lines(&json!({ "resources": [entry] })),
+            [
+                format!("E_PERM_INVALID: manifest.resources[0].mirrors[1]: must differ from manifest.resources[0].url, got \"{url}\""),
+                "E_PERM_INVALID: manifest.resources[0].mirrors[2]: duplicate mirror \"https://m.example.com/a\" (first listed at manifest.resources[0].mirrors[0])".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! `[2001:db8::1]`) or `*.example.com`, which matches every subdomain of
 //! `example.com` at any depth but not `example.com` itself. Names compare
 //! case-insensitively with a trailing dot ignored; IP addresses compare as
-//! addresses, so `[::1]` and `::1` are the same pattern, and an IPv4 address
-//! matches its IPv4-mapped IPv6 form.
+//! addresses, so `[::1]` and `::1` are the same pattern, and an IPv4 pattern
+//! matches every IPv6 spelling that carries that address: IPv4-mapped,
+//! IPv4-compatible, NAT64 (`64:ff9b::/96` and `64:ff9b:1::/48`), 6to4 and
+//! Teredo, as the address guard reads them ([`crate::guard::embedded_ipv4`]).
 
 use std::net::IpAddr;
 
@@ -76,7 +78,11 @@ impl Pattern {
                 .strip_suffix(parent.as_str())
                 .and_then(|rest| rest.strip_suffix('.'))
                 .is_some_and(|label| !label.is_empty()),
-            (Pattern::Ip(pattern), HostKey::Ip(ip)) => pattern == ip,
+            (Pattern::Ip(pattern), HostKey::Ip(ip)) => {
+                pattern == ip
+                    || matches!((pattern, ip), (IpAddr::V4(v4), IpAddr::V6(v6))
+                        if crate::guard::embedded_ipv4(*v6) == Some(*v4))
+            }
             _ => false,
         }
     }
@@ -291,6 +297,38 @@ mod tests {
         assert!(p.permits("::1"));
         // Numeric shorthands are the same address.
         assert!(allow(&["127.1"]).permits("127.0.0.1"));
+    }
+
+    #[test]
+    fn an_ipv4_pattern_matches_every_ipv6_embedding_of_it() {
+        let block = policy(Mode::Blocklist, &["8.8.8.8"]);
+        let allow = allow(&["8.8.8.8"]);
+        for host in [
+            "8.8.8.8",
+            "[::ffff:8.8.8.8]",
+            "[::8.8.8.8]",
+            "[64:ff9b::8.8.8.8]",
+            "[64:ff9b:1::808:808]",
+            "[2002:808:808::1]",
+            // Teredo: server 65.54.227.120, client 8.8.8.8 (bits inverted).
+            "[2001:0:4136:e378:8000:63bf:f7f7:f7f7]",
+        ] {
+            assert!(!block.permits(host), "blocklist {host}");
+            assert!(allow.permits(host), "allowlist {host}");
+        }
+        for host in [
+            "[::ffff:8.8.4.4]",
+            "[64:ff9b::8.8.4.4]",
+            "[2002:808:404::1]",
+            "[2001:db8::808:808]",
+            // Teredo whose server, not client, is 8.8.8.8.
+            "[2001:0:808:808:8000:63bf:f7f7:f7f6]",
+        ] {
+            assert!(block.permits(host), "blocklist {host}");
+            assert!(!allow.permits(host), "allowlist {host}");
+        }
+        // An IPv6 pattern is not widened the other way.
+        assert!(policy(Mode::Blocklist, &["2002:808:808::1"]).permits("8.8.8.8"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{shorten_to, Error, Result};
 use crate::manifest::Resource;
 use crate::store::Store;
 
@@ -50,16 +50,28 @@ pub struct AttemptRecord {
     pub reason: String,
 }
 
+/// The most attempts a failure record keeps: the url and its 16 mirrors.
+const MAX_RECORDED_ATTEMPTS: usize = 17;
+/// The most characters a recorded address or reason keeps.
+const MAX_RECORDED_TEXT_CHARS: usize = 2048;
+/// The most characters a failure's full message keeps, on disk and when it
+/// is shared with another process: a hostile server must not be able to
+/// make records grow without bound.
+pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
+
 impl FailureRecord {
-    /// Records `error` as of now.
+    /// Records `error` as of now. The record is bounded: at most 17
+    /// attempts, each address and reason cut to 2048 characters, and the
+    /// message to 16 KiB.
     pub fn from_error(error: &Error) -> FailureRecord {
         let attempts = match error {
             Error::Unavailable { attempts, .. } => attempts
                 .iter()
+                .take(MAX_RECORDED_ATTEMPTS)
                 .map(|a| AttemptRecord {
-                    address: a.address.to_string(),
+                    address: shorten_to(a.address.as_str(), MAX_RECORDED_TEXT_CHARS),
                     code: a.code().to_string(),
-                    reason: a.error.to_string(),
+                    reason: shorten_to(&a.error.to_string(), MAX_RECORDED_TEXT_CHARS),
                 })
                 .collect(),
             _ => Vec::new(),
@@ -70,7 +82,7 @@ impl FailureRecord {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             code: error.code().to_string(),
-            message: error.to_string(),
+            message: shorten_to(&error.to_string(), MAX_FAILURE_MESSAGE_CHARS),
             attempts,
         }
     }

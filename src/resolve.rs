@@ -7,7 +7,9 @@
 //! hosts never reach a resolver; the fetcher checks those itself.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use hickory_resolver::config::ResolverConfig;
@@ -17,6 +19,49 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::error::AttemptError;
 use crate::guard::{AddressGuard, Blocked};
+
+/// The answers of a name lookup, or why there are none.
+pub type LookupResult = Result<Vec<IpAddr>, AttemptError>;
+
+/// Looks up the names that have no fixed answer: the system's DNS in
+/// production ([`SystemDns`]). Replaceable, so that the guard's filtering of
+/// real answers can be tested without a network.
+pub trait SystemLookup: Send + Sync {
+    /// Every address `name` (lowercase, no trailing dot) resolves to.
+    fn lookup<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = LookupResult> + Send + 'a>>;
+}
+
+/// The system's DNS configuration, read on first use (inside the runtime).
+#[derive(Default)]
+pub struct SystemDns {
+    resolver: OnceLock<Option<TokioResolver>>,
+}
+
+impl SystemLookup for SystemDns {
+    fn lookup<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = LookupResult> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(resolver) = self.resolver.get_or_init(build_system_resolver) else {
+                return Err(AttemptError::Network {
+                    reason: format!("cannot resolve {name}: no DNS resolver could be set up"),
+                });
+            };
+            // A fully qualified name stops the search-domain expansion.
+            let fqdn = format!("{name}.");
+            match resolver.lookup_ip(fqdn.as_str()).await {
+                Ok(lookup) => Ok(lookup.iter().collect()),
+                Err(e) => Err(AttemptError::Network {
+                    reason: format!("DNS lookup of {name} failed: {e}"),
+                }),
+            }
+        })
+    }
+}
 
 /// Resolves names (system DNS, or the fixed `[dev] resolve` answers) and
 /// keeps only the answers the address guard accepts.
@@ -30,13 +75,24 @@ struct Inner {
     guard: AddressGuard,
     /// Fixed answers from `[dev] resolve`, keyed by lowercase name.
     fixed: BTreeMap<String, Vec<IpAddr>>,
-    /// The system resolver, built on first use (inside the runtime).
-    system: OnceLock<Option<TokioResolver>>,
+    /// Every other name.
+    system: Arc<dyn SystemLookup>,
 }
 
 impl GuardedResolver {
-    /// A resolver with the given guard and fixed answers.
+    /// A resolver with the given guard and fixed answers, asking the
+    /// system's DNS for every other name.
     pub fn new(guard: AddressGuard, fixed: BTreeMap<String, Vec<IpAddr>>) -> Self {
+        Self::with_system_lookup(guard, fixed, Arc::new(SystemDns::default()))
+    }
+
+    /// Like [`GuardedResolver::new`], asking `system` instead of the
+    /// system's DNS.
+    pub fn with_system_lookup(
+        guard: AddressGuard,
+        fixed: BTreeMap<String, Vec<IpAddr>>,
+        system: Arc<dyn SystemLookup>,
+    ) -> Self {
         let fixed = fixed
             .into_iter()
             .map(|(name, ips)| (normalise(&name), ips))
@@ -45,7 +101,7 @@ impl GuardedResolver {
             inner: Arc::new(Inner {
                 guard,
                 fixed,
-                system: OnceLock::new(),
+                system,
             }),
         }
     }
@@ -71,7 +127,7 @@ impl GuardedResolver {
                         reason: reason.to_string(),
                     }));
                 }
-                self.system_lookup(&key).await?
+                self.inner.system.lookup(&key).await?
             }
         };
         let mut allowed = Vec::new();
@@ -92,22 +148,6 @@ impl GuardedResolver {
             })),
             (true, None) => Err(AttemptError::Network {
                 reason: format!("DNS lookup of {key} returned no addresses"),
-            }),
-        }
-    }
-
-    async fn system_lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
-        let Some(resolver) = self.inner.system.get_or_init(build_system_resolver) else {
-            return Err(AttemptError::Network {
-                reason: format!("cannot resolve {name}: no DNS resolver could be set up"),
-            });
-        };
-        // A fully qualified name stops the search-domain expansion.
-        let fqdn = format!("{name}.");
-        match resolver.lookup_ip(fqdn.as_str()).await {
-            Ok(lookup) => Ok(lookup.iter().collect()),
-            Err(e) => Err(AttemptError::Network {
-                reason: format!("DNS lookup of {name} failed: {e}"),
             }),
         }
     }
@@ -153,5 +193,72 @@ impl Resolve for GuardedResolver {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Answers every name with `answers` and counts the questions.
+    struct Stub {
+        answers: Vec<IpAddr>,
+        asked: AtomicUsize,
+    }
+
+    impl SystemLookup for Stub {
+        fn lookup<'a>(
+            &'a self,
+            _name: &'a str,
+        ) -> Pin<Box<dyn Future<Output = LookupResult> + Send + 'a>> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async move { Ok(self.answers.clone()) })
+        }
+    }
+
+    fn resolver(answers: &[&str]) -> (GuardedResolver, Arc<Stub>) {
+        let stub = Arc::new(Stub {
+            answers: answers.iter().map(|a| a.parse().unwrap()).collect(),
+            asked: AtomicUsize::new(0),
+        });
+        let resolver =
+            GuardedResolver::with_system_lookup(AddressGuard::new(), BTreeMap::new(), stub.clone());
+        (resolver, stub)
+    }
+
+    #[tokio::test]
+    async fn a_system_answer_with_a_private_address_is_refused() {
+        let (resolver, stub) = resolver(&["10.0.0.7"]);
+        let err = resolver.lookup("Cdn.Example.com.").await.unwrap_err();
+        assert_eq!(stub.asked.load(Ordering::Relaxed), 1);
+        assert_eq!(err.code(), "E_RESOURCE_ADDRESS");
+        assert_eq!(
+            err.to_string(),
+            "cdn.example.com (resolves to 10.0.0.7) is a local or internal-network address (private network (10.0.0.0/8))"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_public_system_answers_are_handed_out() {
+        let (resolver, _) = resolver(&["127.0.0.1", "93.184.215.14", "::ffff:192.168.1.1"]);
+        let ips = resolver.lookup("cdn.example.com").await.unwrap();
+        assert_eq!(ips, ["93.184.215.14".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[tokio::test]
+    async fn a_local_name_is_refused_before_asking_the_system() {
+        let (resolver, stub) = resolver(&["93.184.215.14"]);
+        let err = resolver.lookup("printer.local").await.unwrap_err();
+        assert_eq!(err.code(), "E_RESOURCE_ADDRESS");
+        assert_eq!(stub.asked.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn no_system_answers_is_a_network_failure() {
+        let (resolver, _) = resolver(&[]);
+        let err = resolver.lookup("cdn.example.com").await.unwrap_err();
+        assert_eq!(err.code(), "E_RESOURCE_NETWORK");
     }
 }

@@ -82,9 +82,12 @@ impl Job {
     }
 }
 
-/// The key of a job: the bytes and where they are fetched from.
+/// The key of a job: the bytes, their declared size and where they are
+/// fetched from. The size belongs to it: a manifest that declares the right
+/// bytes with a wrong size must fail on its own, not for every gem that
+/// declares the same bytes correctly.
 fn job_key(resource: &Resource) -> String {
-    let mut key = resource.sha256.clone();
+    let mut key = format!("{} {}", resource.sha256, resource.size);
     for address in resource.addresses() {
         key.push(' ');
         key.push_str(address.as_str());
@@ -159,6 +162,7 @@ impl Scheduler {
                 job.urgent.store(true, Ordering::Relaxed);
             }
             job.add_waiter(gem, &resource.id);
+            tracing::debug!(gem, resource = %resource.id, "joining the download in progress");
             return job.done.clone();
         }
         let (tx, rx) = watch::channel(None);

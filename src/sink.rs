@@ -45,6 +45,10 @@ const REHASH_BUFFER: usize = 1 << 20;
 
 enum Msg {
     Data(Bytes),
+    /// Flush and record what arrived so far, if anything new did (the
+    /// network side asks every [`CHECKPOINT_EVERY`], so bytes that arrived
+    /// just before a long silence are recorded too).
+    Checkpoint,
     /// The transfer ends early: flush and record what is kept, then answer.
     Close(oneshot::Sender<()>),
     /// Flush, and answer with the length and digest.
@@ -120,6 +124,11 @@ impl Sink {
         self.send(Msg::Data(chunk)).await
     }
 
+    /// Asks the writer to record what arrived so far (without waiting).
+    pub(crate) async fn checkpoint(&mut self) -> io::Result<()> {
+        self.send(Msg::Checkpoint).await
+    }
+
     /// Ends the transfer early: waits until the kept bytes are flushed and
     /// recorded. Errors are logged, not returned: the transfer is failing
     /// for another reason already.
@@ -182,6 +191,13 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
                 len += chunk.len() as u64;
                 if let Some(w) = &mut writer {
                     w.write(&chunk, len)?;
+                }
+            }
+            Msg::Checkpoint => {
+                if let Some(w) = &mut writer {
+                    if w.checkpoints.resumable() {
+                        w.checkpoint(len)?;
+                    }
                 }
             }
             Msg::Close(reply) => {

@@ -220,6 +220,11 @@ impl Store {
                 store: self.root.clone(),
             });
         }
+        // The data file exists from now on, so other processes count the
+        // bytes this download will still write against their free space.
+        paths
+            .open_data()
+            .map_err(|e| Error::io("cannot create temporary file", &paths.data, e))?;
         Ok(paths)
     }
 
@@ -357,6 +362,8 @@ impl Store {
 pub struct SharedFailure {
     /// When it failed, nanoseconds since the Unix epoch.
     pub at_ns: u128,
+    /// The size its manifest declared.
+    pub size: u64,
     /// The addresses it tried (url, then mirrors).
     pub addresses: Vec<String>,
     /// Its error code.
@@ -375,15 +382,20 @@ impl Store {
             .join(format!("{sha256}.failed.json"))
     }
 
-    /// Records a failed download of `sha256` (best effort: only callers
-    /// waiting in other processes read it). Call with the SHA-256 lock held.
-    pub fn record_failure(&self, sha256: &str, addresses: &[String], error: &Error) {
+    /// Records a failed download of `sha256` declared as `size` bytes (best
+    /// effort: only callers waiting in other processes read it). The message
+    /// is cut to 16 KiB. Call with the SHA-256 lock held.
+    pub fn record_failure(&self, sha256: &str, size: u64, addresses: &[String], error: &Error) {
         let record = SharedFailure {
             at_ns: now_ns(),
+            size,
             addresses: addresses.to_vec(),
             code: error.code(),
             code_text: error.code().to_string(),
-            message: error.to_string(),
+            message: crate::error::shorten_to(
+                &error.to_string(),
+                crate::registry::MAX_FAILURE_MESSAGE_CHARS,
+            ),
         };
         let Ok(bytes) = serde_json::to_vec(&record) else {
             return;
@@ -405,11 +417,14 @@ impl Store {
         let _ = fs::remove_file(self.failure_path(sha256));
     }
 
-    /// The failure of `sha256` from the same `addresses` recorded at or after
-    /// `since`, if any. Call with the SHA-256 lock held.
+    /// The failure of `sha256` declared as `size` bytes, from the same
+    /// `addresses`, recorded at or after `since`, if any: a download that
+    /// failed because its manifest declared a wrong size is not the result
+    /// of one that declares the right one. Call with the SHA-256 lock held.
     pub fn failure_since(
         &self,
         sha256: &str,
+        size: u64,
         addresses: &[String],
         since: std::time::SystemTime,
     ) -> Option<SharedFailure> {
@@ -422,7 +437,8 @@ impl Store {
         record.code = crate::error::CODES
             .iter()
             .find(|c| **c == record.code_text)?;
-        (record.at_ns >= since_ns && record.addresses == addresses).then_some(record)
+        (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
+            .then_some(record)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::support::*;
 fn write_config_without_exemption(env: &Env, network: &str, resolve: &str) -> PathBuf {
     let path = env.dir.path().join("config.toml");
     let text = format!(
-        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 1\nretries = 0\n{network}\n[dev]\nextra_root_certs = [\"ca.pem\"]\nresolve = {{ {resolve} }}\n"
+        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 30\nretries = 0\n{network}\n[dev]\nextra_root_certs = [\"ca.pem\"]\nresolve = {{ {resolve} }}\n"
     );
     std::fs::write(&path, text).unwrap();
     assert!(env.config().dev.allow_addresses.is_empty());
@@ -29,7 +29,7 @@ fn write_config_with_resolve(env: &Env, network: &str, extra: &str) -> PathBuf {
     let dev = Env::dev_section().replace("resolve = { ", &format!("resolve = {{ {extra}, "));
     let path = env.dir.path().join("config.toml");
     let text = format!(
-        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 1\nretries = 0\n{network}\n{dev}\n"
+        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 30\nretries = 0\n{network}\n{dev}\n"
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -292,7 +292,7 @@ async fn the_resolver_used_for_connecting_filters_answers() {
         .replace("[\"127.0.0.1/32\"]", "[\"127.0.0.1/32\", \"0.0.0.0/32\"]");
     std::fs::write(
         env.dir.path().join("config.toml"),
-        format!("store = \"store\"\n[network]\nstall_timeout_secs = 1\n{dev}"),
+        format!("store = \"store\"\n[network]\nstall_timeout_secs = 30\n{dev}"),
     )
     .unwrap();
     let f = fetcher(&env.config());

@@ -200,6 +200,7 @@ async fn autofill_keeps_nothing_on_disk() {
 #[tokio::test]
 async fn autofill_of_a_stalled_transfer_fails_with_a_network_error() {
     let env = Env::new().await;
+    env.write_config("stall_timeout_secs = 1");
     env.origin.route(
         "/stall.bin",
         Behaviour::Stall {

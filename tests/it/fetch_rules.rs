@@ -206,6 +206,7 @@ async fn a_body_shorter_than_declared_fails_with_and_without_a_content_length() 
 #[tokio::test]
 async fn a_stalled_transfer_fails_with_a_network_error() {
     let env = Env::new().await;
+    env.write_config("stall_timeout_secs = 1");
     let body = bytes(2000, 8);
     env.origin.route(
         "/stall.bin",

@@ -476,7 +476,12 @@ async fn a_cancelled_download_keeps_its_bytes_and_is_not_a_failure() {
     assert!(matches!(result, Err(Error::Cancelled { .. })), "{result:?}");
     assert_eq!(store.partial_len(&r.sha256), Some(seen));
     assert!(store
-        .failure_since(&r.sha256, &[r.url.to_string()], std::time::UNIX_EPOCH)
+        .failure_since(
+            &r.sha256,
+            r.size,
+            &[r.url.to_string()],
+            std::time::UNIX_EPOCH
+        )
         .is_none());
 }
 
@@ -513,4 +518,40 @@ async fn the_service_reports_a_resumed_download_with_its_offset() {
     assert!(offset > 0 && offset <= cut as u64, "{offset}");
     assert_eq!(last_range(&env, "/s.bin"), Some(format!("bytes={offset}-")));
     service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_silent_resumable_transfer_still_stalls_out_while_its_bytes_are_recorded() {
+    let env = Env::new().await;
+    env.write_config("stall_timeout_secs = 3");
+    let body = bytes(1_000_000, 106);
+    let cut = body.len() / 2;
+    env.origin.route(
+        "/quiet.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"v1\"".into(),
+            ignore_range: false,
+            cut_at: Some(cut),
+            hold: true,
+            pace: None,
+        },
+    );
+    let r = resource("q", &env.url("origin.test", "/quiet.bin"), &[], &body);
+    let no_retry = RetryPolicy {
+        retries: 0,
+        ..quick()
+    };
+    let start = Instant::now();
+    let err = fetch(&env, &r, no_retry).await.unwrap_err();
+    // The periodic records of the bytes received must not hold off the
+    // stall timeout.
+    assert!(err.to_string().contains("stalled"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let store = Store::open(&env.store_dir()).unwrap();
+    assert_eq!(store.partial_len(&r.sha256), Some(cut as u64));
 }

@@ -60,18 +60,34 @@ async fn install_no_wait_returns_before_the_download_finishes() {
     );
     let url = env.url("origin.test", "/held.bin");
     let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
+    // The gate stays closed, so the download cannot finish before install
+    // returns.
     let out = within(
         "install --no-wait",
-        env.run(&["install", "--no-wait", "g", m.to_str().unwrap()]),
+        env.run(&["--json", "install", "--no-wait", "g", m.to_str().unwrap()]),
     )
     .await;
     assert_ok(&out);
-    assert!(!gate.is_open());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["report"]["queued"], 1, "{report}");
+    assert_eq!(report["report"]["present"], 0, "{report}");
+    let requested = env.origin.hits("/held.bin");
+    assert!(requested <= 1, "{requested}");
     assert!(stored_files(&env, &body).is_empty());
-    // The stopped process left nothing half-written behind.
+    // The stopped process left nothing half-written behind, and stopping
+    // was not a failure.
     assert!(partial_files(&env).is_empty(), "{:?}", partial_files(&env));
     let status = status_json(&env).await;
     assert_eq!(status["gems"][0]["gem"], "g");
+    assert_eq!(
+        status["gems"][0]["resources"][0]["state"], "missing",
+        "{status}"
+    );
+    // The queued file downloads at the next start.
+    gate.open();
+    assert_ok(&env.run(&["sync"]).await);
+    assert_eq!(stored_files(&env, &body).len(), 1);
+    assert_eq!(env.origin.hits("/held.bin"), requested + 1);
 }
 
 #[tokio::test]
@@ -416,22 +432,78 @@ async fn two_processes_sharing_a_store_make_one_request() {
     let m = env.write_manifest("m.json", json!([entry("both", &url, &body)]));
     assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
 
-    let opener = async {
-        wait_until("the first request", || env.origin.hits("/both.bin") == 1).await;
-        gate.open();
+    let (log_a, log_b) = (env.dir.path().join("a.log"), env.dir.path().join("b.log"));
+    let mut first = spawn_logged(&env, &["path", "g", "both"], &log_a);
+    let mut second = spawn_logged(&env, &["path", "g", "both"], &log_b);
+    wait_until("the first request", || env.origin.hits("/both.bin") == 1).await;
+    // The gate opens only once the other process waits for this download
+    // (not before, when a slow process could simply find the file).
+    let waiting = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains(WAITING_FOR_LOCK)
     };
-    let (first, second, ()) = within("two path processes", async {
-        tokio::join!(
-            env.run(&["path", "g", "both"]),
-            env.run(&["path", "g", "both"]),
-            opener
-        )
+    wait_until("the second process waits", || {
+        waiting(&log_a) || waiting(&log_b)
     })
     .await;
-    assert_ok(&first);
-    assert_ok(&second);
-    assert_eq!(stdout(&first), stdout(&second));
-    let path = PathBuf::from(stdout(&first).trim());
+    gate.open();
+    for child in [&mut first, &mut second] {
+        let status = wait_output(child).await;
+        assert!(status.success(), "{status:?}");
+    }
+    let (first, second) = (child_stdout(&mut first), child_stdout(&mut second));
+    assert_eq!(first, second);
+    let path = PathBuf::from(first.trim());
     assert_eq!(std::fs::read(path).unwrap(), body);
     assert_eq!(env.origin.hits("/both.bin"), 1);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn an_upgrade_whose_registration_cannot_be_written_keeps_the_old_version_and_its_files() {
+    let env = Env::new().await;
+    let (a, b) = (bytes(3000, 48), bytes(3500, 49));
+    let m = env.write_manifest(
+        "v1.json",
+        json!([
+            required_entry("a", &env.serve("/a.bin", &a), &a),
+            required_entry("b", &env.serve("/b.bin", &b), &b)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    let registration = store_root(&env).join("gems").join("g.json");
+    let registered = std::fs::read(&registration).unwrap();
+
+    // v2 is valid and drops B, but the process may not write a single byte
+    // to a file (file size limit 0, SIGXFSZ ignored), so writing the new
+    // registration fails; this runs even as root.
+    let v2 = env.write_manifest(
+        "v2.json",
+        json!([required_entry("a", &env.url("origin.test", "/a.bin"), &a)]),
+    );
+    let config = env.dir.path().join("config.toml");
+    let out = tokio::task::spawn_blocking({
+        let (config, v2) = (config.clone(), v2.clone());
+        move || {
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg("trap '' XFSZ; ulimit -f 0; exec \"$0\" \"$@\"")
+                .arg(env!("CARGO_BIN_EXE_gem-resources"))
+                .arg("--config")
+                .arg(config)
+                .args(["install", "g"])
+                .arg(v2)
+                .env_remove("RUST_LOG")
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("E_RESOURCE_IO"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&registration).unwrap(), registered);
+    assert_eq!(stored_files(&env, &a).len(), 1);
+    assert_eq!(stored_files(&env, &b).len(), 1, "B was deleted");
 }

@@ -52,6 +52,7 @@ async fn fifty_concurrent_path_calls_for_one_lazy_resource_make_one_request() {
 
 #[tokio::test]
 async fn path_for_a_required_file_already_downloading_joins_that_download() {
+    let logs = Logs::capture();
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(20_000, 22);
@@ -70,6 +71,8 @@ async fn path_for_a_required_file_already_downloading_joins_that_download() {
         let service = service.clone();
         tokio::spawn(async move { service.path("g", "req").await })
     };
+    // The gate opens only once the lookup has joined the running job.
+    wait_until("the lookup joins the download", || logs.count(JOINING) == 1).await;
     gate.open();
     let path = within("path", caller).await.unwrap().unwrap();
     assert_eq!(std::fs::read(path).unwrap(), body);
@@ -79,6 +82,7 @@ async fn path_for_a_required_file_already_downloading_joins_that_download() {
 
 #[tokio::test]
 async fn two_services_sharing_a_store_share_one_download() {
+    let logs = Logs::capture();
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(20_000, 23);
@@ -107,6 +111,12 @@ async fn two_services_sharing_a_store_share_one_download() {
         let s = second.clone();
         tokio::spawn(async move { s.path("g", "s").await })
     };
+    // The gate opens only once the second service waits for the first one's
+    // download (not before, when it could simply find the file).
+    wait_until("the second service waits", || {
+        logs.count(WAITING_FOR_LOCK) == 1
+    })
+    .await;
     gate.open();
     let pa = within("first path", a).await.unwrap().unwrap();
     let pb = within("second path", b).await.unwrap().unwrap();
@@ -123,6 +133,7 @@ async fn a_global_limit_of_one_runs_one_download_at_a_time() {
     let gate_a = gated(&env, "/a.bin", &a);
     let gate_b = gated(&env, "/b.bin", &b);
     let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let mut events = service.subscribe();
     service
         .install(
             "g",
@@ -144,9 +155,7 @@ async fn a_global_limit_of_one_runs_one_download_at_a_time() {
     } else {
         (gate_b, (gate_a, "/a.bin"))
     };
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
+    assert_not_started_after_queued(&mut events, &["a", "b"], 1).await;
     assert_eq!(env.origin.hits(second.1), 0);
     first.open();
     wait_until("the second request", || env.origin.hits(second.1) == 1).await;
@@ -155,6 +164,38 @@ async fn a_global_limit_of_one_runs_one_download_at_a_time() {
     assert_eq!(stored_files(&env, &a).len(), 1);
     assert_eq!(stored_files(&env, &b).len(), 1);
     assert_eq!(env.origin.total_hits(), 2);
+}
+
+/// Waits until every job in `ids` was queued, then checks that exactly
+/// `started` of them took a slot. On the test's single-threaded runtime a
+/// job that finds a free slot announces `Started` in the same poll as
+/// `Queued`, so a job still without `Started` here is waiting in the limiter.
+async fn assert_not_started_after_queued(
+    events: &mut tokio::sync::broadcast::Receiver<gem_resources::Event>,
+    ids: &[&str],
+    started: usize,
+) {
+    use gem_resources::Event;
+    let (mut queued, mut running) = (Vec::new(), Vec::new());
+    within("every job is queued", async {
+        while queued.len() < ids.len() {
+            match events.recv().await.unwrap() {
+                Event::Queued { resource, .. } if ids.contains(&resource.as_str()) => {
+                    queued.push(resource)
+                }
+                Event::Started { resource, .. } => running.push(resource),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    while let Ok(event) = events.try_recv() {
+        if let Event::Started { resource, .. } = event {
+            running.push(resource);
+        }
+    }
+    running.retain(|r| ids.contains(&r.as_str()));
+    assert_eq!(running.len(), started, "started: {running:?}");
 }
 
 /// Starts A (in flight, gated) and queues B in the background with a global
@@ -203,20 +244,7 @@ async fn first_after_a(env: &Env, c_host: &str) -> &'static str {
         tokio::spawn(async move { service.path("tool", "c").await })
     };
     // Both B and C are waiting for the slot.
-    let mut queued = Vec::new();
-    within("B and C are queued", async {
-        while queued.len() < 2 {
-            if let gem_resources::Event::Queued { resource, .. } = events.recv().await.unwrap() {
-                if resource != "a" {
-                    queued.push(resource);
-                }
-            }
-        }
-    })
-    .await;
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
+    assert_not_started_after_queued(&mut events, &["b", "c"], 0).await;
     assert_eq!(env.origin.hits("/b.bin") + env.origin.hits("/c.bin"), 0);
     gate_a.open();
     wait_until("the next request", || {

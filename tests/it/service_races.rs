@@ -116,8 +116,9 @@ async fn a_record_whose_sha256_is_not_a_digest_is_refused_not_used_as_a_path() {
 
 #[tokio::test]
 async fn a_failure_while_another_process_waited_is_that_process_result_too() {
-    // The test configuration gives up on a stalled transfer after 1 s.
+    // A stalled transfer is given up after 1 s.
     let env = Env::new().await;
+    env.write_config("stall_timeout_secs = 1");
     let body = bytes(300_000, 73);
     env.origin.route(
         "/stalls.bin",

@@ -68,10 +68,19 @@ impl Env {
     }
 
     /// Like [`Env::write_config`], with extra top-level sections appended.
+    ///
+    /// The stall timeout is 30 seconds, so that a loaded machine never
+    /// fails a test by stalling; a stall test sets its own
+    /// `stall_timeout_secs` in `network`.
     pub fn write_config_full(&self, network: &str, extra: &str) -> PathBuf {
         let path = self.dir.path().join("config.toml");
+        let stall = if network.contains("stall_timeout_secs") {
+            ""
+        } else {
+            "stall_timeout_secs = 30\n"
+        };
         let text = format!(
-            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 1\nretries = 0\n{network}\n{}\n{extra}\n",
+            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\n{stall}retries = 0\n{network}\n{}\n{extra}\n",
             Env::dev_section()
         );
         std::fs::write(&path, text).unwrap();
@@ -268,4 +277,125 @@ pub fn write_gem_folder(env: &Env, gem: &str, resources: serde_json::Value) -> P
     let doc = serde_json::json!({ "resources": resources });
     std::fs::write(gems.join(gem).join("notochord.json"), doc.to_string()).unwrap();
     gems
+}
+
+/// Log lines of the library, captured on the current thread for as long as
+/// the guard lives (debug level). Tests on tokio's default current-thread
+/// runtime see every task's lines.
+pub struct Logs {
+    buffer: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl Logs {
+    /// Starts capturing.
+    pub fn capture() -> Logs {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = buffer.clone();
+            move || LogWriter(buffer.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("gem_resources=debug")
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+        Logs {
+            buffer,
+            _guard: guard,
+        }
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
+    }
+
+    /// How many captured lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        // A test on another thread may have cached a callsite's interest
+        // while no capture was in place.
+        tracing::callsite::rebuild_interest_cache();
+        self.text().lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The line the library logs (at debug level) when a download waits for
+/// another task or process downloading the same file.
+pub const WAITING_FOR_LOCK: &str = "waiting for another download of the same file";
+
+/// The line the library logs (at debug level) when a lookup joins a
+/// download already scheduled.
+pub const JOINING: &str = "joining the download in progress";
+
+/// A child process killed (if still running) when dropped, so a failing
+/// test leaves no process behind.
+pub struct Spawned(pub std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Starts the binary with the env's configuration and `args`, debug logs
+/// (stderr) going to `log`.
+pub fn spawn_logged(env: &Env, args: &[&str], log: &Path) -> Spawned {
+    let log = std::fs::File::create(log).unwrap();
+    Spawned(
+        std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .arg("--config")
+            .arg(env.dir.path().join("config.toml"))
+            .args(args)
+            .env("RUST_LOG", "gem_resources=debug")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (polling) for `child` to exit, at most 10 seconds, and returns its
+/// output (stdout as captured; stderr went to its log).
+pub async fn wait_output(child: &mut Spawned) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process did not exit in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Everything `child` wrote to stdout (call after it exited).
+pub fn child_stdout(child: &mut Spawned) -> String {
+    let mut text = String::new();
+    if let Some(mut out) = child.0.stdout.take() {
+        std::io::Read::read_to_string(&mut out, &mut text).unwrap();
+    }
+    text
 }

@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
+use gem_resources::manifest::read_manifest_file;
 use gem_resources::registry::valid_gem_id;
 use gem_resources::{parse_manifest, Resources};
 use sha2::{Digest, Sha256};
@@ -88,10 +89,17 @@ pub async fn run(
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
     let present = manifests(gems)?;
     for (gem, path) in &present {
-        let bytes = match std::fs::read(path) {
+        // Capped like `check`: a huge file or a FIFO in the gems folder is
+        // refused from its metadata, never read whole.
+        let bytes = match read_manifest_file(path) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!("cannot read {}: {e}", path.display());
+                // Remembered like a rejected manifest, so an unchanged
+                // problem is reported once and the installed version kept.
+                let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
+                if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
+                    tracing::error!(gem, "{e}; keeping the installed version");
+                }
                 continue;
             }
         };
@@ -131,6 +139,10 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     for gem in installed.difference(&present.keys().cloned().collect()) {
         let scans = seen.missing.entry(gem.clone()).or_default();
         *scans += 1;
+        tracing::info!(
+            gem,
+            "missing from the gems folder (scan {scans} of {MISSING_SCANS_TO_UNINSTALL})"
+        );
         if *scans < MISSING_SCANS_TO_UNINSTALL {
             continue;
         }
@@ -156,10 +168,13 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
         if !valid_gem_id(&gem) || !entry.path().is_dir() {
             continue;
         }
+        // Any entry by that name counts (a folder or FIFO is then refused
+        // with a message), so a broken manifest is never mistaken for a
+        // removed gem.
         if let Some(path) = MANIFEST_NAMES
             .iter()
             .map(|n| entry.path().join(n))
-            .find(|p| p.is_file())
+            .find(|p| p.symlink_metadata().is_ok())
         {
             out.insert(gem, path);
         }
