@@ -11,6 +11,7 @@ mod cli_newcomer;
 mod fetch_rules;
 mod manifest_cli;
 mod process_signals;
+mod proxy;
 mod resume;
 mod service_cli;
 mod service_concurrency;
