@@ -416,3 +416,25 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod config_tests {
+    use crate::proxy::{ProxyConfig, ProxyUrl};
+    use crate::Config;
+
+    #[test]
+    fn the_network_keys_parse_and_a_bad_value_is_not_echoed() {
+        assert_eq!(Config::default().network.proxy, ProxyConfig::Env);
+        assert!(!Config::default().network.proxy_resolves);
+        let c = Config::parse("[network]\nproxy = \"none\"\nproxy_resolves = true").unwrap();
+        assert_eq!(c.network.proxy, ProxyConfig::None);
+        assert!(c.network.proxy_resolves);
+        let c = Config::parse("[network]\nproxy = \"https://u:pw@p.corp:8443\"").unwrap();
+        let url = ProxyUrl::parse("https://u:pw@p.corp:8443").unwrap();
+        assert_eq!(c.network.proxy, ProxyConfig::Url(url));
+        assert!(!format!("{c:?}").contains("pw@"), "{c:?}");
+        let e = Config::parse("[network]\nproxy = \"ftp://u:secret@p\"").unwrap_err();
+        assert!(e.to_string().contains("unsupported proxy scheme"), "{e}");
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+}
