@@ -8,6 +8,8 @@
 //! hosts = ["cdn.example.com", "*.example.org"]
 //! connect_timeout_secs = 10
 //! stall_timeout_secs = 30
+//! proxy = "env"             # or "none", or "http://user:pass@proxy:3128"
+//! proxy_resolves = false
 //! [dev]                     # development and tests only; empty in production
 //! extra_root_certs = ["ca.pem"]
 //! resolve = { "cdn.test" = ["127.0.0.1"] }
@@ -28,6 +30,7 @@ use serde::Deserialize;
 use crate::download::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::policy::{Mode, Policy};
+use crate::proxy::ProxyConfig;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -94,6 +97,14 @@ pub struct NetworkConfig {
     /// Largest body auto-fill reads before giving up, in bytes.
     #[serde(default = "default_autofill_max")]
     pub autofill_max_bytes: u64,
+    /// `"env"` (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`), `"none"`, or an
+    /// `http://` or `https://` proxy URL.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    /// Let the proxy resolve names (`CONNECT <name>:<port>`): for networks
+    /// where only the proxy can. The check of DNS answers is then lost.
+    #[serde(default)]
+    pub proxy_resolves: bool,
 }
 
 /// `[service]`: bounds on concurrent downloads.
@@ -176,6 +187,8 @@ impl Default for NetworkConfig {
             max_bytes_per_sec: None,
             partial_max_age_days: default_partial_max_age(),
             autofill_max_bytes: default_autofill_max(),
+            proxy: ProxyConfig::Env,
+            proxy_resolves: false,
         }
     }
 }

@@ -65,6 +65,15 @@ pub enum AttemptError {
         /// What happened, with the underlying cause.
         reason: String,
     },
+    /// The proxy could not be reached or would not open a tunnel. The
+    /// reason names the proxy, never its credentials.
+    #[error("{reason}")]
+    Proxy {
+        /// The proxy's answer to `CONNECT`; `None` when it was not reached.
+        status: Option<u16>,
+        /// What happened.
+        reason: String,
+    },
     /// The server sent more or fewer bytes than declared.
     #[error("size mismatch: expected {expected} bytes, {detail}")]
     Size {
@@ -105,7 +114,7 @@ impl AttemptError {
             AttemptError::Policy { .. } => "E_RESOURCE_POLICY",
             AttemptError::Redirects { .. } => "E_RESOURCE_REDIRECTS",
             AttemptError::Http { .. } => "E_RESOURCE_HTTP",
-            AttemptError::Network { .. } => "E_RESOURCE_NETWORK",
+            AttemptError::Network { .. } | AttemptError::Proxy { .. } => "E_RESOURCE_NETWORK",
             AttemptError::Size { .. } => "E_RESOURCE_SIZE",
             AttemptError::Sha256 { .. } => "E_RESOURCE_SHA256",
         }

@@ -7,11 +7,16 @@
 //! are resolved by [`GuardedResolver`], so the addresses the client connects
 //! to are the ones that passed the guard.
 //!
+//! Through a proxy ([`crate::proxy`]), the hop's address is resolved and
+//! vetted the same way and the proxy is asked to `CONNECT` to that address,
+//! never to the name ([`crate::tunnel`]); only `[network] proxy_resolves`
+//! hands the name over.
+//!
 //! The body is streamed: each chunk is counted, hashed and written before the
 //! next is read, so memory stays constant whatever the size, and a body that
 //! runs past the declared size is cut off at once.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use std::sync::{Arc, RwLock};
@@ -32,9 +37,12 @@ use crate::guard::{AddressGuard, Blocked};
 use crate::headers;
 use crate::partial::{Checkpointer, PartialPaths};
 use crate::policy::Policy;
+use crate::proxy::{ProxySettings, ProxyUrl};
 use crate::resolve::{GuardedResolver, LookupRefused};
+use crate::response::{BodyError, Response};
 use crate::sink::{Sink, Target};
 use crate::throttle::Throttle;
+use crate::tunnel::Tunnels;
 
 /// Redirects followed at most; the next one is refused.
 pub const MAX_REDIRECTS: usize = 5;
@@ -140,14 +148,43 @@ pub struct Fetcher {
     min_per_minute: u64,
     /// The process-wide bandwidth cap.
     throttle: Throttle,
+    /// Which hops go through a proxy.
+    proxy: Arc<ProxySettings>,
+    /// Opens the tunnels through it.
+    tunnels: Tunnels,
+}
+
+/// How a transfer of an address would connect (see [`Fetcher::route`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Straight to the addresses that passed the guard.
+    Direct,
+    /// Through a proxy.
+    Proxy {
+        /// The proxy, without credentials.
+        proxy: String,
+        /// What the proxy is asked to `CONNECT` to: a vetted `ip:port`, or
+        /// `name:port` when the proxy resolves names.
+        connect: String,
+        /// The addresses that passed the guard (empty when the proxy
+        /// resolves names).
+        addresses: Vec<IpAddr>,
+    },
 }
 
 /// How long the minimum-progress rule looks back.
 pub const PROGRESS_WINDOW: Duration = Duration::from_secs(60);
 
 impl Fetcher {
-    /// Builds a fetcher from the configuration.
+    /// Builds a fetcher from the configuration, taking the proxy variables
+    /// (`HTTPS_PROXY`, `NO_PROXY`, …) from the process environment.
     pub fn new(config: &Config) -> Result<Fetcher> {
+        let proxy = ProxySettings::from_env(&config.network.proxy, config.network.proxy_resolves)?;
+        Fetcher::with_proxy(config, proxy)
+    }
+
+    /// Builds a fetcher from the configuration with these proxy settings.
+    pub fn with_proxy(config: &Config, proxy: ProxySettings) -> Result<Fetcher> {
         crate::install_crypto_provider();
         let names: Vec<String> = config.dev.resolve.keys().cloned().collect();
         let guard = if config.dev.allow_addresses.is_empty() && names.is_empty() {
@@ -160,6 +197,10 @@ impl Fetcher {
         for path in &config.dev.extra_root_certs {
             certs.extend(crate::tls::read_pem_certs(path)?);
         }
+        let tunnels = Tunnels::new(
+            crate::tls::client_config(certs.clone())?,
+            config.connect_timeout(),
+        );
         let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -182,6 +223,8 @@ impl Fetcher {
             connect: config.connect_timeout(),
             min_per_minute: config.network.min_bytes_per_min,
             throttle: Throttle::new(config.network.max_bytes_per_sec),
+            proxy: Arc::new(proxy),
+            tunnels,
         })
     }
 
@@ -263,6 +306,43 @@ impl Fetcher {
                 reason: "address has no host".into(),
             }),
         }
+    }
+
+    /// Applies the address rules to `url` as a transfer would and says how
+    /// it would connect: directly, or through which proxy to which
+    /// `CONNECT` target. Connects to nothing.
+    pub async fn route(&self, url: &Url) -> Result<Route, AttemptError> {
+        self.check_hop(url)?;
+        let Some(proxy) = url.host().and_then(|h| self.proxy.proxy_for(&h).cloned()) else {
+            return Ok(Route::Direct);
+        };
+        let (connect, addresses) = self.connect_target(url).await?;
+        Ok(Route::Proxy {
+            proxy: proxy.to_string(),
+            connect,
+            addresses,
+        })
+    }
+
+    /// The `CONNECT` target for `url`: its IP literal, or the first
+    /// address its name resolves to that passed the guard; the name itself
+    /// only when the proxy resolves names. Also returns the vetted
+    /// addresses.
+    async fn connect_target(&self, url: &Url) -> Result<(String, Vec<IpAddr>), AttemptError> {
+        let port = url.port_or_known_default().unwrap_or(443);
+        let addresses = match url.host() {
+            Some(Host::Domain(name)) if self.proxy.proxy_resolves() => {
+                return Ok((format!("{}:{port}", name.trim_end_matches('.')), Vec::new()));
+            }
+            Some(Host::Domain(name)) => self.resolver.lookup(name).await?,
+            Some(Host::Ipv4(ip)) => vec![IpAddr::V4(ip)],
+            Some(Host::Ipv6(ip)) => vec![IpAddr::V6(ip)],
+            None => Vec::new(),
+        };
+        let first = addresses.first().ok_or_else(|| AttemptError::Network {
+            reason: "address has no host".into(),
+        })?;
+        Ok((SocketAddr::new(*first, port).to_string(), addresses))
     }
 
     /// Downloads `url` by the same rules as a resource and returns its size
@@ -500,7 +580,7 @@ impl Fetcher {
         address: &Url,
         resume: Option<&Resume>,
         limit: u64,
-    ) -> Result<(Url, reqwest::Response, u64), HeadError> {
+    ) -> Result<(Url, Response, u64), HeadError> {
         let mut hop = address.clone();
         let mut redirects = 0;
         loop {
@@ -563,7 +643,58 @@ impl Fetcher {
         }
     }
 
-    async fn send(
+    /// Sends the request for one hop, directly or through the proxy, and
+    /// waits for the response head.
+    async fn send(&self, url: &Url, resume: Option<&Resume>) -> Result<Response, AttemptError> {
+        let wait = self.connect + self.stall;
+        let proxy = url.host().and_then(|h| self.proxy.proxy_for(&h).cloned());
+        let sent = async {
+            match &proxy {
+                None => self.send_direct(url, resume).await.map(Response::Direct),
+                Some(proxy) => self.send_proxied(proxy, url, resume).await,
+            }
+        };
+        match tokio::time::timeout(wait, sent).await {
+            Ok(result) => result,
+            Err(_) => Err(AttemptError::Network {
+                reason: format!("no response within {}s", wait.as_secs_f64()),
+            }),
+        }
+    }
+
+    /// [`Fetcher::send`] through `proxy`: the same request headers, over a
+    /// tunnel to the vetted address.
+    async fn send_proxied(
+        &self,
+        proxy: &ProxyUrl,
+        url: &Url,
+        resume: Option<&Resume>,
+    ) -> Result<Response, AttemptError> {
+        let (target, _) = self.connect_target(url).await?;
+        let mut request =
+            http::Request::get(&url[url::Position::BeforePath..url::Position::AfterQuery])
+                .header(
+                    reqwest::header::HOST,
+                    &url[url::Position::BeforeHost..url::Position::AfterPort],
+                )
+                .header(USER_AGENT, user_agent())
+                .header(ACCEPT_ENCODING, "identity");
+        if let Some(r) = resume {
+            request = request
+                .header(RANGE, format!("bytes={}-", r.offset))
+                .header(IF_RANGE, r.validator.as_str());
+        }
+        let request =
+            request
+                .body(http_body_util::Empty::new())
+                .map_err(|e| AttemptError::Network {
+                    reason: format!("cannot build the request: {e}"),
+                })?;
+        let response = self.tunnels.send(proxy, &target, url, request).await?;
+        Ok(Response::Proxied(response))
+    }
+
+    async fn send_direct(
         &self,
         url: &Url,
         resume: Option<&Resume>,
@@ -571,28 +702,20 @@ impl Fetcher {
         let mut request = self
             .client
             .get(url.clone())
-            .header(
-                USER_AGENT,
-                concat!("gem-resources/", env!("CARGO_PKG_VERSION")),
-            )
+            .header(USER_AGENT, user_agent())
             .header(ACCEPT_ENCODING, "identity");
         if let Some(r) = resume {
             request = request
                 .header(RANGE, format!("bytes={}-", r.offset))
                 .header(IF_RANGE, r.validator.as_str());
         }
-        let request = request.send();
-        match tokio::time::timeout(self.connect + self.stall, request).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(request_error(&e)),
-            Err(_) => Err(AttemptError::Network {
-                reason: format!(
-                    "no response within {}s",
-                    (self.connect + self.stall).as_secs_f64()
-                ),
-            }),
-        }
+        request.send().await.map_err(|e| request_error(&e))
     }
+}
+
+/// The `User-Agent` of every request.
+fn user_agent() -> &'static str {
+    concat!("gem-resources/", env!("CARGO_PKG_VERSION"))
 }
 
 /// Why no readable response head came.
@@ -605,7 +728,7 @@ enum HeadError {
 
 /// The validator a response gives its bytes: a strong `ETag`, else
 /// `Last-Modified`.
-fn validator(response: &reqwest::Response) -> Option<String> {
+fn validator(response: &Response) -> Option<String> {
     let h = response.headers();
     h.get(ETAG)
         .and_then(|v| headers::parse_strong_etag(v.as_bytes()))
@@ -632,7 +755,7 @@ fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> Att
     }
 }
 
-fn next_hop(current: &Url, response: &reqwest::Response) -> Result<Url, AttemptError> {
+fn next_hop(current: &Url, response: &Response) -> Result<Url, AttemptError> {
     let status = response.status().as_u16();
     let location = response.headers().get(LOCATION).ok_or(AttemptError::Http {
         status,
@@ -678,7 +801,7 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
 /// A body that broke off. A reset or timeout is the network's fault; a
 /// connection closed early is the server sending too few bytes.
 fn body_error(
-    e: &reqwest::Error,
+    e: &BodyError,
     received: u64,
     expected: Option<Expected<'_>>,
     limit: u64,
@@ -691,8 +814,7 @@ fn body_error(
                 io.kind(),
                 ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
             ) {
-                let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
-                let why = crate::reason::network_reason(e, host);
+                let why = crate::reason::network_reason(e, "");
                 return AttemptError::Network {
                     reason: format!("{why} after {received} bytes"),
                 };
@@ -700,10 +822,9 @@ fn body_error(
         }
         source = s.source();
     }
-    let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
     let detail = format!(
         "the connection closed after {received} bytes ({})",
-        crate::reason::network_reason(e, host)
+        crate::reason::network_reason(e, "")
     );
     size_error(expected, limit, detail)
 }

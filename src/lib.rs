@@ -11,6 +11,10 @@
 //! - [`store`]: the content-addressed store and its atomic publication.
 //! - [`import`]: files the user already has, matched and copied in offline.
 //! - [`download`]: one resource over its url and mirrors, resuming.
+//! - [`proxy`]: which proxy a hop uses (`[network] proxy`, `HTTPS_PROXY`,
+//!   `NO_PROXY`), credentials kept out of every message.
+//! - `tunnel`: `CONNECT` to a vetted address through the proxy, TLS inside.
+//! - `response`: one response type for direct and proxied transfers.
 //! - [`retry`]: which failures are retried, backoff and `Retry-After`.
 //! - [`headers`]: parsers for the response headers a server controls.
 //! - [`partial`]: resumable partial files and their records.
@@ -42,9 +46,11 @@ mod lockfile;
 pub mod manifest;
 pub mod partial;
 pub mod policy;
+pub mod proxy;
 mod reason;
 pub mod registry;
 pub mod resolve;
+mod response;
 pub mod retry;
 mod scheduler;
 pub mod service;
@@ -52,12 +58,13 @@ mod sink;
 pub mod store;
 pub mod throttle;
 mod tls;
+mod tunnel;
 
 pub use config::Config;
 pub use download::{download, download_with, RetryPolicy};
 pub use error::{Attempt, AttemptError, Error, Result};
 pub use events::Event;
-pub use fetch::{Fetcher, Reporter, Transfer, MAX_REDIRECTS};
+pub use fetch::{Fetcher, Reporter, Route, Transfer, MAX_REDIRECTS};
 pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use service::{

@@ -4,9 +4,11 @@
 //! - **Transient**, retried on the *same* address (with `Range` when bytes
 //!   are kept) after an exponential backoff with full jitter: connect
 //!   errors, resets, stalls and other network failures, `408`, `429` and
-//!   `5xx`. The server or the path to it may recover.
+//!   `5xx`, an unreachable proxy or one answering `CONNECT` with `5xx`. The
+//!   server or the path to it may recover.
 //! - **Permanent**, moving on to the next address at once: the scheme, the
-//!   address rule, the user's policy, other `4xx`, too many redirects, a
+//!   address rule, the user's policy, other `4xx` (from a proxy too: `403`,
+//!   `407`), too many redirects, a
 //!   wrong size or digest. Asking the same address again gives the same
 //!   answer.
 //!
@@ -32,6 +34,10 @@ pub fn is_transient(error: &AttemptError) -> bool {
     match error {
         AttemptError::Network { .. } => true,
         AttemptError::Http { status, .. } => matches!(status, 408 | 429 | 500..=599),
+        // An unreachable proxy may come back, and a 5xx says the proxy could
+        // not reach the address this time. A 403 or 407 is the proxy's
+        // standing answer: asking again gets it again.
+        AttemptError::Proxy { status, .. } => status.is_none_or(|s| (500..=599).contains(&s)),
         _ => false,
     }
 }
@@ -135,6 +141,17 @@ mod tests {
             detail: "x".into(),
         };
         assert!(!is_transient(&size));
+        let proxy = |status| AttemptError::Proxy {
+            status,
+            reason: "x".into(),
+        };
+        assert!(is_transient(&proxy(None)));
+        for s in [502, 503, 504] {
+            assert!(is_transient(&proxy(Some(s))), "{s}");
+        }
+        for s in [400, 403, 407] {
+            assert!(!is_transient(&proxy(Some(s))), "{s}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod import;
 mod live_policy;
 mod manifest_cli;
 mod process_signals;
+mod proxy;
 mod resume;
 mod serve_reload;
 mod serve_scans;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod origin;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

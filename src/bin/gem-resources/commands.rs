@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use futures_util::StreamExt;
 use gem_resources::{
-    download_with, parse_manifest, Config, Error, Fetcher, Manifest, Resource, Store,
+    download_with, parse_manifest, Config, Error, Fetcher, Manifest, Resource, Route, Store,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -123,15 +123,33 @@ fn parse_url(text: &str) -> anyhow::Result<Url> {
 async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
     let url = parse_url(text)?;
     let fetcher = Fetcher::new(config)?;
-    match fetcher.check_url(&url).await {
-        Ok(addresses) => {
+    let checked = match fetcher.route(&url).await {
+        Ok(Route::Direct) => fetcher.check_url(&url).await.map(|a| (a, None)),
+        Ok(Route::Proxy {
+            proxy,
+            connect,
+            addresses,
+        }) => Ok((addresses, Some((proxy, connect)))),
+        Err(e) => Err(e),
+    };
+    match checked {
+        Ok((addresses, proxy)) => {
             if json {
+                let proxy = proxy.map(|(p, c)| json!({ "url": p, "connect": c }));
                 print_json(
-                    &json!({ "url": url.as_str(), "allowed": true, "addresses": addresses }),
+                    &json!({ "url": url.as_str(), "allowed": true, "addresses": addresses, "proxy": proxy }),
                 );
             } else {
                 let list: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
-                crate::outln!("allowed: {url} ({})", list.join(", "));
+                if list.is_empty() {
+                    crate::outln!("allowed: {url}");
+                } else {
+                    crate::outln!("allowed: {url} ({})", list.join(", "));
+                }
+                match proxy {
+                    Some((p, c)) => crate::outln!("  through the proxy {p}: CONNECT {c}"),
+                    None => crate::outln!("  direct connection (no proxy)"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -1,0 +1,72 @@
+//! A response head and its streaming body, whichever path produced it: the
+//! HTTP client directly, or a tunnel through a proxy ([`crate::tunnel`]).
+//! The transfer loop in [`crate::fetch`] reads both the same way.
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+/// A response whose body is read chunk by chunk.
+#[derive(Debug)]
+pub(crate) enum Response {
+    /// From the HTTP client, connected directly.
+    Direct(reqwest::Response),
+    /// Over a tunnel through a proxy.
+    Proxied(http::Response<Incoming>),
+}
+
+/// A body that broke off, with its cause chain intact for classification.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// From the HTTP client.
+    #[error(transparent)]
+    Direct(#[from] reqwest::Error),
+    /// From the tunnelled connection.
+    #[error(transparent)]
+    Proxied(#[from] hyper::Error),
+}
+
+impl Response {
+    /// The status code.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Response::Direct(r) => r.status(),
+            Response::Proxied(r) => r.status(),
+        }
+    }
+
+    /// The headers.
+    pub(crate) fn headers(&self) -> &HeaderMap {
+        match self {
+            Response::Direct(r) => r.headers(),
+            Response::Proxied(r) => r.headers(),
+        }
+    }
+
+    /// The body's length when the server announced it.
+    pub(crate) fn content_length(&self) -> Option<u64> {
+        match self {
+            Response::Direct(r) => r.content_length(),
+            Response::Proxied(r) => hyper::body::Body::size_hint(r.body()).exact(),
+        }
+    }
+
+    /// The next piece of the body, `None` at its end.
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, BodyError> {
+        match self {
+            Response::Direct(r) => Ok(r.chunk().await?),
+            Response::Proxied(r) => loop {
+                match r.body_mut().frame().await {
+                    None => return Ok(None),
+                    Some(frame) => {
+                        // Trailers carry no body bytes: skip them.
+                        if let Ok(data) = frame?.into_data() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
