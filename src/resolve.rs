@@ -56,10 +56,29 @@ impl SystemLookup for SystemDns {
             match resolver.lookup_ip(fqdn.as_str()).await {
                 Ok(lookup) => Ok(lookup.iter().collect()),
                 Err(e) => Err(AttemptError::Network {
-                    reason: format!("DNS lookup of {name} failed: {e}"),
+                    reason: dns_reason(name, &e),
                 }),
             }
         })
+    }
+}
+
+/// A DNS failure in words (never the resolver's `Debug` text).
+fn dns_reason(name: &str, e: &hickory_resolver::net::NetError) -> String {
+    use hickory_resolver::net::{DnsError, NetError};
+    match e {
+        NetError::Dns(DnsError::NoRecordsFound(_)) => format!("DNS: no address for {name}"),
+        NetError::Dns(DnsError::ResponseCode(code)) => {
+            format!("DNS: lookup of {name} failed ({code})")
+        }
+        NetError::Timeout => format!("DNS: lookup of {name} timed out"),
+        NetError::NoConnections => {
+            format!("DNS: no name server could be reached to look up {name}")
+        }
+        other => {
+            tracing::debug!("DNS lookup of {name}: {other:?}");
+            format!("DNS: lookup of {name} failed")
+        }
     }
 }
 
@@ -147,7 +166,7 @@ impl GuardedResolver {
                 reason: blocked.reason,
             })),
             (true, None) => Err(AttemptError::Network {
-                reason: format!("DNS lookup of {key} returned no addresses"),
+                reason: format!("DNS: no address for {key}"),
             }),
         }
     }
