@@ -35,6 +35,7 @@ use crate::config::Config;
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::guard::{AddressGuard, Blocked};
 use crate::headers;
+use crate::hosts::{HostPermit, HostSlots};
 use crate::partial::{Checkpointer, PartialPaths};
 use crate::policy::Policy;
 use crate::proxy::{ProxySettings, ProxyUrl};
@@ -148,6 +149,9 @@ pub struct Fetcher {
     min_per_minute: u64,
     /// The process-wide bandwidth cap.
     throttle: Throttle,
+    /// Connections per host (`service.max_per_host`), counted on the host
+    /// each hop actually connects to.
+    hosts: HostSlots,
     /// Which hops go through a proxy.
     proxy: Arc<ProxySettings>,
     /// Opens the tunnels through it.
@@ -223,6 +227,7 @@ impl Fetcher {
             connect: config.connect_timeout(),
             min_per_minute: config.network.min_bytes_per_min,
             throttle: Throttle::new(config.network.max_bytes_per_sec),
+            hosts: HostSlots::new(config.service.max_per_host),
             proxy: Arc::new(proxy),
             tunnels,
         })
@@ -411,7 +416,7 @@ impl Fetcher {
             }
         };
         tokio::pin!(cancelled);
-        let (hop, mut response, offset) = loop {
+        let (hop, mut response, offset, _host_permit) = loop {
             let head = tokio::select! {
                 head = self.response_head(address, resume.as_ref(), limit) => head,
                 () = &mut cancelled => return Err(TransferError::Cancelled),
@@ -580,12 +585,13 @@ impl Fetcher {
         address: &Url,
         resume: Option<&Resume>,
         limit: u64,
-    ) -> Result<(Url, Response, u64), HeadError> {
+    ) -> Result<(Url, Response, u64, HostPermit), HeadError> {
         let mut hop = address.clone();
         let mut redirects = 0;
         loop {
             self.check_hop(&hop)
                 .map_err(|e| HeadError::Attempt(hop.clone(), e))?;
+            let permit = self.hosts.enter(hop.host_str().unwrap_or_default()).await;
             let response = self
                 .send(&hop, resume)
                 .await
@@ -639,7 +645,7 @@ impl Fetcher {
                     }));
                 }
             };
-            return Ok((hop, response, offset));
+            return Ok((hop, response, offset, permit));
         }
     }
 

@@ -18,6 +18,7 @@
 //! - [`retry`]: which failures are retried, backoff and `Retry-After`.
 //! - [`headers`]: parsers for the response headers a server controls.
 //! - [`partial`]: resumable partial files and their records.
+//! - `hosts`: connections per host, counted on the host actually connected to.
 //! - `reason`: short reasons for network failures.
 //! - `sink`: the writer thread that hashes and writes a transfer's bytes.
 //! - [`throttle`]: the bandwidth cap shared by every transfer.
@@ -40,6 +41,7 @@ pub mod events;
 pub mod fetch;
 pub mod guard;
 pub mod headers;
+mod hosts;
 pub mod import;
 mod limiter;
 mod lockfile;

@@ -276,3 +276,50 @@ async fn an_on_demand_path_goes_ahead_of_queued_background_downloads_from_the_sa
     let env = Env::new().await;
     assert_eq!(first_after_a(&env, "origin.test").await, "C");
 }
+
+#[tokio::test]
+async fn the_per_host_limit_counts_the_host_actually_connected_to() {
+    // Two files declared on two hosts both redirect to one mirror host: with
+    // one connection per host, the mirror serves them one after the other.
+    let env = Env::new().await;
+    write_patient_config(&env, "[service]\nmax_per_host = 1");
+    let (one, two) = (bytes(1000, 140), bytes(1000, 141));
+    let gates = [gated(&env, "/one.bin", &one), gated(&env, "/two.bin", &two)];
+    for (from, to) in [("/r1", "/one.bin"), ("/r2", "/two.bin")] {
+        env.origin.route(
+            from,
+            Behaviour::Redirect {
+                status: 302,
+                location: env.url("mirror.test", to).to_string(),
+            },
+        );
+    }
+    let service = Resources::open(&env.config()).unwrap();
+    let entries = json!([
+        required_entry("one", &env.url("a.origin.test", "/r1"), &one),
+        required_entry("two", &env.url("b.origin.test", "/r2"), &two),
+    ]);
+    service.install("g", &manifest(entries)).await.unwrap();
+    wait_until("one mirror request", || {
+        env.origin.hits("/one.bin") + env.origin.hits("/two.bin") == 1
+    })
+    .await;
+    // Both redirects were followed; the second waits for the mirror host.
+    wait_until("both redirects", || {
+        env.origin.hits("/r1") == 1 && env.origin.hits("/r2") == 1
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        env.origin.hits("/one.bin") + env.origin.hits("/two.bin"),
+        1,
+        "a second connection to the mirror host"
+    );
+    for gate in &gates {
+        gate.open();
+    }
+    within("both downloads", service.wait_idle()).await;
+    assert_eq!(stored_files(&env, &one).len(), 1);
+    assert_eq!(stored_files(&env, &two).len(), 1);
+    service.shutdown().await;
+}
