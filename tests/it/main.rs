@@ -10,6 +10,7 @@ mod cli_basics;
 mod fetch_rules;
 mod manifest_cli;
 mod process_signals;
+mod scale;
 mod service_cli;
 mod service_concurrency;
 mod service_crash;
