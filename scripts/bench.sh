@@ -305,11 +305,12 @@ label_of() {
 FS=$(df -T "$BASE" | awk 'NR==2 {print $2}')
 CPU=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 echo
+echo "Commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with local changes)')"
 echo "Machine: $(nproc) CPUs, $CPU, Linux $(uname -r), store on $FS ($BASE)"
 echo "Origin: nginx, TLS 1.3, HTTP/1.1 on loopback (HTTP/2 only where the tool says --http2)"
 echo "Median of $RUNS runs, interleaved. Wall time; MB/s = 10^6 bytes per second;"
 echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is faster);"
-echo "CPU = user + sys seconds; RSS = peak resident set of the largest process."
+echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
 echo "Fairness: gem-resources fsyncs every file and its folder before publishing;"
 echo "curl and aria2c do not fsync (except the '+ sync' row), and 'no check' rows verify nothing."
 for c in big mid many tiny; do
@@ -319,22 +320,23 @@ for c in big mid many tiny; do
     echo
     echo "### $(label_of "$c")"
     echo
-    echo "| tool | seconds | MB/s | ratio to gem-resources fetch | CPU s | RSS MiB |"
-    echo "|---|---:|---:|---:|---:|---:|"
+    echo "| tool | seconds | MB/s | ratio to gem-resources fetch | user s | sys s | RSS MiB |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
     for entry in "${TOOLS_OF[@]}"; do
         [ "${entry%%|*}" = "$c" ] || continue
         tool=${entry#*|}; rec=$W/t/$c/${tool//\//_}
-        if [ ! -s "$rec" ]; then echo "| $tool | failed | | | | |"; continue; fi
+        if [ ! -s "$rec" ]; then echo "| $tool | failed | | | | | |"; continue; fi
         us=$(col 1 "$rec" | median)
-        cpu=$(awk '{print $2 + $3}' "$rec" | median)
+        user=$(col 2 "$rec" | median)
+        sys=$(col 3 "$rec" | median)
         rss=$(col 4 "$rec" | median)
-        awk -v t="$tool" -v us="$us" -v ours="$ours" -v b="$(bytes_of "$c")" -v cpu="$cpu" -v rss="$rss" \
+        awk -v t="$tool" -v us="$us" -v ours="$ours" -v b="$(bytes_of "$c")" -v user="$user" -v sys="$sys" -v rss="$rss" \
             'BEGIN {
                 s = us / 1e6
                 mbs = (t ~ /sync \(all|status|path|uninstall/) ? "" : sprintf(b / s < 1e7 ? "%.2f" : "%.0f", b / s / 1e6)
                 r = (ours == "nan" || t ~ /^gem-resources/) ? "" : sprintf("%.2f", us / ours)
                 gsub(/\|/, "\\|", t)
-                printf "| %s | %.3f | %s | %s | %.2f | %.1f |\n", t, s, mbs, r, cpu, rss / 1024
+                printf "| %s | %.3f | %s | %s | %.2f | %.2f | %.1f |\n", t, s, mbs, r, user, sys, rss / 1024
             }'
     done
 done
