@@ -5,11 +5,23 @@
 //! are changed only under a cross-process lock (`locks/registry.lock`), so
 //! several processes can share one store and a crash never leaves a
 //! half-written record.
+//!
+//! Parsed registrations are kept in memory and reused while their file is
+//! unchanged, so checking a downloaded file against every registration costs
+//! a `stat` per gem, not a parse of every declared resource. A cached copy is
+//! used only when both the file's identity (device, inode, size, modification
+//! and change times) and the registry's generation (`gems/.generation`, a
+//! counter every change made under the lock increases) are what they were
+//! when it was read; a change by any process therefore invalidates it, even
+//! one that reuses an inode within the file system's timestamp granularity.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +109,34 @@ pub struct Registry {
     failures: PathBuf,
     /// `store-v1/locks/registry.lock`.
     lock: PathBuf,
+    /// Parsed registrations, shared by every clone.
+    cache: Arc<Cache>,
+}
+
+/// Parsed registrations by gem id, and how many files were parsed.
+#[derive(Debug, Default)]
+struct Cache {
+    entries: Mutex<HashMap<String, Cached>>,
+    parses: AtomicU64,
+}
+
+/// One parsed registration and what it was read from.
+#[derive(Debug, Clone)]
+struct Cached {
+    stamp: Stamp,
+    reg: Arc<Registration>,
+    shas: Arc<HashSet<String>>,
+}
+
+/// What identifies one version of a registration file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    generation: u64,
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
 }
 
 /// Held while the registry is being changed; released on drop.
@@ -113,6 +153,7 @@ impl Registry {
             gems: root.join("gems"),
             failures: root.join("failures"),
             lock: root.join("locks").join("registry.lock"),
+            cache: Arc::default(),
         }
     }
 
@@ -124,13 +165,62 @@ impl Registry {
 
     /// The registration of `gem`, if installed.
     pub fn get(&self, gem: &str) -> Result<Option<Registration>> {
+        Ok(self.cached(gem)?.map(|c| (*c.reg).clone()))
+    }
+
+    /// Whether any installed gem declares `sha256`. Parses only the
+    /// registrations that changed since they were last read.
+    pub fn declares(&self, sha256: &str) -> Result<bool> {
+        for gem in json_stems(&self.gems)? {
+            if self.cached(&gem)?.is_some_and(|c| c.shas.contains(sha256)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// How many registration files this registry (and its clones) parsed.
+    #[doc(hidden)]
+    pub fn parses(&self) -> u64 {
+        self.cache.parses.load(Ordering::Relaxed)
+    }
+
+    /// The registration of `gem` from the cache when its file is unchanged,
+    /// else read, checked and cached.
+    fn cached(&self, gem: &str) -> Result<Option<Cached>> {
         let path = self.gems.join(format!("{gem}.json"));
-        let reg: Option<Registration> = read_json(&path)?;
+        // The generation is read before the file: a change between the two
+        // leaves a stamp that no later read matches, never a stale hit.
+        let generation = self.generation();
+        let meta = match fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.entries().remove(gem);
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::io("cannot read", &path, e)),
+        };
+        let stamp = Stamp {
+            generation,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        if let Some(hit) = self.entries().get(gem).filter(|c| c.stamp == stamp) {
+            return Ok(Some(hit.clone()));
+        }
+        self.cache.parses.fetch_add(1, Ordering::Relaxed);
+        let Some(reg) = read_json::<Registration>(&path)? else {
+            self.entries().remove(gem);
+            return Ok(None);
+        };
         // Records are ours, but a SHA-256 names folders in the store: one
         // that is not a SHA-256 is treated as corruption, never as a path.
         if let Some(bad) = reg
+            .resources
             .iter()
-            .flat_map(|r| &r.resources)
             .find(|r| !crate::store::is_sha256(&r.sha256))
         {
             return Err(Error::io(
@@ -142,7 +232,48 @@ impl Registry {
                 ),
             ));
         }
-        Ok(reg)
+        let cached = Cached {
+            stamp,
+            shas: Arc::new(reg.resources.iter().map(|r| r.sha256.clone()).collect()),
+            reg: Arc::new(reg),
+        };
+        self.entries().insert(gem.to_string(), cached.clone());
+        Ok(Some(cached))
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
+        self.cache.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn generation_path(&self) -> PathBuf {
+        self.gems.join(".generation")
+    }
+
+    /// The registry's generation (0 before the first change).
+    fn generation(&self) -> u64 {
+        fs::read_to_string(self.generation_path())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Increases the generation after a change. Call with the lock held.
+    /// Not fsynced: it only tells running processes that their cached
+    /// records are out of date, and a system crash ends those processes.
+    fn bump_generation(&self) -> Result<()> {
+        let next = self.generation().wrapping_add(1);
+        let dir = &self.gems;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".")
+            .suffix(".tmp")
+            .tempfile_in(dir)
+            .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
+        let path = self.generation_path();
+        tmp.write_all(next.to_string().as_bytes())
+            .map_err(|e| Error::io("cannot write", tmp.path(), e))?;
+        tmp.persist(&path)
+            .map_err(|e| Error::io("cannot replace", &path, e.error))?;
+        Ok(())
     }
 
     /// Every registration, ordered by gem id.
@@ -158,18 +289,22 @@ impl Registry {
 
     /// Writes a registration atomically. Call with the lock held.
     pub fn put(&self, reg: &Registration) -> Result<()> {
-        write_json(&self.gems.join(format!("{}.json", reg.gem)), reg)
+        write_json(&self.gems.join(format!("{}.json", reg.gem)), reg)?;
+        self.bump_generation()
     }
 
     /// Removes a registration and its failure records. Call with the lock held.
     pub fn remove(&self, gem: &str) -> Result<bool> {
         let _ = fs::remove_file(self.failures.join(format!("{gem}.json")));
         let path = self.gems.join(format!("{gem}.json"));
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(Error::io("cannot remove", &path, e)),
-        }
+        let removed = match fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(Error::io("cannot remove", &path, e)),
+        };
+        self.entries().remove(gem);
+        self.bump_generation()?;
+        Ok(removed)
     }
 
     /// Removes temporary files left by a write that a crash interrupted
@@ -204,7 +339,7 @@ impl Registry {
         record: Option<FailureRecord>,
     ) -> Result<()> {
         let _lock = self.lock().await?;
-        if self.get(gem)?.is_none() {
+        if self.cached(gem)?.is_none() {
             return Ok(());
         }
         let path = self.failures.join(format!("{gem}.json"));
@@ -276,4 +411,102 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(gem: &str, shas: &[String]) -> Registration {
+        let resources: Vec<serde_json::Value> = shas
+            .iter()
+            .enumerate()
+            .map(|(i, sha)| {
+                serde_json::json!({
+                    "id": format!("r{i}"),
+                    "url": format!("https://cdn.example.com/{i}.bin"),
+                    "sha256": sha,
+                    "size": 1,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({ "resources": resources });
+        let manifest = crate::manifest::parse_manifest(doc.to_string().as_bytes()).unwrap();
+        Registration {
+            gem: gem.to_string(),
+            resources: manifest.resources,
+        }
+    }
+
+    fn shas(n: usize, seed: u8) -> Vec<String> {
+        (0..n)
+            .map(|i| hex::encode(sha2::Sha256::digest([seed, i as u8, (i >> 8) as u8])))
+            .collect()
+    }
+
+    fn open() -> (tempfile::TempDir, Registry) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, Registry::new(&store))
+    }
+
+    use sha2::Digest;
+
+    #[test]
+    fn asking_about_every_resource_parses_an_unchanged_registration_once() {
+        let (_dir, registry) = open();
+        let all = shas(300, 1);
+        registry.put(&registration("g", &all)).unwrap();
+        for sha in &all {
+            assert!(registry.declares(sha).unwrap());
+        }
+        assert!(!registry.declares(&shas(1, 2)[0]).unwrap());
+        assert_eq!(registry.get("g").unwrap().unwrap().resources.len(), 300);
+        assert_eq!(registry.list().unwrap().len(), 1);
+        assert_eq!(registry.parses(), 1, "one parse for 300 lookups");
+    }
+
+    #[test]
+    fn clearing_failures_never_reparses_an_unchanged_registration() {
+        let (_dir, registry) = open();
+        let all = shas(50, 3);
+        registry.put(&registration("g", &all)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for i in 0..50 {
+            rt.block_on(registry.set_failure("g", &format!("r{i}"), None))
+                .unwrap();
+        }
+        assert!(registry.parses() <= 1, "{} parses", registry.parses());
+    }
+
+    #[test]
+    fn a_change_by_another_process_is_seen_at_once() {
+        // Two registries on one store stand for two processes.
+        let (dir, here) = open();
+        let elsewhere = Registry::new(&Store::open(dir.path()).unwrap());
+        let (old, new) = (shas(20, 4), shas(20, 5));
+        here.put(&registration("g", &old)).unwrap();
+        assert!(here.declares(&old[7]).unwrap());
+        // Same gem, same number of resources, same file size.
+        elsewhere.put(&registration("g", &new)).unwrap();
+        assert!(!here.declares(&old[7]).unwrap());
+        assert!(here.declares(&new[7]).unwrap());
+        assert_eq!(here.get("g").unwrap().unwrap().resources[7].sha256, new[7]);
+        elsewhere.remove("g").unwrap();
+        assert!(!here.declares(&new[7]).unwrap());
+        assert!(here.get("g").unwrap().is_none());
+    }
+
+    #[test]
+    fn every_change_increases_the_generation() {
+        let (_dir, registry) = open();
+        assert_eq!(registry.generation(), 0);
+        registry.put(&registration("g", &shas(1, 6))).unwrap();
+        assert_eq!(registry.generation(), 1);
+        registry.remove("g").unwrap();
+        assert_eq!(registry.generation(), 2);
+        assert_eq!(registry.clean(), 0, "no temporary file is left behind");
+    }
 }

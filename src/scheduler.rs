@@ -299,10 +299,7 @@ impl Scheduler {
         let registry = &self.deps.registry;
         let check = async {
             let _lock = registry.lock().await?;
-            let declared = registry
-                .list()?
-                .iter()
-                .any(|reg| reg.resources.iter().any(|r| r.sha256 == resource.sha256));
+            let declared = registry.declares(&resource.sha256)?;
             if !declared {
                 self.deps.store.remove(&resource.sha256)?;
             }

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -34,6 +35,9 @@ use crate::store::Store;
 
 /// Events buffered per subscriber before the oldest are dropped.
 const EVENT_BUFFER: usize = 1024;
+
+/// Files deleted at once by an uninstall or upgrade.
+const DELETE_WORKERS: usize = 16;
 
 /// The resource service. Cheap to clone; clones share everything.
 #[derive(Clone)]
@@ -200,6 +204,13 @@ impl Resources {
         })
     }
 
+    /// How many registration files this service has parsed: for tests that
+    /// check the work per resource stays constant.
+    #[doc(hidden)]
+    pub fn registry_parses(&self) -> u64 {
+        self.inner.registry.parses()
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.inner.store
@@ -297,7 +308,7 @@ impl Resources {
         for reg in inner.registry.list()? {
             claimed.extend(shas(&reg.resources));
         }
-        let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+        let (mut doomed, mut kept) = (Vec::new(), Vec::new());
         for sha in candidates {
             if claimed.contains(&sha) {
                 kept.push(sha);
@@ -306,12 +317,19 @@ impl Resources {
             inner.scheduler.cancel(&sha).await;
             inner.store.remove_partials(&sha);
             if inner.store.has(&sha) {
-                inner.store.remove(&sha)?;
-                self.emit(Event::Deleted {
-                    sha256: sha.clone(),
-                });
-                deleted.push(sha);
+                doomed.push(sha);
             }
+        }
+        let store = inner.store.clone();
+        let removal = tokio::task::spawn_blocking(move || remove_blobs(&store, &doomed));
+        let blobs = inner.store.root().join("blobs");
+        let deleted = removal
+            .await
+            .map_err(|e| Error::io("cannot delete files in", blobs, std::io::Error::other(e)))??;
+        for sha in &deleted {
+            self.emit(Event::Deleted {
+                sha256: sha.clone(),
+            });
         }
         Ok((deleted, kept))
     }
@@ -615,6 +633,38 @@ fn check_gem_id(gem: &str) -> Result<()> {
         Err(Error::Invalid(format!(
             "invalid gem id {gem:?}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
         )))
+    }
+}
+
+/// Deletes the stored files of every SHA-256 in `doomed`, several at a time:
+/// deleting a file can wait on the device (a file system mounted with
+/// `discard` trims each file's blocks as it goes), and those waits overlap.
+/// Returns `doomed` once every deletion has finished, or the first error.
+fn remove_blobs(store: &Store, doomed: &[String]) -> Result<Vec<String>> {
+    let next = AtomicUsize::new(0);
+    let workers = doomed.len().min(DELETE_WORKERS);
+    let failures: Vec<Error> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut failures = Vec::new();
+                    while let Some(sha) = doomed.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if let Err(e) = store.remove(sha) {
+                            failures.push(e);
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    match failures.into_iter().next() {
+        Some(error) => Err(error),
+        None => Ok(doomed.to_vec()),
     }
 }
 

@@ -16,6 +16,7 @@ mod manifest_cli;
 mod process_signals;
 mod proxy;
 mod resume;
+mod scale;
 mod serve_reload;
 mod serve_scans;
 mod service_cli;

@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Speed benchmark: gem-resources against the tools people would use instead,
+# on one nginx HTTPS origin (TLS 1.3, HTTP/1.1) on loopback, in the same run.
+#
+#   scripts/bench.sh                         # full run (about 10 minutes)
+#   BENCH_RUNS=1 BENCH_BIG_MIB=256 scripts/bench.sh      # quick look
+#   BENCH_CASES="tiny" BENCH_TINY=500 scripts/bench.sh   # one case
+#
+# Knobs (environment):
+#   BENCH_RUNS=5          runs per tool and case (median reported); runs are
+#                         interleaved: run 1 of every tool, then run 2, ...
+#   BENCH_CASES="big mid many tiny"
+#   BENCH_BIG_MIB=1024    size of the "big" file
+#   BENCH_MID_MIB=64      size of the "mid" file
+#   BENCH_MANY=200 BENCH_MANY_KIB=1024     the many-files case
+#   BENCH_TINY=2000 BENCH_TINY_BYTES=256   the thousands-of-resources case
+#   BENCH_DIR=/var/tmp    where the origin's files and every store go (the
+#                         file system measured; not a tmpfs unless you mean it)
+#   BENCH_BIN=target/release/gem-resources   (built when missing)
+#
+# Installs what it needs from Debian when missing (nginx-light, aria2, curl,
+# time, openssl). Not part of CI. Touches nothing outside its temporary
+# folder; nginx listens on 127.0.0.1 only and is stopped on exit.
+set -euo pipefail
+
+RUNS=${BENCH_RUNS:-5}
+CASES=${BENCH_CASES:-"big mid many tiny"}
+BIG_MIB=${BENCH_BIG_MIB:-1024}
+MID_MIB=${BENCH_MID_MIB:-64}
+MANY=${BENCH_MANY:-200}
+MANY_KIB=${BENCH_MANY_KIB:-1024}
+TINY=${BENCH_TINY:-2000}
+TINY_BYTES=${BENCH_TINY_BYTES:-256}
+BASE=${BENCH_DIR:-/var/tmp}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BENCH_BIN:-$ROOT/target/release/gem-resources}
+HOST=bench.test
+
+say() { printf '%s\n' "$*" >&2; }
+
+# --- tools -----------------------------------------------------------------
+need_install=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_install+=(nginx-light)
+command -v aria2c >/dev/null || need_install+=(aria2)
+command -v curl >/dev/null || need_install+=(curl)
+command -v openssl >/dev/null || need_install+=(openssl)
+[ -x /usr/bin/time ] || need_install+=(time)
+if [ ${#need_install[@]} -gt 0 ]; then
+    say "installing ${need_install[*]}"
+    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >/dev/null; then
+        # nginx-light is gone from newer Debian releases.
+        need_install=("${need_install[@]/nginx-light/nginx}")
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >/dev/null
+    fi
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+if [ ! -x "$BIN" ]; then
+    say "building the release binary"
+    (cd "$ROOT" && cargo build --release --quiet)
+fi
+
+# --- work folder, cleaned up on exit ---------------------------------------
+W=$(mktemp -d "$BASE/gem-bench.XXXXXX")
+chmod 755 "$W"
+NGINX_PID=
+cleanup() {
+    if [ -n "$NGINX_PID" ] && kill -0 "$NGINX_PID" 2>/dev/null; then
+        kill -QUIT "$NGINX_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$NGINX_PID" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+mkdir -p "$W/www" "$W/out" "$W/res" "$W/nginx"
+chmod 755 "$W/www"
+
+# --- throwaway certificate: self-signed, CA:TRUE, for bench.test and 127.0.0.1
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj "/CN=$HOST" \
+    -addext "subjectAltName=DNS:$HOST,IP:127.0.0.1" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -keyout "$W/nginx/key.pem" -out "$W/nginx/cert.pem" 2>/dev/null
+CERT=$W/nginx/cert.pem
+
+# --- files ------------------------------------------------------------------
+make_file() { # name bytes
+    head -c "$2" /dev/urandom >"$W/www/$1"
+}
+has_case() { [[ " $CASES " == *" $1 "* ]]; }
+say "generating files in $W/www"
+has_case big && make_file big.bin $((BIG_MIB * 1048576))
+has_case mid && make_file mid.bin $((MID_MIB * 1048576))
+if has_case many; then
+    mkdir -p "$W/www/many"
+    for i in $(seq -w 1 "$MANY"); do make_file "many/f$i.bin" $((MANY_KIB * 1024)); done
+fi
+if has_case tiny; then
+    mkdir -p "$W/www/tiny"
+    # One stream of random bytes cut into pieces: fast for thousands.
+    head -c $((TINY * TINY_BYTES)) /dev/urandom >"$W/tiny.all"
+    split -a 5 -d -b "$TINY_BYTES" "$W/tiny.all" "$W/www/tiny/t"
+    rm "$W/tiny.all"
+    (cd "$W/www/tiny" && for f in t*; do mv "$f" "$f.bin"; done)
+fi
+# SHA-256 of every file, by its name under www/.
+declare -A SHA
+while read -r sum name; do SHA[$name]=$sum; done < <(cd "$W/www" && find . -name '*.bin' -printf '%P\0' | xargs -0 sha256sum)
+chmod -R a+rX "$W/www"
+
+# --- nginx on a free loopback port ------------------------------------------
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+start_nginx() {
+    local user_line=
+    [ "$(id -u)" = 0 ] && user_line="user $(id -un) $(id -gn);"
+    cat >"$W/nginx/nginx.conf" <<EOF
+$user_line
+worker_processes auto;
+pid $W/nginx/nginx.pid;
+error_log $W/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    default_type application/octet-stream;
+    client_body_temp_path $W/nginx/body;
+    proxy_temp_path $W/nginx/proxy;
+    fastcgi_temp_path $W/nginx/fastcgi;
+    uwsgi_temp_path $W/nginx/uwsgi;
+    scgi_temp_path $W/nginx/scgi;
+    ssl_protocols TLSv1.3;
+    ssl_certificate $CERT;
+    ssl_certificate_key $W/nginx/key.pem;
+    server {
+        listen 127.0.0.1:$PORT ssl;
+        server_name $HOST;
+        root $W/www;
+    }
+    server {
+        listen 127.0.0.1:$PORT2 ssl http2;
+        server_name $HOST;
+        root $W/www;
+    }
+}
+EOF
+    "$NGINX" -p "$W/nginx" -c "$W/nginx/nginx.conf" -e "$W/nginx/error.log" 2>>"$W/nginx/start.log"
+}
+for _ in $(seq 20); do
+    PORT=$((20000 + RANDOM % 40000)); PORT2=$((PORT + 1))
+    if port_free "$PORT" && port_free "$PORT2" && start_nginx; then
+        for _ in $(seq 50); do [ -s "$W/nginx/nginx.pid" ] && break; sleep 0.1; done
+        NGINX_PID=$(cat "$W/nginx/nginx.pid")
+        break
+    fi
+done
+[ -n "$NGINX_PID" ] || { say "nginx did not start:"; cat "$W/nginx/start.log" >&2; exit 1; }
+URL=https://$HOST:$PORT
+IPURL=https://127.0.0.1:$PORT
+CURL=(curl -sSf --cacert "$CERT" --resolve "$HOST:$PORT:127.0.0.1" --resolve "$HOST:$PORT2:127.0.0.1" --http1.1)
+"${CURL[@]}" -o /dev/null "$URL/" 2>/dev/null || true
+say "nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') on 127.0.0.1:$PORT (HTTP/1.1) and :$PORT2 (HTTP/2), TLS 1.3"
+
+# --- our configuration and manifests ----------------------------------------
+cat >"$W/config.toml" <<EOF
+[dev]
+extra_root_certs = ["$CERT"]
+resolve = { "$HOST" = ["127.0.0.1"] }
+allow_addresses = ["127.0.0.1/32"]
+EOF
+manifest() { # out id-prefix required list-of-names...
+    local out=$1 req=$2; shift 2
+    {
+        printf '{"id":"bench","name":"bench","version":"1.0.0","description":"bench","resources":[\n'
+        local first=1 name
+        for name in "$@"; do
+            [ $first = 1 ] || printf ',\n'
+            first=0
+            printf '{"id":"%s","url":"%s/%s","sha256":"%s","size":%s,"required":%s}' \
+                "$(basename "$name" .bin)" "$URL" "$name" "$(sha_of "$name")" \
+                "$(stat -c %s "$W/www/$name")" "$req"
+        done
+        printf '\n]}\n'
+    } >"$out"
+}
+sha_of() { echo "${SHA[$1]}"; }
+names_of() { (cd "$W/www" && ls -1 "$1"/*.bin); }
+
+# --- timing -----------------------------------------------------------------
+# Every run appends "wall user sys rss_kib" to $W/t/<case>/<tool>.
+mkdir -p "$W/t"
+TOOLS_OF=()   # "case|tool" in display order
+FAILS=0
+timed() { # case tool command...
+    local case=$1 tool=$2; shift 2
+    local rec=$W/t/$case/${tool//\//_}
+    mkdir -p "$W/t/$case"
+    [ -e "$rec" ] || { : >"$rec"; TOOLS_OF+=("$case|$tool"); }
+    local t0 t1
+    t0=$(date +%s%N)
+    if /usr/bin/time -f '%U %S %M' -o "$W/time.out" "$@" >"$W/cmd.out" 2>"$W/cmd.err"; then
+        t1=$(date +%s%N)
+        read -r u s m <"$W/time.out"
+        echo "$(( (t1 - t0) / 1000 )) $u $s $m" >>"$rec"
+    else
+        say "  FAILED: $case / $tool"; sed 's/^/    /' "$W/cmd.err" | tail -5 >&2
+        FAILS=$((FAILS + 1))
+    fi
+}
+fresh() { rm -rf "$W/out" "$W/store"; mkdir -p "$W/out"; }
+OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
+
+# --- one file ----------------------------------------------------------------
+one_file_round() { # case file
+    local c=$1 f=$2 sha
+    sha=$(sha_of "$f")
+    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "curl | openssl dgst -sha256" bash -c \
+        "set -o pipefail; \"\$@\" | openssl dgst -sha256 | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
+    fresh; timed "$c" "curl -o + openssl dgst" bash -c \
+        "\"\$@\" -o $W/out/f && openssl dgst -sha256 $W/out/f | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
+    fresh; timed "$c" "curl -o + sha256sum" bash -c \
+        "\"\$@\" -o $W/out/f && sha256sum $W/out/f | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
+    fresh; timed "$c" "curl -o + openssl dgst + sync" bash -c \
+        "\"\$@\" -o $W/out/f && openssl dgst -sha256 $W/out/f | grep -q $sha && sync $W/out/f $W/out" \
+        _ "${CURL[@]}" "$URL/$f"
+    fresh; timed "$c" "aria2c -x1 --checksum" aria2c -q -x1 --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+        --checksum="sha-256=$sha" "$IPURL/$f"
+    fresh; timed "$c" "curl -o /dev/null (no check)" "${CURL[@]}" -o /dev/null "$URL/$f"
+}
+
+# --- many files --------------------------------------------------------------
+many_files_round() { # case dir
+    local c=$1 d=$2
+    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    if [ "$c" = tiny ]; then
+        fresh
+        timed "$c" "gem-resources install" "${OURS[@]}" install bench "$W/res/$c.json"
+        timed "$c" "gem-resources sync (all present)" "${OURS[@]}" sync
+        timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
+        timed "$c" "gem-resources path" "${OURS[@]}" path bench "$(names_of "$d" | tail -1 | sed 's/.*\///; s/\.bin$//')"
+        timed "$c" "gem-resources uninstall" "${OURS[@]}" uninstall bench
+    fi
+    fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
+    fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
+        "\"\$@\" -Z --parallel-max 8 -K $W/res/$c.curl && cd $W/out && sha256sum -c --quiet $W/res/$c.sums" \
+        _ "${CURL[@]}"
+    fresh; timed "$c" "curl -Z --parallel-max 8 --http2 (no check)" "${CURL[@]/--http1.1/--http2}" \
+        -Z --parallel-max 8 -K "$W/res/$c.curl2"
+    fresh; timed "$c" "aria2c -j8 --checksum" aria2c -q -j8 -x1 --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -i "$W/res/$c.aria2"
+}
+many_inputs() { # case dir
+    local c=$1 d=$2 n sha
+    : >"$W/res/$c.curl"; : >"$W/res/$c.curl2"; : >"$W/res/$c.aria2"; : >"$W/res/$c.sums"
+    for n in $(names_of "$d"); do
+        sha=$(sha_of "$n")
+        printf 'url = "%s/%s"\noutput = "%s/out/%s"\n' "$URL" "$n" "$W" "${n#*/}" >>"$W/res/$c.curl"
+        printf 'url = "https://%s:%s/%s"\noutput = "%s/out/%s"\n' "$HOST" "$PORT2" "$n" "$W" "${n#*/}" >>"$W/res/$c.curl2"
+        printf '%s/%s\n  out=%s\n  checksum=sha-256=%s\n' "$IPURL" "$n" "${n#*/}" "$sha" >>"$W/res/$c.aria2"
+        printf '%s  %s\n' "$sha" "${n#*/}" >>"$W/res/$c.sums"
+    done
+}
+
+has_case big && manifest "$W/res/big.json" true big.bin
+has_case mid && manifest "$W/res/mid.json" true mid.bin
+# shellcheck disable=SC2046
+has_case many && { manifest "$W/res/many.json" true $(names_of many); many_inputs many many; }
+# shellcheck disable=SC2046
+has_case tiny && { manifest "$W/res/tiny.json" true $(names_of tiny); many_inputs tiny tiny; }
+
+for run in $(seq "$RUNS"); do
+    say "run $run/$RUNS"
+    has_case big && one_file_round big big.bin
+    has_case mid && one_file_round mid mid.bin
+    has_case many && many_files_round many many
+    has_case tiny && many_files_round tiny tiny
+done
+fresh
+
+# --- report ------------------------------------------------------------------
+median() { sort -n | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+col() { awk -v c="$1" '{print $c}' "$2"; }
+bytes_of() {
+    case $1 in
+        big) echo $((BIG_MIB * 1048576)) ;;
+        mid) echo $((MID_MIB * 1048576)) ;;
+        many) echo $((MANY * MANY_KIB * 1024)) ;;
+        tiny) echo $((TINY * TINY_BYTES)) ;;
+    esac
+}
+label_of() {
+    case $1 in
+        big) echo "$BIG_MIB MiB, one file" ;;
+        mid) echo "$MID_MIB MiB, one file" ;;
+        many) echo "$MANY × $MANY_KIB KiB in one manifest" ;;
+        tiny) echo "$TINY × $TINY_BYTES B in one manifest" ;;
+    esac
+}
+FS=$(df -T "$BASE" | awk 'NR==2 {print $2}')
+CPU=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+echo
+echo "Commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+echo "Machine: $(nproc) CPUs, $CPU, Linux $(uname -r), store on $FS ($BASE)"
+echo "Origin: nginx, TLS 1.3, HTTP/1.1 on loopback (HTTP/2 only where the tool says --http2)"
+echo "Median of $RUNS runs, interleaved. Wall time; MB/s = 10^6 bytes per second;"
+echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is faster);"
+echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
+echo "Fairness: gem-resources fsyncs every file and its folder before publishing;"
+echo "curl and aria2c do not fsync (except the '+ sync' row), and 'no check' rows verify nothing."
+for c in big mid many tiny; do
+    has_case "$c" || continue
+    ref=$W/t/$c/"gem-resources fetch"
+    ours=$( [ -s "$ref" ] && col 1 "$ref" | median || echo nan)
+    echo
+    echo "### $(label_of "$c")"
+    echo
+    echo "| tool | seconds | MB/s | ratio to gem-resources fetch | user s | sys s | RSS MiB |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    for entry in "${TOOLS_OF[@]}"; do
+        [ "${entry%%|*}" = "$c" ] || continue
+        tool=${entry#*|}; rec=$W/t/$c/${tool//\//_}
+        if [ ! -s "$rec" ]; then echo "| $tool | failed | | | | | |"; continue; fi
+        us=$(col 1 "$rec" | median)
+        user=$(col 2 "$rec" | median)
+        sys=$(col 3 "$rec" | median)
+        rss=$(col 4 "$rec" | median)
+        awk -v t="$tool" -v us="$us" -v ours="$ours" -v b="$(bytes_of "$c")" -v user="$user" -v sys="$sys" -v rss="$rss" \
+            'BEGIN {
+                s = us / 1e6
+                mbs = (t ~ /sync \(all|status|path|uninstall/) ? "" : sprintf(b / s < 1e7 ? "%.2f" : "%.0f", b / s / 1e6)
+                r = (ours == "nan" || t ~ /^gem-resources/) ? "" : sprintf("%.2f", us / ours)
+                gsub(/\|/, "\\|", t)
+                printf "| %s | %.3f | %s | %s | %.2f | %.2f | %.1f |\n", t, s, mbs, r, user, sys, rss / 1024
+            }'
+    done
+done
+if [ "$FAILS" -gt 0 ]; then
+    echo
+    echo "$FAILS run(s) failed (see above); their times are left out."
+    exit 1
+fi
