@@ -18,7 +18,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -28,16 +28,19 @@ use crate::partial::Checkpointer;
 
 /// Chunks in flight between the network and the writer thread. Chunks are
 /// at most a few hundred KiB, so this bounds the memory of one transfer.
-const CHANNEL_CHUNKS: usize = 64;
+const CHANNEL_CHUNKS: usize = 16;
 
 /// Start the kernel's write-back of every window of this many bytes as soon
 /// as it is written, so the final flush has little left to do.
 pub const WRITE_BACK_BYTES: u64 = 8 << 20;
 
 /// Flush and record the durable length at least every this many bytes.
-pub const CHECKPOINT_BYTES: u64 = 64 << 20;
+/// Each flush waits for the disk, so on a fast link they are rare: the
+/// early write-back already keeps the disk busy.
+pub const CHECKPOINT_BYTES: u64 = 512 << 20;
 
-/// ... and at least this often while bytes arrive (slow links).
+/// ... and at least this often (the network side asks), so a slow link or
+/// a silent server loses at most this much progress to a crash.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
 /// Buffer for re-reading a kept prefix to rebuild the hash.
@@ -238,8 +241,6 @@ struct Writer {
     written_back: u64,
     /// Length at the last checkpoint.
     durable: u64,
-    /// When the last checkpoint was taken.
-    durable_at: Instant,
     /// The prefix to hash again before anything else.
     offset: u64,
 }
@@ -258,7 +259,6 @@ impl Writer {
             checkpoints,
             written_back: offset,
             durable: offset,
-            durable_at: Instant::now(),
             offset,
         })
     }
@@ -293,7 +293,7 @@ impl Writer {
             start_write_back(&self.file, self.written_back, len - self.written_back);
             self.written_back = len;
         }
-        if len - self.durable >= CHECKPOINT_BYTES || self.durable_at.elapsed() >= CHECKPOINT_EVERY {
+        if len - self.durable >= CHECKPOINT_BYTES {
             self.checkpoint(len)?;
         }
         Ok(())
@@ -317,7 +317,6 @@ impl Writer {
             self.checkpoints.record(len)?;
             self.durable = len;
         }
-        self.durable_at = Instant::now();
         Ok(())
     }
 
