@@ -27,12 +27,16 @@
 //! - `tls`: certificate trust for the `[dev] extra_root_certs` setting.
 //! - [`service`]: [`Resources`], the service the app embeds.
 //! - [`events`]: progress events for a UI.
-//! - [`error`]: typed errors with stable codes.
+//! - [`blocking`]: the service's calls for code without an executor.
+//! - [`error`]: typed errors with stable codes; `code`: the codes as a type.
+//! - [`time`]: RFC 3339 timestamps.
 //!
 //! The binary `gem-resources` is a thin command-line shell over this API.
 
 #![warn(missing_docs)]
 
+pub mod blocking;
+mod code;
 pub mod config;
 pub mod download;
 pub mod error;
@@ -57,19 +61,21 @@ pub mod service;
 mod sink;
 pub mod store;
 pub mod throttle;
+pub mod time;
 mod tls;
 mod tunnel;
 
 pub use config::Config;
 pub use download::{download, download_with, RetryPolicy};
-pub use error::{Attempt, AttemptError, Error, Result};
-pub use events::Event;
+pub use error::{Attempt, AttemptError, ConfigError, Error, ErrorCode, Result, CODES};
+pub use events::{Event, DEFAULT_EVENT_BUFFER};
 pub use fetch::{Fetcher, Reporter, Route, Transfer, MAX_REDIRECTS};
 pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
+pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport,
-    VerifyReport,
+    Blocking, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
+    UninstallReport, VerifyReport,
 };
 pub use store::Store;
 
