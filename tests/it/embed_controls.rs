@@ -51,12 +51,20 @@ async fn cancel_stops_a_download_keeps_its_bytes_and_the_next_one_resumes() {
         .install("g", &manifest(json!([entry("m", &url, &body)])))
         .await
         .unwrap();
-    assert!(service.download_now("g", "m").unwrap(), "a lazy file queued");
-    next(&mut events, |e| matches!(e, Event::Progress { bytes, .. } if *bytes >= 50_000)).await;
+    assert!(
+        service.download_now("g", "m").unwrap(),
+        "a lazy file queued"
+    );
+    next(
+        &mut events,
+        |e| matches!(e, Event::Progress { bytes, .. } if *bytes >= 50_000),
+    )
+    .await;
     assert!(service.cancel("g", "m").await.unwrap());
-    next(&mut events, |e| {
-        matches!(e, Event::Cancelled { reason, .. } if reason.contains("cancelled by the app"))
-    })
+    next(
+        &mut events,
+        |e| matches!(e, Event::Cancelled { reason, .. } if reason.contains("cancelled by the app")),
+    )
     .await;
     // Not a failure, and the bytes are kept.
     assert!(matches!(state(&service, "g"), ResourceState::Missing));
@@ -95,7 +103,10 @@ async fn retry_forgets_the_failure_and_downloads_now() {
         "the failure is forgotten at once"
     );
     next(&mut events, |e| matches!(e, Event::Verified { .. })).await;
-    assert!(matches!(state(&service, "g"), ResourceState::Present { .. }));
+    assert!(matches!(
+        state(&service, "g"),
+        ResourceState::Present { .. }
+    ));
     assert!(!service.retry("g", "f").await.unwrap(), "present already");
 }
 

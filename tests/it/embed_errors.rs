@@ -67,7 +67,11 @@ async fn a_failure_blocked_by_the_policy_names_the_policy_as_its_primary_cause()
     assert_eq!(failure.primary_cause, ErrorCode::Policy);
     let failed = std::iter::from_fn(|| events.try_recv().ok())
         .find_map(|e| match e {
-            Event::Failed { primary_cause, code, .. } => Some((code, primary_cause)),
+            Event::Failed {
+                primary_cause,
+                code,
+                ..
+            } => Some((code, primary_cause)),
             _ => None,
         })
         .expect("a Failed event");

@@ -31,13 +31,48 @@ async fn until(events: &mut Receiver<Event>, end: impl Fn(&Event) -> bool) -> Ve
 /// The gem an event is about, when it names one resource.
 fn about(e: &Event) -> Option<(&str, &str, &str)> {
     match e {
-        Event::Queued { gem, resource, sha256, .. }
-        | Event::Started { gem, resource, sha256, .. }
-        | Event::Resumed { gem, resource, sha256, .. }
-        | Event::Progress { gem, resource, sha256, .. }
-        | Event::Verified { gem, resource, sha256, .. }
-        | Event::Failed { gem, resource, sha256, .. }
-        | Event::Cancelled { gem, resource, sha256, .. } => Some((gem, resource, sha256)),
+        Event::Queued {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Started {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Resumed {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Progress {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Verified {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Failed {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Cancelled {
+            gem,
+            resource,
+            sha256,
+            ..
+        } => Some((gem, resource, sha256)),
         _ => None,
     }
 }
@@ -47,36 +82,62 @@ async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
     let env = Env::new().await;
     let body = bytes(50_000, 81);
     let gate = Gate::new();
-    env.origin.route("/shared.bin", Behaviour::Gated { body: body.clone(), gate: gate.clone() });
+    env.origin.route(
+        "/shared.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
     let url = env.url("origin.test", "/shared.bin");
     let sha = sha256_hex(&body);
     let service = Resources::open(&env.config()).unwrap();
     let mut events = service.subscribe();
     service
-        .install("a", &manifest(json!([required_entry("model", &url, &body)])))
+        .install(
+            "a",
+            &manifest(json!([required_entry("model", &url, &body)])),
+        )
         .await
         .unwrap();
-    wait_until("a's request reached the origin", || env.origin.hits("/shared.bin") == 1).await;
-    service
-        .install("b", &manifest(json!([required_entry("weights", &url, &body)])))
-        .await
-        .unwrap();
-    let joined = until(&mut events, |e| {
-        matches!(e, Event::Started { gem, .. } if gem == "b")
+    wait_until("a's request reached the origin", || {
+        env.origin.hits("/shared.bin") == 1
     })
+    .await;
+    service
+        .install(
+            "b",
+            &manifest(json!([required_entry("weights", &url, &body)])),
+        )
+        .await
+        .unwrap();
+    let joined = until(
+        &mut events,
+        |e| matches!(e, Event::Started { gem, .. } if gem == "b"),
+    )
     .await;
     assert!(
         joined.iter().any(|e| matches!(e, Event::Queued { gem, resource, .. } if gem == "b" && resource == "weights")),
         "{joined:?}"
     );
     gate.open();
-    let end = |g: &'static str| move |e: &Event| matches!(e, Event::Verified { gem, .. } if gem == g);
+    let end =
+        |g: &'static str| move |e: &Event| matches!(e, Event::Verified { gem, .. } if gem == g);
     let rest = until(&mut events, end("b")).await;
     let all: Vec<&Event> = joined.iter().chain(&rest).collect();
-    let Some(Event::Verified { path, sha256, resource, .. }) = rest.last() else {
+    let Some(Event::Verified {
+        path,
+        sha256,
+        resource,
+        ..
+    }) = rest.last()
+    else {
         panic!("{rest:?}");
     };
-    assert_eq!((resource.as_str(), sha256.as_str()), ("weights", sha.as_str()));
+    assert_eq!(
+        (resource.as_str(), sha256.as_str()),
+        ("weights", sha.as_str())
+    );
     assert_eq!(std::fs::read(path).unwrap(), body);
     assert!(path.ends_with("shared.bin"), "{path:?}");
     for e in all.iter().filter_map(|e| about(e)) {
@@ -111,7 +172,11 @@ async fn a_download_stopped_by_shutdown_or_uninstall_ends_with_cancelled() {
         .install("h", &manifest(json!([required_entry("s", &url, &body)])))
         .await
         .unwrap();
-    until(&mut events, |e| matches!(e, Event::Started { gem, .. } if gem == "h")).await;
+    until(
+        &mut events,
+        |e| matches!(e, Event::Started { gem, .. } if gem == "h"),
+    )
+    .await;
     wait_until("bytes arrived", || !partial_files(&env).is_empty()).await;
     service.shutdown().await;
     let mut tail = Vec::new();
@@ -133,13 +198,19 @@ async fn installed_comes_before_the_deletions_and_downloads_it_causes() {
     let new_url = env.serve("/new.bin", &new);
     let service = Resources::open(&env.config()).unwrap();
     service
-        .install("g", &manifest(json!([required_entry("old", &old_url, &old)])))
+        .install(
+            "g",
+            &manifest(json!([required_entry("old", &old_url, &old)])),
+        )
         .await
         .unwrap();
     service.wait_idle().await;
     let mut events = service.subscribe();
     service
-        .install("g", &manifest(json!([required_entry("new", &new_url, &new)])))
+        .install(
+            "g",
+            &manifest(json!([required_entry("new", &new_url, &new)])),
+        )
         .await
         .unwrap();
     let seen = until(&mut events, |e| matches!(e, Event::Verified { .. })).await;
@@ -178,6 +249,9 @@ async fn the_event_buffer_is_configurable_and_status_rebuilds_a_lagged_view() {
     // subscription.
     let (_events, status) = service.subscribe_with_status(None).unwrap();
     assert_eq!(status.len(), 3);
-    assert!(matches!(status[0].resources[0].state, ResourceState::Missing));
+    assert!(matches!(
+        status[0].resources[0].state,
+        ResourceState::Missing
+    ));
     assert!(format!("{service:?}").contains("Resources"));
 }

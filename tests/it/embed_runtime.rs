@@ -49,10 +49,8 @@ async fn every_async_call_works_from_another_executor() {
             gem_resources::Result::<_>::Ok((report, queued, verified, uninstalled))
         })
     });
-    let (report, queued, verified, uninstalled) = within("the calls", outcome)
-        .await
-        .unwrap()
-        .unwrap();
+    let (report, queued, verified, uninstalled) =
+        within("the calls", outcome).await.unwrap().unwrap();
     assert_eq!(report.queued, 1);
     assert_eq!(queued, 0, "the install's download had finished");
     assert_eq!(verified.ok, 1);
