@@ -15,6 +15,7 @@ use gem_resources::{
     Store,
 };
 use origin::{Behaviour, Origin};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use url::Url;
 
 type Outcome = Result<(), Box<dyn std::error::Error>>;
@@ -229,16 +230,22 @@ async fn with_events<T>(
     let out = loop {
         tokio::select! {
             out = &mut work => break out,
-            event = events.recv() => {
-                if let Ok(event) = event {
-                    print_event(event);
-                }
+            event = events.recv() => match event {
+                Ok(event) => print_event(event),
+                // Missed events are only progress lines of this step: keep
+                // following rather than stop at the first lag.
+                Err(RecvError::Lagged(n)) => println!("   ({n} events skipped)"),
+                Err(RecvError::Closed) => break work.await,
             }
         }
     };
     // What `work` sent before it returned belongs to this step too.
-    while let Ok(event) = events.try_recv() {
-        print_event(event);
+    loop {
+        match events.try_recv() {
+            Ok(event) => print_event(event),
+            Err(TryRecvError::Lagged(n)) => println!("   ({n} events skipped)"),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+        }
     }
     out
 }

@@ -260,7 +260,7 @@ impl Config {
 
     /// Parses TOML text (paths are kept as written). An error says on which
     /// line and for which key.
-    pub fn parse(text: &str) -> std::result::Result<Config, String> {
+    pub fn parse(text: &str) -> std::result::Result<Config, crate::error::ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| locate(text, &e))?;
         config.check()?;
         Ok(config)

@@ -7,16 +7,26 @@
 //! - [`Error`]: what the caller of the library sees. A download that failed on
 //!   every address is [`Error::Unavailable`], listing every attempt.
 //!
-//! Every error has a `code()` (`E_RESOURCE_…`, `E_PERM_INVALID`) that scripts
-//! can match on; the `Display` text names the resource, the address and the
-//! reason.
+//! Every error has a `code()` ([`ErrorCode`], written as `E_RESOURCE_…` or
+//! `E_PERM_INVALID`) that programs and scripts can match on; the `Display`
+//! text names the resource, the address and the reason.
+//!
+//! [`Error`] is cheap to clone (the one field that is not, an operating
+//! system error, is shared behind an [`Arc`]): a download shared by several
+//! callers hands each of them the same error, and every public function of
+//! the crate returns this one type, so `?` works in an app that uses
+//! [`Result`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use url::Url;
 
 use crate::guard::Blocked;
 use crate::manifest::ManifestError;
+use crate::policy::PolicyError;
+
+pub use crate::code::{ErrorCode, CODES};
 
 /// Why one address failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,16 +117,16 @@ fn retry_after_suffix(wait: Option<std::time::Duration>) -> String {
 
 impl AttemptError {
     /// The stable error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            AttemptError::Scheme { .. } | AttemptError::Credentials => "E_RESOURCE_SCHEME",
-            AttemptError::Address(_) => "E_RESOURCE_ADDRESS",
-            AttemptError::Policy { .. } => "E_RESOURCE_POLICY",
-            AttemptError::Redirects { .. } => "E_RESOURCE_REDIRECTS",
-            AttemptError::Http { .. } => "E_RESOURCE_HTTP",
-            AttemptError::Network { .. } | AttemptError::Proxy { .. } => "E_RESOURCE_NETWORK",
-            AttemptError::Size { .. } => "E_RESOURCE_SIZE",
-            AttemptError::Sha256 { .. } => "E_RESOURCE_SHA256",
+            AttemptError::Scheme { .. } | AttemptError::Credentials => ErrorCode::Scheme,
+            AttemptError::Address(_) => ErrorCode::Address,
+            AttemptError::Policy { .. } => ErrorCode::Policy,
+            AttemptError::Redirects { .. } => ErrorCode::Redirects,
+            AttemptError::Http { .. } => ErrorCode::Http,
+            AttemptError::Network { .. } | AttemptError::Proxy { .. } => ErrorCode::Network,
+            AttemptError::Size { .. } => ErrorCode::Size,
+            AttemptError::Sha256 { .. } => ErrorCode::Sha256,
         }
     }
 
@@ -148,13 +158,13 @@ fn hop_suffix(address: &Url, hop: Option<&Url>) -> String {
 
 impl Attempt {
     /// The stable error code of this attempt.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         self.error.code()
     }
 }
 
-/// Everything the library can fail with.
-#[derive(Debug, thiserror::Error)]
+/// Everything the library can fail with. Cheap to clone.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The manifest was rejected; nothing of it is used.
     #[error("{0}")]
@@ -180,7 +190,7 @@ pub enum Error {
     #[error("{message}")]
     FailedElsewhere {
         /// The other download's error code.
-        code: &'static str,
+        code: ErrorCode,
         /// Its full message, with the reason for each address.
         message: String,
     },
@@ -208,15 +218,24 @@ pub enum Error {
         context: String,
         /// The file or folder concerned.
         path: PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
+        /// The operating system's error, shared so that the error clones.
+        source: Arc<std::io::Error>,
     },
-    /// The configuration is invalid.
+    /// The configuration (or a network policy built by the app) is invalid.
     #[error("E_RESOURCE_CONFIG: {0}")]
     Config(String),
-    /// An input (a gem id, a SHA-256 in a record) is not acceptable.
+    /// An input (a SHA-256 in a record, a file to import) is not acceptable.
     #[error("E_PERM_INVALID: {0}")]
     Invalid(String),
+    /// A gem id breaks the rules of
+    /// [`check_gem_id`](crate::registry::check_gem_id).
+    #[error("E_RESOURCE_GEM_ID: invalid gem id {id:?}: {reason}")]
+    GemId {
+        /// The id as given (shortened when long).
+        id: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
     /// No such gem or resource is installed.
     #[error("E_RESOURCE_NOT_FOUND: {0}")]
     NotFound(String),
@@ -228,11 +247,42 @@ pub enum Error {
         /// Why it was stopped.
         reason: String,
     },
+    /// The service was shut down ([`crate::Resources::shutdown`]); it takes
+    /// no more calls. Open a new one to continue.
+    #[error("E_RESOURCE_SHUTDOWN: the resource service was shut down; open it again to continue")]
+    Shutdown,
+    /// [`crate::Resources::open`] was called outside a Tokio runtime.
+    #[error("E_RESOURCE_RUNTIME: the resource service needs a Tokio runtime for its downloads: open it inside one, or pass one with Resources::open_with_handle")]
+    NoRuntime,
 }
 
 impl From<Attempt> for Error {
     fn from(a: Attempt) -> Self {
         Error::Attempt(Box::new(a))
+    }
+}
+
+impl From<PolicyError> for Error {
+    fn from(e: PolicyError) -> Self {
+        Error::Config(format!("network.hosts: {e}"))
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e.0)
+    }
+}
+
+/// Why configuration text was refused ([`crate::Config::parse`]): the line
+/// and the key, and what is wrong. Converts into [`Error::Config`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl From<String> for ConfigError {
+    fn from(message: String) -> Self {
+        ConfigError(message)
     }
 }
 
@@ -242,18 +292,34 @@ fn list_attempts(attempts: &[Attempt]) -> String {
 
 impl Error {
     /// The stable error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Manifest(e) => e.code(),
+            Error::Manifest(_) | Error::Invalid(_) => ErrorCode::PermInvalid,
             Error::Attempt(a) => a.code(),
-            Error::Unavailable { .. } => "E_RESOURCE_UNAVAILABLE",
-            Error::FailedElsewhere { code, .. } => code,
-            Error::DiskSpace { .. } => "E_RESOURCE_DISK_SPACE",
-            Error::Io { .. } => "E_RESOURCE_IO",
-            Error::Config(_) => "E_RESOURCE_CONFIG",
-            Error::Invalid(_) => "E_PERM_INVALID",
-            Error::NotFound(_) => "E_RESOURCE_NOT_FOUND",
-            Error::Cancelled { .. } => "E_RESOURCE_CANCELLED",
+            Error::Unavailable { .. } => ErrorCode::Unavailable,
+            Error::FailedElsewhere { code, .. } => *code,
+            Error::DiskSpace { .. } => ErrorCode::DiskSpace,
+            Error::Io { .. } => ErrorCode::Io,
+            Error::Config(_) => ErrorCode::Config,
+            Error::GemId { .. } => ErrorCode::GemId,
+            Error::NotFound(_) => ErrorCode::NotFound,
+            Error::Cancelled { .. } => ErrorCode::Cancelled,
+            Error::Shutdown => ErrorCode::Shutdown,
+            Error::NoRuntime => ErrorCode::Runtime,
+        }
+    }
+
+    /// The code that best says why: for [`Error::Unavailable`], the most
+    /// specific code among its attempts (see [`ErrorCode::specificity`]),
+    /// so that a settings page can say "blocked by your network policy"
+    /// rather than "unavailable"; for every other error, [`Error::code`].
+    pub fn primary_cause(&self) -> ErrorCode {
+        match self {
+            Error::Unavailable { attempts, .. } => {
+                ErrorCode::most_specific(attempts.iter().map(Attempt::code))
+                    .unwrap_or(ErrorCode::Unavailable)
+            }
+            other => other.code(),
         }
     }
 
@@ -266,29 +332,10 @@ impl Error {
         Error::Io {
             context: context.into(),
             path: path.into(),
-            source,
+            source: Arc::new(source),
         }
     }
 }
-
-/// Every code [`Error::code`] can return, for reading one back from disk.
-pub const CODES: &[&str] = &[
-    "E_PERM_INVALID",
-    "E_RESOURCE_SCHEME",
-    "E_RESOURCE_ADDRESS",
-    "E_RESOURCE_POLICY",
-    "E_RESOURCE_REDIRECTS",
-    "E_RESOURCE_HTTP",
-    "E_RESOURCE_NETWORK",
-    "E_RESOURCE_SIZE",
-    "E_RESOURCE_SHA256",
-    "E_RESOURCE_UNAVAILABLE",
-    "E_RESOURCE_DISK_SPACE",
-    "E_RESOURCE_IO",
-    "E_RESOURCE_CONFIG",
-    "E_RESOURCE_NOT_FOUND",
-    "E_RESOURCE_CANCELLED",
-];
 
 /// The most characters [`shorten`] keeps of a text taken from a server.
 const MAX_SERVER_TEXT_CHARS: usize = 256;

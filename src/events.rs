@@ -1,12 +1,38 @@
 //! Progress events, for a UI to draw bars and for logs.
 //!
 //! The service publishes them on a broadcast channel
-//! ([`crate::Resources::subscribe`]); a slow subscriber misses events rather
-//! than slowing downloads down.
+//! ([`crate::Resources::subscribe`]). Each subscriber has a buffer of
+//! [`DEFAULT_EVENT_BUFFER`] events (set another size with
+//! [`crate::ResourcesBuilder::event_buffer`]); a subscriber that falls
+//! further behind misses the oldest events rather than slowing downloads
+//! down, and its next `recv` says so with
+//! [`RecvError::Lagged`](tokio::sync::broadcast::error::RecvError::Lagged).
+//! Keep receiving after a lag, and rebuild the view from
+//! [`crate::Resources::status`]; [`crate::Resources::subscribe_with_status`]
+//! gives a subscription and a status taken after it, so nothing falls
+//! between the two.
+//!
+//! What a subscriber can count on:
+//! - Every event about a resource names the gem, the resource id and its
+//!   `sha256`. When several gems wait on one download (the same bytes from
+//!   the same addresses), each gets its own copy of every event, named with
+//!   its own gem and id.
+//! - A download ends with exactly one of [`Event::Verified`],
+//!   [`Event::Failed`] or [`Event::Cancelled`] for each waiter. A download
+//!   stopped by a policy change ends with `Failed` (`E_RESOURCE_POLICY`);
+//!   one stopped by [`crate::Resources::cancel`], an uninstall, an upgrade
+//!   that drops it, or shutdown ends with `Cancelled`.
+//! - [`Event::Installed`] comes before the `Deleted`, `Queued` and
+//!   `Started` events its install causes.
 
 use std::path::PathBuf;
 
 use serde::Serialize;
+
+use crate::error::ErrorCode;
+
+/// How many events each subscriber's buffer holds by default.
+pub const DEFAULT_EVENT_BUFFER: usize = 1024;
 
 /// Something that happened to a resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -41,6 +67,8 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// Declared size.
         size: u64,
     },
@@ -50,6 +78,8 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// Declared size.
         size: u64,
     },
@@ -60,6 +90,8 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// Bytes kept and not downloaded again.
         offset: u64,
         /// Declared size.
@@ -71,6 +103,8 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// Bytes of the file present so far (a resumed prefix included).
         bytes: u64,
         /// Declared size.
@@ -82,6 +116,8 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// Its local path.
         path: PathBuf,
     },
@@ -91,10 +127,29 @@ pub enum Event {
         gem: String,
         /// The resource id.
         resource: String,
+        /// Its SHA-256.
+        sha256: String,
         /// The error code.
-        code: String,
+        code: ErrorCode,
+        /// The most specific code among the addresses' failures
+        /// ([`crate::Error::primary_cause`]).
+        primary_cause: ErrorCode,
         /// The full message, with the reason for each address.
         message: String,
+    },
+    /// The download stopped before it finished: [`crate::Resources::cancel`],
+    /// an uninstall or upgrade that dropped the file, or shutdown. Bytes
+    /// received so far are kept for resume when something still declares
+    /// the file.
+    Cancelled {
+        /// The gem that waited for it.
+        gem: String,
+        /// The resource id.
+        resource: String,
+        /// Its SHA-256.
+        sha256: String,
+        /// Why it stopped.
+        reason: String,
     },
     /// A stored file was deleted (no installed gem declares it any more, or
     /// it failed verification).

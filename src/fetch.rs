@@ -9,7 +9,7 @@
 //!
 //! Through a proxy ([`crate::proxy`]), the hop's address is resolved and
 //! vetted the same way and the proxy is asked to `CONNECT` to that address,
-//! never to the name ([`crate::tunnel`]); only `[network] proxy_resolves`
+//! never to the name (`tunnel`); only `[network] proxy_resolves`
 //! hands the name over.
 //!
 //! The body is streamed: each chunk is counted, hashed and written before the

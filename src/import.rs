@@ -4,9 +4,9 @@
 //! The file is hashed (streaming, constant memory) and matched by size and
 //! SHA-256 against the resources installed gems declare. A match is copied
 //! into the store through the same path as a download: the partial file in
-//! `tmp/` (created by [`Store::prepare`], which checks free space) under the
+//! `tmp/` (created by `Store::prepare`, which checks free space) under the
 //! SHA-256's lock, fsynced, hashed again, then made read-only and renamed
-//! into `blobs/` ([`Store::publish`]).
+//! into `blobs/` (`Store::publish`).
 //!
 //! The copy is a reflink (`FICLONE`) where the file system supports it, and
 //! a plain copy otherwise; never a hard link, so a later edit of the user's

@@ -10,7 +10,7 @@
 //! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
 //! - [`store`]: the content-addressed store and its atomic publication.
 //! - [`import`]: files the user already has, matched and copied in offline.
-//! - [`download`]: one resource over its url and mirrors, resuming.
+//! - [`download`](mod@download): one resource over its url and mirrors, resuming.
 //! - [`proxy`]: which proxy a hop uses (`[network] proxy`, `HTTPS_PROXY`,
 //!   `NO_PROXY`), credentials kept out of every message.
 //! - `tunnel`: `CONNECT` to a vetted address through the proxy, TLS inside.
@@ -28,12 +28,53 @@
 //! - `tls`: certificate trust for the `[dev] extra_root_certs` setting.
 //! - [`service`]: [`Resources`], the service the app embeds.
 //! - [`events`]: progress events for a UI.
-//! - [`error`]: typed errors with stable codes.
+//! - [`blocking`]: the service's calls for code without an executor.
+//! - [`error`]: typed errors with stable codes; `code`: the codes as a type.
+//! - [`time`]: RFC 3339 timestamps.
 //!
 //! The binary `gem-resources` is a thin command-line shell over this API.
+//!
+//! # Embedding
+//! An app runs the service inside its own process; `examples/embed.rs` is
+//! a complete, offline version of the steps below
+//! (`cargo run --example embed`).
+//!
+//! 1. **Open once, start once.** [`Resources::open`] inside the app's Tokio
+//!    runtime (or [`Resources::open_with_handle`] from anywhere; options in
+//!    [`Resources::builder`]). The service is `Clone + Send + Sync` and
+//!    [`Debug`](std::fmt::Debug); keep one and clone it. Its calls can then
+//!    be awaited from any executor, and [`Resources::blocking`] serves code
+//!    without one. [`Resources::start`] at app start cleans up after a
+//!    crash and queues missing required files.
+//! 2. **Install from the manifest.** [`parse_manifest`], then
+//!    [`Resources::install`]; it returns once the registration is durable,
+//!    never waiting for a download. [`Resources::uninstall`] removes a gem.
+//! 3. **Serve tools.** `ctx.resources` is [`Resources::path`]: a present
+//!    file at once, a missing one downloaded first (one download however
+//!    many tools ask).
+//! 4. **Draw the gem page.** [`Resources::subscribe_with_status`] gives the
+//!    page's starting state and the [`Event`]s that follow; after a
+//!    `Lagged`, call it again and redraw (see [`events`] for the buffer and
+//!    what each event promises). [`ResourceStatus`] has each file's
+//!    description, size, hosts and state; a failure's
+//!    [`primary_cause`](registry::FailureRecord::primary_cause) says, for
+//!    example, "blocked by your network policy". The page's buttons are
+//!    [`Resources::cancel`], [`Resources::retry`] and
+//!    [`Resources::download_now`].
+//! 5. **Settings.** [`Resources::set_policy`] applies a new network policy
+//!    at once; [`Resources::policy`] reads it.
+//! 6. **Quit.** [`Resources::shutdown`] stops downloads (their bytes kept
+//!    for resume) and waits for them; afterwards every call returns
+//!    `E_RESOURCE_SHUTDOWN`.
+//!
+//! Every fallible call returns [`Result`], whose [`Error`] is cheap to
+//! clone and has a typed [`ErrorCode`]; [`PolicyError`] and
+//! [`ConfigError`] convert into it, so `?` works throughout an app.
 
 #![warn(missing_docs)]
 
+pub mod blocking;
+mod code;
 pub mod config;
 pub mod download;
 pub mod error;
@@ -59,19 +100,21 @@ pub mod service;
 mod sink;
 pub mod store;
 pub mod throttle;
+pub mod time;
 mod tls;
 mod tunnel;
 
 pub use config::Config;
 pub use download::{download, download_with, RetryPolicy};
-pub use error::{Attempt, AttemptError, Error, Result};
-pub use events::Event;
+pub use error::{Attempt, AttemptError, ConfigError, Error, ErrorCode, Result, CODES};
+pub use events::{Event, DEFAULT_EVENT_BUFFER};
 pub use fetch::{Fetcher, Reporter, Route, Transfer, MAX_REDIRECTS};
 pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
+pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, UninstallReport,
-    VerifyReport,
+    Blocking, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
+    UninstallReport, VerifyReport,
 };
 pub use store::Store;
 

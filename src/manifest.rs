@@ -106,7 +106,7 @@ impl Resource {
     }
 }
 
-/// One validation problem: `path` like "manifest.resources[1].url", `message`
+/// One validation problem: `path` like `manifest.resources[1].url`, `message`
 /// like "must start with https://, got \"http://…\"".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {

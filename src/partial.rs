@@ -14,7 +14,7 @@
 //! files holds the SHA-256's lock ([`crate::store::Store::lock`]).
 //!
 //! A partial file is never visible at a final path: only a file whose size
-//! and digest were verified leaves `tmp/` ([`crate::store::Store::publish`]).
+//! and digest were verified leaves `tmp/` (`Store::publish`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;

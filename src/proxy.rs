@@ -4,7 +4,7 @@
 //!
 //! The choice is pure: [`ProxySettings::from_vars`] takes the variables as a
 //! map, so it can be tested without touching the process environment. The
-//! connection itself is opened in [`crate::tunnel`].
+//! connection itself is opened in `tunnel`.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{shorten_to, Error, Result};
+use crate::error::{shorten_to, Error, ErrorCode, Result};
 use crate::manifest::Resource;
 use crate::store::Store;
 
@@ -41,14 +41,33 @@ pub struct Registration {
 /// The last failure of one resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailureRecord {
-    /// When it failed, seconds since the Unix epoch.
-    pub at: u64,
+    /// When it failed; RFC 3339 in JSON (records written by earlier
+    /// versions hold seconds since the Unix epoch, and still read).
+    #[serde(with = "crate::time::rfc3339")]
+    pub at: std::time::SystemTime,
     /// The error code.
-    pub code: String,
+    pub code: ErrorCode,
+    /// The most specific code among the attempts
+    /// ([`crate::Error::primary_cause`]): `E_RESOURCE_POLICY` when the
+    /// network policy blocked an address, for example.
+    #[serde(default = "unavailable")]
+    pub primary_cause: ErrorCode,
     /// The full message.
     pub message: String,
     /// Each address with its own code and reason.
     pub attempts: Vec<AttemptRecord>,
+    /// The SHA-256 the failed download was for. A record whose SHA-256 or
+    /// addresses are not the resource's any more (an upgrade changed them)
+    /// is stale and never shown. Empty in records of earlier versions.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+    /// The addresses it tried (url, then mirrors, as declared).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+}
+
+fn unavailable() -> ErrorCode {
+    ErrorCode::Unavailable
 }
 
 /// One address of a failure.
@@ -57,7 +76,7 @@ pub struct AttemptRecord {
     /// The address tried.
     pub address: String,
     /// The error code.
-    pub code: String,
+    pub code: ErrorCode,
     /// Why it failed.
     pub reason: String,
 }
@@ -72,9 +91,19 @@ const MAX_RECORDED_TEXT_CHARS: usize = 2048;
 pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
 impl FailureRecord {
-    /// Records `error` as of now. The record is bounded: at most 17
-    /// attempts, each address and reason cut to 2048 characters, and the
-    /// message to 16 KiB.
+    /// Records `error` of a download of `resource` as of now. The record
+    /// is bounded: at most 17 attempts, each address and reason cut to 2048
+    /// characters, and the message to 16 KiB.
+    pub fn new(resource: &Resource, error: &Error) -> FailureRecord {
+        FailureRecord {
+            sha256: resource.sha256.clone(),
+            addresses: resource.addresses().map(|a| a.to_string()).collect(),
+            ..FailureRecord::from_error(error)
+        }
+    }
+
+    /// Records `error` as of now, for no resource in particular (see
+    /// [`FailureRecord::new`]).
     pub fn from_error(error: &Error) -> FailureRecord {
         let attempts = match error {
             Error::Unavailable { attempts, .. } => attempts
@@ -82,21 +111,36 @@ impl FailureRecord {
                 .take(MAX_RECORDED_ATTEMPTS)
                 .map(|a| AttemptRecord {
                     address: shorten_to(a.address.as_str(), MAX_RECORDED_TEXT_CHARS),
-                    code: a.code().to_string(),
+                    code: a.code(),
                     reason: shorten_to(&a.error.to_string(), MAX_RECORDED_TEXT_CHARS),
                 })
                 .collect(),
             _ => Vec::new(),
         };
         FailureRecord {
-            at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            code: error.code().to_string(),
+            at: std::time::SystemTime::now(),
+            code: error.code(),
+            primary_cause: error.primary_cause(),
             message: shorten_to(&error.to_string(), MAX_FAILURE_MESSAGE_CHARS),
             attempts,
+            sha256: String::new(),
+            addresses: Vec::new(),
         }
+    }
+
+    /// Whether this record is about `resource` as declared now: the same
+    /// SHA-256 and the same addresses. A record of an earlier version that
+    /// named neither is taken as current.
+    pub fn is_for(&self, resource: &Resource) -> bool {
+        if self.sha256.is_empty() {
+            return true;
+        }
+        self.sha256 == resource.sha256
+            && self
+                .addresses
+                .iter()
+                .map(String::as_str)
+                .eq(resource.addresses().map(|a| a.as_str()))
     }
 }
 
@@ -287,10 +331,31 @@ impl Registry {
         Ok(out)
     }
 
-    /// Writes a registration atomically. Call with the lock held.
+    /// Writes a registration atomically, then drops the failure records
+    /// it makes stale: those of resources it no longer declares, or whose
+    /// SHA-256 or addresses it changes (an upgrade). Call with the lock held.
     pub fn put(&self, reg: &Registration) -> Result<()> {
+        let old = self.get(&reg.gem)?;
         write_json(&self.gems.join(format!("{}.json", reg.gem)), reg)?;
-        self.bump_generation()
+        self.bump_generation()?;
+        let path = self.failures.join(format!("{}.json", reg.gem));
+        let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
+        let before = all.len();
+        all.retain(|id, record| {
+            let declared = |resources: &[Resource]| resources.iter().find(|r| &r.id == id).cloned();
+            match (
+                declared(&reg.resources),
+                old.as_ref().and_then(|o| declared(&o.resources)),
+            ) {
+                (None, _) => false,
+                (Some(new), Some(was)) if !same_download(&new, &was) => false,
+                (Some(new), _) => record.is_for(&new),
+            }
+        });
+        if all.len() != before {
+            write_json(&path, &all)?;
+        }
+        Ok(())
     }
 
     /// Removes a registration and its failure records. Call with the lock held.
@@ -326,9 +391,21 @@ impl Registry {
         removed
     }
 
-    /// The failure records of `gem`, by resource id.
+    /// The failure records of `gem`, by resource id. Records of resources
+    /// whose SHA-256 or addresses changed since are left out.
     pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
-        Ok(read_json(&self.failures.join(format!("{gem}.json")))?.unwrap_or_default())
+        let mut all: BTreeMap<String, FailureRecord> =
+            read_json(&self.failures.join(format!("{gem}.json")))?.unwrap_or_default();
+        if !all.is_empty() {
+            let resources = self.get(gem)?.map(|r| r.resources).unwrap_or_default();
+            all.retain(|id, record| {
+                resources
+                    .iter()
+                    .find(|r| &r.id == id)
+                    .is_some_and(|r| record.is_for(r))
+            });
+        }
+        Ok(all)
     }
 
     /// Sets (or, with `None`, clears) the failure record of one resource.
@@ -339,8 +416,16 @@ impl Registry {
         record: Option<FailureRecord>,
     ) -> Result<()> {
         let _lock = self.lock().await?;
-        if self.cached(gem)?.is_none() {
+        let Some(cached) = self.cached(gem)? else {
             return Ok(());
+        };
+        // A download that ended after an upgrade changed the resource is
+        // not news about the resource as declared now.
+        let current = cached.reg.resources.iter().find(|r| r.id == resource);
+        if let Some(r) = &record {
+            if !current.is_some_and(|c| r.is_for(c)) {
+                return Ok(());
+            }
         }
         let path = self.failures.join(format!("{gem}.json"));
         let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
@@ -358,7 +443,40 @@ impl Registry {
     }
 }
 
-/// Whether `gem` can be used as a gem id (it names files in the store).
+/// Whether two declarations of a resource download the same bytes from the
+/// same addresses (so that a failure of one is a failure of the other).
+fn same_download(a: &Resource, b: &Resource) -> bool {
+    a.sha256 == b.sha256 && a.addresses().eq(b.addresses())
+}
+
+/// Checks a gem id, which names files in the store. The rules:
+/// - 1 to 128 characters;
+/// - ASCII letters, digits, `.`, `_` and `-` only (no `/`, no spaces, no
+///   control characters, nothing a file system treats specially);
+/// - the first character is a letter or a digit (so no `.`, `..` or
+///   hidden names).
+///
+/// An id that breaks them is refused with `E_RESOURCE_GEM_ID`, naming the
+/// rule.
+pub fn check_gem_id(gem: &str) -> Result<()> {
+    let reason = if gem.is_empty() {
+        "it is empty"
+    } else if gem.len() > 128 {
+        "it is longer than 128 characters"
+    } else if !gem.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        "it must start with a letter or a digit"
+    } else if !valid_gem_id(gem) {
+        "only letters, digits, '.', '_' and '-' are allowed"
+    } else {
+        return Ok(());
+    };
+    Err(Error::GemId {
+        id: crate::error::shorten_to(gem, 200),
+        reason,
+    })
+}
+
+/// Whether `gem` can be used as a gem id (the rules of [`check_gem_id`]).
 pub fn valid_gem_id(gem: &str) -> bool {
     let mut chars = gem.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())

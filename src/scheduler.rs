@@ -10,6 +10,16 @@
 //! A job takes a slot (global and per host at once, [`Limiter`]), downloads,
 //! records the outcome, and publishes events. Jobs are tracked so shutdown
 //! can cancel them and wait until every temporary file is gone.
+//!
+//! Every caller waiting on a job (each gem, each resource id) gets its own
+//! copy of the job's events, named with its own gem and resource id, from
+//! the moment it joins: a gem whose file another gem is already
+//! downloading sees `Queued` (and `Started`) at once, then the same
+//! progress and the same end. A job ends, for every waiter, with exactly
+//! one of `Verified`, `Failed` or `Cancelled`.
+//!
+//! Jobs run on the Tokio runtime the service was opened on (a
+//! [`Handle`]), whichever executor the caller uses.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tokio::runtime::Handle;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,7 +45,7 @@ use crate::store::Store;
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome every waiter of a job gets.
-pub(crate) type JobResult = Result<PathBuf, Arc<Error>>;
+pub(crate) type JobResult = Result<PathBuf, Error>;
 
 /// What a job is doing, for status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,23 +73,64 @@ struct Job {
     done: watch::Receiver<Option<JobResult>>,
     /// The SHA-256 it downloads.
     sha256: String,
-    /// Every (gem, resource id) waiting on it, for their failure records.
-    waiters: Arc<Mutex<Vec<(String, String)>>>,
+    /// Every gem and resource waiting on it, for their events and
+    /// failure records.
+    waiters: Arc<Mutex<Vec<Waiter>>>,
+    /// Why it was cancelled, when something other than shutdown did.
+    why: Arc<Mutex<Option<String>>>,
+}
+
+/// One gem's resource waiting on a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Waiter {
+    /// The gem.
+    gem: String,
+    /// Its resource id.
+    resource: String,
+    /// Its file name for the bytes.
+    file: String,
+}
+
+impl Waiter {
+    fn of(gem: &str, resource: &Resource) -> Waiter {
+        Waiter {
+            gem: gem.to_string(),
+            resource: resource.id.clone(),
+            file: resource.file_name(),
+        }
+    }
 }
 
 impl Job {
-    fn add_waiter(&self, gem: &str, resource: &str) {
+    /// Adds a waiter; `false` when it was waiting already.
+    fn add_waiter(&self, waiter: Waiter) -> bool {
         let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        if !waiters.iter().any(|(g, r)| g == gem && r == resource) {
-            waiters.push((gem.to_string(), resource.to_string()));
+        let new = !waiters
+            .iter()
+            .any(|w| w.gem == waiter.gem && w.resource == waiter.resource);
+        if new {
+            waiters.push(waiter);
         }
+        new
     }
 
-    fn waiters(&self) -> Vec<(String, String)> {
+    fn waiters(&self) -> Vec<Waiter> {
         self.waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Cancels the job, saying why (the first reason given wins).
+    fn cancel_because(&self, why: &str) {
+        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert_with(|| why.to_string());
+        drop(slot);
+        self.cancel.cancel();
+    }
+
+    fn why(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -123,10 +175,12 @@ pub(crate) struct Scheduler {
     tracker: TaskTracker,
     /// Cancels every job at shutdown.
     shutdown: CancellationToken,
+    /// The runtime jobs run on, captured when the service was opened.
+    handle: Handle,
 }
 
 impl Scheduler {
-    pub(crate) fn new(deps: Deps, global: usize, per_host: usize) -> Scheduler {
+    pub(crate) fn new(deps: Deps, global: usize, per_host: usize, handle: Handle) -> Scheduler {
         Scheduler {
             deps,
             slots: Limiter::new(global, per_host),
@@ -134,7 +188,22 @@ impl Scheduler {
             next_id: AtomicU64::new(0),
             tracker: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            handle,
         }
+    }
+
+    /// The runtime jobs run on.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Whether [`Scheduler::shutdown`] was called.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    fn emit(&self, event: Event) {
+        let _ = self.deps.events.send(event);
     }
 
     /// The fetcher every job uses.
@@ -161,7 +230,25 @@ impl Scheduler {
             if urgent {
                 job.urgent.store(true, Ordering::Relaxed);
             }
-            job.add_waiter(gem, &resource.id);
+            if job.add_waiter(Waiter::of(gem, resource)) {
+                // The new waiter learns at once where the download stands.
+                let (gem, id) = (gem.to_string(), resource.id.clone());
+                let (sha256, size) = (resource.sha256.clone(), resource.size);
+                self.emit(Event::Queued {
+                    gem: gem.clone(),
+                    resource: id.clone(),
+                    sha256: sha256.clone(),
+                    size,
+                });
+                if job.started.load(Ordering::Relaxed) {
+                    self.emit(Event::Started {
+                        gem,
+                        resource: id,
+                        sha256,
+                        size,
+                    });
+                }
+            }
             tracing::debug!(gem, resource = %resource.id, "joining the download in progress");
             return job.done.clone();
         }
@@ -174,14 +261,23 @@ impl Scheduler {
             bytes: Arc::new(AtomicU64::new(0)),
             done: rx.clone(),
             sha256: resource.sha256.clone(),
-            waiters: Arc::new(Mutex::new(vec![(gem.to_string(), resource.id.clone())])),
+            waiters: Arc::new(Mutex::new(vec![Waiter::of(gem, resource)])),
+            why: Arc::new(Mutex::new(None)),
         };
         jobs.insert(key.clone(), job.clone());
         drop(jobs);
         let this = self.clone();
         let (gem, resource) = (gem.to_string(), resource.clone());
-        self.tracker.spawn(async move {
+        let task = async move {
             let result = this.run(&gem, &resource, &job).await;
+            if let Err(Error::Cancelled { reason, .. }) = &result {
+                this.each(&job, |w| Event::Cancelled {
+                    gem: w.gem.clone(),
+                    resource: w.resource.clone(),
+                    sha256: resource.sha256.clone(),
+                    reason: reason.clone(),
+                });
+            }
             {
                 let mut jobs = this.jobs();
                 if jobs.get(&key).is_some_and(|j| j.id == job.id) {
@@ -189,27 +285,40 @@ impl Scheduler {
                 }
             }
             let _ = tx.send(Some(result));
-        });
+        };
+        self.tracker.spawn_on(task, &self.handle);
         rx
+    }
+
+    /// Publishes one event for each waiter of `job`.
+    fn each(&self, job: &Job, event: impl Fn(&Waiter) -> Event) {
+        for waiter in job.waiters() {
+            self.emit(event(&waiter));
+        }
+    }
+
+    /// Why `job` stopped, for its `Cancelled` error and event.
+    fn cancelled(&self, resource: &Resource, job: &Job) -> Error {
+        let reason = match job.why() {
+            Some(why) => why,
+            None if self.shutdown.is_cancelled() => "the service shut down".into(),
+            None => "stopped before it finished".into(),
+        };
+        Error::Cancelled {
+            resource: resource.id.clone(),
+            reason,
+        }
     }
 
     async fn run(&self, gem: &str, resource: &Resource, job: &Job) -> JobResult {
         let deps = &self.deps;
-        let emit = |event: Event| {
-            let _ = deps.events.send(event);
-        };
-        let (gem_s, id, size) = (gem.to_string(), resource.id.clone(), resource.size);
-        emit(Event::Queued {
-            gem: gem_s.clone(),
-            resource: id.clone(),
+        let (sha256, size) = (resource.sha256.clone(), resource.size);
+        self.each(job, |w| Event::Queued {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: sha256.clone(),
             size,
         });
-        let cancelled = || {
-            Arc::new(Error::Cancelled {
-                resource: resource.id.clone(),
-                reason: "stopped before it finished".into(),
-            })
-        };
         let host = resource
             .url
             .host_str()
@@ -217,19 +326,19 @@ impl Scheduler {
             .to_ascii_lowercase();
         let _permit = tokio::select! {
             permit = self.slots.acquire(gem, &host, &job.urgent) => permit,
-            () = job.cancel.cancelled() => return Err(cancelled()),
+            () = job.cancel.cancelled() => return Err(self.cancelled(resource, job)),
         };
         job.started.store(true, Ordering::Relaxed);
-        emit(Event::Started {
-            gem: gem_s.clone(),
-            resource: id.clone(),
+        self.each(job, |w| Event::Started {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: sha256.clone(),
             size,
         });
         let mut progress = JobProgress {
             job,
-            emit: &emit,
-            gem: &gem_s,
-            resource: &id,
+            scheduler: self,
+            sha256: &sha256,
             size,
             last: Instant::now(),
         };
@@ -244,7 +353,7 @@ impl Scheduler {
         .await;
         if job.cancel.is_cancelled() {
             // Stopped by shutdown, uninstall or the user: not a failure.
-            return Err(cancelled());
+            return Err(self.cancelled(resource, job));
         }
         let outcome = match outcome {
             Ok(path) => self.still_declared(resource, job, path).await,
@@ -252,36 +361,49 @@ impl Scheduler {
         };
         match outcome {
             Ok(path) => {
-                for (gem, rid) in job.waiters() {
-                    record_outcome(job, deps.registry.set_failure(&gem, &rid, None)).await;
+                for w in job.waiters() {
+                    let clear = deps.registry.set_failure(&w.gem, &w.resource, None);
+                    record_outcome(job, clear).await;
                 }
-                emit(Event::Verified {
-                    gem: gem_s,
-                    resource: id,
-                    path: path.clone(),
+                self.each(job, |w| Event::Verified {
+                    gem: w.gem.clone(),
+                    resource: w.resource.clone(),
+                    sha256: sha256.clone(),
+                    // Each waiter's own name for the bytes, as `path` gives.
+                    path: deps
+                        .store
+                        .find(&sha256, &w.file)
+                        .ok()
+                        .flatten()
+                        .unwrap_or_else(|| path.clone()),
                 });
                 Ok(path)
             }
             // Stopped by our own shutdown (or an uninstall) while the
             // download was failing for that very reason (a temporary file
             // cut short, a task cancelled): not a failure of the download.
-            Err(_) if job.cancel.is_cancelled() => Err(cancelled()),
+            Err(_) if job.cancel.is_cancelled() => Err(self.cancelled(resource, job)),
+            Err(error @ Error::Cancelled { .. }) => Err(error),
             Err(error) => {
                 // The Failed event below is what users see; the log line is
                 // for debugging only, so a failure is not printed twice.
                 tracing::debug!(gem, "{error}");
-                let record = FailureRecord::from_error(&error);
-                for (gem, rid) in job.waiters() {
-                    let write = deps.registry.set_failure(&gem, &rid, Some(record.clone()));
+                let record = FailureRecord::new(resource, &error);
+                for w in job.waiters() {
+                    let write =
+                        deps.registry
+                            .set_failure(&w.gem, &w.resource, Some(record.clone()));
                     record_outcome(job, write).await;
                 }
-                emit(Event::Failed {
-                    gem: gem_s,
-                    resource: id,
-                    code: error.code().to_string(),
+                self.each(job, |w| Event::Failed {
+                    gem: w.gem.clone(),
+                    resource: w.resource.clone(),
+                    sha256: sha256.clone(),
+                    code: error.code(),
+                    primary_cause: error.primary_cause(),
                     message: error.to_string(),
                 });
-                Err(Arc::new(error))
+                Err(error)
             }
         }
     }
@@ -333,9 +455,9 @@ impl Scheduler {
         })
     }
 
-    /// Cancels every job for `sha256` and waits until they have stopped
-    /// (their temporary files removed).
-    pub(crate) async fn cancel(&self, sha256: &str) {
+    /// Cancels every job for `sha256`, saying `why`, and waits until they
+    /// have stopped (their temporary files removed).
+    pub(crate) async fn cancel(&self, sha256: &str, why: &str) {
         let jobs: Vec<Job> = self
             .jobs()
             .values()
@@ -343,8 +465,23 @@ impl Scheduler {
             .cloned()
             .collect();
         for mut job in jobs {
-            job.cancel.cancel();
+            job.cancel_because(why);
             let _ = job.done.wait_for(|r| r.is_some()).await;
+        }
+    }
+
+    /// Cancels the job downloading `resource` (its bytes, from its
+    /// addresses), saying `why`, and waits until it has stopped. Returns
+    /// whether there was one.
+    pub(crate) async fn cancel_job(&self, resource: &Resource, why: &str) -> bool {
+        let job = self.jobs().get(&job_key(resource)).cloned();
+        match job {
+            Some(mut job) => {
+                job.cancel_because(why);
+                let _ = job.done.wait_for(|r| r.is_some()).await;
+                true
+            }
+            None => false,
         }
     }
 
@@ -369,23 +506,24 @@ impl Scheduler {
     }
 }
 
-/// Turns a job's transfer progress into events (throttled).
-struct JobProgress<'a, E: Fn(Event) + Sync> {
+/// Turns a job's transfer progress into events (throttled), one for each
+/// waiter.
+struct JobProgress<'a> {
     job: &'a Job,
-    emit: &'a E,
-    gem: &'a str,
-    resource: &'a str,
+    scheduler: &'a Scheduler,
+    sha256: &'a str,
     size: u64,
     /// When the last progress event went out.
     last: Instant,
 }
 
-impl<E: Fn(Event) + Sync> crate::fetch::Reporter for JobProgress<'_, E> {
+impl crate::fetch::Reporter for JobProgress<'_> {
     fn resumed(&mut self, offset: u64) {
         self.job.bytes.store(offset, Ordering::Relaxed);
-        (self.emit)(Event::Resumed {
-            gem: self.gem.to_string(),
-            resource: self.resource.to_string(),
+        self.scheduler.each(self.job, |w| Event::Resumed {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: self.sha256.to_string(),
             offset,
             size: self.size,
         });
@@ -395,9 +533,10 @@ impl<E: Fn(Event) + Sync> crate::fetch::Reporter for JobProgress<'_, E> {
         self.job.bytes.store(bytes, Ordering::Relaxed);
         if self.last.elapsed() >= PROGRESS_EVERY || bytes == self.size {
             self.last = Instant::now();
-            (self.emit)(Event::Progress {
-                gem: self.gem.to_string(),
-                resource: self.resource.to_string(),
+            self.scheduler.each(self.job, |w| Event::Progress {
+                gem: w.gem.clone(),
+                resource: w.resource.clone(),
+                sha256: self.sha256.to_string(),
                 bytes,
                 size: self.size,
             });

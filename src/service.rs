@@ -14,6 +14,7 @@
 //!   (one job) or across processes (the store's per-SHA-256 lock).
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,28 +22,93 @@ use std::sync::Arc;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
+use tokio::runtime::Handle;
 use tokio::sync::broadcast;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
-use crate::events::Event;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{Event, DEFAULT_EVENT_BUFFER};
 use crate::fetch::Fetcher;
 use crate::manifest::{Manifest, Resource};
 use crate::policy::Policy;
-use crate::registry::{valid_gem_id, FailureRecord, Registration, Registry};
+use crate::registry::{check_gem_id, FailureRecord, Registration, Registry};
 use crate::scheduler::{Deps, JobResult, JobState, Scheduler};
 use crate::store::Store;
 
-/// Events buffered per subscriber before the oldest are dropped.
-const EVENT_BUFFER: usize = 1024;
+pub use crate::blocking::Blocking;
 
 /// Files deleted at once by an uninstall or upgrade.
 const DELETE_WORKERS: usize = 16;
 
 /// The resource service. Cheap to clone; clones share everything.
+///
+/// # Runtime
+/// The service runs its downloads on a Tokio runtime: the one
+/// [`Resources::open`] is called in, or the one whose [`Handle`]
+/// [`Resources::open_with_handle`] is given. Once open, its methods can be
+/// called and awaited from any executor or thread (`futures::executor`,
+/// another runtime); work that needs Tokio is moved onto that runtime.
+/// For code without any executor, [`Resources::blocking`] offers the same
+/// calls as blocking functions.
+///
+/// # After shutdown
+/// [`Resources::shutdown`] ends the service for every clone: each later
+/// call returns [`Error::Shutdown`] (`E_RESOURCE_SHUTDOWN`), and
+/// [`Resources::is_shut_down`] says so.
 #[derive(Clone)]
 pub struct Resources {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources")
+            .field("store", &self.inner.store.root())
+            .field("shut_down", &self.is_shut_down())
+            .field("subscribers", &self.inner.events.receiver_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a [`Resources`] with options: [`Resources::builder`].
+#[derive(Debug, Clone)]
+pub struct ResourcesBuilder<'a> {
+    config: &'a Config,
+    store_dir: Option<PathBuf>,
+    handle: Option<Handle>,
+    event_buffer: usize,
+}
+
+impl ResourcesBuilder<'_> {
+    /// Uses the store in `dir` instead of the configuration's.
+    pub fn store_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.store_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs downloads on this runtime instead of the current one.
+    pub fn handle(mut self, handle: Handle) -> Self {
+        self.handle = Some(handle);
+        self
+    }
+
+    /// Events each subscriber's buffer holds before the oldest are dropped
+    /// (default [`DEFAULT_EVENT_BUFFER`], at least 1).
+    pub fn event_buffer(mut self, events: usize) -> Self {
+        self.event_buffer = events.max(1);
+        self
+    }
+
+    /// Opens the service. Fails with `E_RESOURCE_RUNTIME` when no runtime
+    /// was given and this is not called inside one.
+    pub fn open(self) -> Result<Resources> {
+        let handle = match self.handle {
+            Some(handle) => handle,
+            None => Handle::try_current().map_err(|_| Error::NoRuntime)?,
+        };
+        let dir = self.store_dir.unwrap_or_else(|| self.config.store_dir());
+        Resources::build(self.config, &dir, handle, self.event_buffer)
+    }
 }
 
 struct Inner {
@@ -121,8 +187,16 @@ pub struct ResourceStatus {
     pub file: String,
     /// Declared size.
     pub size: u64,
+    /// Its description as the manifest gives it (`None`: none given, and
+    /// `label` is the id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The host of its `url`.
     pub host: String,
+    /// Every address: the url, then the mirrors, as declared.
+    pub addresses: Vec<String>,
+    /// The hosts of those addresses, each once, in order.
+    pub hosts: Vec<String>,
     /// Whether it downloads right after install (`required`) or on first use.
     pub required: bool,
     /// SHA-256.
@@ -171,16 +245,39 @@ pub struct RemovedFile {
 }
 
 impl Resources {
-    /// Opens the service on the configuration's store.
+    /// Opens the service on the configuration's store, running downloads
+    /// on the current Tokio runtime. Fails with `E_RESOURCE_RUNTIME`
+    /// outside a runtime: use [`Resources::open_with_handle`] there.
     pub fn open(config: &Config) -> Result<Resources> {
-        Resources::open_at(config, &config.store_dir())
+        Resources::builder(config).open()
     }
 
-    /// Opens the service on the store in `dir`.
+    /// Opens the service on the configuration's store, running downloads
+    /// on the runtime of `handle`; callable from anywhere.
+    pub fn open_with_handle(config: &Config, handle: Handle) -> Result<Resources> {
+        Resources::builder(config).handle(handle).open()
+    }
+
+    /// Opens the service on the store in `dir` (on the current runtime).
     pub fn open_at(config: &Config, dir: &Path) -> Result<Resources> {
+        Resources::builder(config).store_dir(dir).open()
+    }
+
+    /// Options for opening the service: another store folder, another
+    /// runtime, the event buffer's size.
+    pub fn builder(config: &Config) -> ResourcesBuilder<'_> {
+        ResourcesBuilder {
+            config,
+            store_dir: None,
+            handle: None,
+            event_buffer: DEFAULT_EVENT_BUFFER,
+        }
+    }
+
+    fn build(config: &Config, dir: &Path, handle: Handle, buffer: usize) -> Result<Resources> {
         let store = Store::open(dir)?;
         let registry = Registry::new(&store);
-        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let (events, _) = broadcast::channel(buffer);
         let deps = Deps {
             fetcher: Fetcher::new(config)?,
             store: store.clone(),
@@ -192,6 +289,7 @@ impl Resources {
             deps,
             config.service.max_concurrent_downloads,
             config.service.max_per_host,
+            handle,
         );
         Ok(Resources {
             inner: Arc::new(Inner {
@@ -216,13 +314,69 @@ impl Resources {
         &self.inner.store
     }
 
-    /// Subscribes to progress events.
+    /// Subscribes to progress events (see [`crate::events`] for what they
+    /// promise, and for the buffer).
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.inner.events.subscribe()
     }
 
+    /// Subscribes to events and takes [`Resources::status`] after, so that
+    /// every change after the status arrives as an event: a view drawn
+    /// from the status and then updated from the events misses nothing.
+    /// Call it again after a `Lagged` to start over. An event may repeat
+    /// what the status already shows; applying it again is harmless.
+    pub fn subscribe_with_status(
+        &self,
+        gem: Option<&str>,
+    ) -> Result<(broadcast::Receiver<Event>, Vec<GemStatus>)> {
+        let events = self.subscribe();
+        let status = self.status(gem)?;
+        Ok((events, status))
+    }
+
     fn emit(&self, event: Event) {
         let _ = self.inner.events.send(event);
+    }
+
+    /// Whether [`Resources::shutdown`] was called (on any clone).
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.scheduler.is_shut_down()
+    }
+
+    /// `Err(E_RESOURCE_SHUTDOWN)` once the service is shut down.
+    fn live(&self) -> Result<()> {
+        if self.is_shut_down() {
+            Err(Error::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `work` on the service's runtime and waits for it from any
+    /// executor.
+    async fn on_runtime<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.live()?;
+        match self.inner.scheduler.handle().spawn(work).await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime itself is shutting down.
+            Err(_) => Err(Error::Shutdown),
+        }
+    }
+
+    /// Blocking versions of the service's calls, for code without an
+    /// executor. Never call them from inside an async task (they block the
+    /// thread, and panic on the service's own runtime).
+    pub fn blocking(&self) -> Blocking {
+        Blocking::new(self.clone())
+    }
+
+    /// The runtime the service runs on.
+    pub(crate) fn handle(&self) -> &Handle {
+        self.inner.scheduler.handle()
     }
 
     /// Registers a gem's validated resources: a new install, or an upgrade
@@ -230,8 +384,16 @@ impl Resources {
     /// waiting for a download; required files then download in the
     /// background. Files the previous version declared and no installed gem
     /// declares now are deleted after the new registration is written.
+    /// [`Event::Installed`] is published once the registration is written,
+    /// before the events of what it causes.
     pub async fn install(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
         check_gem_id(gem)?;
+        let (this, gem, manifest) = (self.clone(), gem.to_string(), manifest.clone());
+        self.on_runtime(async move { this.install_here(&gem, &manifest).await })
+            .await
+    }
+
+    async fn install_here(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
         let inner = &self.inner;
         let lock = inner.registry.lock().await?;
         let old = inner.registry.get(gem)?;
@@ -240,6 +402,10 @@ impl Resources {
             resources: manifest.resources.clone(),
         };
         inner.registry.put(&registration)?;
+        self.emit(Event::Installed {
+            gem: gem.to_string(),
+            resources: manifest.resources.len(),
+        });
         // The upgrade has succeeded: only now may dropped files go.
         let dropped: BTreeSet<String> = match &old {
             Some(old) => shas(&old.resources)
@@ -268,10 +434,6 @@ impl Resources {
                 report.queued += 1;
             }
         }
-        self.emit(Event::Installed {
-            gem: gem.to_string(),
-            resources: manifest.resources.len(),
-        });
         Ok(report)
     }
 
@@ -279,6 +441,12 @@ impl Resources {
     /// that no other installed gem declares.
     pub async fn uninstall(&self, gem: &str) -> Result<UninstallReport> {
         check_gem_id(gem)?;
+        let (this, gem) = (self.clone(), gem.to_string());
+        self.on_runtime(async move { this.uninstall_here(&gem).await })
+            .await
+    }
+
+    async fn uninstall_here(&self, gem: &str) -> Result<UninstallReport> {
         let inner = &self.inner;
         let lock = inner.registry.lock().await?;
         let Some(old) = inner.registry.get(gem)? else {
@@ -314,7 +482,10 @@ impl Resources {
                 kept.push(sha);
                 continue;
             }
-            inner.scheduler.cancel(&sha).await;
+            inner
+                .scheduler
+                .cancel(&sha, "no installed gem declares it any more")
+                .await;
             inner.store.remove_partials(&sha);
             if inner.store.has(&sha) {
                 doomed.push(sha);
@@ -339,29 +510,77 @@ impl Resources {
     /// ahead of queued background work, and shared with every other caller
     /// waiting for the same file. A failure errors this call only; the next
     /// call tries again.
-    pub async fn path(&self, gem: &str, resource_id: &str) -> Result<PathBuf, Arc<Error>> {
-        let resource = self.resource(gem, resource_id).map_err(Arc::new)?;
+    pub async fn path(&self, gem: &str, resource_id: &str) -> Result<PathBuf> {
+        self.live()?;
+        let resource = self.resource(gem, resource_id)?;
         let name = resource.file_name();
         let store = &self.inner.store;
-        if let Some(path) = store.find(&resource.sha256, &name).map_err(Arc::new)? {
+        if let Some(path) = store.find(&resource.sha256, &name)? {
             return Ok(path);
         }
         let mut done = self.inner.scheduler.ensure(gem, &resource, true);
+        // A watch channel: waiting needs no runtime of its own.
         let result: JobResult = match done.wait_for(|r| r.is_some()).await {
-            Ok(r) => r
-                .clone()
-                .unwrap_or_else(|| Err(Arc::new(cancelled(&resource)))),
-            Err(_) => Err(Arc::new(cancelled(&resource))),
+            Ok(r) => r.clone().unwrap_or_else(|| Err(cancelled(&resource))),
+            Err(_) => Err(cancelled(&resource)),
         };
-        result?;
+        match result {
+            Err(Error::Cancelled { .. }) if self.is_shut_down() => return Err(Error::Shutdown),
+            other => other?,
+        };
         // The job stored the bytes under its own resource's file name; this
         // caller gets its own name for the same bytes.
-        match store.find(&resource.sha256, &name).map_err(Arc::new)? {
+        match store.find(&resource.sha256, &name)? {
             Some(path) => Ok(path),
-            None => Err(Arc::new(Error::NotFound(format!(
+            None => Err(Error::NotFound(format!(
                 "resource {resource_id:?} of gem {gem:?} was deleted while it downloaded"
-            )))),
+            ))),
         }
+    }
+
+    /// Stops the download of a gem's resource (the settings page's
+    /// "cancel"). The bytes received so far are kept, and the next
+    /// download of the file continues from them. Every caller waiting for
+    /// it gets `E_RESOURCE_CANCELLED`, and each waiting gem an
+    /// [`Event::Cancelled`]. Returns whether a download was running or
+    /// queued.
+    pub async fn cancel(&self, gem: &str, resource_id: &str) -> Result<bool> {
+        self.live()?;
+        let resource = self.resource(gem, resource_id)?;
+        Ok(self
+            .inner
+            .scheduler
+            .cancel_job(&resource, "cancelled by the app")
+            .await)
+    }
+
+    /// Forgets the last failure of a gem's resource and queues its
+    /// download now, ahead of background work (the settings page's
+    /// "retry"). Returns `false` when the file is present already.
+    pub async fn retry(&self, gem: &str, resource_id: &str) -> Result<bool> {
+        self.live()?;
+        let resource = self.resource(gem, resource_id)?;
+        if self.inner.store.has(&resource.sha256) {
+            return Ok(false);
+        }
+        let (this, owner, id) = (self.clone(), gem.to_string(), resource.id.clone());
+        self.on_runtime(async move { this.inner.registry.set_failure(&owner, &id, None).await })
+            .await?;
+        self.inner.scheduler.ensure(gem, &resource, true);
+        Ok(true)
+    }
+
+    /// Queues the download of a gem's resource now, ahead of background
+    /// work, without waiting for it: a lazy file the user wants before a
+    /// tool asks for it. Returns `false` when the file is present already.
+    pub fn download_now(&self, gem: &str, resource_id: &str) -> Result<bool> {
+        self.live()?;
+        let resource = self.resource(gem, resource_id)?;
+        if self.inner.store.has(&resource.sha256) {
+            return Ok(false);
+        }
+        self.inner.scheduler.ensure(gem, &resource, true);
+        Ok(true)
     }
 
     fn resource(&self, gem: &str, resource_id: &str) -> Result<Resource> {
@@ -391,6 +610,12 @@ impl Resources {
     /// missing required files (continuing kept partial files). Returns how
     /// many were queued; does not wait for them.
     pub async fn start(&self) -> Result<usize> {
+        let this = self.clone();
+        self.on_runtime(async move { this.start_here().await })
+            .await
+    }
+
+    async fn start_here(&self) -> Result<usize> {
         let inner = &self.inner;
         let removed = {
             let _lock = inner.registry.lock().await?;
@@ -435,6 +660,7 @@ impl Resources {
     /// [`Resources::path`]. Emits [`Event::PolicyChanged`]; returns how many
     /// files were queued again.
     pub fn set_policy(&self, policy: Policy) -> Result<usize> {
+        self.live()?;
         let inner = &self.inner;
         let old = self.policy();
         self.emit(Event::PolicyChanged {
@@ -466,14 +692,20 @@ impl Resources {
         self.inner.scheduler.idle().await;
     }
 
-    /// Stops every download, removes their temporary files, and waits until
-    /// all of them have finished.
+    /// Stops every download (each waiting gem gets [`Event::Cancelled`];
+    /// kept bytes stay for resume), removes their temporary files, and
+    /// waits until all of them have finished. From then on every call
+    /// returns `E_RESOURCE_SHUTDOWN`. Calling it again does nothing more.
     pub async fn shutdown(&self) {
-        self.inner.scheduler.shutdown().await;
+        let this = self.clone();
+        let stop = async move { this.inner.scheduler.shutdown().await };
+        // Nothing runs any more when the runtime itself has gone away.
+        let _ = self.handle().spawn(stop).await;
     }
 
     /// The ids of every installed gem.
     pub fn installed(&self) -> Result<Vec<String>> {
+        self.live()?;
         Ok(self
             .inner
             .registry
@@ -484,7 +716,12 @@ impl Resources {
     }
 
     /// Every installed gem (or just `gem`) with each resource's state.
+    ///
+    /// Blocking but cheap, and safe to call from async code: it reads the
+    /// small registry records and looks at the store's folders (no hashing,
+    /// no network, no lock another call holds for long).
     pub fn status(&self, gem: Option<&str>) -> Result<Vec<GemStatus>> {
+        self.live()?;
         let inner = &self.inner;
         let regs = match gem {
             Some(gem) => {
@@ -507,9 +744,12 @@ impl Resources {
                     ResourceStatus {
                         id: r.id.clone(),
                         label: r.label().to_string(),
+                        description: r.description.clone(),
                         file: r.file_name(),
                         size: r.size,
                         host: r.url.host_str().unwrap_or_default().to_string(),
+                        addresses: r.addresses().map(|a| a.to_string()).collect(),
+                        hosts: hosts(r),
                         required: r.required,
                         sha256: r.sha256.clone(),
                         partial_bytes: self.partial_of(r, &state),
@@ -559,6 +799,12 @@ impl Resources {
     /// Re-hashes every stored file; a file whose bytes no longer match its
     /// SHA-256 is removed (it downloads again when next needed).
     pub async fn verify(&self) -> Result<VerifyReport> {
+        let this = self.clone();
+        self.on_runtime(async move { this.verify_here().await })
+            .await
+    }
+
+    async fn verify_here(&self) -> Result<VerifyReport> {
         let store = &self.inner.store;
         let mut report = VerifyReport::default();
         for sha in store.blobs()? {
@@ -619,21 +865,18 @@ fn cancelled(resource: &Resource) -> Error {
 
 /// Whether a failure was (at least on one address) the network policy.
 fn failed_on_policy(record: &FailureRecord) -> bool {
-    record.code == "E_RESOURCE_POLICY"
-        || record
-            .attempts
-            .iter()
-            .any(|a| a.code == "E_RESOURCE_POLICY")
+    record.code == ErrorCode::Policy || record.attempts.iter().any(|a| a.code == ErrorCode::Policy)
 }
 
-fn check_gem_id(gem: &str) -> Result<()> {
-    if valid_gem_id(gem) {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "invalid gem id {gem:?}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
-        )))
+/// The hosts of a resource's url and mirrors, each once, in order.
+fn hosts(r: &Resource) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for host in r.addresses().filter_map(|a| a.host_str()) {
+        if !out.iter().any(|h| h == host) {
+            out.push(host.to_string());
+        }
     }
+    out
 }
 
 /// Deletes the stored files of every SHA-256 in `doomed`, several at a time:

@@ -367,8 +367,8 @@ pub struct SharedFailure {
     /// The addresses it tried (url, then mirrors).
     pub addresses: Vec<String>,
     /// Its error code.
-    #[serde(skip)]
-    pub code: &'static str,
+    #[serde(skip, default = "unavailable")]
+    pub code: crate::error::ErrorCode,
     /// The code as written.
     code_text: String,
     /// Its full message.
@@ -391,7 +391,7 @@ impl Store {
             size,
             addresses: addresses.to_vec(),
             code: error.code(),
-            code_text: error.code().to_string(),
+            code_text: error.code().as_str().to_string(),
             message: crate::error::shorten_to(
                 &error.to_string(),
                 crate::registry::MAX_FAILURE_MESSAGE_CHARS,
@@ -434,12 +434,14 @@ impl Store {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        record.code = crate::error::CODES
-            .iter()
-            .find(|c| **c == record.code_text)?;
+        record.code = record.code_text.parse().ok()?;
         (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
             .then_some(record)
     }
+}
+
+fn unavailable() -> crate::error::ErrorCode {
+    crate::error::ErrorCode::Unavailable
 }
 
 fn now_ns() -> u128 {

@@ -51,7 +51,7 @@ fn attempts(e: &Error) -> &[Attempt] {
 }
 
 fn codes(e: &Error) -> Vec<&'static str> {
-    attempts(e).iter().map(Attempt::code).collect()
+    attempts(e).iter().map(|a| a.code().as_str()).collect()
 }
 
 /// The one attempt of a resource with a single address.

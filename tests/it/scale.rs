@@ -87,7 +87,7 @@ async fn a_download_that_outlives_an_upgrade_in_another_process_dropping_it_is_n
     gate.open();
     let result = within("the lookup", lookup).await.unwrap();
     match result {
-        Err(e) => assert!(matches!(*e, Error::Cancelled { .. }), "{e}"),
+        Err(e) => assert!(matches!(e, Error::Cancelled { .. }), "{e}"),
         Ok(p) => panic!("a file the new version dropped was kept: {}", p.display()),
     }
     assert!(stored_files(&env, &body).is_empty());

@@ -239,7 +239,10 @@ async fn status_prints_a_readable_table_and_json() {
     assert_eq!(rs[1]["state"], "missing");
     assert_eq!(rs[2]["state"], "failed");
     assert_eq!(rs[2]["code"], "E_RESOURCE_UNAVAILABLE");
-    assert!(rs[2]["at"].as_u64().unwrap() > 0);
+    // RFC 3339, UTC: 2026-11-30T00:53:20Z.
+    let at = rs[2]["at"].as_str().unwrap();
+    assert!(gem_resources::time::from_rfc3339(at).is_some(), "{at}");
+    assert!(at.ends_with('Z') && at.len() == 20, "{at}");
     assert!(rs[2]["attempts"][0]["address"]
         .as_str()
         .unwrap()

@@ -83,7 +83,7 @@ async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
     gate.open();
     let result = within("the lookup", lookup).await.unwrap();
     match result {
-        Err(e) => assert!(matches!(*e, Error::Cancelled { .. }), "{e}"),
+        Err(e) => assert!(matches!(e, Error::Cancelled { .. }), "{e}"),
         Ok(p) => panic!(
             "the lookup of an uninstalled gem succeeded: {}",
             p.display()

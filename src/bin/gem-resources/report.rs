@@ -34,7 +34,7 @@ impl Outcome {
                 ResourceState::Present { .. } => out.present += 1,
                 ResourceState::Failed { failure } => {
                     out.failed += 1;
-                    out.codes.insert(failure.code.clone());
+                    out.codes.insert(failure.code.to_string());
                 }
                 _ if !r.required => out.lazy += 1,
                 _ => out.missing += 1,
@@ -127,13 +127,23 @@ fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
             )
         }
         ResourceState::Failed { failure } => {
-            let failed = format!("failed ({}) at {}", failure.code, render::utc(failure.at));
+            let failed = format!(
+                "failed ({}) at {}",
+                failure.code,
+                render::utc(unix_secs(failure.at))
+            );
             match partial {
                 Some(kept) => format!("{failed}; {kept} kept"),
                 None => failed,
             }
         }
     }
+}
+
+fn unix_secs(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// `verified 3 file(s): 2 good, 1 corrupted`, then one line per removed file.

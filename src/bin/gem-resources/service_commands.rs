@@ -2,7 +2,6 @@
 //! sync, verify and serve.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use gem_resources::{Config, Error, Event, GemStatus, ResourceState, Resources};
 use serde_json::json;
@@ -259,7 +258,7 @@ async fn stop(
     Ok(ExitCode::from(interrupt::INTERRUPTED))
 }
 
-fn fail(e: &Arc<Error>, json: bool) -> anyhow::Result<ExitCode> {
+fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         print_json(&render::error_json(e));
     } else {
@@ -295,6 +294,7 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
             gem,
             resource,
             path,
+            ..
         } => {
             crate::errln!("verified {gem}/{resource}: {}", path.display())
         }

@@ -98,6 +98,7 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             gem,
             resource,
             size,
+            ..
         } => {
             let key = format!("{gem}/{resource}");
             let bar = Bar::new(&key, Some(*size), json);
@@ -108,6 +109,7 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             resource,
             bytes,
             size,
+            ..
         } => {
             let key = format!("{gem}/{resource}");
             if let Some(bar) = transfers.bars.get(&key) {
@@ -124,7 +126,9 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             }
             transfers.last_line.insert(key, now);
         }
-        Event::Verified { gem, resource, .. } | Event::Failed { gem, resource, .. } => {
+        Event::Verified { gem, resource, .. }
+        | Event::Failed { gem, resource, .. }
+        | Event::Cancelled { gem, resource, .. } => {
             let key = format!("{gem}/{resource}");
             // Dropping the bar clears it.
             transfers.bars.remove(&key);

@@ -1,0 +1,205 @@
+//! A minimal app embedding the resource service, as the crate's
+//! "Embedding" guide describes: open, start, install a gem from its
+//! manifest, serve `path` to tools, draw the gem page from status and live
+//! events (surviving a lag), change the network policy, shut down.
+//!
+//! It runs offline: the gem's file comes from an embedded local HTTPS
+//! origin (its own throwaway CA), reached only through `[dev]` settings
+//! written for this run, as in `examples/demo.rs`.
+//!
+//! Run with `cargo run --example embed`.
+
+#[path = "../tests/support/origin.rs"]
+mod origin;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gem_resources::policy::{Mode, Policy};
+use gem_resources::{
+    parse_manifest, Config, ErrorCode, Event, GemStatus, ResourceState, Resources, Result,
+};
+use origin::{Behaviour, Origin};
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    // The stand-in for the internet: one slow file on cdn.test.
+    let origin = Origin::start().await;
+    let model: Vec<u8> = (0..4usize << 20).map(|i| (i * 7 % 251) as u8).collect();
+    origin.route(
+        "/models/ocr.onnx",
+        Behaviour::Slow {
+            body: model.clone(),
+            chunk: 128 << 10,
+            delay: Duration::from_millis(10),
+        },
+    );
+    let dir = tempfile::tempdir().map_err(|e| gem_resources::Error::io("tempdir", ".", e))?;
+    let config = write_config(dir.path(), &origin)?;
+
+    // 1. Open the service once, inside the app's runtime, and start it:
+    //    it cleans up after a crash and queues missing required files.
+    let service = Resources::open(&config)?;
+    let queued = service.start().await?;
+    println!(
+        "service open on {:?}; {queued} file(s) queued at start",
+        service.store().root()
+    );
+
+    // 2. The gem page subscribes before it draws, so it misses nothing.
+    let (events, status) = service.subscribe_with_status(None)?;
+    let (close_page, closed) = tokio::sync::oneshot::channel::<()>();
+    let page = tokio::spawn(gem_page(service.clone(), events, status, closed));
+
+    // 3. Install a gem from its manifest (returns before any download).
+    let manifest = parse_manifest(manifest_json(&origin, &model).as_bytes())?;
+    let report = service.install("notes", &manifest).await?;
+    println!("installed {}: {} file(s) queued", report.gem, report.queued);
+
+    // 4. A tool asks for its file: `ctx.resources` is `path`.
+    let path = tool_call(&service, "notes", "ocr").await?;
+    println!("tool got {}", path.display());
+
+    // 5. The user blocks the CDN in "Settings › System": a lazy file from
+    //    there now fails, and the page can say why.
+    let hosts = vec!["cdn.test".to_string()];
+    service.set_policy(Policy::new(Mode::Blocklist, &hosts)?)?;
+    match tool_call(&service, "notes", "dictionary").await {
+        Ok(path) => println!("unexpected: {}", path.display()),
+        Err(e) if e.primary_cause() == ErrorCode::Policy => {
+            println!("dictionary: blocked by your network policy")
+        }
+        Err(e) => println!("dictionary: {e}"),
+    }
+    service.set_policy(Policy::allow_all())?;
+
+    // 6. Shut down cleanly: downloads stop (kept for resume) and every
+    //    later call says E_RESOURCE_SHUTDOWN. Then close the page.
+    service.shutdown().await;
+    assert!(service.is_shut_down());
+    if let Err(e) = service.status(None) {
+        println!("after shutdown: {e}");
+    }
+    let _ = close_page.send(());
+    let _ = page.await;
+    Ok(())
+}
+
+/// What a tool's `ctx.resources.path(id)` does in the app.
+async fn tool_call(service: &Resources, gem: &str, id: &str) -> Result<PathBuf> {
+    service.path(gem, id).await
+}
+
+/// The gem page: drawn from `status`, kept current from events. After a
+/// lag it rebuilds itself from a fresh status instead of guessing.
+async fn gem_page(
+    service: Resources,
+    mut events: Receiver<Event>,
+    status: Vec<GemStatus>,
+    mut closed: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut rows = rows_of(&status);
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = &mut closed => break,
+        };
+        match event {
+            Ok(Event::Progress {
+                gem,
+                resource,
+                bytes,
+                size,
+                ..
+            }) => {
+                let percent = bytes * 100 / size.max(1);
+                let row = rows.entry(format!("{gem}/{resource}")).or_default();
+                if percent / 25 != row.1 / 25 {
+                    println!("  page: {gem}/{resource} {percent}%");
+                }
+                *row = ("downloading".into(), percent);
+            }
+            Ok(Event::Verified { gem, resource, .. }) => {
+                rows.insert(format!("{gem}/{resource}"), ("present".into(), 100));
+                println!("  page: {gem}/{resource} ready");
+            }
+            Ok(Event::Failed {
+                gem,
+                resource,
+                primary_cause,
+                ..
+            }) => {
+                let why = match primary_cause {
+                    ErrorCode::Policy => "blocked by your network policy".to_string(),
+                    other => format!("failed ({other})"),
+                };
+                println!("  page: {gem}/{resource} {why}");
+                rows.insert(format!("{gem}/{resource}"), (why, 0));
+            }
+            Ok(Event::Cancelled { gem, resource, .. }) => {
+                rows.insert(format!("{gem}/{resource}"), ("stopped".into(), 0));
+            }
+            Ok(_) => {}
+            Err(RecvError::Lagged(missed)) => match service.subscribe_with_status(None) {
+                Ok((fresh, status)) => {
+                    println!("  page: {missed} events missed, redrawn from status");
+                    events = fresh;
+                    rows = rows_of(&status);
+                }
+                // Shut down meanwhile: nothing more to draw.
+                Err(_) => break,
+            },
+            Err(RecvError::Closed) => break,
+        }
+    }
+    println!("  page: {} row(s) at the end", rows.len());
+}
+
+/// One row per resource: its state and percent.
+fn rows_of(status: &[GemStatus]) -> BTreeMap<String, (String, u64)> {
+    let mut rows = BTreeMap::new();
+    for gem in status {
+        for r in &gem.resources {
+            let row = match &r.state {
+                ResourceState::Present { .. } => ("present".into(), 100),
+                ResourceState::Downloading { bytes } => {
+                    ("downloading".into(), bytes * 100 / r.size.max(1))
+                }
+                ResourceState::Failed { failure } => (format!("failed ({})", failure.code), 0),
+                ResourceState::Queued => ("queued".into(), 0),
+                ResourceState::Missing => ("not downloaded".into(), 0),
+            };
+            println!("  page: {}/{} ({}) {}", gem.gem, r.id, r.label, row.0);
+            rows.insert(format!("{}/{}", gem.gem, r.id), row);
+        }
+    }
+    rows
+}
+
+/// The gem's manifest: one required model, one lazy dictionary.
+fn manifest_json(origin: &Origin, model: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let sha = hex::encode(Sha256::digest(model));
+    let url = origin.url("cdn.test", "/models/ocr.onnx");
+    let dict = origin.url("cdn.test", "/dict/en.dic");
+    format!(
+        r#"{{"resources": [
+            {{"id": "ocr", "url": "{url}", "sha256": "{sha}", "size": {}, "required": true, "description": "OCR model"}},
+            {{"id": "dictionary", "url": "{dict}", "sha256": "{}", "size": 1024}}
+        ]}}"#,
+        model.len(),
+        "0".repeat(64)
+    )
+}
+
+/// A configuration that trusts the local origin through `[dev]` only.
+fn write_config(dir: &Path, origin: &Origin) -> Result<Config> {
+    let io = |e| gem_resources::Error::io("cannot write", dir, e);
+    std::fs::write(dir.join("ca.pem"), origin.ca_pem()).map_err(io)?;
+    let text = "store = \"store\"\n[network]\nretries = 0\n[dev]\nextra_root_certs = [\"ca.pem\"]\nresolve = { \"cdn.test\" = [\"127.0.0.1\"] }\nallow_addresses = [\"127.0.0.1/32\"]\n";
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).map_err(io)?;
+    Config::load(&path)
+}

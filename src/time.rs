@@ -1,0 +1,168 @@
+//! Timestamps: [`SystemTime`] in the API, RFC 3339 (UTC, whole seconds,
+//! `2026-11-30T00:53:20Z`) in JSON.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `time` as RFC 3339 in UTC, to the second: `2026-11-30T00:53:20Z`.
+/// Instants before 1970 are written as 1970-01-01T00:00:00Z.
+pub fn to_rfc3339(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
+
+/// Reads what [`to_rfc3339`] writes, and any RFC 3339 instant with a
+/// `Z` or `±hh:mm` offset and optional fractional seconds (dropped).
+pub fn from_rfc3339(text: &str) -> Option<SystemTime> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = text.get(r)?;
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if b[13] != b':' || b[16] != b':' || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    if hour > 23 || min > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && matches!(&rest[3..4], ":") => {
+            let sign = match &rest[..1] {
+                "+" => 1,
+                "-" => -1,
+                _ => return None,
+            };
+            let h: i64 = rest.get(1..3)?.parse().ok()?;
+            let m: i64 = rest.get(4..6)?.parse().ok()?;
+            sign * (h * 3_600 + m * 60)
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3_600 + min * 60 + sec - offset;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// Civil date from days since 1970-01-01 (proleptic Gregorian calendar;
+/// Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Days since 1970-01-01 of a civil date (the inverse of
+/// [`civil_from_days`]).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Serde for a [`SystemTime`] field as RFC 3339 text. Reading also
+/// accepts a number of seconds since the Unix epoch, the form earlier
+/// versions wrote.
+pub mod rfc3339 {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    /// Writes `time` as RFC 3339.
+    pub fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::to_rfc3339(*time))
+    }
+
+    /// Reads RFC 3339 text or seconds since the Unix epoch.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Secs(u64),
+            Text(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Secs(secs) => Ok(UNIX_EPOCH + Duration::from_secs(secs)),
+            Either::Text(text) => super::from_rfc3339(&text)
+                .ok_or_else(|| de::Error::custom(format!("not an RFC 3339 time: {text:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn known_instants_format_and_read_back() {
+        for (secs, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (951_782_400, "2000-02-29T00:00:00Z"),
+            (1_796_000_000, "2026-11-30T00:53:20Z"),
+        ] {
+            assert_eq!(to_rfc3339(at(secs)), text);
+            assert_eq!(from_rfc3339(text), Some(at(secs)));
+        }
+    }
+
+    #[test]
+    fn offsets_and_fractions_read_and_nonsense_does_not() {
+        assert_eq!(
+            from_rfc3339("2000-02-29T01:30:00+01:30"),
+            Some(at(951_782_400))
+        );
+        assert_eq!(
+            from_rfc3339("2000-02-29T00:00:00.123Z"),
+            Some(at(951_782_400))
+        );
+        for bad in [
+            "",
+            "2000-02-29",
+            "2000-13-01T00:00:00Z",
+            "2000-02-29T00:00:00",
+            "x000-02-29T00:00:00Z",
+        ] {
+            assert_eq!(from_rfc3339(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! One error type for the app: `?` on every public call, typed codes, the
+//! primary cause of a failure, and a service that is shut down saying so.
+
+use std::path::PathBuf;
+
+use gem_resources::policy::{Mode, Policy};
+use gem_resources::{Config, Error, ErrorCode, Event, ResourceState, Resources};
+use serde_json::json;
+
+use crate::support::*;
+
+/// What an app's own code looks like: every call of the crate with `?`
+/// into the crate's one `Result`.
+async fn app_lookup(service: &Resources, hosts: &[String]) -> gem_resources::Result<PathBuf> {
+    let _config = Config::parse("[network]\nretries = 0")?;
+    let policy = Policy::new(Mode::Blocklist, hosts)?;
+    service.set_policy(policy)?;
+    let path = service.path("g", "r").await?;
+    Ok(path)
+}
+
+#[tokio::test]
+async fn an_app_uses_question_mark_on_policy_config_and_path_errors_alike() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 71);
+    let url = env.serve("/r.bin", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("r", &url, &body)])))
+        .await
+        .unwrap();
+    let path = app_lookup(&service, &[]).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let bad = app_lookup(&service, &["*".to_string()]).await.unwrap_err();
+    assert_eq!(bad.code(), ErrorCode::Config, "{bad}");
+    let parse: Error = Config::parse("[network]\nmode = 3").unwrap_err().into();
+    assert_eq!(parse.code(), ErrorCode::Config);
+}
+
+#[tokio::test]
+async fn a_failure_blocked_by_the_policy_names_the_policy_as_its_primary_cause() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 72);
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let url = env.url("origin.test", "/gone.bin");
+    let mut e = entry("r", &url, &body);
+    // The url answers 404; the mirror is on a host the policy blocks.
+    e["mirrors"] = json!([env.url("blocked.test", "/r.bin").as_str()]);
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .set_policy(Policy::new(Mode::Blocklist, &["blocked.test".to_string()]).unwrap())
+        .unwrap();
+    let mut events = service.subscribe();
+    service.install("g", &manifest(json!([e]))).await.unwrap();
+    let err = service.path("g", "r").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
+    let clone = err.clone();
+    assert_eq!(clone.to_string(), err.to_string());
+    let ResourceState::Failed { failure } = service.status(Some("g")).unwrap()[0].resources[0]
+        .state
+        .clone()
+    else {
+        panic!("not failed");
+    };
+    assert_eq!(failure.code, ErrorCode::Unavailable);
+    assert_eq!(failure.primary_cause, ErrorCode::Policy);
+    let failed = std::iter::from_fn(|| events.try_recv().ok())
+        .find_map(|e| match e {
+            Event::Failed {
+                primary_cause,
+                code,
+                ..
+            } => Some((code, primary_cause)),
+            _ => None,
+        })
+        .expect("a Failed event");
+    assert_eq!(failed, (ErrorCode::Unavailable, ErrorCode::Policy));
+}
+
+#[tokio::test]
+async fn an_invalid_gem_id_has_its_own_code_naming_the_rule() {
+    let env = Env::new().await;
+    let service = Resources::open(&env.config()).unwrap();
+    for (id, rule) in [
+        ("", "empty"),
+        ("../x", "start with a letter or a digit"),
+        ("a/b", "only letters"),
+        ("a\u{7}b", "only letters"),
+    ] {
+        let err = service.install(id, &manifest(json!([]))).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::GemId, "{id:?}: {err}");
+        assert!(err.to_string().contains(rule), "{id:?}: {err}");
+        let err = service.path(id, "r").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::GemId, "{id:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn after_shutdown_every_call_fails_with_the_shutdown_code() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 73);
+    let url = env.serve("/r.bin", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    let m = manifest(json!([required_entry("r", &url, &body)]));
+    assert!(!service.is_shut_down());
+    service.shutdown().await;
+    let clone = service.clone();
+    assert!(clone.is_shut_down());
+    let shut = |r: Result<(), Error>| {
+        let err = r.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Shutdown, "{err}");
+        assert_eq!(err.code().as_str(), "E_RESOURCE_SHUTDOWN");
+    };
+    shut(clone.install("g", &m).await.map(drop));
+    shut(clone.path("g", "r").await.map(drop));
+    shut(clone.uninstall("g").await.map(drop));
+    shut(clone.start().await.map(drop));
+    shut(clone.status(None).map(drop));
+    shut(clone.installed().map(drop));
+    shut(clone.verify().await.map(drop));
+    shut(clone.cancel("g", "r").await.map(drop));
+    shut(clone.retry("g", "r").await.map(drop));
+    shut(clone.download_now("g", "r").map(drop));
+    shut(clone.subscribe_with_status(None).map(drop));
+    shut(clone.set_policy(Policy::default()).map(drop));
+    // Nothing was requested.
+    assert_eq!(env.origin.hits("/r.bin"), 0);
+    // Shutting down again is harmless.
+    clone.shutdown().await;
+}

@@ -1,0 +1,257 @@
+//! Events an app's gem page can be built from: named with the sha256, one
+//! copy for each waiting gem, an end for every download, in causal order.
+
+use gem_resources::{Event, ResourceState, Resources};
+use serde_json::json;
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+
+use crate::support::*;
+
+/// Every event until one matches `end`, that one included (10 s at most).
+async fn until(events: &mut Receiver<Event>, end: impl Fn(&Event) -> bool) -> Vec<Event> {
+    within("the event", async {
+        let mut seen = Vec::new();
+        loop {
+            match events.recv().await {
+                Ok(e) => {
+                    let done = end(&e);
+                    seen.push(e);
+                    if done {
+                        return seen;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {}
+                Err(e) => panic!("{e}: {seen:?}"),
+            }
+        }
+    })
+    .await
+}
+
+/// The gem an event is about, when it names one resource.
+fn about(e: &Event) -> Option<(&str, &str, &str)> {
+    match e {
+        Event::Queued {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Started {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Resumed {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Progress {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Verified {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Failed {
+            gem,
+            resource,
+            sha256,
+            ..
+        }
+        | Event::Cancelled {
+            gem,
+            resource,
+            sha256,
+            ..
+        } => Some((gem, resource, sha256)),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
+    let env = Env::new().await;
+    let body = bytes(50_000, 81);
+    let gate = Gate::new();
+    env.origin.route(
+        "/shared.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/shared.bin");
+    let sha = sha256_hex(&body);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install(
+            "a",
+            &manifest(json!([required_entry("model", &url, &body)])),
+        )
+        .await
+        .unwrap();
+    wait_until("a's request reached the origin", || {
+        env.origin.hits("/shared.bin") == 1
+    })
+    .await;
+    service
+        .install(
+            "b",
+            &manifest(json!([required_entry("weights", &url, &body)])),
+        )
+        .await
+        .unwrap();
+    let joined = until(
+        &mut events,
+        |e| matches!(e, Event::Started { gem, .. } if gem == "b"),
+    )
+    .await;
+    assert!(
+        joined.iter().any(|e| matches!(e, Event::Queued { gem, resource, .. } if gem == "b" && resource == "weights")),
+        "{joined:?}"
+    );
+    gate.open();
+    let end =
+        |g: &'static str| move |e: &Event| matches!(e, Event::Verified { gem, .. } if gem == g);
+    let rest = until(&mut events, end("b")).await;
+    let all: Vec<&Event> = joined.iter().chain(&rest).collect();
+    let Some(Event::Verified {
+        path,
+        sha256,
+        resource,
+        ..
+    }) = rest.last()
+    else {
+        panic!("{rest:?}");
+    };
+    assert_eq!(
+        (resource.as_str(), sha256.as_str()),
+        ("weights", sha.as_str())
+    );
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(path.ends_with("shared.bin"), "{path:?}");
+    for e in all.iter().filter_map(|e| about(e)) {
+        assert_eq!(e.2, sha, "{e:?}");
+    }
+    assert_eq!(env.origin.hits("/shared.bin"), 1, "one download");
+}
+
+#[tokio::test]
+async fn a_download_stopped_by_shutdown_or_uninstall_ends_with_cancelled() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let (body, url) = stalled_route(&env, "/stall.bin", 300_000, 100_000, 82);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install("g", &manifest(json!([required_entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    until(&mut events, |e| matches!(e, Event::Started { .. })).await;
+    wait_until("bytes arrived", || !partial_files(&env).is_empty()).await;
+    service.uninstall("g").await.unwrap();
+    let ended = until(&mut events, |e| matches!(e, Event::Uninstalled { .. })).await;
+    let last = ended.iter().rev().find(|e| about(e).is_some()).unwrap();
+    assert!(
+        matches!(last, Event::Cancelled { gem, resource, reason, .. }
+            if gem == "g" && resource == "s" && reason.contains("no installed gem declares it")),
+        "{ended:?}"
+    );
+
+    service
+        .install("h", &manifest(json!([required_entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    until(
+        &mut events,
+        |e| matches!(e, Event::Started { gem, .. } if gem == "h"),
+    )
+    .await;
+    wait_until("bytes arrived", || !partial_files(&env).is_empty()).await;
+    service.shutdown().await;
+    let mut tail = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        tail.push(e);
+    }
+    assert!(
+        matches!(tail.last(), Some(Event::Cancelled { gem, reason, .. }) if gem == "h" && reason.contains("shut down")),
+        "{tail:?}"
+    );
+}
+
+#[tokio::test]
+async fn installed_comes_before_the_deletions_and_downloads_it_causes() {
+    let env = Env::new().await;
+    let old = bytes(10_000, 83);
+    let new = bytes(12_000, 84);
+    let old_url = env.serve("/old.bin", &old);
+    let new_url = env.serve("/new.bin", &new);
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install(
+            "g",
+            &manifest(json!([required_entry("old", &old_url, &old)])),
+        )
+        .await
+        .unwrap();
+    service.wait_idle().await;
+    let mut events = service.subscribe();
+    service
+        .install(
+            "g",
+            &manifest(json!([required_entry("new", &new_url, &new)])),
+        )
+        .await
+        .unwrap();
+    let seen = until(&mut events, |e| matches!(e, Event::Verified { .. })).await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .map(|e| match e {
+            Event::Installed { .. } => "installed",
+            Event::Deleted { .. } => "deleted",
+            Event::Queued { .. } => "queued",
+            _ => "other",
+        })
+        .filter(|k| *k != "other")
+        .collect();
+    assert_eq!(kinds, ["installed", "deleted", "queued"], "{seen:?}");
+}
+
+#[tokio::test]
+async fn the_event_buffer_is_configurable_and_status_rebuilds_a_lagged_view() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 85);
+    let url = env.serve("/r.bin", &body);
+    let service = Resources::builder(&env.config())
+        .event_buffer(2)
+        .open()
+        .unwrap();
+    let (mut events, status) = service.subscribe_with_status(None).unwrap();
+    assert!(status.is_empty());
+    for gem in ["a", "b", "c"] {
+        service
+            .install(gem, &manifest(json!([entry("r", &url, &body)])))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(events.recv().await, Err(RecvError::Lagged(1))));
+    // A lagged subscriber starts over from a status taken after its new
+    // subscription.
+    let (_events, status) = service.subscribe_with_status(None).unwrap();
+    assert_eq!(status.len(), 3);
+    assert!(matches!(
+        status[0].resources[0].state,
+        ResourceState::Missing
+    ));
+    assert!(format!("{service:?}").contains("Resources"));
+}
