@@ -5,39 +5,10 @@ use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gem_resources::{download, Attempt, Error, Fetcher, Resource, RetryPolicy, Store};
+use gem_resources::{Attempt, Error, Resource, RetryPolicy, Store};
 use url::Url;
 
 use crate::support::*;
-
-fn no_retry() -> RetryPolicy {
-    RetryPolicy {
-        retries: 0,
-        backoff: Duration::ZERO,
-        ..RetryPolicy::default()
-    }
-}
-
-/// A resource declaring `body` at `url`, then `mirrors`.
-fn resource(id: &str, url: &Url, mirrors: &[Url], body: &[u8]) -> Resource {
-    Resource {
-        id: id.to_string(),
-        url: url.clone(),
-        mirrors: mirrors.to_vec(),
-        sha256: sha256_hex(body),
-        size: body.len() as u64,
-        required: false,
-        description: None,
-    }
-}
-
-async fn fetch_with(env: &Env, r: &Resource, retry: RetryPolicy) -> gem_resources::Result<PathBuf> {
-    let config = env.config();
-    let fetcher = Fetcher::new(&config).unwrap();
-    let store = Store::open(&config.store_dir()).unwrap();
-    download(&fetcher, &store, r, retry, &mut |_| {}).await
-}
-
 async fn fetch(env: &Env, r: &Resource) -> gem_resources::Result<PathBuf> {
     fetch_with(env, r, no_retry()).await
 }

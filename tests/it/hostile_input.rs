@@ -5,20 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gem_resources::{download, Fetcher, Resource, ResourceState, Resources, RetryPolicy, Store};
+use gem_resources::{download, Fetcher, Resource, ResourceState, Resources, Store};
 use serde_json::json;
 use url::Url;
 
 use crate::support::*;
-
-fn no_retry() -> RetryPolicy {
-    RetryPolicy {
-        retries: 0,
-        backoff: Duration::ZERO,
-        ..RetryPolicy::default()
-    }
-}
-
 fn resource(url: &Url, mirrors: Vec<Url>, body: &[u8]) -> Resource {
     Resource {
         id: "r".to_string(),

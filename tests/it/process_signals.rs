@@ -2,8 +2,7 @@
 //! never kills the binary (SIGPIPE stays ignored), and a closed stdout ends a
 //! command quietly with its normal exit status.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
@@ -48,36 +47,6 @@ async fn fetch_survives_a_reset_mid_body_and_falls_back_to_the_mirror() {
     assert_eq!(env.origin.hits("/good.bin"), 3);
 }
 
-/// Kills the child when dropped, so a failing test leaves no process.
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn spawn_serve(env: &Env, gems: &Path) -> Reaper {
-    let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
-    Reaper(
-        Command::new(env!("CARGO_BIN_EXE_gem-resources"))
-            .arg("--config")
-            .arg(env.dir.path().join("config.toml"))
-            .args(["serve", "--gems", gems.to_str().unwrap()])
-            .args(["--interval", "0.05"])
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn serve_keeps_running_after_a_server_resets_mid_body() {
     let env = Env::new().await;
@@ -85,7 +54,7 @@ async fn serve_keeps_running_after_a_server_resets_mid_body() {
     let url = reset_route(&env, "/reset.bin", &bad);
     let gems = env.dir.path().join("gems");
     write_gem_folder(&env, "resetting", json!([required_entry("r", &url, &bad)]));
-    let mut serve = spawn_serve(&env, &gems);
+    let mut serve = spawn_serve(&env, &gems, "0.05", &env.dir.path().join("serve.log"));
     wait_until("the resetting route was tried", || {
         env.origin.hits("/reset.bin") >= 1
     })

@@ -4,13 +4,13 @@
 //! the reasons for the proxy's refusals.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use gem_resources::proxy::{ProxyConfig, ProxySettings};
-use gem_resources::{download, Attempt, Error, Fetcher, Resource, RetryPolicy, Route, Store};
+use gem_resources::{Attempt, Error, Fetcher, RetryPolicy, Route};
 use url::Url;
 
+use crate::support::fetch_with as fetch;
 use crate::support::proxy::{Answer, Proxy};
 use crate::support::*;
 
@@ -37,19 +37,6 @@ async fn setup(extra: &str) -> (Env, Proxy) {
     write_config(&env, &format!("proxy = \"{}\"\n{extra}", proxy.url()));
     (env, proxy)
 }
-
-fn resource(id: &str, url: &Url, mirrors: &[Url], body: &[u8]) -> Resource {
-    Resource {
-        id: id.to_string(),
-        url: url.clone(),
-        mirrors: mirrors.to_vec(),
-        sha256: sha256_hex(body),
-        size: body.len() as u64,
-        required: false,
-        description: None,
-    }
-}
-
 fn retries(n: u32) -> RetryPolicy {
     RetryPolicy {
         retries: n,
@@ -57,14 +44,6 @@ fn retries(n: u32) -> RetryPolicy {
         ..RetryPolicy::default()
     }
 }
-
-async fn fetch(env: &Env, r: &Resource, retry: RetryPolicy) -> gem_resources::Result<PathBuf> {
-    let config = env.config();
-    let fetcher = Fetcher::new(&config).unwrap();
-    let store = Store::open(&config.store_dir()).unwrap();
-    download(&fetcher, &store, r, retry, &mut |_| {}).await
-}
-
 fn attempts(e: &Error) -> &[Attempt] {
     match e {
         Error::Unavailable { attempts, .. } => attempts,

@@ -1,28 +1,14 @@
 //! Staying power: interrupted transfers continue with `Range`, the server's
 //! `Retry-After` is honoured, and a bandwidth cap holds.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gem_resources::{download, Error, Fetcher, Resource, RetryPolicy, Store};
 use serde_json::json;
-use url::Url;
 
+use crate::support::fetch_with as fetch;
 use crate::support::*;
-
-fn resource(id: &str, url: &Url, mirrors: &[Url], body: &[u8]) -> Resource {
-    Resource {
-        id: id.to_string(),
-        url: url.clone(),
-        mirrors: mirrors.to_vec(),
-        sha256: sha256_hex(body),
-        size: body.len() as u64,
-        required: false,
-        description: None,
-    }
-}
-
 /// Retries at once: the tests are about what is asked, not when.
 fn quick() -> RetryPolicy {
     RetryPolicy {
@@ -31,14 +17,6 @@ fn quick() -> RetryPolicy {
         ..RetryPolicy::default()
     }
 }
-
-async fn fetch(env: &Env, r: &Resource, retry: RetryPolicy) -> gem_resources::Result<PathBuf> {
-    let config = env.config();
-    let fetcher = Fetcher::new(&config).unwrap();
-    let store = Store::open(&config.store_dir()).unwrap();
-    download(&fetcher, &store, r, retry, &mut |_| {}).await
-}
-
 /// The `Range` header of the last request for `path`.
 fn last_range(env: &Env, path: &str) -> Option<String> {
     env.origin

@@ -1,42 +1,11 @@
 //! `serve` follows its configuration: on SIGHUP and when the file changes,
 //! keeping the running configuration on an invalid edit.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::json;
 
 use crate::support::*;
-
-/// Kills the child when dropped, so a failing test leaves no process.
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn spawn_serve(env: &Env, gems: &Path, interval: &str) -> Reaper {
-    let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
-    Reaper(
-        Command::new(env!("CARGO_BIN_EXE_gem-resources"))
-            .arg("--config")
-            .arg(env.dir.path().join("config.toml"))
-            .args(["serve", "--gems", gems.to_str().unwrap()])
-            .args(["--interval", interval])
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
 
 fn log(env: &Env) -> String {
     std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap_or_default()
@@ -48,12 +17,12 @@ fn allow(host: &str) -> String {
 
 /// Starts `serve` with an allowlist that refuses the gem's only host and
 /// waits until the refusal is recorded.
-async fn refused_gem(env: &Env, interval: &str) -> (Reaper, Vec<u8>) {
+async fn refused_gem(env: &Env, interval: &str) -> (Spawned, Vec<u8>) {
     env.write_config(&allow("other.test"));
     let body = bytes(20_000, 130);
     let url = env.serve("/p.bin", &body);
     let gems = write_gem_folder(env, "g", json!([required_entry("p", &url, &body)]));
-    let serve = spawn_serve(env, &gems, interval);
+    let serve = spawn_serve(env, &gems, interval, &env.dir.path().join("serve.log"));
     wait_until("the policy refusal is logged", || {
         log(env).contains("E_RESOURCE_POLICY")
     })

@@ -2,30 +2,13 @@
 //! leaves nothing visible and the next start completes the job; `serve`
 //! follows a gems folder and stops cleanly on SIGTERM.
 
-use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use gem_resources::Resources;
 use serde_json::json;
 
 use crate::support::*;
-
-/// Starts the binary with the env's configuration, output to `log`.
-fn spawn(env: &Env, args: &[&str], log: &Path) -> Child {
-    let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_gem-resources"))
-        .arg("--config")
-        .arg(env.dir.path().join("config.toml"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
-}
 
 /// Waits (polling) for `child` to exit, at most 10 seconds.
 async fn wait_exit(child: &mut Child) -> ExitStatus {
@@ -43,29 +26,6 @@ async fn wait_exit(child: &mut Child) -> ExitStatus {
     }
 }
 
-/// Kills `child` (if still running) when dropped, so a failing test leaves
-/// no process behind.
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-/// Starts `serve` on the `gems` folder, scanning every 50 ms.
-fn spawn_serve(env: &Env, gems: &Path, log: &Path) -> Reaper {
-    let gems = gems.to_str().unwrap();
-    Reaper(spawn(
-        env,
-        &["serve", "--gems", gems, "--interval", "0.05"],
-        log,
-    ))
-}
-
 /// Sends SIGTERM to `child`.
 fn sigterm(child: &Child) {
     let status = Command::new("kill")
@@ -80,7 +40,7 @@ fn sigterm(child: &Child) {
 /// are on disk, and kills the process with SIGKILL.
 async fn kill_mid_download(env: &Env, gem: &str, res: &str, body: &[u8]) {
     let log = env.dir.path().join("killed.log");
-    let mut child = Reaper(spawn(env, &["path", gem, res], &log));
+    let mut child = spawn_quiet(env, &["path", gem, res], &log);
     wait_until("stalled bytes are on disk", || {
         partial_files(env)
             .iter()
@@ -172,7 +132,7 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     std::fs::write(gem_dir.join("notochord.json"), doc.to_string()).unwrap();
 
     let log = env.dir.path().join("serve.log");
-    let mut child = spawn_serve(&env, &gems, &log);
+    let mut child = spawn_serve(&env, &gems, "0.05", &log);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("the required file is downloaded", || {
         stored_files(&env, &body).len() == 1
@@ -205,7 +165,7 @@ async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_
     let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
 
     let log = env.dir.path().join("serve.log");
-    let mut child = spawn_serve(&env, &gems, &log);
+    let mut child = spawn_serve(&env, &gems, "0.05", &log);
     wait_until("stalled bytes are on disk", || {
         partial_files(&env)
             .iter()
@@ -237,7 +197,7 @@ async fn serve_stops_promptly_while_waiting_for_another_process_download() {
 
     // Another process holds the file's lock, stalled mid-download.
     let holder_log = env.dir.path().join("holder.log");
-    let _holder = Reaper(spawn(&env, &["path", "g", "held"], &holder_log));
+    let _holder = spawn_quiet(&env, &["path", "g", "held"], &holder_log);
     wait_until("the holder has bytes on disk", || {
         partial_files(&env)
             .iter()
@@ -246,7 +206,7 @@ async fn serve_stops_promptly_while_waiting_for_another_process_download() {
     .await;
 
     let log = env.dir.path().join("serve.log");
-    let mut serve = spawn_serve(&env, &gems, &log);
+    let mut serve = spawn_serve(&env, &gems, "0.05", &log);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("serve has installed the gem", || {
         log_text().contains("installed")

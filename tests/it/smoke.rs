@@ -1,17 +1,8 @@
 //! The engine end to end, through the library and the binary.
 
-use gem_resources::{download, Fetcher, RetryPolicy, Store};
+use gem_resources::{download, Fetcher, Store};
 
 use crate::support::*;
-
-fn no_retry() -> RetryPolicy {
-    RetryPolicy {
-        retries: 0,
-        backoff: std::time::Duration::ZERO,
-        ..RetryPolicy::default()
-    }
-}
-
 #[tokio::test]
 async fn a_declared_file_is_downloaded_verified_and_named_after_its_url() {
     let env = Env::new().await;

@@ -357,6 +357,32 @@ impl Drop for Spawned {
     }
 }
 
+/// Starts the binary with the env's configuration and `args`, its default
+/// log level, stderr going to `log`.
+pub fn spawn_quiet(env: &Env, args: &[&str], log: &Path) -> Spawned {
+    let log = std::fs::File::create(log).unwrap();
+    Spawned(
+        std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .arg("--config")
+            .arg(env.dir.path().join("config.toml"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Starts `serve` on `gems`, scanning every `interval` seconds, stderr
+/// going to `log`.
+pub fn spawn_serve(env: &Env, gems: &Path, interval: &str, log: &Path) -> Spawned {
+    let gems = gems.to_str().unwrap();
+    spawn_quiet(env, &["serve", "--gems", gems, "--interval", interval], log)
+}
+
 /// Starts the binary with the env's configuration and `args`, debug logs
 /// (stderr) going to `log`.
 pub fn spawn_logged(env: &Env, args: &[&str], log: &Path) -> Spawned {
@@ -399,4 +425,38 @@ pub fn child_stdout(child: &mut Spawned) -> String {
         std::io::Read::read_to_string(&mut out, &mut text).unwrap();
     }
     text
+}
+
+/// A resource declaring `body` at `url`, then `mirrors`.
+pub fn resource(id: &str, url: &Url, mirrors: &[Url], body: &[u8]) -> gem_resources::Resource {
+    gem_resources::Resource {
+        id: id.to_string(),
+        url: url.clone(),
+        mirrors: mirrors.to_vec(),
+        sha256: sha256_hex(body),
+        size: body.len() as u64,
+        required: false,
+        description: None,
+    }
+}
+
+/// No retries: one try per address.
+pub fn no_retry() -> gem_resources::RetryPolicy {
+    gem_resources::RetryPolicy {
+        retries: 0,
+        backoff: std::time::Duration::ZERO,
+        ..gem_resources::RetryPolicy::default()
+    }
+}
+
+/// Downloads `r` into the env's store with the library, as `fetch` does.
+pub async fn fetch_with(
+    env: &Env,
+    r: &gem_resources::Resource,
+    retry: gem_resources::RetryPolicy,
+) -> gem_resources::Result<PathBuf> {
+    let config = env.config();
+    let fetcher = gem_resources::Fetcher::new(&config).unwrap();
+    let store = gem_resources::Store::open(&config.store_dir()).unwrap();
+    gem_resources::download(&fetcher, &store, r, retry, &mut |_| {}).await
 }

@@ -208,23 +208,7 @@ fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
+/// SIGINT or SIGTERM, whichever comes first.
 fn shutdown_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            return Box::pin(async move {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            });
-        }
-    }
-    Box::pin(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    crate::interrupt::signal()
 }
