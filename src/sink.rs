@@ -198,13 +198,11 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
             }
             Msg::Checkpoint => {
                 if let Some(w) = &mut writer {
-                    if w.checkpoints.resumable() {
-                        w.checkpoint(len)?;
-                    }
+                    w.checkpoint(len);
                 }
             }
             Msg::Close(reply) => {
-                if let Some(w) = &mut writer {
+                if let Some(w) = writer.take() {
                     if let Err(e) = w.keep(len) {
                         tracing::warn!("cannot keep the partial download: {e}");
                     }
@@ -213,8 +211,8 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
                 return Ok(());
             }
             Msg::Finish(reply) => {
-                let flushed = match &mut writer {
-                    Some(w) => w.flush_all(len),
+                let flushed = match writer.take() {
+                    Some(w) => w.flush_all(),
                     None => Ok(()),
                 };
                 let digest = std::mem::take(&mut hasher).finalize();
@@ -227,7 +225,7 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
         }
     }
     // The transfer ended without finishing: keep what arrived.
-    if let Some(w) = &mut writer {
+    if let Some(w) = writer {
         w.keep(len)?;
     }
     Ok(())
@@ -236,11 +234,12 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
 /// File side of the writer thread.
 struct Writer {
     file: File,
-    checkpoints: Checkpointer,
+    /// Flushes and records checkpoints beside the writer.
+    syncer: Syncer,
     /// Where the next write-back window starts.
     written_back: u64,
-    /// Length at the last checkpoint.
-    durable: u64,
+    /// Length at the last checkpoint asked for.
+    requested: u64,
     /// The prefix to hash again before anything else.
     offset: u64,
 }
@@ -254,11 +253,12 @@ impl Writer {
         } = t;
         file.set_len(offset)?;
         file.seek(io::SeekFrom::Start(offset))?;
+        let syncer = Syncer::spawn(file.try_clone()?, checkpoints)?;
         Ok(Writer {
             file,
-            checkpoints,
+            syncer,
             written_back: offset,
-            durable: offset,
+            requested: offset,
             offset,
         })
     }
@@ -293,38 +293,88 @@ impl Writer {
             start_write_back(&self.file, self.written_back, len - self.written_back);
             self.written_back = len;
         }
-        if len - self.durable >= CHECKPOINT_BYTES {
-            self.checkpoint(len)?;
+        if len - self.requested >= CHECKPOINT_BYTES {
+            self.checkpoint(len);
         }
         Ok(())
     }
 
-    /// The transfer stopped early: keeps the bytes for resume when they
-    /// can be resumed, removes them otherwise.
-    fn keep(&mut self, len: u64) -> io::Result<()> {
-        if self.checkpoints.resumable() {
-            self.checkpoint(len)
-        } else {
-            self.checkpoints.discard();
-            Ok(())
+    /// Asks for `len` bytes to be flushed and recorded, without waiting.
+    fn checkpoint(&mut self, len: u64) {
+        if len != self.requested {
+            self.syncer.request(len);
+            self.requested = len;
         }
     }
 
-    /// Flushes the file and records `len` as durable.
-    fn checkpoint(&mut self, len: u64) -> io::Result<()> {
-        if len != self.durable {
-            self.file.sync_data()?;
-            self.checkpoints.record(len)?;
-            self.durable = len;
+    /// The transfer stopped early: keeps the bytes for resume when they
+    /// can be resumed (waiting until they are flushed and recorded),
+    /// removes them otherwise.
+    fn keep(self, len: u64) -> io::Result<()> {
+        let resumable = self.syncer.resumable;
+        if resumable {
+            self.syncer.request(len);
+        }
+        let checkpoints = self.syncer.finish()?;
+        if !resumable {
+            checkpoints.discard();
         }
         Ok(())
     }
 
     /// The final flush before the file is verified and published.
-    fn flush_all(&mut self, len: u64) -> io::Result<()> {
-        self.file.sync_all()?;
-        self.durable = len;
-        Ok(())
+    fn flush_all(self) -> io::Result<()> {
+        // No record may be written after this: the file is about to leave.
+        self.syncer.finish()?;
+        self.file.sync_all()
+    }
+}
+
+/// A thread that flushes the partial file (`fdatasync`) and then records
+/// the flushed length, so the writer never waits for the disk before the
+/// end. Requests that pile up while a flush runs are merged into one.
+struct Syncer {
+    tx: std::sync::mpsc::Sender<u64>,
+    thread: std::thread::JoinHandle<io::Result<Checkpointer>>,
+    /// Whether the bytes can ever be resumed (the server gave a validator).
+    resumable: bool,
+}
+
+impl Syncer {
+    fn spawn(file: File, mut checkpoints: Checkpointer) -> io::Result<Syncer> {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let resumable = checkpoints.resumable();
+        let thread = std::thread::Builder::new()
+            .name("gem-resources-sync".into())
+            .spawn(move || {
+                while let Ok(mut len) = rx.recv() {
+                    while let Ok(later) = rx.try_recv() {
+                        len = later;
+                    }
+                    if checkpoints.resumable() {
+                        file.sync_data()?;
+                        checkpoints.record(len)?;
+                    }
+                }
+                Ok(checkpoints)
+            })?;
+        Ok(Syncer {
+            tx,
+            thread,
+            resumable,
+        })
+    }
+
+    fn request(&self, len: u64) {
+        let _ = self.tx.send(len);
+    }
+
+    /// Waits for the requests made so far and returns the records' writer.
+    fn finish(self) -> io::Result<Checkpointer> {
+        drop(self.tx);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the sync thread panicked")))
     }
 }
 
