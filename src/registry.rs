@@ -232,7 +232,7 @@ impl Registry {
     /// The registration of `gem` from the cache when its file is unchanged,
     /// else read, checked and cached.
     fn cached(&self, gem: &str) -> Result<Option<Cached>> {
-        let path = self.gems.join(format!("{gem}.json"));
+        let path = self.gems.join(format!("{}.json", file_stem(gem)));
         // The generation is read before the file: a change between the two
         // leaves a stamp that no later read matches, never a stale hit.
         let generation = self.generation();
@@ -336,9 +336,12 @@ impl Registry {
     /// SHA-256 or addresses it changes (an upgrade). Call with the lock held.
     pub fn put(&self, reg: &Registration) -> Result<()> {
         let old = self.get(&reg.gem)?;
-        write_json(&self.gems.join(format!("{}.json", reg.gem)), reg)?;
+        write_json(
+            &self.gems.join(format!("{}.json", file_stem(&reg.gem))),
+            reg,
+        )?;
         self.bump_generation()?;
-        let path = self.failures.join(format!("{}.json", reg.gem));
+        let path = self.failures.join(format!("{}.json", file_stem(&reg.gem)));
         let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
         let before = all.len();
         all.retain(|id, record| {
@@ -360,8 +363,8 @@ impl Registry {
 
     /// Removes a registration and its failure records. Call with the lock held.
     pub fn remove(&self, gem: &str) -> Result<bool> {
-        let _ = fs::remove_file(self.failures.join(format!("{gem}.json")));
-        let path = self.gems.join(format!("{gem}.json"));
+        let _ = fs::remove_file(self.failures.join(format!("{}.json", file_stem(gem))));
+        let path = self.gems.join(format!("{}.json", file_stem(gem)));
         let removed = match fs::remove_file(&path) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
@@ -395,7 +398,7 @@ impl Registry {
     /// whose SHA-256 or addresses changed since are left out.
     pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
         let mut all: BTreeMap<String, FailureRecord> =
-            read_json(&self.failures.join(format!("{gem}.json")))?.unwrap_or_default();
+            read_json(&self.failures.join(format!("{}.json", file_stem(gem))))?.unwrap_or_default();
         if !all.is_empty() {
             let resources = self.get(gem)?.map(|r| r.resources).unwrap_or_default();
             all.retain(|id, record| {
@@ -427,7 +430,7 @@ impl Registry {
                 return Ok(());
             }
         }
-        let path = self.failures.join(format!("{gem}.json"));
+        let path = self.failures.join(format!("{}.json", file_stem(gem)));
         let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
         let changed = match record {
             Some(r) => {
@@ -449,24 +452,38 @@ fn same_download(a: &Resource, b: &Resource) -> bool {
     a.sha256 == b.sha256 && a.addresses().eq(b.addresses())
 }
 
-/// Checks a gem id, which names files in the store. The rules:
-/// - 1 to 128 characters;
-/// - ASCII letters, digits, `.`, `_` and `-` only (no `/`, no spaces, no
-///   control characters, nothing a file system treats specially);
-/// - the first character is a letter or a digit (so no `.`, `..` or
-///   hidden names).
+/// Checks a gem id, which names files in the store. An id is either a
+/// plain name or a scoped one, `@scope/name`, whose scope and name each
+/// follow the plain rules:
+/// - 1 to 128 characters in all;
+/// - ASCII letters, digits, `.`, `_` and `-` only (no spaces, no control
+///   characters, nothing a file system treats specially), plus the `@` and
+///   the one `/` of a scoped id;
+/// - each part starts with a letter or a digit (so no `.`, `..` or hidden
+///   names).
 ///
-/// An id that breaks them is refused with `E_RESOURCE_GEM_ID`, naming the
-/// rule.
+/// A scoped id is stored under a file name with `+` in place of its `/`
+/// (`@acme+ocr.json`); `+` is not allowed in ids, so the mapping is one to
+/// one. An id that breaks the rules is refused with `E_RESOURCE_GEM_ID`,
+/// naming the rule.
 pub fn check_gem_id(gem: &str) -> Result<()> {
+    let parts: Vec<&str> = match gem.strip_prefix('@') {
+        Some(scoped) => scoped.splitn(2, '/').collect(),
+        None => vec![gem],
+    };
     let reason = if gem.is_empty() {
         "it is empty"
     } else if gem.len() > 128 {
         "it is longer than 128 characters"
-    } else if !gem.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-        "it must start with a letter or a digit"
+    } else if gem.starts_with('@') && (parts.len() != 2 || parts.iter().any(|p| p.is_empty())) {
+        "a scoped id is @scope/name"
+    } else if !parts
+        .iter()
+        .all(|p| p.starts_with(|c: char| c.is_ascii_alphanumeric()))
+    {
+        "it must start with a letter or a digit (each part of @scope/name too)"
     } else if !valid_gem_id(gem) {
-        "only letters, digits, '.', '_' and '-' are allowed"
+        "only letters, digits, '.', '_' and '-' are allowed (and '@scope/' in front)"
     } else {
         return Ok(());
     };
@@ -478,10 +495,35 @@ pub fn check_gem_id(gem: &str) -> Result<()> {
 
 /// Whether `gem` can be used as a gem id (the rules of [`check_gem_id`]).
 pub fn valid_gem_id(gem: &str) -> bool {
-    let mut chars = gem.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && gem.len() <= 128
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    fn plain(part: &str) -> bool {
+        let mut chars = part.chars();
+        matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    }
+    if gem.len() > 128 {
+        return false;
+    }
+    match gem.strip_prefix('@') {
+        Some(scoped) => scoped
+            .split_once('/')
+            .is_some_and(|(scope, name)| plain(scope) && plain(name)),
+        None => plain(gem),
+    }
+}
+
+/// The file name (without `.json`) a gem's records are kept under.
+fn file_stem(gem: &str) -> String {
+    gem.replace('/', "+")
+}
+
+/// The gem id a record file's stem names, if it names one.
+fn gem_of_stem(stem: &str) -> Option<String> {
+    let gem = if stem.starts_with('@') {
+        stem.replacen('+', "/", 1)
+    } else {
+        stem.to_string()
+    };
+    valid_gem_id(&gem).then_some(gem)
 }
 
 fn json_stems(dir: &Path) -> Result<Vec<String>> {
@@ -489,8 +531,7 @@ fn json_stems(dir: &Path) -> Result<Vec<String>> {
     let mut out: Vec<String> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
-        .filter(|n| valid_gem_id(n))
+        .filter_map(|n| n.strip_suffix(".json").and_then(gem_of_stem))
         .collect();
     out.sort();
     Ok(out)

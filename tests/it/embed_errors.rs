@@ -87,6 +87,13 @@ async fn an_invalid_gem_id_has_its_own_code_naming_the_rule() {
         ("../x", "start with a letter or a digit"),
         ("a/b", "only letters"),
         ("a\u{7}b", "only letters"),
+        ("a+b", "only letters"),
+        ("@acme", "@scope/name"),
+        ("@acme/", "@scope/name"),
+        ("@/ocr", "@scope/name"),
+        ("@acme/../x", "start with a letter or a digit"),
+        ("@acme/ocr/v2", "only letters"),
+        ("@.acme/ocr", "start with a letter or a digit"),
     ] {
         let err = service.install(id, &manifest(json!([]))).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::GemId, "{id:?}: {err}");
@@ -94,6 +101,35 @@ async fn an_invalid_gem_id_has_its_own_code_naming_the_rule() {
         let err = service.path(id, "r").await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::GemId, "{id:?}: {err}");
     }
+}
+
+#[tokio::test]
+async fn a_scoped_gem_id_installs_serves_and_uninstalls() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 74);
+    let url = env.serve("/s.bin", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    let m = manifest(json!([entry("model", &url, &body)]));
+    service.install("@acme/ocr", &m).await.unwrap();
+    // A plain id that looks like the stored file name is another gem.
+    service.install("acme-ocr", &m).await.unwrap();
+    let path = service.path("@acme/ocr", "model").await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let mut installed = service.installed().unwrap();
+    installed.sort();
+    assert_eq!(installed, ["@acme/ocr", "acme-ocr"]);
+    // Stored without a folder of its own: nothing outside gems/.
+    let gems = store_root(&env).join("gems");
+    assert!(gems.join("@acme+ocr.json").is_file());
+    assert!(!gems.join("@acme").exists());
+    let report = service.uninstall("@acme/ocr").await.unwrap();
+    assert_eq!(report.gem, "@acme/ocr");
+    assert!(
+        report.kept.len() == 1,
+        "the file is still declared by acme-ocr"
+    );
+    assert_eq!(service.installed().unwrap(), ["acme-ocr"]);
+    service.shutdown().await;
 }
 
 #[tokio::test]
