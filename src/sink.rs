@@ -234,8 +234,11 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
 /// File side of the writer thread.
 struct Writer {
     file: File,
-    /// Flushes and records checkpoints beside the writer.
-    syncer: Syncer,
+    /// Flushes and records checkpoints beside the writer; started at the
+    /// first checkpoint, so a small file never starts it.
+    syncer: Option<Syncer>,
+    /// The records' writer until the syncer takes it.
+    checkpoints: Option<Checkpointer>,
     /// Where the next write-back window starts.
     written_back: u64,
     /// Length at the last checkpoint asked for.
@@ -253,10 +256,10 @@ impl Writer {
         } = t;
         file.set_len(offset)?;
         file.seek(io::SeekFrom::Start(offset))?;
-        let syncer = Syncer::spawn(file.try_clone()?, checkpoints)?;
         Ok(Writer {
             file,
-            syncer,
+            syncer: None,
+            checkpoints: Some(checkpoints),
             written_back: offset,
             requested: offset,
             offset,
@@ -300,32 +303,57 @@ impl Writer {
     }
 
     /// Asks for `len` bytes to be flushed and recorded, without waiting.
+    /// Bytes that can never be resumed are not worth a flush.
     fn checkpoint(&mut self, len: u64) {
-        if len != self.requested {
-            self.syncer.request(len);
+        if len == self.requested {
+            return;
+        }
+        if self.syncer.is_none() {
+            let Some(checkpoints) = self.checkpoints.take_if(|c| c.resumable()) else {
+                return;
+            };
+            match self
+                .file
+                .try_clone()
+                .and_then(|file| Syncer::spawn(file, checkpoints))
+            {
+                Ok(syncer) => self.syncer = Some(syncer),
+                Err(e) => {
+                    tracing::warn!("cannot record the partial download's progress: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(syncer) = &self.syncer {
+            syncer.request(len);
             self.requested = len;
+        }
+    }
+
+    /// The records' writer, once every checkpoint asked for is recorded.
+    fn stop_syncer(&mut self) -> io::Result<Option<Checkpointer>> {
+        match self.syncer.take() {
+            Some(syncer) => syncer.finish().map(Some),
+            None => Ok(self.checkpoints.take()),
         }
     }
 
     /// The transfer stopped early: keeps the bytes for resume when they
     /// can be resumed (waiting until they are flushed and recorded),
     /// removes them otherwise.
-    fn keep(self, len: u64) -> io::Result<()> {
-        let resumable = self.syncer.resumable;
-        if resumable {
-            self.syncer.request(len);
-        }
-        let checkpoints = self.syncer.finish()?;
-        if !resumable {
-            checkpoints.discard();
+    fn keep(mut self, len: u64) -> io::Result<()> {
+        self.checkpoint(len);
+        match self.stop_syncer()? {
+            Some(checkpoints) if !checkpoints.resumable() => checkpoints.discard(),
+            _ => {}
         }
         Ok(())
     }
 
     /// The final flush before the file is verified and published.
-    fn flush_all(self) -> io::Result<()> {
+    fn flush_all(mut self) -> io::Result<()> {
         // No record may be written after this: the file is about to leave.
-        self.syncer.finish()?;
+        self.stop_syncer()?;
         self.file.sync_all()
     }
 }
@@ -336,14 +364,11 @@ impl Writer {
 struct Syncer {
     tx: std::sync::mpsc::Sender<u64>,
     thread: std::thread::JoinHandle<io::Result<Checkpointer>>,
-    /// Whether the bytes can ever be resumed (the server gave a validator).
-    resumable: bool,
 }
 
 impl Syncer {
     fn spawn(file: File, mut checkpoints: Checkpointer) -> io::Result<Syncer> {
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
-        let resumable = checkpoints.resumable();
         let thread = std::thread::Builder::new()
             .name("gem-resources-sync".into())
             .spawn(move || {
@@ -358,11 +383,7 @@ impl Syncer {
                 }
                 Ok(checkpoints)
             })?;
-        Ok(Syncer {
-            tx,
-            thread,
-            resumable,
-        })
+        Ok(Syncer { tx, thread })
     }
 
     fn request(&self, len: u64) {
