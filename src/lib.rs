@@ -8,6 +8,7 @@
 //! - [`config`]: the TOML configuration.
 //! - [`resolve`]: DNS resolution that hands out only guarded addresses.
 //! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
+//! - [`headers`]: strict parsers for the response headers a server controls.
 //! - [`store`]: the content-addressed store and its atomic publication.
 //! - [`download`]: one resource over its url and mirrors.
 //! - [`registry`]: installed gems and failure records, crash-safe.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod events;
 pub mod fetch;
 pub mod guard;
+pub mod headers;
 mod limiter;
 mod lockfile;
 pub mod manifest;
