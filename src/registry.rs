@@ -113,24 +113,11 @@ impl Registry {
     /// The registration of `gem`, if installed.
     pub fn get(&self, gem: &str) -> Result<Option<Registration>> {
         let path = self.gems.join(format!("{gem}.json"));
-        let reg: Option<Registration> = read_json(&path)?;
-        // Records are ours, but a SHA-256 names folders in the store: one
-        // that is not a SHA-256 is treated as corruption, never as a path.
-        if let Some(bad) = reg
-            .iter()
-            .flat_map(|r| &r.resources)
-            .find(|r| !crate::store::is_sha256(&r.sha256))
-        {
-            return Err(Error::io(
-                "corrupted record",
-                &path,
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("resource {:?} has sha256 {:?}", bad.id, bad.sha256),
-                ),
-            ));
+        match fs::read(&path) {
+            Ok(bytes) => read_registration(gem, &bytes, &path).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("cannot read", &path, e)),
         }
-        Ok(reg)
     }
 
     /// Every registration, ordered by gem id.
@@ -217,6 +204,61 @@ pub fn valid_gem_id(gem: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
         && gem.len() <= 128
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Reads the bytes of `gems/<gem>.json` the way [`Registry::get`] does: a
+/// record that does not parse, or whose contents could steer a path, is a
+/// "corrupted record" error naming `path`.
+fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registration> {
+    let corrupted = |reason: String| {
+        Error::io(
+            "corrupted record",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        )
+    };
+    let reg: Registration = serde_json::from_slice(bytes).map_err(|e| corrupted(e.to_string()))?;
+    // The gem id names this record's file and, through `failures`, another
+    // one: a record must name its own file, never a path elsewhere.
+    if reg.gem != gem {
+        return Err(corrupted(format!(
+            "record of gem {:?} is stored as {gem:?}",
+            reg.gem
+        )));
+    }
+    // Records are ours, but a SHA-256 names folders in the store: one
+    // that is not a SHA-256 is treated as corruption, never as a path.
+    if let Some(bad) = reg
+        .resources
+        .iter()
+        .find(|r| !crate::store::is_sha256(&r.sha256))
+    {
+        return Err(corrupted(format!(
+            "resource {:?} has sha256 {:?}",
+            bad.id, bad.sha256
+        )));
+    }
+    Ok(reg)
+}
+
+/// Parses the bytes of a registration record of `gem` as [`Registry::get`]
+/// does; an entry point for the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_registration(gem: &str, bytes: &[u8]) -> Result<Registration> {
+    read_registration(gem, bytes, Path::new("<record>"))
+}
+
+/// Parses the bytes of a failure-records file as [`Registry::failures`]
+/// does; an entry point for the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_failures(bytes: &[u8]) -> Result<BTreeMap<String, FailureRecord>> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        Error::io(
+            "corrupted record",
+            Path::new("<record>"),
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })
 }
 
 fn json_stems(dir: &Path) -> Result<Vec<String>> {

@@ -339,16 +339,25 @@ impl Store {
         since: std::time::SystemTime,
     ) -> Option<SharedFailure> {
         let bytes = fs::read(self.failure_path(sha256)).ok()?;
-        let mut record: SharedFailure = serde_json::from_slice(&bytes).ok()?;
+        let record = parse_shared_failure(&bytes)?;
         let since_ns = since
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        record.code = crate::error::CODES
-            .iter()
-            .find(|c| **c == record.code_text)?;
         (record.at_ns >= since_ns && record.addresses == addresses).then_some(record)
     }
+}
+
+/// Reads a shared failure record as [`Store::failure_since`] does: `None`
+/// unless it parses and carries a known error code. An entry point for the
+/// fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
+    let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
+    record.code = crate::error::CODES
+        .iter()
+        .find(|c| **c == record.code_text)?;
+    Some(record)
 }
 
 fn now_ns() -> u128 {
@@ -425,12 +434,20 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
         .filter_map(|e| e.ok())
         .filter_map(|entry| {
             let name = entry.file_name().to_str()?.to_string();
-            let mut parts = name.split('.');
-            let sha = parts.next()?;
-            let size: u64 = parts.next()?.parse().ok()?;
-            (is_sha256(sha) && name.ends_with(".partial"))
-                .then(|| (entry.path(), sha.to_string(), size))
+            let (sha, size) = parse_partial_name(&name)?;
+            Some((entry.path(), sha, size))
         })
+}
+
+/// The SHA-256 and declared size a partial file's name carries
+/// (`<sha256>.<size>.…partial`); `None` for any other name. An entry point for
+/// the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
+    let mut parts = name.split('.');
+    let sha = parts.next()?;
+    let size: u64 = parts.next()?.parse().ok()?;
+    (is_sha256(sha) && name.ends_with(".partial")).then(|| (sha.to_string(), size))
 }
 
 fn available_space(dir: &Path) -> Result<u64> {

@@ -1,0 +1,49 @@
+//! Regression tests for what fuzzing found, each through the public API that
+//! reads the input in production.
+
+use gem_resources::registry::Registry;
+use gem_resources::Store;
+
+const HASH: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// A store in a scratch folder with `gems/<file_gem>.json` holding `record`.
+fn store_with_registration(
+    file_gem: &str,
+    record: &serde_json::Value,
+) -> (tempfile::TempDir, Registry) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let path = store.root().join("gems").join(format!("{file_gem}.json"));
+    std::fs::write(path, serde_json::to_vec(record).unwrap()).unwrap();
+    (dir, Registry::new(&store))
+}
+
+fn resource(id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "url": "https://cdn.example.com/a.bin", "mirrors": [],
+        "sha256": HASH, "size": 1, "required": false, "description": null
+    })
+}
+
+/// Found by the `records` target: a registration whose `gem` differs from
+/// its file name was returned as valid, and its `gem` then named the
+/// failure-record file to read (`failures/<gem>.json`), so a damaged record
+/// could steer a path out of the store.
+#[test]
+fn registration_naming_another_gem_is_a_corrupted_record() {
+    for gem in ["other-gem", "../../outside", "sa}ple-gem", ""] {
+        let record = serde_json::json!({ "gem": gem, "resources": [resource("a")] });
+        let (_dir, registry) = store_with_registration("sample-gem", &record);
+        let error = registry.get("sample-gem").unwrap_err();
+        assert!(
+            error.to_string().contains("corrupted record"),
+            "{gem:?}: {error}"
+        );
+    }
+    let record = serde_json::json!({ "gem": "sample-gem", "resources": [resource("a")] });
+    let (_dir, registry) = store_with_registration("sample-gem", &record);
+    assert_eq!(
+        registry.get("sample-gem").unwrap().unwrap().gem,
+        "sample-gem"
+    );
+}
