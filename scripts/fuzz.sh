@@ -30,28 +30,41 @@ echo "building the fuzz targets..."
 nice -n 19 cargo +nightly fuzz build -O
 
 # Runs the built binaries directly, so editing the sources while the loop
-# runs cannot rebuild a target half way. FUZZ_KEEP_GOING=1 keeps a target
-# fuzzing after a crash (libFuzzer fork mode) so it still gets its full time.
+# runs cannot rebuild a target half way. FUZZ_KEEP_GOING=1 restarts a target
+# after a crash until its time is used up, so it still gets its full time.
 bin_dir="target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
-extra=()
-if [ "${FUZZ_KEEP_GOING:-0}" = 1 ]; then
-    extra=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
-fi
 mkdir -p logs
 failed=()
 for target in "${targets[@]}"; do
     mkdir -p "corpus/$target" "artifacts/$target"
     echo "== $target: ${seconds}s"
     start=$(date +%s)
+    : >"logs/$target.log"
     status=0
-    nice -n 19 "$bin_dir/$target" "corpus/$target" "seeds/$target" \
-        -artifact_prefix="artifacts/$target/" -max_total_time="$seconds" -timeout=10 \
-        -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 "${extra[@]}" \
-        >"logs/$target.log" 2>&1 || status=$?
+    execs=0
+    while :; do
+        left=$((seconds - ($(date +%s) - start)))
+        [ "$left" -gt 0 ] || break
+        run=0
+        nice -n 19 "$bin_dir/$target" "corpus/$target" "seeds/$target" \
+            -artifact_prefix="artifacts/$target/" -max_total_time="$left" -timeout=10 \
+            -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
+            >>"logs/$target.log" 2>&1 || run=$?
+        done_runs="$(grep -Eo '^stat::number_of_executed_units: *[0-9]+' "logs/$target.log" |
+            tail -n1 | grep -Eo '[0-9]+$' || true)"
+        if [ "$run" -eq 0 ]; then
+            execs=$((execs + ${done_runs:-0}))
+            break
+        fi
+        status=$run
+        last="$(grep -Eo '^#[0-9]+' "logs/$target.log" | tail -n1 | tr -d '#' || true)"
+        execs=$((execs + ${last:-0}))
+        [ "${FUZZ_KEEP_GOING:-0}" = 1 ] || break
+        echo "-- restarting $target after a crash" >>"logs/$target.log"
+    done
     elapsed=$(($(date +%s) - start))
-    execs="$(grep -Eo '^#[0-9]+' "logs/$target.log" | tail -n1 | tr -d '#' || true)"
     crashes=$(find "artifacts/$target" -type f | wc -l)
-    echo "   ran ${elapsed}s, ${execs:-?} execs, ${crashes} crashing inputs in fuzz/artifacts/$target/"
+    echo "   ran ${elapsed}s, about ${execs} execs, ${crashes} crashing inputs in fuzz/artifacts/$target/"
     if [ "$status" -ne 0 ] || [ "$crashes" -gt 0 ]; then
         failed+=("$target")
         grep -E '^(thread .* panicked|==[0-9]+== ERROR)' -A2 "logs/$target.log" | head -n 6 || true
