@@ -226,6 +226,12 @@ fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registratio
             reg.gem
         )));
     }
+    // A damaged record must not bring back what manifest validation refuses
+    // (an empty, duplicate or control-character id, ...).
+    if let Err(error) = crate::manifest::validate(&manifest_form(&reg.resources)) {
+        let first = error.problems.first().map(ToString::to_string);
+        return Err(corrupted(first.unwrap_or_default()));
+    }
     // Records are ours, but a SHA-256 names folders in the store: one
     // that is not a SHA-256 is treated as corruption, never as a path.
     if let Some(bad) = reg
@@ -239,6 +245,28 @@ fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registratio
         )));
     }
     Ok(reg)
+}
+
+/// The manifest JSON that declares exactly `resources`.
+fn manifest_form(resources: &[Resource]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = resources
+        .iter()
+        .map(|r| {
+            let mut entry = serde_json::json!({
+                "id": r.id,
+                "url": r.url.as_str(),
+                "mirrors": r.mirrors.iter().map(url::Url::as_str).collect::<Vec<_>>(),
+                "sha256": r.sha256,
+                "size": r.size,
+                "required": r.required,
+            });
+            if let Some(text) = &r.description {
+                entry["description"] = serde_json::json!(text);
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({ "resources": entries })
 }
 
 /// Parses the bytes of a registration record of `gem` as [`Registry::get`]

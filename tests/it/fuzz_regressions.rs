@@ -47,3 +47,30 @@ fn registration_naming_another_gem_is_a_corrupted_record() {
         "sample-gem"
     );
 }
+
+/// Found by reading the `records` target's invariant against the reader: a
+/// registration is returned only when its resources pass the manifest rules
+/// again, so a damaged record cannot bring back an empty, duplicate or
+/// control-character id that validation refused at install.
+#[test]
+fn registration_with_resources_no_manifest_may_declare_is_a_corrupted_record() {
+    let bad = [
+        vec![resource("a"), resource("a")],
+        vec![resource("")],
+        vec![resource("a\u{1b}[2Jb")],
+        vec![resource(&"x".repeat(129))],
+    ];
+    for resources in bad {
+        let record = serde_json::json!({ "gem": "sample-gem", "resources": resources });
+        let (_dir, registry) = store_with_registration("sample-gem", &record);
+        let error = registry.get("sample-gem").unwrap_err();
+        assert!(error.to_string().contains("corrupted record"), "{error}");
+    }
+    let record =
+        serde_json::json!({ "gem": "sample-gem", "resources": [resource("a"), resource("b")] });
+    let (_dir, registry) = store_with_registration("sample-gem", &record);
+    assert_eq!(
+        registry.get("sample-gem").unwrap().unwrap().resources.len(),
+        2
+    );
+}
