@@ -2,7 +2,7 @@
 //! reads the input in production.
 
 use gem_resources::registry::Registry;
-use gem_resources::Store;
+use gem_resources::{parse_manifest, Store};
 
 const HASH: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -72,5 +72,41 @@ fn registration_with_resources_no_manifest_may_declare_is_a_corrupted_record() {
     assert_eq!(
         registry.get("sample-gem").unwrap().unwrap().resources.len(),
         2
+    );
+}
+
+/// Found by the `manifest` target: a `url` within the 2048-character limit as
+/// written could be longer once the URL parser percent-encoded it (each `é`
+/// becomes `%C3%A9`). The manifest was accepted, but the stored registration
+/// then failed to read back as a corrupted record.
+#[test]
+fn url_longer_than_the_limit_once_percent_encoded_is_refused() {
+    let url = format!("https://cdn.example.com/{}", "é".repeat(400));
+    assert!(url.chars().count() <= 2048);
+    let manifest = serde_json::json!({ "resources": [
+        { "id": "a", "url": url, "sha256": HASH, "size": 1 }
+    ]});
+    let error = parse_manifest(&serde_json::to_vec(&manifest).unwrap()).unwrap_err();
+    assert_eq!(error.problems.len(), 1, "{error}");
+    assert_eq!(error.problems[0].path, "manifest.resources[0].url");
+    assert!(
+        error.problems[0]
+            .message
+            .contains("once percent-encoded, got 2424"),
+        "{error}"
+    );
+
+    // Just within the limit once encoded: accepted, stored and read back.
+    let fits = format!("https://cdn.example.com/{}", "é".repeat(337));
+    let manifest = serde_json::json!({ "resources": [
+        { "id": "a", "url": fits, "sha256": HASH, "size": 1 }
+    ]});
+    let parsed = parse_manifest(&serde_json::to_vec(&manifest).unwrap()).unwrap();
+    assert_eq!(parsed.resources[0].url.as_str().len(), 2046);
+    let record = serde_json::json!({ "gem": "sample-gem", "resources": parsed.resources });
+    let (_dir, registry) = store_with_registration("sample-gem", &record);
+    assert_eq!(
+        registry.get("sample-gem").unwrap().unwrap().resources,
+        parsed.resources
     );
 }
