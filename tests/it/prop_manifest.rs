@@ -18,7 +18,7 @@ fn config() -> ProptestConfig {
 fn https_url() -> impl Strategy<Value = String> {
     (
         "[a-z][a-z0-9-]{0,8}(\\.[a-z][a-z0-9]{0,6}){0,2}\\.(com|org|net|example)",
-        "(/[A-Za-z0-9._~-]{1,12}){0,3}",
+        "(/[A-Za-z0-9._~éü€-]{1,12}){0,3}",
         proptest::option::of("[a-z]{1,5}=[A-Za-z0-9]{0,5}"),
     )
         .prop_map(|(host, path, query)| match query {
@@ -212,5 +212,24 @@ proptest! {
         };
         prop_assert_eq!(error.problems.len(), 1, "{}", error);
         prop_assert_eq!(&error.problems[0].path, &path, "{}", error);
+    }
+
+    #[test]
+    fn long_addresses_are_refused_or_round_trip(
+        ascii in 0usize..2100,
+        wide in 0usize..700,
+        wide_char in proptest::sample::select(vec!['é', '€', '𝄞', ' ', '%']),
+    ) {
+        let path = format!("{}{}", "a".repeat(ascii), wide_char.to_string().repeat(wide));
+        let url = format!("https://cdn.example.com/{path}");
+        let text = serde_json::to_vec(&json!({ "resources": [
+            { "id": "a", "url": url, "sha256": "0".repeat(64), "size": 1 }
+        ]})).unwrap();
+        if let Ok(manifest) = parse_manifest(&text) {
+            prop_assert!(manifest.resources[0].url.as_str().chars().count() <= 2048);
+            let again = parse_manifest(&written_back(&manifest.resources))
+                .map_err(|e| TestCaseError::fail(format!("written back, refused:\n{e}")))?;
+            prop_assert_eq!(again, manifest);
+        }
     }
 }
