@@ -149,15 +149,26 @@ pub fn join_location(base: &Url, value: &[u8]) -> Result<Url, String> {
         return Err("Location is empty".to_string());
     }
     base.join(text)
-        .map_err(|e| format!("invalid Location {:?}: {e}", shorten(text)))
+        .map_err(|e| format!("invalid Location {}: {e}", quoted(text)))
 }
 
-/// At most [`MAX_SHOWN_CHARS`] characters of `text`, with `…` when cut.
-fn shorten(text: &str) -> String {
-    match text.char_indices().nth(MAX_SHOWN_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
+/// `text` quoted and escaped, cut to at most [`MAX_SHOWN_CHARS`] characters
+/// of escaped text (never inside an escape), with `…` when cut. The cut
+/// comes after escaping, since escaping can double the length.
+fn quoted(text: &str) -> String {
+    let mut out = String::from("\"");
+    let mut shown = 0;
+    for c in text.chars() {
+        let piece: String = c.escape_debug().collect();
+        shown += piece.chars().count();
+        if shown > MAX_SHOWN_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push_str(&piece);
     }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -345,5 +356,11 @@ mod tests {
         let err = join(long.as_bytes()).unwrap_err();
         assert!(err.len() < 400, "{}", err.len());
         assert!(err.contains('…'), "{err}");
+        // Escaping doubles backslashes; the cut comes after it, between escapes.
+        let escaped = format!("https://[{}", "\\".repeat(5000));
+        let err = join(escaped.as_bytes()).unwrap_err();
+        let shown = err.split('"').nth(1).unwrap();
+        assert_eq!(shown.chars().count(), MAX_SHOWN_CHARS, "{err}");
+        assert!(shown.ends_with("\\\\…"), "{err}");
     }
 }

@@ -110,3 +110,24 @@ fn url_longer_than_the_limit_once_percent_encoded_is_refused() {
         parsed.resources
     );
 }
+
+/// Found by the `headers` target: the reason for an unparsable `Location`
+/// cut the server's text to 256 characters before escaping it, so a value
+/// of backslashes or quotes came out twice as long as promised.
+#[test]
+fn unparsable_location_reason_stays_short_after_escaping() {
+    let base = url::Url::parse("https://cdn.example.com/models/a.bin").unwrap();
+    for filler in ["\\", "\"", "\\\""] {
+        let value = format!("https://[{}Monday, \\>>>>0-", filler.repeat(2000));
+        let reason = gem_resources::headers::join_location(&base, value.as_bytes()).unwrap_err();
+        assert!(
+            reason.starts_with("invalid Location \"https://["),
+            "{reason}"
+        );
+        assert!(
+            reason.chars().count() <= 350,
+            "{} chars: {reason}",
+            reason.len()
+        );
+    }
+}
