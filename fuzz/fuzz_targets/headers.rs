@@ -62,10 +62,13 @@ fuzz_target!(|data: &[u8]| {
     }
 
     match metered("Location", n, || join_location(base(), data)) {
-        Ok(url) => {
+        // Only `https` hops are followed (check_hop refuses other schemes);
+        // the URL parser does not re-read every `file:` URL to itself.
+        Ok(url) if url.scheme() == "https" => {
             let again = Url::parse(url.as_str()).expect("a joined URL parses again");
             assert_eq!(again, url);
         }
+        Ok(_) => {}
         Err(reason) => assert!(reason.chars().count() <= 400, "{} chars", reason.len()),
     }
 });
