@@ -277,6 +277,15 @@ pub fn parse_https_url(text: &str) -> Result<Url, String> {
     if url.host().is_none() {
         return Err(format!("must have a host, got {}", shown()));
     }
+    // The parser percent-encodes non-ASCII text, so the address we store and
+    // read back can be longer than the one written; it must fit the limit
+    // too, or a stored registration would no longer read back.
+    let normalised = url.as_str().chars().count();
+    if normalised > MAX_URL_CHARS {
+        return Err(format!(
+            "must be at most {MAX_URL_CHARS} characters once percent-encoded, got {normalised}"
+        ));
+    }
     if !url.username().is_empty() || url.password().is_some() {
         let mut masked = url.clone();
         // Clearing the userinfo of an https URL with a host cannot fail; the

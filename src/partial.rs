@@ -176,6 +176,10 @@ impl Checkpointer {
 pub(crate) fn parse_name(name: &str) -> Option<(&str, u64)> {
     let stem = name.strip_suffix(".partial")?;
     let (sha, size) = stem.split_once('.')?;
+    // Digits only: `+5` would parse, and name the same file two ways.
+    if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     Some((sha, size.parse().ok()?))
 }
 
@@ -227,5 +231,6 @@ mod tests {
         );
         assert_eq!(parse_name(&format!("{sha}.12.partial.json")), None);
         assert_eq!(parse_name(&format!("{sha}.x.partial")), None);
+        assert_eq!(parse_name(&format!("{sha}.+5.partial")), None);
     }
 }

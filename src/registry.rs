@@ -256,26 +256,16 @@ impl Registry {
             return Ok(Some(hit.clone()));
         }
         self.cache.parses.fetch_add(1, Ordering::Relaxed);
-        let Some(reg) = read_json::<Registration>(&path)? else {
-            self.entries().remove(gem);
-            return Ok(None);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.entries().remove(gem);
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
-        // Records are ours, but a SHA-256 names folders in the store: one
-        // that is not a SHA-256 is treated as corruption, never as a path.
-        if let Some(bad) = reg
-            .resources
-            .iter()
-            .find(|r| !crate::store::is_sha256(&r.sha256))
-        {
-            return Err(Error::io(
-                "corrupted record",
-                &path,
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("resource {:?} has sha256 {:?}", bad.id, bad.sha256),
-                ),
-            ));
-        }
+        // Checked like a manifest, and it must name its own file.
+        let reg = read_registration(gem, &bytes, &path)?;
         let cached = Cached {
             stamp,
             shas: Arc::new(reg.resources.iter().map(|r| r.sha256.clone()).collect()),
@@ -524,6 +514,89 @@ fn gem_of_stem(stem: &str) -> Option<String> {
         stem.to_string()
     };
     valid_gem_id(&gem).then_some(gem)
+}
+
+/// Reads the bytes of `gems/<gem>.json` the way [`Registry::get`] does: a
+/// record that does not parse, or whose contents could steer a path, is a
+/// "corrupted record" error naming `path`.
+fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registration> {
+    let corrupted = |reason: String| {
+        Error::io(
+            "corrupted record",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        )
+    };
+    let reg: Registration = serde_json::from_slice(bytes).map_err(|e| corrupted(e.to_string()))?;
+    // The gem id names this record's file and, through `failures`, another
+    // one: a record must name its own file, never a path elsewhere.
+    if reg.gem != gem {
+        return Err(corrupted(format!(
+            "record of gem {:?} is stored as {gem:?}",
+            reg.gem
+        )));
+    }
+    // A damaged record must not bring back what manifest validation refuses
+    // (an empty, duplicate or control-character id, ...).
+    if let Err(error) = crate::manifest::validate(&manifest_form(&reg.resources)) {
+        let first = error.problems.first().map(ToString::to_string);
+        return Err(corrupted(first.unwrap_or_default()));
+    }
+    // Records are ours, but a SHA-256 names folders in the store: one
+    // that is not a SHA-256 is treated as corruption, never as a path.
+    if let Some(bad) = reg
+        .resources
+        .iter()
+        .find(|r| !crate::store::is_sha256(&r.sha256))
+    {
+        return Err(corrupted(format!(
+            "resource {:?} has sha256 {:?}",
+            bad.id, bad.sha256
+        )));
+    }
+    Ok(reg)
+}
+
+/// The manifest JSON that declares exactly `resources`.
+fn manifest_form(resources: &[Resource]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = resources
+        .iter()
+        .map(|r| {
+            let mut entry = serde_json::json!({
+                "id": r.id,
+                "url": r.url.as_str(),
+                "mirrors": r.mirrors.iter().map(url::Url::as_str).collect::<Vec<_>>(),
+                "sha256": r.sha256,
+                "size": r.size,
+                "required": r.required,
+            });
+            if let Some(text) = &r.description {
+                entry["description"] = serde_json::json!(text);
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({ "resources": entries })
+}
+
+/// Parses the bytes of a registration record of `gem` as [`Registry::get`]
+/// does; an entry point for the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_registration(gem: &str, bytes: &[u8]) -> Result<Registration> {
+    read_registration(gem, bytes, Path::new("<record>"))
+}
+
+/// Parses the bytes of a failure-records file as [`Registry::failures`]
+/// does; an entry point for the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_failures(bytes: &[u8]) -> Result<BTreeMap<String, FailureRecord>> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        Error::io(
+            "corrupted record",
+            Path::new("<record>"),
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })
 }
 
 fn json_stems(dir: &Path) -> Result<Vec<String>> {

@@ -429,12 +429,11 @@ impl Store {
         since: std::time::SystemTime,
     ) -> Option<SharedFailure> {
         let bytes = fs::read(self.failure_path(sha256)).ok()?;
-        let mut record: SharedFailure = serde_json::from_slice(&bytes).ok()?;
+        let record = parse_shared_failure(&bytes)?;
         let since_ns = since
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        record.code = record.code_text.parse().ok()?;
         (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
             .then_some(record)
     }
@@ -442,6 +441,16 @@ impl Store {
 
 fn unavailable() -> crate::error::ErrorCode {
     crate::error::ErrorCode::Unavailable
+}
+
+/// Reads a shared failure record as [`Store::failure_since`] does: `None`
+/// unless it parses and carries a known error code. An entry point for the
+/// fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
+    let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
+    record.code = record.code_text.parse().ok()?;
+    Some(record)
 }
 
 fn now_ns() -> u128 {
@@ -470,9 +479,18 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
         .filter_map(|e| e.ok())
         .filter_map(|entry| {
             let name = entry.file_name().to_str()?.to_string();
-            let (sha, size) = partial::parse_name(&name)?;
-            is_sha256(sha).then(|| (entry.path(), sha.to_string(), size))
+            let (sha, size) = parse_partial_name(&name)?;
+            Some((entry.path(), sha, size))
         })
+}
+
+/// The SHA-256 and declared size a partial file's name carries
+/// (`<sha256>.<size>.…partial`); `None` for any other name. An entry point for
+/// the fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
+    let (sha, size) = partial::parse_name(name)?;
+    is_sha256(sha).then(|| (sha.to_string(), size))
 }
 
 fn available_space(dir: &Path) -> Result<u64> {
