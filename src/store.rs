@@ -49,6 +49,8 @@ pub struct Store {
     /// Serialises "check free space, then create the partial file" within
     /// this process, so two downloads cannot both count the same free bytes.
     space: Arc<Mutex<()>>,
+    /// Fsyncs of `blobs/`, shared between downloads finishing together.
+    blobs_sync: Arc<GroupSync>,
 }
 
 /// An exclusive, cross-process lock on one SHA-256; released on drop.
@@ -73,6 +75,7 @@ impl Store {
         Ok(Store {
             root,
             space: Arc::new(Mutex::new(())),
+            blobs_sync: Arc::default(),
         })
     }
 
@@ -248,7 +251,7 @@ impl Store {
         fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
         if created {
             // The new folder's entry in `blobs/` must be durable too.
-            sync_dir(&blobs);
+            self.blobs_sync.sync(&blobs);
         }
         let dest = dir.join(name);
         fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
@@ -499,6 +502,56 @@ fn available_space(dir: &Path) -> Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
+/// Fsyncs of one folder shared between callers ("group commit"): a caller
+/// that arrives while an fsync runs waits for the next one, which covers
+/// every entry created before it started. Many downloads finishing together
+/// make one fsync of `blobs/`, not one each.
+#[derive(Debug, Default)]
+struct GroupSync {
+    state: Mutex<GroupState>,
+    done: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GroupState {
+    /// Requests so far.
+    requested: u64,
+    /// Requests covered by a finished fsync.
+    synced: u64,
+    /// Whether an fsync runs now.
+    running: bool,
+}
+
+impl GroupSync {
+    /// Returns once an fsync of `dir` that started after this call has
+    /// finished.
+    fn sync(&self, dir: &Path) {
+        self.run(|| sync_dir(dir));
+    }
+
+    /// [`GroupSync::sync`] with `flush` standing for the fsync.
+    fn run(&self, flush: impl Fn()) {
+        let lock = || self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock();
+        state.requested += 1;
+        let mine = state.requested;
+        while state.synced < mine {
+            if state.running {
+                state = self.done.wait(state).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            state.running = true;
+            let target = state.requested;
+            drop(state);
+            flush();
+            state = lock();
+            state.synced = target;
+            state.running = false;
+            self.done.notify_all();
+        }
+    }
+}
+
 fn sync_dir(dir: &Path) {
     // Makes the rename durable; a failure here loses nothing that was
     // verified, so it is not worth failing the download for.
@@ -522,4 +575,37 @@ fn check_sha256(sha256: &str) -> Result<()> {
 /// Whether `text` is 64 lowercase hex digits.
 pub fn is_sha256(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn callers_arriving_together_share_fsyncs_and_each_is_covered() {
+        let group = Arc::new(GroupSync::default());
+        let flushes = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (group, flushes) = (group.clone(), flushes.clone());
+                std::thread::spawn(move || {
+                    group.run(|| {
+                        flushes.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = flushes.load(Ordering::SeqCst);
+        assert!((1..8).contains(&n), "{n} fsyncs for 8 callers");
+        // A caller after all of them gets an fsync of its own.
+        group.run(|| {
+            flushes.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(flushes.load(Ordering::SeqCst), n + 1);
+    }
 }
