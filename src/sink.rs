@@ -252,8 +252,13 @@ impl Writer {
         let Target {
             mut file,
             offset,
-            checkpoints,
+            mut checkpoints,
         } = t;
+        if offset == 0 {
+            // A fresh start: the record of earlier bytes (maybe from another
+            // address) no longer describes the file.
+            checkpoints.record(0)?;
+        }
         file.set_len(offset)?;
         file.seek(io::SeekFrom::Start(offset))?;
         Ok(Writer {
