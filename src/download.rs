@@ -86,10 +86,7 @@ pub async fn download_with(
         .then(|| store.failure_since(&resource.sha256, resource.size, &addresses, waiting_since))
         .flatten();
     if let Some(failure) = shared {
-        return Err(Error::FailedElsewhere {
-            code: failure.code,
-            message: failure.message,
-        });
+        return Err(Error::failed_elsewhere(failure.code, failure.message));
     }
     let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
     let job = Job {

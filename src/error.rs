@@ -8,8 +8,16 @@
 //!   every address is [`Error::Unavailable`], listing every attempt.
 //!
 //! Every error has a `code()` ([`ErrorCode`], written as `E_RESOURCE_…` or
-//! `E_PERM_INVALID`) that programs and scripts can match on; the `Display`
-//! text names the resource, the address and the reason.
+//! `E_PERM_INVALID`) that programs and scripts can match on. The `Display`
+//! of an [`Error`] is a sentence for people, without the code: it names the
+//! resource, the address and the reason, e.g.
+//! `resource "model": needs 412000000 bytes but only 1024 bytes are free in
+//! /data/store (after 0 bytes still to be written by downloads in progress)`.
+//! Whoever shows it decides where the code goes (the command line prints
+//! `CODE: message`; an app may show the sentence and log the code). The
+//! details inside a message keep their own codes: each line of
+//! [`Error::Unavailable`]'s list is an [`Attempt`], whose `Display` starts
+//! with the attempt's code, as does each line of a [`ManifestError`].
 //!
 //! [`Error`] is cheap to clone (the one field that is not, an operating
 //! system error, is shared behind an [`Arc`]): a download shared by several
@@ -166,16 +174,19 @@ impl Attempt {
 /// Everything the library can fail with. Cheap to clone.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The manifest was rejected; nothing of it is used.
-    #[error("{0}")]
+    /// The manifest was rejected; nothing of it is used. One line per
+    /// problem, `path: message` (the [`ManifestError`] itself keeps the code
+    /// on each line).
+    #[error("{}", list_problems(.0))]
     Manifest(#[from] ManifestError),
-    /// One address checked or fetched on its own (auto-fill, `check-url`).
-    #[error("{0}")]
+    /// One address checked or fetched on its own (auto-fill, `check-url`):
+    /// the address, the hop and the reason (the [`Attempt`] itself keeps its
+    /// code in front).
+    #[error("{}{}: {}", .0.address, hop_suffix(&.0.address, .0.hop.as_ref()), .0.error)]
     Attempt(Box<Attempt>),
     /// Every address of a resource failed.
     #[error(
-        "{}: resource {resource:?}: every address failed{}",
-        "E_RESOURCE_UNAVAILABLE",
+        "resource {resource:?}: every address failed{}",
         list_attempts(attempts)
     )]
     Unavailable {
@@ -186,7 +197,9 @@ pub enum Error {
     },
     /// Another process sharing the store failed to download the same bytes
     /// from the same addresses while this call waited for it; its error,
-    /// as it reported it, is this call's result.
+    /// as it reported it, is this call's result. Build it with
+    /// [`Error::failed_elsewhere`], which drops a leading `E_…: ` that an
+    /// earlier version wrote into the message.
     #[error("{message}")]
     FailedElsewhere {
         /// The other download's error code.
@@ -196,7 +209,7 @@ pub enum Error {
     },
     /// Not enough free space for the download; nothing was requested.
     #[error(
-        "E_RESOURCE_DISK_SPACE: resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
+        "resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
         store.display()
     )]
     DiskSpace {
@@ -212,7 +225,7 @@ pub enum Error {
         store: PathBuf,
     },
     /// A local file operation failed.
-    #[error("E_RESOURCE_IO: {context} {}: {source}", path.display())]
+    #[error("{context} {}: {source}", path.display())]
     Io {
         /// What was being done.
         context: String,
@@ -222,14 +235,14 @@ pub enum Error {
         source: Arc<std::io::Error>,
     },
     /// The configuration (or a network policy built by the app) is invalid.
-    #[error("E_RESOURCE_CONFIG: {0}")]
+    #[error("{0}")]
     Config(String),
     /// An input (a SHA-256 in a record, a file to import) is not acceptable.
-    #[error("E_PERM_INVALID: {0}")]
+    #[error("{0}")]
     Invalid(String),
     /// A gem id breaks the rules of
     /// [`check_gem_id`](crate::registry::check_gem_id).
-    #[error("E_RESOURCE_GEM_ID: invalid gem id {id:?}: {reason}")]
+    #[error("invalid gem id {id:?}: {reason}")]
     GemId {
         /// The id as given (shortened when long).
         id: String,
@@ -237,10 +250,10 @@ pub enum Error {
         reason: &'static str,
     },
     /// No such gem or resource is installed.
-    #[error("E_RESOURCE_NOT_FOUND: {0}")]
+    #[error("{0}")]
     NotFound(String),
     /// The download was stopped (uninstall or shutdown).
-    #[error("E_RESOURCE_CANCELLED: resource {resource:?}: {reason}")]
+    #[error("resource {resource:?}: {reason}")]
     Cancelled {
         /// The resource id.
         resource: String,
@@ -249,10 +262,10 @@ pub enum Error {
     },
     /// The service was shut down ([`crate::Resources::shutdown`]); it takes
     /// no more calls. Open a new one to continue.
-    #[error("E_RESOURCE_SHUTDOWN: the resource service was shut down; open it again to continue")]
+    #[error("the resource service was shut down; open it again to continue")]
     Shutdown,
     /// [`crate::Resources::open`] was called outside a Tokio runtime.
-    #[error("E_RESOURCE_RUNTIME: the resource service needs a Tokio runtime for its downloads: open it inside one, or pass one with Resources::open_with_handle")]
+    #[error("the resource service needs a Tokio runtime for its downloads: open it inside one, or pass one with Resources::open_with_handle")]
     NoRuntime,
 }
 
@@ -284,6 +297,15 @@ impl From<String> for ConfigError {
     fn from(message: String) -> Self {
         ConfigError(message)
     }
+}
+
+fn list_problems(manifest: &ManifestError) -> String {
+    manifest
+        .problems
+        .iter()
+        .map(|p| format!("{}: {}", p.path, p.message))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn list_attempts(attempts: &[Attempt]) -> String {
@@ -321,6 +343,19 @@ impl Error {
             }
             other => other.code(),
         }
+    }
+
+    /// Builds an [`Error::FailedElsewhere`] from another process's record.
+    /// A message that starts with its own code (`E_…: `, as earlier
+    /// versions wrote it) loses that prefix, so that the message is a
+    /// sentence like every other error's and the code is not shown twice.
+    pub fn failed_elsewhere(code: ErrorCode, message: String) -> Self {
+        let message = message
+            .strip_prefix(code.as_str())
+            .and_then(|rest| rest.strip_prefix(": "))
+            .map(str::to_string)
+            .unwrap_or(message);
+        Error::FailedElsewhere { code, message }
     }
 
     /// Builds an [`Error::Io`].
@@ -375,6 +410,92 @@ mod tests {
         let long = "é".repeat(300);
         let cut = shorten(&long);
         assert_eq!(cut, format!("{}… (300 characters)", "é".repeat(256)));
+    }
+
+    fn attempt(error: AttemptError) -> Attempt {
+        Attempt {
+            address: Url::parse("https://cdn.test/m.bin").unwrap(),
+            hop: Some(Url::parse("https://other.test/m.bin").unwrap()),
+            error,
+        }
+    }
+
+    #[test]
+    fn no_error_displays_its_code_in_front() {
+        let gone = attempt(AttemptError::Http {
+            status: 404,
+            retry_after: None,
+        });
+        let manifest = ManifestError {
+            problems: vec![crate::manifest::Problem {
+                path: "manifest.resources[0].url".to_string(),
+                message: "must start with https://".to_string(),
+            }],
+        };
+        let errors = [
+            Error::Manifest(manifest),
+            Error::from(gone.clone()),
+            Error::Unavailable {
+                resource: "m".to_string(),
+                attempts: vec![gone.clone()],
+            },
+            Error::failed_elsewhere(ErrorCode::Http, "elsewhere".to_string()),
+            Error::DiskSpace {
+                resource: "m".to_string(),
+                needed: 10,
+                available: 1,
+                reserved: 0,
+                store: PathBuf::from("/store"),
+            },
+            Error::io("cannot read", "/store/x", std::io::Error::other("gone")),
+            Error::Config("network.mode: bad".to_string()),
+            Error::Invalid("not a SHA-256".to_string()),
+            Error::GemId {
+                id: "../x".to_string(),
+                reason: "must start with a letter or a digit",
+            },
+            Error::NotFound("gem \"g\" is not installed".to_string()),
+            Error::Cancelled {
+                resource: "m".to_string(),
+                reason: "uninstalled".to_string(),
+            },
+            Error::Shutdown,
+            Error::NoRuntime,
+        ];
+        for err in &errors {
+            let text = err.to_string();
+            assert!(!text.starts_with("E_"), "{text}");
+            assert!(!text.contains(&format!("{}:", err.code())), "{text}");
+        }
+        assert_eq!(
+            errors[0].to_string(),
+            "manifest.resources[0].url: must start with https://"
+        );
+        assert_eq!(
+            errors[1].to_string(),
+            "https://cdn.test/m.bin (redirected to https://other.test/m.bin): HTTP status 404 Not Found"
+        );
+        // The attempts listed are details and keep their codes.
+        assert_eq!(
+            errors[2].to_string(),
+            format!("resource \"m\": every address failed\n  - {gone}")
+        );
+        assert!(gone.to_string().starts_with("E_RESOURCE_HTTP: "));
+    }
+
+    #[test]
+    fn a_failure_shared_by_another_process_loses_its_code_in_front() {
+        let old = Error::failed_elsewhere(
+            ErrorCode::Unavailable,
+            "E_RESOURCE_UNAVAILABLE: resource \"m\": every address failed".to_string(),
+        );
+        assert_eq!(old.to_string(), "resource \"m\": every address failed");
+        assert_eq!(old.code(), ErrorCode::Unavailable);
+        let new = Error::failed_elsewhere(ErrorCode::Io, "cannot write /x: full".to_string());
+        assert_eq!(new.to_string(), "cannot write /x: full");
+        // Only its own code is taken off, and only in front.
+        let other = Error::failed_elsewhere(ErrorCode::Io, "E_RESOURCE_HTTP: x".to_string());
+        assert_eq!(other.to_string(), "E_RESOURCE_HTTP: x");
     }
 
     #[test]

@@ -387,7 +387,7 @@ impl Scheduler {
             Err(error) => {
                 // The Failed event below is what users see; the log line is
                 // for debugging only, so a failure is not printed twice.
-                tracing::debug!(gem, "{error}");
+                tracing::debug!(gem, "{}: {error}", error.code());
                 let record = FailureRecord::new(resource, &error);
                 for w in job.waiters() {
                     let write =
@@ -555,7 +555,7 @@ async fn record_outcome(
     tokio::select! {
         result = write => {
             if let Err(e) = result {
-                tracing::warn!("{e}");
+                tracing::warn!("{}: {e}", e.code());
             }
         }
         () = job.cancel.cancelled() => {}

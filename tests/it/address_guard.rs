@@ -279,7 +279,7 @@ async fn the_resolver_used_for_connecting_filters_answers() {
     let err = download(&f, &store, &resource, retry, &mut |_| {})
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("E_RESOURCE_ADDRESS"), "{err}");
+    assert_eq!(err.primary_cause(), "E_RESOURCE_ADDRESS", "{err}");
     assert!(err.to_string().contains("0.0.0.0"), "{err}");
     assert_eq!(env.origin.total_hits(), 0);
 

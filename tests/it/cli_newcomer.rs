@@ -131,6 +131,16 @@ async fn install_says_what_was_present_downloaded_and_failed() {
         ),
         "{err}"
     );
+    // The failure's own line: its code in front, then each address.
+    let failed = format!(
+        "E_RESOURCE_UNAVAILABLE: resource \"gone\": every address failed\n  - E_RESOURCE_HTTP: {gone}: HTTP status 404"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("E_RESOURCE_UNAVAILABLE: ")),
+        "{err}"
+    );
+    assert!(err.contains(&failed), "{err}");
     let again = env.run(&["install", "g", m.to_str().unwrap()]).await;
     let err = stderr(&again);
     assert!(err.contains("g is unchanged: "), "{err}");

@@ -165,3 +165,53 @@ async fn after_shutdown_every_call_fails_with_the_shutdown_code() {
     // Shutting down again is harmless.
     clone.shutdown().await;
 }
+
+/// The `Display` of a library error is a sentence for people: no code in
+/// front, the code is `code()`. (The command line still prints
+/// `CODE: message`: `cli_basics::fetch_of_an_unknown_id_fails_with_not_found`
+/// and `cli_basics::a_failed_resource_exits_1_with_its_codes_and_the_others_still_download`
+/// check those lines.)
+#[tokio::test]
+async fn a_library_error_reads_as_a_sentence_with_its_code_kept_apart() {
+    let env = Env::new().await;
+    let body = bytes(1000, 74);
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let gone = env.url("origin.test", "/gone.bin");
+    let mut huge = resource("huge", &env.serve("/huge.bin", &body), &[], &body);
+    huge.size = 1 << 60;
+    let service = Resources::open(&env.config()).unwrap();
+    let errors = [
+        (
+            fetch_with(&env, &huge, no_retry()).await.unwrap_err(),
+            ErrorCode::DiskSpace,
+            "\"huge\"",
+        ),
+        (
+            service.path("nobody", "r").await.unwrap_err(),
+            ErrorCode::NotFound,
+            "\"nobody\"",
+        ),
+        (
+            service
+                .install("../x", &manifest(json!([])))
+                .await
+                .unwrap_err(),
+            ErrorCode::GemId,
+            "\"../x\"",
+        ),
+        (
+            fetch_with(&env, &resource("gone", &gone, &[], &body), no_retry())
+                .await
+                .unwrap_err(),
+            ErrorCode::Unavailable,
+            "\"gone\"",
+        ),
+    ];
+    for (err, code, names) in errors {
+        let text = err.to_string();
+        assert_eq!(err.code(), code, "{text}");
+        assert!(!text.starts_with("E_"), "{text}");
+        assert!(!text.starts_with(code.as_str()), "{text}");
+        assert!(text.contains(names), "{text}");
+    }
+}

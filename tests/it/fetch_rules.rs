@@ -396,7 +396,7 @@ async fn when_every_address_fails_each_is_listed_with_its_own_code() {
     assert_eq!(addresses, [&url, &mirrors[0], &mirrors[1], &mirrors[2]]);
     let text = err.to_string();
     assert!(
-        text.starts_with("E_RESOURCE_UNAVAILABLE: resource \"all\""),
+        text.starts_with("resource \"all\": every address failed\n  - E_RESOURCE_HTTP: "),
         "{text}"
     );
     for a in attempts(&err) {

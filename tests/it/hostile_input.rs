@@ -136,7 +136,7 @@ async fn the_allowlist_applies_to_a_redirect_hop() {
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("E_RESOURCE_POLICY"), "{text}");
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{text}");
     assert!(text.contains("other.test"), "{text}");
     assert_eq!(env.origin.hits("/hop.bin"), 1);
     assert_eq!(env.origin.hits("/target.bin"), 0);

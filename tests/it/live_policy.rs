@@ -78,9 +78,16 @@ async fn a_download_from_a_host_that_becomes_blocked_stops_within_a_second() {
         "{:?}",
         changed.elapsed()
     );
-    let Event::Failed { message, .. } = failed else {
+    let Event::Failed {
+        primary_cause,
+        message,
+        ..
+    } = failed
+    else {
         unreachable!()
     };
+    assert_eq!(primary_cause, "E_RESOURCE_POLICY", "{message}");
+    // The attempt's line inside the message keeps its code (a detail).
     assert!(message.contains("E_RESOURCE_POLICY"), "{message}");
     let status = service.status(Some("g")).unwrap();
     let record = serde_json::to_string(&status).unwrap();
@@ -185,7 +192,7 @@ async fn a_redirect_hop_to_a_host_blocked_after_start_is_refused() {
     let err = download(&fetcher, &store, &r, retry, &mut |_| {})
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("E_RESOURCE_POLICY"), "{err}");
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
     assert!(err.to_string().contains("mirror.test"), "{err}");
     assert_eq!(env.origin.hits("/target.bin"), 0);
     // And allowed again, it goes through.

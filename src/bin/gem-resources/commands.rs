@@ -45,7 +45,7 @@ fn report_error(e: &Error, json: bool) {
     if json {
         print_json(&render::error_json(e));
     } else {
-        crate::errln!("{e}");
+        crate::errln!("{}", render::error_text(e));
     }
 }
 
@@ -308,7 +308,7 @@ async fn fetch(
                     value["id"] = json!(resource.id);
                     results.push(value);
                 } else {
-                    crate::errln!("{e}");
+                    crate::errln!("{}", render::error_text(&e));
                 }
             }
         }

@@ -55,7 +55,7 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
                     entry["outcome"] = json!("error");
                     entries.push(entry);
                 } else {
-                    crate::errln!("{}: {e}", file.display());
+                    crate::errln!("{}: {}", file.display(), render::error_text(&e));
                 }
             }
         }

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use gem_resources::{Config, Resources};
 use sha2::{Digest, Sha256};
 
+use crate::render::error_text;
+
 /// The configuration `serve` runs with and where it came from.
 pub struct Reloader {
     /// The configuration file, if `serve` was started with one.
@@ -52,14 +54,20 @@ impl Reloader {
         let new = match Config::load(&path) {
             Ok(new) => new,
             Err(e) => {
-                tracing::error!("configuration rejected; keeping the running one: {e}");
+                tracing::error!(
+                    "configuration rejected; keeping the running one: {}",
+                    error_text(&e)
+                );
                 return;
             }
         };
         let policy = match new.policy() {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!("configuration rejected; keeping the running one: {e}");
+                tracing::error!(
+                    "configuration rejected; keeping the running one: {}",
+                    error_text(&e)
+                );
                 return;
             }
         };
@@ -80,7 +88,9 @@ impl Reloader {
                     queued,
                     "network policy reloaded"
                 ),
-                Err(e) => tracing::error!("cannot apply the new network policy: {e}"),
+                Err(e) => {
+                    tracing::error!("cannot apply the new network policy: {}", error_text(&e))
+                }
             }
             self.running.network.mode = new.network.mode;
             self.running.network.hosts = new.network.hosts.clone();

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gem_resources::error::Attempt;
+use gem_resources::error::{Attempt, ErrorCode};
 use gem_resources::Error;
 use serde_json::{json, Value};
 
@@ -39,6 +39,22 @@ impl Write for LogWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         std::io::stderr().flush()
     }
+}
+
+/// An error for people, as the command line prints it: `CODE: message`
+/// (the library's `Display` is the message alone). A rejected manifest is
+/// one `E_PERM_INVALID: path: message` line per problem.
+pub fn error_text(e: &Error) -> String {
+    match e {
+        Error::Manifest(m) => m.to_string(),
+        _ => failure_text(e.code(), &e.to_string()),
+    }
+}
+
+/// A failure reported with its code apart (an `Event::Failed`, a failure
+/// record), as the command line prints it: `CODE: message`.
+pub fn failure_text(code: ErrorCode, message: &str) -> String {
+    format!("{code}: {message}")
 }
 
 /// One attempt as JSON.
@@ -174,6 +190,24 @@ pub fn utc(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_is_printed_with_its_code_in_front() {
+        let e = Error::NotFound("gem \"g\" is not installed".to_string());
+        assert_eq!(
+            error_text(&e),
+            "E_RESOURCE_NOT_FOUND: gem \"g\" is not installed"
+        );
+        let m = gem_resources::parse_manifest(br#"{"resources": 3}"#).unwrap_err();
+        assert_eq!(
+            error_text(&Error::from(m)),
+            "E_PERM_INVALID: manifest.resources: must be an array, got number"
+        );
+        assert_eq!(
+            failure_text(ErrorCode::Http, "x: HTTP status 404"),
+            "E_RESOURCE_HTTP: x: HTTP status 404"
+        );
+    }
 
     #[test]
     fn utc_formats_known_instants() {

@@ -21,6 +21,7 @@ use gem_resources::{parse_manifest, Resources};
 use sha2::{Digest, Sha256};
 
 use crate::reload::Reloader;
+use crate::render::error_text;
 use crate::watch::{self, Output};
 
 /// Manifest file names, in the order they are looked for.
@@ -98,7 +99,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // problem is reported once and the installed version kept.
                 let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
                 if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
-                    tracing::error!(gem, "{e}; keeping the installed version");
+                    tracing::error!(gem, "{}; keeping the installed version", error_text(&e));
                 }
                 continue;
             }
@@ -119,7 +120,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                     )
                 }
                 // Not remembered: the next scan tries again.
-                Err(e) => tracing::error!(gem, "install failed: {e}"),
+                Err(e) => tracing::error!(gem, "install failed: {}", error_text(&e)),
             },
             Err(e) => {
                 // Remembered, so an unchanged invalid manifest is reported
@@ -150,7 +151,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         seen.manifests.remove(gem);
         match service.uninstall(gem).await {
             Ok(report) => tracing::info!(gem, deleted = report.deleted.len(), "uninstalled"),
-            Err(e) => tracing::error!(gem, "uninstall failed: {e}"),
+            Err(e) => tracing::error!(gem, "uninstall failed: {}", error_text(&e)),
         }
     }
     Ok(())

@@ -262,7 +262,7 @@ fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         print_json(&render::error_json(e));
     } else {
-        crate::errln!("{e}");
+        crate::errln!("{}", render::error_text(e));
     }
     Ok(ExitCode::from(1))
 }
@@ -298,7 +298,9 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
         } => {
             crate::errln!("verified {gem}/{resource}: {}", path.display())
         }
-        Event::Failed { message, .. } => crate::errln!("{message}"),
+        Event::Failed { code, message, .. } => {
+            crate::errln!("{}", render::failure_text(*code, message))
+        }
         Event::Deleted { sha256 } => crate::errln!("deleted {sha256}"),
         _ => {}
     }
