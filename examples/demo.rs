@@ -116,7 +116,7 @@ async fn main() -> Outcome {
     let redirect = Url::parse(&origin.url("cdn.test", "/redirect-to-http"))?;
     match fetcher.autofill(&redirect, 1 << 30).await {
         Ok(_) => println!("   unexpected: redirect followed"),
-        Err(e) => println!("   {e}"),
+        Err(e) => println!("   {}: {e}", e.code()),
     }
 
     step("4. auto-fill");
