@@ -86,7 +86,7 @@ async fn main() -> Outcome {
         ..resource.clone()
     };
     if let Err(e) = download(&fetcher, &scratch, &url_only, retry, &mut |_| {}).await {
-        println!("   url alone -> {e}");
+        println!("   url alone -> {}: {e}", e.code());
     }
     let path = download(&fetcher, &scratch, resource, retry, &mut |_| {}).await?;
     println!(
