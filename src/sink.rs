@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::partial::Checkpointer;
 
-/// Chunks in flight between the network and the writer thread. Chunks are
-/// at most a few hundred KiB, so this bounds the memory of one transfer.
-const CHANNEL_CHUNKS: usize = 16;
+/// Batches in flight between the network and the writer thread (each about
+/// [`BATCH_BYTES`]), which bounds the memory of one transfer.
+const CHANNEL_CHUNKS: usize = 8;
 
 /// Start the kernel's write-back of every window of this many bytes as soon
 /// as it is written, so the final flush has little left to do.
@@ -43,11 +43,15 @@ pub const CHECKPOINT_BYTES: u64 = 512 << 20;
 /// a silent server loses at most this much progress to a crash.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
+/// Chunks are handed over in batches of about this many bytes: one wake-up
+/// of the writer per batch instead of one per TLS record.
+const BATCH_BYTES: usize = 256 << 10;
+
 /// Buffer for re-reading a kept prefix to rebuild the hash.
 const REHASH_BUFFER: usize = 1 << 20;
 
 enum Msg {
-    Data(Bytes),
+    Data(Vec<Bytes>),
     /// Flush and record what arrived so far, if anything new did (the
     /// network side asks every [`CHECKPOINT_EVERY`], so bytes that arrived
     /// just before a long silence are recorded too).
@@ -72,6 +76,10 @@ pub(crate) struct Sink {
     tx: Option<mpsc::Sender<Msg>>,
     /// Receives the writer's first error, if it fails before `finish`.
     failed: Option<oneshot::Receiver<io::Error>>,
+    /// Chunks not handed over yet.
+    batch: Vec<Bytes>,
+    /// Their bytes.
+    batch_len: usize,
 }
 
 /// What the writer thread writes into.
@@ -109,6 +117,8 @@ impl Sink {
             Ok(_) => Sink {
                 tx: Some(tx),
                 failed: Some(fail_rx),
+                batch: Vec::new(),
+                batch_len: 0,
             },
             Err(e) => {
                 // No thread: every call reports this error.
@@ -117,6 +127,8 @@ impl Sink {
                 Sink {
                     tx: None,
                     failed: Some(fail_rx),
+                    batch: Vec::new(),
+                    batch_len: 0,
                 }
             }
         }
@@ -124,11 +136,27 @@ impl Sink {
 
     /// Hands one chunk to the writer, waiting while it is behind.
     pub(crate) async fn write(&mut self, chunk: Bytes) -> io::Result<()> {
-        self.send(Msg::Data(chunk)).await
+        self.batch_len += chunk.len();
+        self.batch.push(chunk);
+        if self.batch_len >= BATCH_BYTES {
+            self.flush_batch().await?;
+        }
+        Ok(())
+    }
+
+    /// Hands the chunks gathered so far to the writer.
+    async fn flush_batch(&mut self) -> io::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.batch_len = 0;
+        let batch = std::mem::take(&mut self.batch);
+        self.send(Msg::Data(batch)).await
     }
 
     /// Asks the writer to record what arrived so far (without waiting).
     pub(crate) async fn checkpoint(&mut self) -> io::Result<()> {
+        self.flush_batch().await?;
         self.send(Msg::Checkpoint).await
     }
 
@@ -136,6 +164,7 @@ impl Sink {
     /// recorded. Errors are logged, not returned: the transfer is failing
     /// for another reason already.
     pub(crate) async fn close(mut self) {
+        let _ = self.flush_batch().await;
         let (tx, rx) = oneshot::channel();
         if self.send(Msg::Close(tx)).await.is_ok() {
             let _ = rx.await;
@@ -144,6 +173,7 @@ impl Sink {
 
     /// Flushes everything and returns the length and digest.
     pub(crate) async fn finish(mut self) -> io::Result<Finished> {
+        self.flush_batch().await?;
         let (tx, rx) = oneshot::channel();
         self.send(Msg::Finish(tx)).await?;
         match rx.await {
@@ -189,11 +219,13 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
     }
     while let Some(msg) = rx.blocking_recv() {
         match msg {
-            Msg::Data(chunk) => {
-                hasher.update(&chunk);
-                len += chunk.len() as u64;
-                if let Some(w) = &mut writer {
-                    w.write(&chunk, len)?;
+            Msg::Data(batch) => {
+                for chunk in batch {
+                    hasher.update(&chunk);
+                    len += chunk.len() as u64;
+                    if let Some(w) = &mut writer {
+                        w.write(&chunk, len)?;
+                    }
                 }
             }
             Msg::Checkpoint => {
