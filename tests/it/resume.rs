@@ -279,29 +279,32 @@ async fn a_download_killed_with_sigkill_resumes_in_the_next_process() {
     assert_eq!(env.origin.served("/kill.bin"), body.len() as u64);
 }
 
+/// Serves `status` with `Retry-After: value` once, then `body`; downloads
+/// it and returns how long that took (two requests, checked).
+async fn busy_then_ready(env: &Env, path: &str, status: u16, value: &str, body: &[u8]) -> Duration {
+    env.origin.route(
+        path,
+        Behaviour::Sequence(vec![
+            Behaviour::RetryAfter {
+                status,
+                value: value.into(),
+            },
+            Behaviour::Body(body.to_vec()),
+        ]),
+    );
+    let r = resource("busy", &env.url("origin.test", path), &[], body);
+    let start = Instant::now();
+    fetch(env, &r, quick()).await.unwrap();
+    assert_eq!(env.origin.hits(path), 2);
+    start.elapsed()
+}
+
 #[tokio::test]
 async fn retry_after_in_seconds_is_honoured() {
     let env = Env::new().await;
     let body = bytes(10_000, 99);
-    env.origin.route(
-        "/busy.bin",
-        Behaviour::Sequence(vec![
-            Behaviour::RetryAfter {
-                status: 503,
-                value: "1".into(),
-            },
-            Behaviour::Body(body.clone()),
-        ]),
-    );
-    let r = resource("busy", &env.url("origin.test", "/busy.bin"), &[], &body);
-    let start = Instant::now();
-    fetch(&env, &r, quick()).await.unwrap();
-    assert!(
-        start.elapsed() >= Duration::from_millis(950),
-        "{:?}",
-        start.elapsed()
-    );
-    assert_eq!(env.origin.hits("/busy.bin"), 2);
+    let waited = busy_then_ready(&env, "/busy.bin", 503, "1", &body).await;
+    assert!(waited >= Duration::from_millis(950), "{waited:?}");
 }
 
 #[tokio::test]
@@ -309,26 +312,9 @@ async fn retry_after_as_an_http_date_is_honoured() {
     let env = Env::new().await;
     let body = bytes(10_000, 100);
     let when = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(2));
-    env.origin.route(
-        "/date.bin",
-        Behaviour::Sequence(vec![
-            Behaviour::RetryAfter {
-                status: 429,
-                value: when,
-            },
-            Behaviour::Body(body.clone()),
-        ]),
-    );
-    let r = resource("d", &env.url("origin.test", "/date.bin"), &[], &body);
-    let start = Instant::now();
-    fetch(&env, &r, quick()).await.unwrap();
+    let waited = busy_then_ready(&env, "/date.bin", 429, &when, &body).await;
     // HTTP dates have whole seconds: at least one second is left.
-    assert!(
-        start.elapsed() >= Duration::from_millis(900),
-        "{:?}",
-        start.elapsed()
-    );
-    assert_eq!(env.origin.hits("/date.bin"), 2);
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
 }
 
 #[tokio::test]

@@ -165,26 +165,12 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the
+/// library's RFC 3339 text, spelled for people).
 pub fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60
-    )
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    let text = gem_resources::time::to_rfc3339(when);
+    format!("{} UTC", text.trim_end_matches('Z').replacen('T', " ", 1))
 }
 
 #[cfg(test)]
