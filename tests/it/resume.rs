@@ -519,3 +519,83 @@ async fn a_silent_resumable_transfer_still_stalls_out_while_its_bytes_are_record
     let store = Store::open(&env.store_dir()).unwrap();
     assert_eq!(store.partial_len(&r.sha256), Some(cut as u64));
 }
+
+/// Installs gem `g` declaring `body` (lazy) on a route that breaks off half
+/// way, and leaves its kept bytes behind with one failed `path`.
+async fn gem_with_kept_bytes(env: &Env, body: &[u8]) -> gem_resources::Resources {
+    env.origin.route(
+        "/kept.bin",
+        Behaviour::ranged_cut(body, "\"v1\"", body.len() / 2),
+    );
+    let url = env.url("origin.test", "/kept.bin");
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("k", &url, body)])))
+        .await
+        .unwrap();
+    assert!(service.path("g", "k").await.is_err());
+    let kept = service.store().partial_len(&sha256_hex(body));
+    assert!(kept.is_some_and(|n| n > 0), "{kept:?}");
+    service
+}
+
+#[tokio::test]
+async fn uninstall_removes_the_kept_bytes_of_its_files() {
+    let env = Env::new().await;
+    let body = bytes(400_000, 107);
+    let service = gem_with_kept_bytes(&env, &body).await;
+    service.uninstall("g").await.unwrap();
+    assert_eq!(service.store().partial_len(&sha256_hex(&body)), None);
+    assert!(tmp_files(&env).is_empty(), "{:?}", tmp_files(&env));
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn start_keeps_declared_partial_files_and_removes_undeclared_ones() {
+    let env = Env::new().await;
+    let body = bytes(400_000, 108);
+    let service = gem_with_kept_bytes(&env, &body).await;
+    // Bytes of a file no gem declares (a `fetch` of another manifest).
+    let other = bytes(300_000, 109);
+    env.origin.route(
+        "/other.bin",
+        Behaviour::ranged_cut(&other, "\"v1\"", other.len() / 2),
+    );
+    let r = resource("o", &env.url("origin.test", "/other.bin"), &[], &other);
+    assert!(fetch(
+        &env,
+        &r,
+        RetryPolicy {
+            retries: 0,
+            ..quick()
+        }
+    )
+    .await
+    .is_err());
+    assert!(service.store().partial_len(&r.sha256).is_some());
+    service.start().await.unwrap();
+    service.wait_idle().await;
+    assert!(
+        service.store().partial_len(&sha256_hex(&body)).is_some(),
+        "declared: kept"
+    );
+    assert_eq!(
+        service.store().partial_len(&r.sha256),
+        None,
+        "undeclared: removed"
+    );
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn start_removes_partial_files_older_than_the_configured_age() {
+    let env = Env::new().await;
+    let body = bytes(400_000, 110);
+    drop(gem_with_kept_bytes(&env, &body).await);
+    env.write_config("partial_max_age_days = 0");
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    service.start().await.unwrap();
+    service.shutdown().await;
+    assert_eq!(service.store().partial_len(&sha256_hex(&body)), None);
+    assert!(tmp_files(&env).is_empty(), "{:?}", tmp_files(&env));
+}
