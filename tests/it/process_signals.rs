@@ -107,3 +107,50 @@ async fn a_closed_stdout_ends_the_command_quietly_with_its_exit_status() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
+    let env = Env::new().await;
+    let body = bytes(2_000_000, 85);
+    let cut = body.len() / 2;
+    env.origin.route(
+        "/held.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"v1\"".into(),
+            ignore_range: false,
+            cut_at: Some(cut),
+            hold: true,
+            pace: None,
+        },
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
+    let log = env.dir.path().join("fetch.log");
+    let mut child = spawn_quiet(&env, &["fetch", manifest.to_str().unwrap()], &log);
+    wait_until("the first half arrived", || {
+        env.origin.served("/held.bin") >= cut as u64
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(std::time::Instant::now() < deadline, "fetch did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("of held.bin kept; the next run continues"),
+        "{stderr}"
+    );
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    assert_eq!(store.partial_len(&sha256_hex(&body)), Some(cut as u64));
+}
