@@ -151,6 +151,8 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
         stderr.contains("of held.bin kept; the next run continues"),
         "{stderr}"
     );
+    // What had arrived when the signal came is kept and recorded.
     let store = gem_resources::Store::open(&env.store_dir()).unwrap();
-    assert_eq!(store.partial_len(&sha256_hex(&body)), Some(cut as u64));
+    let kept = store.partial_len(&sha256_hex(&body));
+    assert!(kept.is_some_and(|n| n > 0 && n <= cut as u64), "{kept:?}");
 }
