@@ -113,17 +113,8 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let env = Env::new().await;
     let body = bytes(2_000_000, 85);
     let cut = body.len() / 2;
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Ranged {
-            body: body.clone(),
-            etag: "\"v1\"".into(),
-            ignore_range: false,
-            cut_at: Some(cut),
-            hold: true,
-            pace: None,
-        },
-    );
+    env.origin
+        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
     let url = env.url("origin.test", "/held.bin");
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     let log = env.dir.path().join("fetch.log");

@@ -239,17 +239,8 @@ async fn a_download_killed_with_sigkill_resumes_in_the_next_process() {
     let env = Env::new().await;
     let body = bytes(3_000_000, 98);
     let cut = body.len() / 2;
-    env.origin.route(
-        "/kill.bin",
-        Behaviour::Ranged {
-            body: body.clone(),
-            etag: "\"v1\"".into(),
-            ignore_range: false,
-            cut_at: Some(cut),
-            hold: true,
-            pace: None,
-        },
-    );
+    env.origin
+        .route("/kill.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
     let url = env.url("origin.test", "/kill.bin");
     let manifest = env.write_manifest("m.json", json!([entry("kill", &url, &body)]));
     let mut child = Command::new(env!("CARGO_BIN_EXE_gem-resources"))
@@ -411,14 +402,7 @@ async fn a_cancelled_download_keeps_its_bytes_and_is_not_a_failure() {
     let body = bytes(2_000_000, 104);
     env.origin.route(
         "/c.bin",
-        Behaviour::Ranged {
-            body: body.clone(),
-            etag: "\"v1\"".into(),
-            ignore_range: false,
-            cut_at: Some(body.len() / 4),
-            hold: true,
-            pace: None,
-        },
+        Behaviour::ranged_held(&body, "\"v1\"", body.len() / 4),
     );
     let r = resource("c", &env.url("origin.test", "/c.bin"), &[], &body);
     let config = env.config();
@@ -490,17 +474,8 @@ async fn a_silent_resumable_transfer_still_stalls_out_while_its_bytes_are_record
     env.write_config("stall_timeout_secs = 3");
     let body = bytes(1_000_000, 106);
     let cut = body.len() / 2;
-    env.origin.route(
-        "/quiet.bin",
-        Behaviour::Ranged {
-            body: body.clone(),
-            etag: "\"v1\"".into(),
-            ignore_range: false,
-            cut_at: Some(cut),
-            hold: true,
-            pace: None,
-        },
-    );
+    env.origin
+        .route("/quiet.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
     let r = resource("q", &env.url("origin.test", "/quiet.bin"), &[], &body);
     let no_retry = RetryPolicy {
         retries: 0,

@@ -168,23 +168,26 @@ impl Behaviour {
 
     /// [`Behaviour::Ranged`] that resets the connection at `cut`.
     pub fn ranged_cut(body: &[u8], etag: &str, cut: usize) -> Behaviour {
-        match Behaviour::ranged(body, etag) {
-            Behaviour::Ranged {
-                body,
-                etag,
-                ignore_range,
-                hold,
-                pace,
-                ..
-            } => Behaviour::Ranged {
-                body,
-                etag,
-                ignore_range,
-                cut_at: Some(cut),
-                hold,
-                pace,
-            },
-            other => other,
+        Behaviour::Ranged {
+            body: body.to_vec(),
+            etag: etag.to_string(),
+            ignore_range: false,
+            cut_at: Some(cut),
+            hold: false,
+            pace: None,
+        }
+    }
+
+    /// [`Behaviour::Ranged`] that sends up to `cut`, then holds the
+    /// connection open, silent.
+    pub fn ranged_held(body: &[u8], etag: &str, cut: usize) -> Behaviour {
+        Behaviour::Ranged {
+            body: body.to_vec(),
+            etag: etag.to_string(),
+            ignore_range: false,
+            cut_at: Some(cut),
+            hold: true,
+            pace: None,
         }
     }
 }
