@@ -22,7 +22,7 @@
 //! server drips bytes just fast enough not to stall, can therefore never
 //! keep another gem from starting a download.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -46,8 +46,10 @@ struct State {
     held_by_gem: HashMap<String, usize>,
     /// Slots held per key.
     held: HashMap<String, usize>,
-    /// Waiting acquirers, oldest first.
-    waiters: Vec<Waiter>,
+    /// Waiting acquirers, by gem and key, each queue oldest first. Waiters
+    /// of one queue can all take a slot or none can, so choosing the next
+    /// one costs a look per queue, not per waiter.
+    queues: Vec<Queue>,
     /// Slots handed out per gem so far, for fair sharing.
     served: HashMap<String, u64>,
     /// Next waiter id.
@@ -55,10 +57,16 @@ struct State {
 }
 
 #[derive(Debug)]
-struct Waiter {
-    id: u64,
+struct Queue {
     gem: String,
     key: String,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    /// Arrival order over all queues.
+    id: u64,
     urgent: Arc<AtomicBool>,
     wake: oneshot::Sender<()>,
 }
@@ -93,9 +101,7 @@ impl Drop for Pending<'_> {
             return;
         }
         let mut state = self.limiter.lock();
-        let before = state.waiters.len();
-        state.waiters.retain(|w| w.id != self.id);
-        let was_waiting = state.waiters.len() != before;
+        let was_waiting = state.forget(&self.gem, &self.key, self.id);
         drop(state);
         if !was_waiting {
             // The slot was handed over while the acquirer went away.
@@ -105,6 +111,29 @@ impl Drop for Pending<'_> {
 }
 
 impl State {
+    /// Removes waiter `id` of the queue of `gem` and `key`; whether it was
+    /// still waiting.
+    fn forget(&mut self, gem: &str, key: &str, id: u64) -> bool {
+        let Some(q) = self.queue_index(gem, key) else {
+            return false;
+        };
+        let queue = &mut self.queues[q].waiters;
+        let Some(i) = queue.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        queue.remove(i);
+        if queue.is_empty() {
+            self.queues.swap_remove(q);
+        }
+        true
+    }
+
+    fn queue_index(&self, gem: &str, key: &str) -> Option<usize> {
+        self.queues
+            .iter()
+            .position(|q| q.gem == gem && q.key == key)
+    }
+
     fn can_take(&self, gem: &str, key: &str) -> bool {
         self.available > 0
             && self.held.get(key).copied().unwrap_or(0) < self.per_key
@@ -146,7 +175,7 @@ impl Limiter {
                 per_gem: slots.saturating_sub(1).max(1),
                 held_by_gem: HashMap::new(),
                 held: HashMap::new(),
-                waiters: Vec::new(),
+                queues: Vec::new(),
                 served: HashMap::new(),
                 next_id: 0,
             }),
@@ -179,13 +208,19 @@ impl Limiter {
             }
             let id = state.next_id;
             state.next_id += 1;
-            state.waiters.push(Waiter {
+            let waiter = Waiter {
                 id,
-                gem: gem.to_string(),
-                key: key.to_string(),
                 urgent: urgent.clone(),
                 wake: tx,
-            });
+            };
+            match state.queue_index(gem, key) {
+                Some(q) => state.queues[q].waiters.push_back(waiter),
+                None => state.queues.push(Queue {
+                    gem: gem.to_string(),
+                    key: key.to_string(),
+                    waiters: VecDeque::from([waiter]),
+                }),
+            }
             id
         };
         let mut pending = Pending {
@@ -208,7 +243,7 @@ impl Limiter {
     /// Waiters waiting now (for status and tests).
     #[cfg(test)]
     pub(crate) fn waiting(&self) -> usize {
-        self.lock().waiters.len()
+        self.lock().queues.iter().map(|q| q.waiters.len()).sum()
     }
 
     /// Slots `gem` holds now (for tests).
@@ -220,32 +255,56 @@ impl Limiter {
     fn release(&self, gem: &str, key: &str) {
         let mut state = self.lock();
         state.give_back(gem, key);
-        while let Some(index) = pick(&state) {
-            let waiter = state.waiters.remove(index);
-            state.take(&waiter.gem, &waiter.key);
+        while let Some((q, i)) = pick(&state) {
+            let queue = &mut state.queues[q];
+            let (gem, key) = (queue.gem.clone(), queue.key.clone());
+            let Some(waiter) = queue.waiters.remove(i) else {
+                break;
+            };
+            if queue.waiters.is_empty() {
+                state.queues.swap_remove(q);
+            }
+            state.take(&gem, &key);
             if waiter.wake.send(()).is_err() {
                 // That acquirer is gone; offer the slot to the next one.
-                state.give_back(&waiter.gem, &waiter.key);
+                state.give_back(&gem, &key);
             }
         }
     }
 }
 
-/// The waiter that gets the next slot, among those that can take one.
-fn pick(state: &State) -> Option<usize> {
-    let eligible = || {
+/// The waiter that gets the next slot, among those that can take one, as
+/// (queue, position in it): the oldest urgent one, else the oldest of the
+/// gem served least.
+fn pick(state: &State) -> Option<(usize, usize)> {
+    let open = || {
         state
-            .waiters
+            .queues
             .iter()
             .enumerate()
-            .filter(|(_, w)| state.can_take(&w.gem, &w.key))
+            .filter(|(_, q)| state.can_take(&q.gem, &q.key))
     };
-    if let Some((i, _)) = eligible().find(|(_, w)| w.urgent.load(Ordering::Relaxed)) {
-        return Some(i);
+    let urgent = open()
+        .filter_map(|(qi, q)| {
+            let (i, w) = q
+                .waiters
+                .iter()
+                .enumerate()
+                .find(|(_, w)| w.urgent.load(Ordering::Relaxed))?;
+            Some((w.id, qi, i))
+        })
+        .min();
+    if let Some((_, q, i)) = urgent {
+        return Some((q, i));
     }
-    eligible()
-        .min_by_key(|(i, w)| (state.served.get(&w.gem).copied().unwrap_or(0), *i))
-        .map(|(i, _)| i)
+    open()
+        .filter_map(|(qi, q)| {
+            let front = q.waiters.front()?;
+            let served = state.served.get(&q.gem).copied().unwrap_or(0);
+            Some((served, front.id, qi))
+        })
+        .min()
+        .map(|(_, _, q)| (q, 0))
 }
 
 #[cfg(test)]
