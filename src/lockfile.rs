@@ -5,6 +5,13 @@
 //! process (and the runtime waiting on the thread) until the other process
 //! finished. So waiting is a `try_lock` poll with an async sleep in between;
 //! dropping the future ends the wait at once.
+//!
+//! Keyed locks ([`try_lock_key`]) are many locks in one file: on Linux, a
+//! lock on one byte of a shared file (an open-file-description lock, so two
+//! tasks of one process exclude each other as two processes do), at an
+//! offset taken from the key. No file is created per key, so locking
+//! thousands of keys creates no inodes and leaves nothing behind. Elsewhere,
+//! a lock file per key next to the shared one.
 
 use std::fs::{self, File, TryLockError};
 use std::path::Path;
@@ -39,13 +46,71 @@ pub(crate) fn try_lock(path: &Path) -> Result<Option<File>> {
 
 /// Waits for the exclusive lock on `path`.
 pub(crate) async fn lock(path: &Path) -> Result<File> {
+    wait(|| try_lock(path)).await
+}
+
+/// Takes the exclusive lock of `key` (a hexadecimal digest) in the shared
+/// lock file `path` only if nobody holds it; held as long as the returned
+/// file is open. Two keys that share their first 60 bits share a lock,
+/// which only makes one wait for the other.
+pub(crate) fn try_lock_key(path: &Path, key: &str) -> Result<Option<File>> {
+    #[cfg(target_os = "linux")]
+    {
+        let file = open(path)?;
+        let offset = key
+            .get(..15)
+            .and_then(|h| i64::from_str_radix(h, 16).ok())
+            .unwrap_or(0);
+        match lock_byte(&file, offset) {
+            Ok(true) => Ok(Some(file)),
+            Ok(false) => Ok(None),
+            Err(e) => Err(Error::io("cannot lock", path, e)),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let own = path.with_file_name(format!("{key}.lock"));
+        try_lock(&own)
+    }
+}
+
+/// Waits for the exclusive lock of `key` in `path` (see [`try_lock_key`]).
+pub(crate) async fn lock_key(path: &Path, key: &str) -> Result<File> {
+    wait(|| try_lock_key(path, key)).await
+}
+
+async fn wait(mut try_once: impl FnMut() -> Result<Option<File>>) -> Result<File> {
     let mut pause = FIRST_PAUSE;
     loop {
-        if let Some(file) = try_lock(path)? {
+        if let Some(file) = try_once()? {
             return Ok(file);
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// Takes a write lock on byte `offset` of `file`, owned by its open file
+/// description; `false` when another one holds it.
+#[cfg(target_os = "linux")]
+fn lock_byte(file: &File, offset: i64) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut request: libc::flock = unsafe { std::mem::zeroed() };
+    request.l_type = libc::F_WRLCK as libc::c_short;
+    request.l_whence = libc::SEEK_SET as libc::c_short;
+    request.l_start = offset;
+    request.l_len = 1;
+    // SAFETY: the descriptor is open for the whole call and `request` is a
+    // valid `flock` that outlives it; F_OFD_SETLK does not block.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &request) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
     }
 }
 
@@ -65,5 +130,25 @@ mod tests {
         drop(held);
         let again = tokio::time::timeout(Duration::from_secs(5), lock(&path)).await;
         assert!(again.is_ok());
+    }
+
+    #[tokio::test]
+    async fn keyed_locks_exclude_the_same_key_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.lock");
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let held = lock_key(&path, &a).await.unwrap();
+        // Another holder of the same key, in this process too, must wait.
+        assert!(try_lock_key(&path, &a).unwrap().is_none());
+        let other = try_lock_key(&path, &b).unwrap();
+        assert!(other.is_some(), "another key is free");
+        let waited = tokio::time::timeout(Duration::from_millis(50), lock_key(&path, &a)).await;
+        assert!(waited.is_err());
+        drop(held);
+        assert!(try_lock_key(&path, &a).unwrap().is_some());
+        // One shared file, nothing per key.
+        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(files, if cfg!(target_os = "linux") { 1 } else { 2 });
     }
 }

@@ -10,7 +10,9 @@
 //!     tmp/<sha256>.<size>.partial.json
 //!                                  its address, validator and flushed length
 //!                                  (resume; see `partial`)
-//!     locks/<sha256>.lock          held (file lock) while <sha256> is downloaded
+//!     locks/downloads.lock         one lock per SHA-256, held while it is
+//!                                  downloaded (a byte range each; see
+//!                                  `lockfile::try_lock_key`)
 //!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
 //!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
@@ -177,19 +179,19 @@ impl Store {
     /// process or task that holds it.
     pub async fn lock(&self, sha256: &str) -> Result<ShaLock> {
         let path = self.lock_path(sha256)?;
-        let file = crate::lockfile::lock(&path).await?;
+        let file = crate::lockfile::lock_key(&path, sha256).await?;
         Ok(ShaLock { _file: file })
     }
 
     /// Takes the lock for `sha256` only if nobody holds it.
     pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
         let path = self.lock_path(sha256)?;
-        Ok(crate::lockfile::try_lock(&path)?.map(|file| ShaLock { _file: file }))
+        Ok(crate::lockfile::try_lock_key(&path, sha256)?.map(|file| ShaLock { _file: file }))
     }
 
     fn lock_path(&self, sha256: &str) -> Result<PathBuf> {
         check_sha256(sha256)?;
-        Ok(self.root.join("locks").join(format!("{sha256}.lock")))
+        Ok(self.root.join("locks").join("downloads.lock"))
     }
 
     /// Prepares the partial file of a download of `size` bytes for
