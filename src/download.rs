@@ -60,7 +60,7 @@ pub async fn download_with(
         return Ok(path);
     }
     let waiting_since = std::time::SystemTime::now();
-    let (_lock, waited) = match store.try_lock(&resource.sha256)? {
+    let (lock, waited) = match store.try_lock(&resource.sha256)? {
         Some(lock) => (lock, false),
         None => {
             tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
@@ -88,7 +88,18 @@ pub async fn download_with(
     if let Some(failure) = shared {
         return Err(Error::failed_elsewhere(failure.code, failure.message));
     }
-    let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
+    // File-system work (creating the file, fsyncs, renames) runs off the
+    // runtime's workers: on a slow disk it would stall every transfer.
+    let paths = crate::store::off_runtime(store.root(), {
+        let (store, id, sha256, size) = (
+            store.clone(),
+            resource.id.clone(),
+            resource.sha256.clone(),
+            resource.size,
+        );
+        move || store.prepare(&id, &sha256, size)
+    })
+    .await?;
     let job = Job {
         fetcher,
         resource,
@@ -96,20 +107,27 @@ pub async fn download_with(
         retry,
         cancel,
     };
-    let result = match job.run(progress).await {
-        Ok(()) => store.publish(&paths, &resource.sha256, &name),
-        Err(e) => Err(e),
+    let outcome = job.run(progress).await;
+    let finish = {
+        let (store, sha256, size) = (store.clone(), resource.sha256.clone(), resource.size);
+        // The lock goes with the work: it is released when the file is
+        // published, even if this caller stops waiting for that.
+        move || {
+            let _lock = lock;
+            let result = outcome.and_then(|()| store.publish(&paths, &sha256, &name));
+            if result.is_err() && paths.kept().is_none() {
+                // Nothing in it can be resumed.
+                paths.remove();
+            }
+            match &result {
+                Ok(_) => store.clear_failure(&sha256),
+                Err(Error::Cancelled { .. }) => {}
+                Err(e) => store.record_failure(&sha256, size, &addresses, e),
+            }
+            result
+        }
     };
-    if result.is_err() && paths.kept().is_none() {
-        // Nothing in it can be resumed.
-        paths.remove();
-    }
-    match &result {
-        Ok(_) => store.clear_failure(&resource.sha256),
-        Err(Error::Cancelled { .. }) => {}
-        Err(e) => store.record_failure(&resource.sha256, resource.size, &addresses, e),
-    }
-    result
+    crate::store::off_runtime(store.root(), finish).await
 }
 
 fn cancelled(resource: &Resource) -> Error {

@@ -81,7 +81,7 @@ impl Resources {
         if matching(&registry, size, None)?.is_empty() {
             return Ok(ImportOutcome::NoMatch { size, sha256: None });
         }
-        let sha256 = blocking(path, {
+        let sha256 = crate::store::off_runtime(path, {
             let source = source.clone();
             move || hash_file(&source)
         })
@@ -116,7 +116,7 @@ impl Resources {
             }
         } else {
             let first = first.clone();
-            let stored = blocking(path, {
+            let stored = crate::store::off_runtime(path, {
                 let (store, source) = (store.clone(), source.clone());
                 move || copy_in(&store, &source, &first)
             })
@@ -159,16 +159,6 @@ fn matching(
                 .map(move |r| (gem.clone(), r))
         })
         .collect())
-}
-
-/// Runs blocking file work on `path` off the async runtime.
-async fn blocking<T: Send + 'static>(
-    path: &Path,
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| Error::io("the import stopped:", path, io::Error::other(e)))?
 }
 
 /// Lowercase hex SHA-256 of the file at `path`.

@@ -61,7 +61,7 @@ impl PartialMeta {
 }
 
 /// A partial file of one SHA-256 and size, found or created.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct PartialPaths {
     /// `tmp/<sha256>.<size>.partial`.
     pub data: PathBuf,

@@ -554,6 +554,18 @@ impl GroupSync {
     }
 }
 
+/// Runs blocking file work on `path` (creating files, fsyncs, renames) on
+/// the runtime's blocking threads, so that a slow file system never holds
+/// up the transfers running on its workers.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    path: &Path,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::io("the file work stopped:", path, io::Error::other(e)))?
+}
+
 fn sync_dir(dir: &Path) {
     // Makes the rename durable; a failure here loses nothing that was
     // verified, so it is not worth failing the download for.
