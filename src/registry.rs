@@ -1,10 +1,18 @@
 //! What each installed gem declares, and the last failure of each resource.
 //!
-//! Both live in the store (`gems/<gem id>.json`, `failures/<gem id>.json`),
-//! are written atomically (temporary file, fsync, rename, fsync folder) and
-//! are changed only under a cross-process lock (`locks/registry.lock`), so
-//! several processes can share one store and a crash never leaves a
-//! half-written record.
+//! Both live in the store (`gems/<gem id>.json`, `failures/<gem id>.jsonl`)
+//! and are changed only under a cross-process lock (`locks/registry.lock`),
+//! so several processes can share one store. A registration is written
+//! atomically (temporary file, fsync, rename, fsync folder), so a crash never
+//! leaves a half-written one.
+//!
+//! Failure records are a log: one JSON line per change (a resource's new
+//! record, or `null` when it downloaded), appended and fsynced, the last line
+//! of a resource winning. Recording the failure of one resource of thousands
+//! therefore costs one short append, not a rewrite of every record. The log
+//! is rewritten compacted (atomically) once it holds more than twice the
+//! live records, and kept parsed in memory while its file is unchanged. A
+//! line cut short by a crash is skipped.
 //!
 //! Parsed registrations are kept in memory and reused while their file is
 //! unchanged, so checking a downloaded file against every registration costs
@@ -18,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,6 +110,14 @@ impl FailureRecord {
         }
     }
 
+    /// This record as it reads back from the store.
+    fn into_stored(self) -> FailureRecord {
+        serde_json::to_vec(&self)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or(self)
+    }
+
     /// Records `error` as of now, for no resource in particular (see
     /// [`FailureRecord::new`]).
     pub fn from_error(error: &Error) -> FailureRecord {
@@ -162,7 +178,55 @@ pub struct Registry {
 struct Cache {
     entries: Mutex<HashMap<String, Cached>>,
     parses: AtomicU64,
+    /// Parsed failure logs by gem id.
+    failures: Mutex<HashMap<String, FailureLog>>,
 }
+
+/// A gem's failure log as last read or written, and what it was read from.
+#[derive(Debug, Default)]
+struct FailureLog {
+    /// `None` when there was no file.
+    stamp: Option<FileStamp>,
+    /// Lines in the file (live or not).
+    lines: usize,
+    /// Whether the file ends in the middle of a line (a crash cut it).
+    torn: bool,
+    /// The live records by resource id.
+    records: BTreeMap<String, FailureRecord>,
+}
+
+/// What identifies one version of a file (without the generation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(meta: &fs::Metadata) -> FileStamp {
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// One line of a failure log.
+#[derive(Debug, Serialize, Deserialize)]
+struct FailureLine {
+    resource: String,
+    record: Option<FailureRecord>,
+}
+
+/// Compaction happens when the log holds more lines than this plus twice
+/// the live records.
+const LOG_SLACK: usize = 64;
 
 /// One parsed registration and what it was read from.
 #[derive(Debug, Clone)]
@@ -331,29 +395,31 @@ impl Registry {
             reg,
         )?;
         self.bump_generation()?;
-        let path = self.failures.join(format!("{}.json", file_stem(&reg.gem)));
-        let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
-        let before = all.len();
-        all.retain(|id, record| {
-            let declared = |resources: &[Resource]| resources.iter().find(|r| &r.id == id).cloned();
-            match (
-                declared(&reg.resources),
-                old.as_ref().and_then(|o| declared(&o.resources)),
-            ) {
-                (None, _) => false,
-                (Some(new), Some(was)) if !same_download(&new, &was) => false,
-                (Some(new), _) => record.is_for(&new),
+        self.with_failure_log(&reg.gem, |log, path| {
+            let before = log.records.len();
+            log.records.retain(|id, record| {
+                let declared =
+                    |resources: &[Resource]| resources.iter().find(|r| &r.id == id).cloned();
+                match (
+                    declared(&reg.resources),
+                    old.as_ref().and_then(|o| declared(&o.resources)),
+                ) {
+                    (None, _) => false,
+                    (Some(new), Some(was)) if !same_download(&new, &was) => false,
+                    (Some(new), _) => record.is_for(&new),
+                }
+            });
+            if log.records.len() != before {
+                log.compact(path)?;
             }
-        });
-        if all.len() != before {
-            write_json(&path, &all)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Removes a registration and its failure records. Call with the lock held.
     pub fn remove(&self, gem: &str) -> Result<bool> {
-        let _ = fs::remove_file(self.failures.join(format!("{}.json", file_stem(gem))));
+        let _ = fs::remove_file(self.failure_log_path(gem));
+        self.failure_logs().remove(gem);
         let path = self.gems.join(format!("{}.json", file_stem(gem)));
         let removed = match fs::remove_file(&path) {
             Ok(()) => true,
@@ -373,8 +439,10 @@ impl Registry {
             for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
-                if name.starts_with('.')
-                    && name.ends_with(".tmp")
+                // Failure records of earlier versions (one JSON map per gem)
+                // were superseded by the logs.
+                let legacy = dir == &self.failures && name.ends_with(".json");
+                if (legacy || (name.starts_with('.') && name.ends_with(".tmp")))
                     && fs::remove_file(entry.path()).is_ok()
                 {
                     removed += 1;
@@ -387,8 +455,7 @@ impl Registry {
     /// The failure records of `gem`, by resource id. Records of resources
     /// whose SHA-256 or addresses changed since are left out.
     pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
-        let mut all: BTreeMap<String, FailureRecord> =
-            read_json(&self.failures.join(format!("{}.json", file_stem(gem))))?.unwrap_or_default();
+        let mut all = self.with_failure_log(gem, |log, _| Ok(log.records.clone()))?;
         if !all.is_empty() {
             let resources = self.get(gem)?.map(|r| r.resources).unwrap_or_default();
             all.retain(|id, record| {
@@ -420,20 +487,163 @@ impl Registry {
                 return Ok(());
             }
         }
-        let path = self.failures.join(format!("{}.json", file_stem(gem)));
-        let mut all: BTreeMap<String, FailureRecord> = read_json(&path)?.unwrap_or_default();
-        let changed = match record {
-            Some(r) => {
-                all.insert(resource.to_string(), r);
-                true
+        self.with_failure_log(gem, |log, path| {
+            if record.is_none() && !log.records.contains_key(resource) {
+                return Ok(());
             }
-            None => all.remove(resource).is_some(),
+            let line = FailureLine {
+                resource: resource.to_string(),
+                // Kept as any reader gets it back (times in whole seconds).
+                record: record.map(|r| r.into_stored()),
+            };
+            match &line.record {
+                Some(r) => log.records.insert(resource.to_string(), r.clone()),
+                None => log.records.remove(resource),
+            };
+            if log.lines >= 2 * log.records.len() + LOG_SLACK {
+                log.compact(path)
+            } else {
+                log.append(path, &line)
+            }
+        })
+    }
+
+    fn failure_log_path(&self, gem: &str) -> PathBuf {
+        self.failures.join(format!("{}.jsonl", file_stem(gem)))
+    }
+
+    fn failure_logs(&self) -> std::sync::MutexGuard<'_, HashMap<String, FailureLog>> {
+        self.cache
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `work` on the failure log of `gem`, read again only when its
+    /// file changed since this registry last read or wrote it.
+    fn with_failure_log<T>(
+        &self,
+        gem: &str,
+        work: impl FnOnce(&mut FailureLog, &Path) -> Result<T>,
+    ) -> Result<T> {
+        let path = self.failure_log_path(gem);
+        let stamp = match fs::metadata(&path) {
+            Ok(meta) => Some(FileStamp::of(&meta)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
-        if changed {
-            write_json(&path, &all)?;
+        let mut logs = self.failure_logs();
+        let log = logs.entry(gem.to_string()).or_default();
+        if log.stamp != stamp || (stamp.is_none() && log.lines > 0) {
+            *log = match stamp {
+                None => FailureLog::default(),
+                Some(_) => {
+                    let bytes = match fs::read(&path) {
+                        Ok(bytes) => bytes,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                        Err(e) => return Err(Error::io("cannot read", &path, e)),
+                    };
+                    let (records, lines) = fold_failure_log(&bytes);
+                    FailureLog {
+                        stamp,
+                        lines,
+                        torn: bytes.last().is_some_and(|b| *b != b'\n'),
+                        records,
+                    }
+                }
+            };
         }
+        work(log, &path)
+    }
+}
+
+impl FailureLog {
+    /// Appends one line and fsyncs it.
+    fn append(&mut self, path: &Path, line: &FailureLine) -> Result<()> {
+        let mut bytes = Vec::with_capacity(512);
+        if self.torn {
+            // Ends the line a crash cut short, so this one stays whole.
+            bytes.push(b'\n');
+        }
+        serde_json::to_writer(&mut bytes, line)
+            .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
+        bytes.push(b'\n');
+        let created = self.stamp.is_none();
+        // Readable by the owner only, as the atomically written records.
+        let mut file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| Error::io("cannot open", path, e))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| Error::io("cannot write", path, e))?;
+        if created {
+            sync_parent(path);
+        }
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot read", path, e))?;
+        self.stamp = Some(FileStamp::of(&meta));
+        self.lines += 1;
+        self.torn = false;
         Ok(())
     }
+
+    /// Rewrites the log with only its live records, atomically; removes it
+    /// when none is left.
+    fn compact(&mut self, path: &Path) -> Result<()> {
+        if self.records.is_empty() {
+            match fs::remove_file(path) {
+                Ok(()) => sync_parent(path),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("cannot remove", path, e)),
+            }
+            *self = FailureLog::default();
+            return Ok(());
+        }
+        write_atomic(path, &encode_failures(&self.records))?;
+        let meta = fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
+        self.stamp = Some(FileStamp::of(&meta));
+        self.lines = self.records.len();
+        self.torn = false;
+        Ok(())
+    }
+}
+
+/// The live records of a failure log, and how many lines it has. Lines that
+/// do not parse (one cut short by a crash) are skipped.
+fn fold_failure_log(bytes: &[u8]) -> (BTreeMap<String, FailureRecord>, usize) {
+    let mut records = BTreeMap::new();
+    let mut lines = 0;
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        lines += 1;
+        let Ok(line) = serde_json::from_slice::<FailureLine>(line) else {
+            continue;
+        };
+        match line.record {
+            Some(record) => records.insert(line.resource, record),
+            None => records.remove(&line.resource),
+        };
+    }
+    (records, lines)
+}
+
+/// A failure log holding exactly `records`, one line each.
+#[doc(hidden)]
+pub fn encode_failures(records: &BTreeMap<String, FailureRecord>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (resource, record) in records {
+        let line = FailureLine {
+            resource: resource.clone(),
+            record: Some(record.clone()),
+        };
+        if serde_json::to_writer(&mut out, &line).is_ok() {
+            out.push(b'\n');
+        }
+    }
+    out
 }
 
 /// Whether two declarations of a resource download the same bytes from the
@@ -586,17 +796,12 @@ pub fn parse_registration(gem: &str, bytes: &[u8]) -> Result<Registration> {
     read_registration(gem, bytes, Path::new("<record>"))
 }
 
-/// Parses the bytes of a failure-records file as [`Registry::failures`]
-/// does; an entry point for the fuzz targets and property tests.
+/// Reads the bytes of a failure log as [`Registry::failures`] does (the
+/// last line of each resource wins; lines that do not parse are skipped);
+/// an entry point for the fuzz targets and property tests.
 #[doc(hidden)]
-pub fn parse_failures(bytes: &[u8]) -> Result<BTreeMap<String, FailureRecord>> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        Error::io(
-            "corrupted record",
-            Path::new("<record>"),
-            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-        )
-    })
+pub fn parse_failures(bytes: &[u8]) -> BTreeMap<String, FailureRecord> {
+    fold_failure_log(bytes).0
 }
 
 fn json_stems(dir: &Path) -> Result<Vec<String>> {
@@ -610,31 +815,31 @@ fn json_stems(dir: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            Error::io(
-                "corrupted record",
-                path,
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("cannot read", path, e)),
+/// Writes `value` as JSON to `path` atomically and durably.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
+    write_atomic(path, &bytes)
+}
+
+/// Fsyncs the folder of `path` (a new or removed entry); errors ignored.
+fn sync_parent(path: &Path) {
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
     }
 }
 
-/// Writes `value` as JSON to `path` atomically and durably.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+/// Writes `bytes` to `path` atomically and durably.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let bytes = serde_json::to_vec_pretty(value)
-        .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".")
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
-    tmp.write_all(&bytes)
+    tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| Error::io("cannot write", tmp.path(), e))?;
     tmp.persist(path)
@@ -729,6 +934,88 @@ mod tests {
         elsewhere.remove("g").unwrap();
         assert!(!here.declares(&new[7]).unwrap());
         assert!(here.get("g").unwrap().is_none());
+    }
+
+    fn failure(reg: &Registration, i: usize, message: &str) -> FailureRecord {
+        let error = Error::failed_elsewhere(ErrorCode::Http, message.to_string());
+        FailureRecord::new(&reg.resources[i], &error)
+    }
+
+    fn log_lines(dir: &tempfile::TempDir) -> usize {
+        let path = dir.path().join("store-v1/failures/g.jsonl");
+        fs::read(path).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count())
+    }
+
+    #[test]
+    fn each_failure_appends_one_line_and_the_log_stays_compact() {
+        let (dir, registry) = open();
+        let reg = registration("g", &shas(300, 7));
+        registry.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for i in 0..300 {
+            let record = failure(&reg, i, &format!("attempt {i}"));
+            rt.block_on(registry.set_failure("g", &format!("r{i}"), Some(record)))
+                .unwrap();
+            assert_eq!(log_lines(&dir), i + 1, "one appended line per failure");
+        }
+        assert_eq!(registry.failures("g").unwrap().len(), 300);
+        // Fail and clear the same resources over and over: the log is
+        // compacted instead of growing without end.
+        for round in 0..5 {
+            for i in 0..300 {
+                let record = (i % 2 == 0).then(|| failure(&reg, i, &format!("round {round}")));
+                rt.block_on(registry.set_failure("g", &format!("r{i}"), record))
+                    .unwrap();
+                assert!(log_lines(&dir) <= 2 * 300 + LOG_SLACK + 1);
+            }
+        }
+        let all = registry.failures("g").unwrap();
+        assert_eq!(all.len(), 150);
+        assert_eq!(all["r298"].message, "round 4");
+        assert!(!all.contains_key("r299"));
+        // Another process reads the same records from the file.
+        let elsewhere = Registry::new(&Store::open(dir.path()).unwrap());
+        assert_eq!(elsewhere.failures("g").unwrap(), all);
+        // Clearing every record removes the log.
+        for i in (0..300).step_by(2) {
+            rt.block_on(registry.set_failure("g", &format!("r{i}"), None))
+                .unwrap();
+        }
+        assert!(registry.failures("g").unwrap().is_empty());
+        assert!(log_lines(&dir) <= LOG_SLACK + 150);
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_loses_only_itself() {
+        let (dir, registry) = open();
+        let reg = registration("g", &shas(3, 8));
+        registry.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(registry.set_failure("g", "r0", Some(failure(&reg, 0, "first"))))
+            .unwrap();
+        // A crash in the middle of the next append.
+        let path = dir.path().join("store-v1/failures/g.jsonl");
+        let mut file = fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(br#"{"resource":"r1","record":{"at":"#)
+            .unwrap();
+        drop(file);
+        // Another process (a fresh registry) reads what is whole, and its
+        // next record stays whole too.
+        let next = Registry::new(&Store::open(dir.path()).unwrap());
+        assert_eq!(next.failures("g").unwrap().len(), 1);
+        rt.block_on(next.set_failure("g", "r2", Some(failure(&reg, 2, "third"))))
+            .unwrap();
+        let all = Registry::new(&Store::open(dir.path()).unwrap())
+            .failures("g")
+            .unwrap();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["r0", "r2"]);
+        assert_eq!(all["r2"].message, "third");
+        // A change by another process is seen by the first registry too.
+        assert_eq!(registry.failures("g").unwrap(), all);
     }
 
     #[test]

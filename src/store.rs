@@ -16,7 +16,7 @@
 //!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
 //!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
-//!     failures/<gem id>.json       last failure per resource (service)
+//!     failures/<gem id>.jsonl      last failure per resource, a log (service)
 //! ```
 //!
 //! Files are named by the SHA-256 of their contents, so two gems that

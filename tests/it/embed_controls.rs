@@ -168,7 +168,7 @@ async fn an_upgrade_that_changes_the_addresses_drops_the_old_failure() {
         "{:?}",
         state(&service, "g")
     );
-    let failures = env.dir.path().join("store/store-v1/failures/g.json");
+    let failures = env.dir.path().join("store/store-v1/failures/g.jsonl");
     let on_disk = std::fs::read_to_string(&failures).unwrap_or_default();
     assert!(!on_disk.contains("v1.bin"), "{on_disk}");
 }

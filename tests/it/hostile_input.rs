@@ -67,7 +67,7 @@ async fn long_invalid_locations_behind_a_url_and_mirrors_give_a_short_error_and_
         &message[..1000]
     );
     within("idle", service.wait_idle()).await;
-    let record = store_root(&env).join("failures").join("g.json");
+    let record = store_root(&env).join("failures").join("g.jsonl");
     let size = std::fs::metadata(&record).unwrap().len();
     assert!(size < 64 * 1024, "failure record is {size} bytes");
     let shared = files_under(&store_root(&env).join("locks"))
@@ -108,9 +108,9 @@ async fn a_wrong_size_in_one_gem_does_not_fail_another_gem_declaring_the_right_o
     within("idle", service.wait_idle()).await;
     // A failed on its own size; B downloaded the bytes with its own request.
     let failures = store_root(&env).join("failures");
-    let a_failure = std::fs::read_to_string(failures.join("a.json")).unwrap();
+    let a_failure = std::fs::read_to_string(failures.join("a.jsonl")).unwrap();
     assert!(a_failure.contains("E_RESOURCE_SIZE"), "{a_failure}");
-    assert!(!failures.join("b.json").exists());
+    assert!(!failures.join("b.jsonl").exists());
     let b = &service.status(Some("b")).unwrap()[0].resources[0];
     assert!(matches!(b.state, ResourceState::Present { .. }), "{b:?}");
     assert_eq!(stored_files(&env, &body).len(), 1);
