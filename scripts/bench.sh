@@ -245,6 +245,13 @@ many_files_round() { # case dir
         timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
         timed "$c" "gem-resources path" "${OURS[@]}" path bench "$(names_of "$d" | tail -1 | sed 's/.*\///; s/\.bin$//')"
         timed "$c" "gem-resources uninstall" "${OURS[@]}" uninstall bench
+        # Every download refused at once (a closed port, no retries): the
+        # failure records of thousands of resources.
+        fresh
+        timed "$c" "gem-resources install, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" \
+            install bench "$W/res/$c-refused.json"
+        timed "$c" "gem-resources status --json, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" --json status
+        "${OURS[@]}" uninstall bench >/dev/null 2>&1 || true
     fi
     fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
     fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
@@ -273,6 +280,9 @@ has_case mid && manifest "$W/res/mid.json" true mid.bin
 has_case many && { manifest "$W/res/many.json" true $(names_of many); many_inputs many many; }
 # shellcheck disable=SC2046
 has_case tiny && { manifest "$W/res/tiny.json" true $(names_of tiny); many_inputs tiny tiny; }
+# The same manifest against a port nobody listens on, without retries.
+has_case tiny && sed "s#$URL/#https://$HOST:1/#g" "$W/res/tiny.json" >"$W/res/tiny-refused.json"
+{ printf '[network]\nretries = 0\n'; cat "$W/config.toml"; } >"$W/refused.toml"
 
 for run in $(seq "$RUNS"); do
     say "run $run/$RUNS"
@@ -333,7 +343,7 @@ for c in big mid many tiny; do
         awk -v t="$tool" -v us="$us" -v ours="$ours" -v b="$(bytes_of "$c")" -v user="$user" -v sys="$sys" -v rss="$rss" \
             'BEGIN {
                 s = us / 1e6
-                mbs = (t ~ /sync \(all|status|path|uninstall/) ? "" : sprintf(b / s < 1e7 ? "%.2f" : "%.0f", b / s / 1e6)
+                mbs = (t ~ /sync \(all|status|path|uninstall|refused/) ? "" : sprintf(b / s < 1e7 ? "%.2f" : "%.0f", b / s / 1e6)
                 r = (ours == "nan" || t ~ /^gem-resources/) ? "" : sprintf("%.2f", us / ours)
                 gsub(/\|/, "\\|", t)
                 printf "| %s | %.3f | %s | %s | %.2f | %.2f | %.1f |\n", t, s, mbs, r, user, sys, rss / 1024
