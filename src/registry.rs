@@ -7,8 +7,8 @@
 //! leaves a half-written one.
 //!
 //! Failure records are a log: one JSON line per change (a resource's new
-//! record, or `null` when it downloaded), appended and fsynced, the last line
-//! of a resource winning. Recording the failure of one resource of thousands
+//! record, or `null` when it downloaded), appended (not fsynced: they only
+//! explain why a file is missing), the last line of a resource winning. Recording the failure of one resource of thousands
 //! therefore costs one short append, not a rewrite of every record. The log
 //! is rewritten compacted (atomically) once it holds more than twice the
 //! live records, and kept parsed in memory while its file is unchanged. A
@@ -558,7 +558,7 @@ impl Registry {
 }
 
 impl FailureLog {
-    /// Appends one line and fsyncs it.
+    /// Appends one line.
     fn append(&mut self, path: &Path, line: &FailureLine) -> Result<()> {
         let mut bytes = Vec::with_capacity(512);
         if self.torn {
@@ -568,7 +568,6 @@ impl FailureLog {
         serde_json::to_writer(&mut bytes, line)
             .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
         bytes.push(b'\n');
-        let created = self.stamp.is_none();
         // Readable by the owner only, as the atomically written records.
         let mut file = fs::OpenOptions::new()
             .create(true)
@@ -576,12 +575,12 @@ impl FailureLog {
             .mode(0o600)
             .open(path)
             .map_err(|e| Error::io("cannot open", path, e))?;
+        // Not fsynced: a failure record only explains why a file is
+        // missing, and the file is fetched again either way. What a power
+        // cut can lose is the last few explanations, never a line's shape
+        // (a cut line is skipped) nor anything about the files themselves.
         file.write_all(&bytes)
-            .and_then(|()| file.sync_data())
             .map_err(|e| Error::io("cannot write", path, e))?;
-        if created {
-            sync_parent(path);
-        }
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
