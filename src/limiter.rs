@@ -54,6 +54,11 @@ struct State {
     served: HashMap<String, u64>,
     /// Next waiter id.
     next_id: u64,
+    /// Whether a waiter may be urgent: set when one arrives urgent or is
+    /// flagged urgent while waiting ([`Limiter::urgent_flagged`]), cleared
+    /// when a look finds none. Without it, every released slot would look
+    /// at every waiter.
+    maybe_urgent: bool,
 }
 
 #[derive(Debug)]
@@ -178,6 +183,7 @@ impl Limiter {
                 queues: Vec::new(),
                 served: HashMap::new(),
                 next_id: 0,
+                maybe_urgent: false,
             }),
         })
     }
@@ -208,6 +214,9 @@ impl Limiter {
             }
             let id = state.next_id;
             state.next_id += 1;
+            if urgent.load(Ordering::Relaxed) {
+                state.maybe_urgent = true;
+            }
             let waiter = Waiter {
                 id,
                 urgent: urgent.clone(),
@@ -252,10 +261,15 @@ impl Limiter {
         self.lock().held_by_gem.get(gem).copied().unwrap_or(0)
     }
 
+    /// Says that a waiter's urgent flag was just set.
+    pub(crate) fn urgent_flagged(&self) {
+        self.lock().maybe_urgent = true;
+    }
+
     fn release(&self, gem: &str, key: &str) {
         let mut state = self.lock();
         state.give_back(gem, key);
-        while let Some((q, i)) = pick(&state) {
+        while let Some((q, i)) = pick(&mut state) {
             let queue = &mut state.queues[q];
             let (gem, key) = (queue.gem.clone(), queue.key.clone());
             let Some(waiter) = queue.waiters.remove(i) else {
@@ -276,28 +290,19 @@ impl Limiter {
 /// The waiter that gets the next slot, among those that can take one, as
 /// (queue, position in it): the oldest urgent one, else the oldest of the
 /// gem served least.
-fn pick(state: &State) -> Option<(usize, usize)> {
-    let open = || {
-        state
-            .queues
-            .iter()
-            .enumerate()
-            .filter(|(_, q)| state.can_take(&q.gem, &q.key))
-    };
-    let urgent = open()
-        .filter_map(|(qi, q)| {
-            let (i, w) = q
-                .waiters
-                .iter()
-                .enumerate()
-                .find(|(_, w)| w.urgent.load(Ordering::Relaxed))?;
-            Some((w.id, qi, i))
-        })
-        .min();
-    if let Some((_, q, i)) = urgent {
-        return Some((q, i));
+fn pick(state: &mut State) -> Option<(usize, usize)> {
+    if state.maybe_urgent {
+        let (found, any) = oldest_urgent(state);
+        if found.is_some() {
+            return found;
+        }
+        state.maybe_urgent = any;
     }
-    open()
+    state
+        .queues
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| state.can_take(&q.gem, &q.key))
         .filter_map(|(qi, q)| {
             let front = q.waiters.front()?;
             let served = state.served.get(&q.gem).copied().unwrap_or(0);
@@ -305,6 +310,28 @@ fn pick(state: &State) -> Option<(usize, usize)> {
         })
         .min()
         .map(|(_, _, q)| (q, 0))
+}
+
+/// The oldest urgent waiter that can take a slot, if any, and whether any
+/// waiter is urgent at all.
+fn oldest_urgent(state: &State) -> (Option<(usize, usize)>, bool) {
+    let mut any = false;
+    let mut oldest: Option<(u64, usize, usize)> = None;
+    for (qi, q) in state.queues.iter().enumerate() {
+        let Some((i, w)) = q
+            .waiters
+            .iter()
+            .enumerate()
+            .find(|(_, w)| w.urgent.load(Ordering::Relaxed))
+        else {
+            continue;
+        };
+        any = true;
+        if state.can_take(&q.gem, &q.key) && oldest.is_none_or(|(id, _, _)| w.id < id) {
+            oldest = Some((w.id, qi, i));
+        }
+    }
+    (oldest.map(|(_, q, i)| (q, i)), any)
 }
 
 #[cfg(test)]
@@ -439,6 +466,42 @@ mod tests {
         assert_eq!(limiter.held_by("g"), 1);
         drop(held);
         let _again = limiter.acquire("g", "h", &flag(false)).await;
+    }
+
+    #[tokio::test]
+    async fn a_waiter_flagged_urgent_while_waiting_keeps_its_turn_while_its_key_is_busy() {
+        // Two slots, one per key: A holds "h", X holds "k". E then C wait for
+        // "h", B for "k"; C is flagged urgent while waiting. X's slot goes to
+        // B (C cannot use "k"); A's slot must then go to C, not to the older E.
+        let limiter = Limiter::new(2, 1);
+        let a = limiter.acquire("a", "h", &flag(false)).await;
+        let x = limiter.acquire("x", "k", &flag(false)).await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let c_flag = flag(false);
+        let mut permits = Vec::new();
+        for (gem, key, f) in [
+            ("e", "h", flag(false)),
+            ("c", "h", c_flag.clone()),
+            ("b", "k", flag(false)),
+        ] {
+            let (l, tx) = (limiter.clone(), tx.clone());
+            let before = limiter.waiting();
+            permits.push(tokio::spawn(async move {
+                let permit = l.acquire(gem, key, &f).await;
+                tx.send(gem).unwrap();
+                permit
+            }));
+            while limiter.waiting() == before {
+                tokio::task::yield_now().await;
+            }
+        }
+        c_flag.store(true, Ordering::Relaxed);
+        limiter.urgent_flagged();
+        drop(x);
+        assert_eq!(rx.recv().await.unwrap(), "b");
+        drop(a);
+        assert_eq!(rx.recv().await.unwrap(), "c");
+        drop(permits);
     }
 
     #[tokio::test]

@@ -229,6 +229,7 @@ impl Scheduler {
         if let Some(job) = jobs.get(&key) {
             if urgent {
                 job.urgent.store(true, Ordering::Relaxed);
+                self.slots.urgent_flagged();
             }
             if job.add_waiter(Waiter::of(gem, resource)) {
                 // The new waiter learns at once where the download stands.
