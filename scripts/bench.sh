@@ -211,7 +211,21 @@ timed() { # case tool command...
         FAILS=$((FAILS + 1))
     fi
 }
-fresh() { rm -rf "$W/out" "$W/store"; mkdir -p "$W/out"; }
+# Each run starts with an empty output folder and store. The last run's
+# files are moved aside, not deleted, while anything is timed: on ext4
+# without a journal (this machine's /var/tmp), creating files within a
+# minute of deleting thousands is several times slower (the allocator skips
+# recently deleted inodes), which would charge one tool for the cleanup of
+# the run before it. Big files are deleted between rounds (few inodes).
+TRASHED=0
+fresh() {
+    mkdir -p "$W/trash"
+    TRASHED=$((TRASHED + 1))
+    [ ! -e "$W/out" ] || mv "$W/out" "$W/trash/out.$TRASHED"
+    [ ! -e "$W/store" ] || mv "$W/store" "$W/trash/store.$TRASHED"
+    mkdir -p "$W/out"
+}
+empty_trash() { rm -rf "$W/trash"; }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
@@ -232,6 +246,7 @@ one_file_round() { # case file
         --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
         --checksum="sha-256=$sha" "$IPURL/$f"
     fresh; timed "$c" "curl -o /dev/null (no check)" "${CURL[@]}" -o /dev/null "$URL/$f"
+    fresh; empty_trash
 }
 
 # --- many files --------------------------------------------------------------
@@ -244,14 +259,9 @@ many_files_round() { # case dir
         timed "$c" "gem-resources sync (all present)" "${OURS[@]}" sync
         timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
         timed "$c" "gem-resources path" "${OURS[@]}" path bench "$(names_of "$d" | tail -1 | sed 's/.*\///; s/\.bin$//')"
-        timed "$c" "gem-resources uninstall" "${OURS[@]}" uninstall bench
-        # Every download refused at once (a closed port, no retries): the
-        # failure records of thousands of resources.
-        fresh
-        timed "$c" "gem-resources install, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" \
-            install bench "$W/res/$c-refused.json"
-        timed "$c" "gem-resources status --json, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" --json status
-        "${OURS[@]}" uninstall bench >/dev/null 2>&1 || true
+        # Uninstalled after every run (it deletes thousands of files).
+        mkdir -p "$W/installed"
+        mv "$W/store" "$W/installed/store.$run"
     fi
     fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
     fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
@@ -291,6 +301,21 @@ for run in $(seq "$RUNS"); do
     has_case many && many_files_round many many
     has_case tiny && many_files_round tiny tiny
 done
+if has_case tiny; then
+    # What deletes thousands of files comes last, after every other run:
+    # every download refused (each creates and removes its partial file),
+    # then the uninstall of each run's installed store.
+    say "refused downloads, uninstall"
+    for run in $(seq "$RUNS"); do
+        fresh
+        timed tiny "gem-resources install, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" \
+            install bench "$W/res/tiny-refused.json"
+        timed tiny "gem-resources status --json, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" --json status
+    done
+    for run in $(seq "$RUNS"); do
+        timed tiny "gem-resources uninstall" "${OURS[@]/#$W\/store/$W/installed/store.$run}" uninstall bench
+    done
+fi
 fresh
 
 # --- report ------------------------------------------------------------------
