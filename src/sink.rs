@@ -72,7 +72,14 @@ pub struct Finished {
 }
 
 /// The sending side of one transfer's writer thread.
+///
+/// The thread starts with the first full batch. A transfer that ends before
+/// one (a small file, or a failure before the body) is written, hashed and
+/// flushed in one task on the runtime's blocking threads instead, which costs
+/// no thread of its own.
 pub(crate) struct Sink {
+    /// Where the bytes go, until the writer thread starts.
+    unstarted: Option<Option<Target>>,
     tx: Option<mpsc::Sender<Msg>>,
     /// Receives the writer's first error, if it fails before `finish`.
     failed: Option<oneshot::Receiver<io::Error>>,
@@ -104,6 +111,20 @@ impl Sink {
     }
 
     fn spawn(target: Option<Target>) -> Sink {
+        Sink {
+            unstarted: Some(target),
+            tx: None,
+            failed: None,
+            batch: Vec::new(),
+            batch_len: 0,
+        }
+    }
+
+    /// Starts the writer thread, if it has not started.
+    fn start(&mut self) {
+        let Some(target) = self.unstarted.take() else {
+            return;
+        };
         let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (fail_tx, fail_rx) = oneshot::channel();
         let spawned = std::thread::Builder::new()
@@ -114,24 +135,34 @@ impl Sink {
                 }
             });
         match spawned {
-            Ok(_) => Sink {
-                tx: Some(tx),
-                failed: Some(fail_rx),
-                batch: Vec::new(),
-                batch_len: 0,
-            },
+            Ok(_) => {
+                self.tx = Some(tx);
+                self.failed = Some(fail_rx);
+            }
             Err(e) => {
                 // No thread: every call reports this error.
                 let (fail_tx, fail_rx) = oneshot::channel();
                 let _ = fail_tx.send(e);
-                Sink {
-                    tx: None,
-                    failed: Some(fail_rx),
-                    batch: Vec::new(),
-                    batch_len: 0,
-                }
+                self.failed = Some(fail_rx);
             }
         }
+    }
+
+    /// Runs the whole transfer's writing on a blocking thread, when the
+    /// writer thread never started: the gathered chunks, then `last`.
+    async fn run_unstarted(&mut self, target: Option<Target>, last: Msg) -> io::Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_len = 0;
+        tokio::task::spawn_blocking(move || {
+            let (tx, rx) = mpsc::channel(2);
+            // Room for both: nothing can fail to queue.
+            let _ = tx.try_send(Msg::Data(batch));
+            let _ = tx.try_send(last);
+            drop(tx);
+            run(target, rx)
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 
     /// Hands one chunk to the writer, waiting while it is behind.
@@ -164,6 +195,13 @@ impl Sink {
     /// recorded. Errors are logged, not returned: the transfer is failing
     /// for another reason already.
     pub(crate) async fn close(mut self) {
+        if let Some(target) = self.unstarted.take() {
+            let (tx, _rx) = oneshot::channel();
+            if let Err(e) = self.run_unstarted(target, Msg::Close(tx)).await {
+                tracing::warn!("cannot keep the partial download: {e}");
+            }
+            return;
+        }
         let _ = self.flush_batch().await;
         let (tx, rx) = oneshot::channel();
         if self.send(Msg::Close(tx)).await.is_ok() {
@@ -173,6 +211,13 @@ impl Sink {
 
     /// Flushes everything and returns the length and digest.
     pub(crate) async fn finish(mut self) -> io::Result<Finished> {
+        if let Some(target) = self.unstarted.take() {
+            let (tx, mut rx) = oneshot::channel();
+            self.run_unstarted(target, Msg::Finish(tx)).await?;
+            return rx
+                .try_recv()
+                .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")));
+        }
         self.flush_batch().await?;
         let (tx, rx) = oneshot::channel();
         self.send(Msg::Finish(tx)).await?;
@@ -183,6 +228,7 @@ impl Sink {
     }
 
     async fn send(&mut self, msg: Msg) -> io::Result<()> {
+        self.start();
         let sent = match &self.tx {
             Some(tx) => tx.send(msg).await.is_ok(),
             None => false,
@@ -454,4 +500,72 @@ fn start_write_back(file: &File, from: u64, len: u64) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (file, from, len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partial::PartialPaths;
+
+    const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    fn to_file(dir: &std::path::Path, validator: Option<&str>) -> (Sink, PartialPaths) {
+        let paths = PartialPaths::new(dir, SHA, 1 << 20);
+        let file = paths.open_data().unwrap();
+        let checkpoints =
+            Checkpointer::new(&paths, "https://cdn.test/a", validator.map(str::to_string));
+        let target = Target {
+            file,
+            offset: 0,
+            checkpoints,
+        };
+        (Sink::to_file(target), paths)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_small_transfer_is_written_hashed_and_flushed_without_a_thread_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sink, paths) = to_file(dir.path(), Some("\"v1\""));
+        sink.write(Bytes::from_static(b"hello ")).await.unwrap();
+        sink.write(Bytes::from_static(b"world")).await.unwrap();
+        assert!(sink.tx.is_none(), "no writer thread for a small body");
+        let finished = sink.finish().await.unwrap();
+        assert_eq!(finished.len, 11);
+        assert_eq!(finished.sha256, hex::encode(Sha256::digest(b"hello world")));
+        assert_eq!(std::fs::read(&paths.data).unwrap(), b"hello world");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_small_transfer_cut_short_keeps_and_records_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sink, paths) = to_file(dir.path(), Some("\"v1\""));
+        sink.write(Bytes::from(vec![7u8; 1000])).await.unwrap();
+        sink.close().await;
+        let (meta, kept) = paths.kept().expect("the bytes are kept for a resume");
+        assert_eq!(kept, 1000);
+        assert_eq!(meta.validator.as_deref(), Some("\"v1\""));
+        assert_eq!(std::fs::read(&paths.data).unwrap(), vec![7u8; 1000]);
+        // Without a validator nothing can be resumed: nothing is kept.
+        let (mut sink, paths) = to_file(dir.path(), None);
+        sink.write(Bytes::from(vec![7u8; 1000])).await.unwrap();
+        sink.close().await;
+        assert!(paths.kept().is_none());
+        assert!(!paths.data.exists());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_transfer_gets_its_writer_thread_at_the_first_full_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sink, paths) = to_file(dir.path(), None);
+        let chunk = Bytes::from(vec![1u8; 64 << 10]);
+        let mut hasher = Sha256::new();
+        for _ in 0..(BATCH_BYTES / chunk.len() + 4) {
+            hasher.update(&chunk);
+            sink.write(chunk.clone()).await.unwrap();
+        }
+        assert!(sink.tx.is_some(), "the writer thread runs");
+        let finished = sink.finish().await.unwrap();
+        assert_eq!(finished.sha256, hex::encode(hasher.finalize()));
+        assert_eq!(std::fs::metadata(&paths.data).unwrap().len(), finished.len);
+    }
 }
