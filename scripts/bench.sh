@@ -211,21 +211,23 @@ timed() { # case tool command...
         FAILS=$((FAILS + 1))
     fi
 }
-# Each run starts with an empty output folder and store. The last run's
-# files are moved aside, not deleted, while anything is timed: on ext4
-# without a journal (this machine's /var/tmp), creating files within a
-# minute of deleting thousands is several times slower (the allocator skips
-# recently deleted inodes), which would charge one tool for the cleanup of
-# the run before it. Big files are deleted between rounds (few inodes).
+# Each run starts with an empty output folder and store: the last run's
+# files are deleted. For the thousands of tiny files they are moved aside
+# instead (deleted at exit): on ext4 without a journal (this machine's
+# /var/tmp), creating files within a minute of deleting thousands is several
+# times slower (the allocator skips recently deleted inodes), which would
+# charge one tool for the cleanup of the run before it. Big files are
+# deleted at once: kept, their dirty pages would be written back during the
+# next runs.
 TRASHED=0
-fresh() {
+fresh() { rm -rf "$W/out" "$W/store"; mkdir -p "$W/out"; }
+fresh_aside() {
     mkdir -p "$W/trash"
     TRASHED=$((TRASHED + 1))
     [ ! -e "$W/out" ] || mv "$W/out" "$W/trash/out.$TRASHED"
     [ ! -e "$W/store" ] || mv "$W/store" "$W/trash/store.$TRASHED"
     mkdir -p "$W/out"
 }
-empty_trash() { rm -rf "$W/trash"; }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
@@ -246,15 +248,15 @@ one_file_round() { # case file
         --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
         --checksum="sha-256=$sha" "$IPURL/$f"
     fresh; timed "$c" "curl -o /dev/null (no check)" "${CURL[@]}" -o /dev/null "$URL/$f"
-    fresh; empty_trash
 }
 
 # --- many files --------------------------------------------------------------
 many_files_round() { # case dir
-    local c=$1 d=$2
-    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    local c=$1 d=$2 fresh=fresh
+    [ "$c" != tiny ] || fresh=fresh_aside
+    $fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
     if [ "$c" = tiny ]; then
-        fresh
+        $fresh
         timed "$c" "gem-resources install" "${OURS[@]}" install bench "$W/res/$c.json"
         timed "$c" "gem-resources sync (all present)" "${OURS[@]}" sync
         timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
@@ -263,13 +265,13 @@ many_files_round() { # case dir
         mkdir -p "$W/installed"
         mv "$W/store" "$W/installed/store.$run"
     fi
-    fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
-    fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
+    $fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
+    $fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
         "\"\$@\" -Z --parallel-max 8 -K $W/res/$c.curl && cd $W/out && sha256sum -c --quiet $W/res/$c.sums" \
         _ "${CURL[@]}"
-    fresh; timed "$c" "curl -Z --parallel-max 8 --http2 (no check)" "${CURL[@]/--http1.1/--http2}" \
+    $fresh; timed "$c" "curl -Z --parallel-max 8 --http2 (no check)" "${CURL[@]/--http1.1/--http2}" \
         -Z --parallel-max 8 -K "$W/res/$c.curl2"
-    fresh; timed "$c" "aria2c -j8 --checksum" aria2c -q -j8 -x1 --ca-certificate="$CERT" \
+    $fresh; timed "$c" "aria2c -j8 --checksum" aria2c -q -j8 -x1 --ca-certificate="$CERT" \
         --file-allocation=none --allow-overwrite=true -d "$W/out" -i "$W/res/$c.aria2"
 }
 many_inputs() { # case dir
@@ -307,7 +309,7 @@ if has_case tiny; then
     # then the uninstall of each run's installed store.
     say "refused downloads, uninstall"
     for run in $(seq "$RUNS"); do
-        fresh
+        fresh_aside
         timed tiny "gem-resources install, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" \
             install bench "$W/res/tiny-refused.json"
         timed tiny "gem-resources status --json, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" --json status
