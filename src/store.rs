@@ -334,7 +334,9 @@ impl Store {
     /// Removes what no download can use any more, among the files of
     /// `tmp/` no process holds the lock of: leftovers that cannot be resumed
     /// (no record, nothing flushed, a temporary copy) and partial files
-    /// untouched for longer than `max_age`. Returns how many were removed.
+    /// untouched for longer than `max_age`; and the lock file per SHA-256
+    /// that earlier versions left in `locks/` (the locks are now bytes of
+    /// `locks/downloads.lock`). Returns how many were removed.
     pub fn clean_tmp(&self, max_age: std::time::Duration) -> Result<usize> {
         let mut removed = 0;
         let tmp = self.root.join("tmp");
@@ -355,6 +357,17 @@ impl Store {
             };
             let keep = resumable && !partial::older_than(&path, max_age);
             if !keep && fs::remove_file(&path).is_ok() {
+                removed += 1;
+            }
+        }
+        let locks = self.root.join("locks");
+        for entry in fs::read_dir(&locks).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let legacy = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".lock"))
+                .is_some_and(is_sha256);
+            if legacy && fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
         }
@@ -595,6 +608,27 @@ pub fn is_sha256(text: &str) -> bool {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn lock_files_of_earlier_versions_are_removed_and_the_shared_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let locks = store.root().join("locks");
+        let legacy = locks.join(format!("{}.lock", "b".repeat(64)));
+        fs::write(&legacy, b"").unwrap();
+        let held = store.try_lock(&"c".repeat(64)).unwrap();
+        assert!(held.is_some());
+        fs::write(locks.join("registry.lock"), b"").unwrap();
+        assert_eq!(
+            store.clean_tmp(std::time::Duration::from_secs(60)).unwrap(),
+            1
+        );
+        assert!(!legacy.exists());
+        assert!(locks.join("downloads.lock").exists());
+        assert!(locks.join("registry.lock").exists());
+        // The download lock still holds after the cleanup.
+        assert!(store.try_lock(&"c".repeat(64)).unwrap().is_none());
+    }
 
     #[test]
     fn callers_arriving_together_share_fsyncs_and_each_is_covered() {
