@@ -8,7 +8,7 @@
 //! clears whatever is left on Ctrl-C.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
@@ -24,7 +24,10 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 fn multi() -> &'static MultiProgress {
     BARS.get_or_init(|| {
-        MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(Box::new(Stderr), 20))
+        MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(
+            Box::new(Stderr::default()),
+            20,
+        ))
     })
 }
 
@@ -36,8 +39,19 @@ fn multi() -> &'static MultiProgress {
 const RIGHT_MARGIN: u16 = 3;
 
 /// stderr as indicatif's terminal, a few columns narrower than it is.
-#[derive(Debug)]
-struct Stderr;
+///
+/// indicatif writes the bars of one frame as "line, padding to the width,
+/// line, padding, …" with no newline between them: it counts on the terminal
+/// wrapping after the padding. With the narrower width nothing wraps, so the
+/// next line is put on a row of its own here: a line written after a padding
+/// starts with a newline. Any cursor movement starts a new frame.
+#[derive(Debug, Default)]
+struct Stderr {
+    /// The last write was a line, so the next one is its padding.
+    padding_next: AtomicBool,
+    /// The last write was a padding: the row is full.
+    row_full: AtomicBool,
+}
 
 impl Stderr {
     fn write(&self, text: &str) -> std::io::Result<()> {
@@ -46,10 +60,35 @@ impl Stderr {
     }
 
     fn escape(&self, n: usize, code: char) -> std::io::Result<()> {
+        self.moved();
         if n == 0 {
             return Ok(());
         }
         self.write(&format!("\x1b[{n}{code}"))
+    }
+
+    /// The cursor moved: what comes next starts a new frame.
+    fn moved(&self) {
+        self.padding_next.store(false, Ordering::Relaxed);
+        self.row_full.store(false, Ordering::Relaxed);
+    }
+
+    /// What to write for indicatif's `write_str(s)`.
+    fn text_for<'a>(&self, s: &'a str) -> std::borrow::Cow<'a, str> {
+        if s == "\r" {
+            self.moved();
+            return s.into();
+        }
+        if self.padding_next.swap(false, Ordering::Relaxed) {
+            self.row_full.store(true, Ordering::Relaxed);
+            return s.into();
+        }
+        self.padding_next.store(true, Ordering::Relaxed);
+        if self.row_full.swap(false, Ordering::Relaxed) {
+            format!("\r\n{s}").into()
+        } else {
+            s.into()
+        }
     }
 }
 
@@ -74,15 +113,21 @@ impl TermLike for Stderr {
         self.escape(n, 'D')
     }
 
+    fn height(&self) -> u16 {
+        terminal_size().0
+    }
+
     fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.moved();
         self.write(&format!("{s}\n"))
     }
 
     fn write_str(&self, s: &str) -> std::io::Result<()> {
-        self.write(s)
+        self.write(&self.text_for(s))
     }
 
     fn clear_line(&self) -> std::io::Result<()> {
+        self.moved();
         self.write("\r\x1b[2K")
     }
 
@@ -94,6 +139,12 @@ impl TermLike for Stderr {
 
 /// The width of the terminal on stderr (80 when it cannot be told).
 fn terminal_width() -> u16 {
+    terminal_size().1
+}
+
+/// Rows and columns of the terminal on stderr (24 × 80 when they cannot be
+/// told).
+fn terminal_size() -> (u16, u16) {
     let mut size = libc::winsize {
         ws_row: 0,
         ws_col: 0,
@@ -103,10 +154,10 @@ fn terminal_width() -> u16 {
     // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given,
     // which lives for the whole call.
     let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
-    if ok && size.ws_col > 0 {
-        size.ws_col
+    if ok && size.ws_col > 0 && size.ws_row > 0 {
+        (size.ws_row, size.ws_col)
     } else {
-        80
+        (24, 80)
     }
 }
 
@@ -181,5 +232,36 @@ impl Bar {
 impl Drop for Bar {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What one frame of `lines` becomes, as indicatif writes it.
+    fn frame(screen: &Stderr, lines: &[&str]) -> String {
+        let mut out = screen.text_for("\r").into_owned();
+        for line in lines {
+            out.push_str(&screen.text_for(line));
+            out.push_str(&screen.text_for("  "));
+        }
+        out
+    }
+
+    #[test]
+    fn each_bar_of_a_frame_gets_a_row_of_its_own() {
+        let screen = Stderr::default();
+        assert_eq!(frame(&screen, &["a", "b", "c"]), "\ra  \r\nb  \r\nc  ");
+        // The next frame starts after a cursor movement, on the first row.
+        screen.moved();
+        assert_eq!(frame(&screen, &["d"]), "\rd  ");
+        // A line as wide as the terminal has an empty padding.
+        screen.moved();
+        let mut out = screen.text_for("\r").into_owned();
+        for part in ["wide", "", "next", "  "] {
+            out.push_str(&screen.text_for(part));
+        }
+        assert_eq!(out, "\rwide\r\nnext  ");
     }
 }
