@@ -123,6 +123,19 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
         env.origin.served("/held.bin") >= cut as u64
     })
     .await;
+    // Sent is not received: wait until the program has written some of it.
+    let tmp = env.store_dir().join("store-v1/tmp");
+    wait_until("bytes in the partial file", || {
+        std::fs::read_dir(&tmp)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name().to_string_lossy().ends_with(".partial")
+                    && e.metadata().is_ok_and(|m| m.len() > 0)
+            })
+    })
+    .await;
     let status = Command::new("kill")
         .args(["-INT", &child.0.id().to_string()])
         .status()
