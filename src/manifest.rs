@@ -793,6 +793,32 @@ mod url_text_list {
     }
 }
 
+/// The manifest JSON that declares exactly `resources`: optional fields that
+/// hold their default are written anyway, except a missing description. How
+/// a registration's resources are checked against the manifest rules again,
+/// and an entry point for the fuzz targets.
+#[doc(hidden)]
+pub fn manifest_json(resources: &[Resource]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = resources
+        .iter()
+        .map(|r| {
+            let mut entry = serde_json::json!({
+                "id": r.id,
+                "url": r.url.as_str(),
+                "mirrors": r.mirrors.iter().map(url::Url::as_str).collect::<Vec<_>>(),
+                "sha256": r.sha256,
+                "size": r.size,
+                "required": r.required,
+            });
+            if let Some(text) = &r.description {
+                entry["description"] = serde_json::json!(text);
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({ "resources": entries })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

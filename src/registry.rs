@@ -747,7 +747,7 @@ fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registratio
     }
     // A damaged record must not bring back what manifest validation refuses
     // (an empty, duplicate or control-character id, ...).
-    if let Err(error) = crate::manifest::validate(&manifest_form(&reg.resources)) {
+    if let Err(error) = crate::manifest::validate(&crate::manifest::manifest_json(&reg.resources)) {
         let first = error.problems.first().map(ToString::to_string);
         return Err(corrupted(first.unwrap_or_default()));
     }
@@ -764,28 +764,6 @@ fn read_registration(gem: &str, bytes: &[u8], path: &Path) -> Result<Registratio
         )));
     }
     Ok(reg)
-}
-
-/// The manifest JSON that declares exactly `resources`.
-fn manifest_form(resources: &[Resource]) -> serde_json::Value {
-    let entries: Vec<serde_json::Value> = resources
-        .iter()
-        .map(|r| {
-            let mut entry = serde_json::json!({
-                "id": r.id,
-                "url": r.url.as_str(),
-                "mirrors": r.mirrors.iter().map(url::Url::as_str).collect::<Vec<_>>(),
-                "sha256": r.sha256,
-                "size": r.size,
-                "required": r.required,
-            });
-            if let Some(text) = &r.description {
-                entry["description"] = serde_json::json!(text);
-            }
-            entry
-        })
-        .collect();
-    serde_json::json!({ "resources": entries })
 }
 
 /// Parses the bytes of a registration record of `gem` as [`Registry::get`]

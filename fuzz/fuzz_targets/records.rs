@@ -4,9 +4,7 @@
 #![no_main]
 
 use gem_resources::parse_manifest;
-use gem_resources::registry::{
-    encode_failures, parse_failures, parse_registration, valid_gem_id,
-};
+use gem_resources::registry::{encode_failures, parse_failures, parse_registration, valid_gem_id};
 use gem_resources::store::{is_sha256, parse_partial_name, parse_shared_failure};
 use gem_resources_fuzz::{assert_usable_url, manifest_json, metered};
 use libfuzzer_sys::fuzz_target;

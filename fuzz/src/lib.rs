@@ -4,9 +4,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gem_resources::Resource;
-use serde_json::{json, Value};
-
 #[path = "../../tests/it/prop_iana.rs"]
 pub mod iana;
 
@@ -71,28 +68,7 @@ pub fn metered<T>(what: &str, input_len: usize, parse: impl FnOnce() -> T) -> T 
     out
 }
 
-/// The manifest JSON that declares exactly `resources`: optional fields that
-/// hold their default are written anyway, except a missing description.
-pub fn manifest_json(resources: &[Resource]) -> Value {
-    let entries: Vec<Value> = resources
-        .iter()
-        .map(|r| {
-            let mut entry = json!({
-                "id": r.id,
-                "url": r.url.as_str(),
-                "mirrors": r.mirrors.iter().map(url::Url::as_str).collect::<Vec<_>>(),
-                "sha256": r.sha256,
-                "size": r.size,
-                "required": r.required,
-            });
-            if let (Some(text), Some(object)) = (&r.description, entry.as_object_mut()) {
-                object.insert("description".into(), json!(text));
-            }
-            entry
-        })
-        .collect();
-    json!({ "resources": entries })
-}
+pub use gem_resources::manifest::manifest_json;
 
 /// Panics unless `url` is an address a transfer may use: `https`, no
 /// credentials, a host.
