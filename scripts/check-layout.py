@@ -64,6 +64,10 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
     for module, path in modules.items():
         with open(path, encoding="utf-8") as fh:
             text = strip_tests_and_comments(fh.read())
+        # A folder's own file re-exporting what its children define is the
+        # folder's public face, not a dependency of its code.
+        own = re.escape(module)
+        text = re.sub(r"\bpub(\([^)]*\))?\s+use\s+crate::" + own + r"::[^;]*;", "", text)
         targets = set()
         for m in re.finditer(r"\bcrate((?:::\w+)+)", text):
             targets.add(m.group(1)[2:])
@@ -81,7 +85,7 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
             targets.add((base + m.group(1)).lstrip(":"))
         for t in targets:
             dep = longest_module(t, names)
-            if dep and dep != module and not module.startswith(dep + "::") and not dep.startswith(module + "::"):
+            if dep and dep != module:
                 graph[module].add(dep)
     return graph
 

@@ -27,10 +27,11 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::download::RetryPolicy;
 use crate::error::{Error, Result};
-use crate::policy::{Mode, Policy};
-use crate::proxy::ProxyConfig;
+use crate::net::policy::{Mode, Policy};
+use crate::net::proxy::ProxyConfig;
+use crate::net::NetSettings;
+use crate::transfer::retry::RetryPolicy;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -205,7 +206,7 @@ impl Default for ServiceConfig {
 mod mode_serde {
     use serde::{Deserialize, Deserializer};
 
-    use crate::policy::Mode;
+    use crate::net::policy::Mode;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Mode, D::Error> {
         let text = String::deserialize(d)?;
@@ -281,6 +282,23 @@ impl Config {
     /// The store folder: the configured one or the default.
     pub fn store_dir(&self) -> PathBuf {
         self.store.clone().unwrap_or_else(Config::default_store)
+    }
+
+    /// What the network side needs from this configuration.
+    pub fn net_settings(&self) -> Result<NetSettings> {
+        Ok(NetSettings {
+            policy: self.policy()?,
+            connect_timeout: self.connect_timeout(),
+            stall_timeout: self.stall_timeout(),
+            min_bytes_per_min: self.network.min_bytes_per_min,
+            max_bytes_per_sec: self.network.max_bytes_per_sec,
+            max_per_host: self.service.max_per_host,
+            proxy: self.network.proxy.clone(),
+            proxy_resolves: self.network.proxy_resolves,
+            resolve: self.dev.resolve.clone(),
+            allow_addresses: self.dev.allow_addresses.clone(),
+            extra_root_certs: self.dev.extra_root_certs.clone(),
+        })
     }
 
     /// The network policy described by `[network]`.
@@ -427,6 +445,14 @@ fn locate(text: &str, error: &toml::de::Error) -> String {
         String::new()
     };
     format!("line {line_no}, key {key}: {message}{hint}")
+}
+
+impl TryFrom<&Config> for NetSettings {
+    type Error = Error;
+
+    fn try_from(config: &Config) -> Result<NetSettings> {
+        config.net_settings()
+    }
 }
 
 #[cfg(test)]

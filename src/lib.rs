@@ -2,35 +2,34 @@
 //! `resources` list of their manifests.
 //!
 //! # Layout
-//! - [`manifest`]: strict validation of a manifest's `resources`.
-//! - [`guard`]: refuses local and internal-network addresses.
-//! - [`policy`]: the user's allowlist or blocklist of hosts.
-//! - [`config`]: the TOML configuration.
-//! - [`resolve`]: DNS resolution that hands out only guarded addresses.
-//! - [`fetch`]: HTTPS transfers, redirects followed by hand, streaming checks.
-//! - [`store`]: the content-addressed store and its atomic publication.
-//! - [`import`]: files the user already has, matched and copied in offline.
-//! - [`download`](mod@download): one resource over its url and mirrors, resuming.
-//! - [`proxy`]: which proxy a hop uses (`[network] proxy`, `HTTPS_PROXY`,
-//!   `NO_PROXY`), credentials kept out of every message.
-//! - `tunnel`: `CONNECT` to a vetted address through the proxy, TLS inside.
-//! - `response`: one response type for direct and proxied transfers.
-//! - [`retry`]: which failures are retried, backoff and `Retry-After`.
-//! - [`headers`]: parsers for the response headers a server controls.
-//! - [`partial`]: resumable partial files and their records.
-//! - `hosts`: connections per host, counted on the host actually connected to.
-//! - `reason`: short reasons for network failures.
-//! - `sink`: the writer thread that hashes and writes a transfer's bytes.
-//! - [`throttle`]: the bandwidth cap shared by every transfer.
-//! - [`registry`]: installed gems and failure records, crash-safe.
-//! - `limiter`, `scheduler`: bounded, fair, cancellable background downloads.
-//! - `lockfile`: cross-process file locks whose waits can be cancelled.
-//! - `tls`: certificate trust for the `[dev] extra_root_certs` setting.
-//! - [`service`]: [`Resources`], the service the app embeds.
-//! - [`events`]: progress events for a UI.
-//! - [`blocking`]: the service's calls for code without an executor.
-//! - [`error`]: typed errors with stable codes; `code`: the codes as a type.
+//! The folders follow the data, from the manifest to the service; each
+//! uses only the ones above it in this list (`scripts/check-layout.py`
+//! checks that no module or folder depends on itself through others).
+//! - [`manifest`]: a manifest's `resources`, strictly validated (input).
+//! - [`error`]: typed errors with stable codes ([`ErrorCode`]), including
+//!   the refusals of the network rules; every layer returns them.
+//! - [`net`]: what may be connected to and how: the address rules
+//!   ([`guard`]), the user's [`policy`], guarded DNS ([`resolve`]), TLS
+//!   trust, [`proxy`] and `CONNECT` tunnels, header parsers ([`headers`]),
+//!   the bandwidth cap ([`throttle`]), connections per host, and the
+//!   [`NetSettings`](net::NetSettings) it is built from.
+//! - [`store`]: the content-addressed store and its atomic publication,
+//!   resumable [`partial`] files, the [`registry`] of installed gems and
+//!   failures, cross-process locks.
+//! - [`transfer`]: one file from its sources: the HTTPS transfer of one
+//!   address with hand-followed redirects and streaming checks
+//!   ([`fetch`]), url then mirrors with resume ([`download`](mod@download)),
+//!   what is retried ([`retry`]), and the writer thread that hashes and
+//!   writes.
+//! - [`config`]: the TOML configuration, which hands each layer the
+//!   settings it needs.
+//! - [`service`]: [`Resources`], the service the app embeds: the scheduler
+//!   and its fair, bounded slots, progress [`events`], offline
+//!   [`import`], and the [`blocking`] calls for code without an executor.
 //! - [`time`]: RFC 3339 timestamps.
+//!
+//! The old flat paths (`gem_resources::fetch`, `gem_resources::guard`, …)
+//! are re-exports of the same modules.
 //!
 //! The binary `gem-resources` is a thin command-line shell over this API.
 //!
@@ -73,36 +72,21 @@
 
 #![warn(missing_docs)]
 
-pub mod blocking;
-mod code;
 pub mod config;
-pub mod download;
 pub mod error;
-pub mod events;
-pub mod fetch;
-pub mod guard;
-pub mod headers;
-mod hosts;
-pub mod import;
-mod limiter;
-mod lockfile;
 pub mod manifest;
-pub mod partial;
-pub mod policy;
-pub mod proxy;
-mod reason;
-pub mod registry;
-pub mod resolve;
-mod response;
-pub mod retry;
-mod scheduler;
+pub mod net;
 pub mod service;
-mod sink;
 pub mod store;
-pub mod throttle;
 pub mod time;
-mod tls;
-mod tunnel;
+pub mod transfer;
+
+// The modules' paths from before the wings, kept so that code written
+// against them still builds.
+pub use net::{guard, headers, policy, proxy, resolve, throttle};
+pub use service::{blocking, events, import};
+pub use store::{partial, registry};
+pub use transfer::{download, fetch, retry};
 
 pub use config::Config;
 pub use download::{download, download_with, RetryPolicy};

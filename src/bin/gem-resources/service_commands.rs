@@ -85,7 +85,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
 }
 
 /// Whether the configured store was ever created. The folder name is the
-/// store's layout version (see `src/store.rs`).
+/// store's layout version (see `src/store/mod.rs`).
 pub fn store_exists(config: &Config) -> bool {
     config.store_dir().join("store-v1").is_dir()
 }

@@ -26,11 +26,15 @@
 //! Bytes are written to `tmp/` and only a file whose size and digest were
 //! verified is fsynced, made read-only and renamed into `blobs/`. A crash at
 //! any moment leaves at worst a `.partial` file, which the next download of
-//! the same SHA-256 continues (see [`crate::partial`]); [`Store::clean_tmp`]
+//! the same SHA-256 continues (see [`crate::store::partial`]); [`Store::clean_tmp`]
 //! removes leftovers nobody can resume and partial files older than
 //! `network.partial_max_age_days`. The declared size is part of a partial
 //! file's name, so every process can tell how much the downloads in
 //! progress will still write when it checks free space.
+
+pub(crate) mod lockfile;
+pub mod partial;
+pub mod registry;
 
 use std::fs::{self, File};
 use std::io;
@@ -38,7 +42,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::partial::{self, PartialPaths};
+use crate::store::partial::PartialPaths;
+
+/// The most characters a failure's full message keeps, on disk and when it
+/// is shared with another process: a hostile server must not be able to
+/// make records grow without bound.
+pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
@@ -179,14 +188,17 @@ impl Store {
     /// process or task that holds it.
     pub async fn lock(&self, sha256: &str) -> Result<ShaLock> {
         let path = self.lock_path(sha256)?;
-        let file = crate::lockfile::lock_key(&path, sha256).await?;
+        let file = crate::store::lockfile::lock_key(&path, sha256).await?;
         Ok(ShaLock { _file: file })
     }
 
     /// Takes the lock for `sha256` only if nobody holds it.
     pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
         let path = self.lock_path(sha256)?;
-        Ok(crate::lockfile::try_lock_key(&path, sha256)?.map(|file| ShaLock { _file: file }))
+        Ok(
+            crate::store::lockfile::try_lock_key(&path, sha256)?
+                .map(|file| ShaLock { _file: file }),
+        )
     }
 
     fn lock_path(&self, sha256: &str) -> Result<PathBuf> {
@@ -410,10 +422,7 @@ impl Store {
             addresses: addresses.to_vec(),
             code: error.code(),
             code_text: error.code().as_str().to_string(),
-            message: crate::error::shorten_to(
-                &error.to_string(),
-                crate::registry::MAX_FAILURE_MESSAGE_CHARS,
-            ),
+            message: crate::error::shorten_to(&error.to_string(), MAX_FAILURE_MESSAGE_CHARS),
         };
         let Ok(bytes) = serde_json::to_vec(&record) else {
             return;

@@ -13,6 +13,12 @@
 //! - One download per SHA-256 however many callers wait, in this process
 //!   (one job) or across processes (the store's per-SHA-256 lock).
 
+pub mod blocking;
+pub mod events;
+pub mod import;
+pub(crate) mod limiter;
+pub(crate) mod scheduler;
+
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -27,15 +33,15 @@ use tokio::sync::broadcast;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorCode, Result};
-use crate::events::{Event, DEFAULT_EVENT_BUFFER};
-use crate::fetch::Fetcher;
 use crate::manifest::{Manifest, Resource};
-use crate::policy::Policy;
-use crate::registry::{check_gem_id, FailureRecord, Registration, Registry};
-use crate::scheduler::{Deps, JobResult, JobState, Scheduler};
+use crate::net::policy::Policy;
+use crate::service::events::{Event, DEFAULT_EVENT_BUFFER};
+use crate::service::scheduler::{Deps, JobResult, JobState, Scheduler};
+use crate::store::registry::{check_gem_id, FailureRecord, Registration, Registry};
 use crate::store::Store;
+use crate::transfer::fetch::Fetcher;
 
-pub use crate::blocking::Blocking;
+pub use crate::service::blocking::Blocking;
 
 /// Files deleted at once by an uninstall or upgrade.
 const DELETE_WORKERS: usize = 16;
@@ -314,7 +320,7 @@ impl Resources {
         &self.inner.store
     }
 
-    /// Subscribes to progress events (see [`crate::events`] for what they
+    /// Subscribes to progress events (see [`crate::service::events`] for what they
     /// promise, and for the buffer).
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.inner.events.subscribe()
@@ -365,13 +371,6 @@ impl Resources {
             // The runtime itself is shutting down.
             Err(_) => Err(Error::Shutdown),
         }
-    }
-
-    /// Blocking versions of the service's calls, for code without an
-    /// executor. Never call them from inside an async task (they block the
-    /// thread, and panic on the service's own runtime).
-    pub fn blocking(&self) -> Blocking {
-        Blocking::new(self.clone())
     }
 
     /// The runtime the service runs on.

@@ -11,7 +11,7 @@
 //! every [`WRITE_BACK_BYTES`] the thread asks the kernel to start writing the
 //! last window back (`sync_file_range`), and every [`CHECKPOINT_BYTES`] or
 //! [`CHECKPOINT_EVERY`] it flushes the file (`fdatasync`) and records the
-//! flushed length next to the partial file ([`crate::partial`]). After a
+//! flushed length next to the partial file ([`crate::store::partial`]). After a
 //! crash only that flushed prefix is trusted. When the transfer ends early
 //! (an error, a cancellation, the sender dropped), the thread flushes once
 //! more and records the length, so an interruption keeps every byte.
@@ -24,7 +24,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::partial::Checkpointer;
+use crate::store::partial::Checkpointer;
 
 /// Batches in flight between the network and the writer thread (each about
 /// [`BATCH_BYTES`]), which bounds the memory of one transfer.
@@ -505,7 +505,7 @@ fn start_write_back(file: &File, from: u64, len: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partial::PartialPaths;
+    use crate::store::partial::PartialPaths;
 
     const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{shorten_to, Error, ErrorCode, Result};
 use crate::manifest::Resource;
-use crate::store::Store;
+use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
 /// A gem's registration: its validated resources.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,10 +93,6 @@ pub struct AttemptRecord {
 const MAX_RECORDED_ATTEMPTS: usize = 17;
 /// The most characters a recorded address or reason keeps.
 const MAX_RECORDED_TEXT_CHARS: usize = 2048;
-/// The most characters a failure's full message keeps, on disk and when it
-/// is shared with another process: a hostile server must not be able to
-/// make records grow without bound.
-pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
 impl FailureRecord {
     /// Records `error` of a download of `resource` as of now. The record
@@ -267,7 +263,7 @@ impl Registry {
 
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
-        let file = crate::lockfile::lock(&self.lock).await?;
+        let file = crate::store::lockfile::lock(&self.lock).await?;
         Ok(RegistryLock { _file: file })
     }
 

@@ -32,14 +32,14 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::download::{download_with, RetryPolicy};
 use crate::error::Error;
-use crate::events::Event;
-use crate::fetch::Fetcher;
-use crate::limiter::Limiter;
 use crate::manifest::Resource;
-use crate::registry::{FailureRecord, Registry};
+use crate::service::events::Event;
+use crate::service::limiter::Limiter;
+use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
+use crate::transfer::download::{download_with, RetryPolicy};
+use crate::transfer::fetch::Fetcher;
 
 /// How often progress events are published per download at most.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -518,7 +518,7 @@ struct JobProgress<'a> {
     last: Instant,
 }
 
-impl crate::fetch::Reporter for JobProgress<'_> {
+impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     fn resumed(&mut self, offset: u64) {
         self.job.bytes.store(offset, Ordering::Relaxed);
         self.scheduler.each(self.job, |w| Event::Resumed {

@@ -29,6 +29,14 @@ use crate::error::AttemptError;
 /// Longest backoff between two tries of one address.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+impl AttemptError {
+    /// Whether trying the same address again later may succeed
+    /// (decided by [`is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        is_transient(self)
+    }
+}
+
 /// Whether another try of the same address may succeed.
 pub fn is_transient(error: &AttemptError) -> bool {
     match error {

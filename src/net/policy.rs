@@ -12,7 +12,7 @@
 //! addresses, so `[::1]` and `::1` are the same pattern, and an IPv4 pattern
 //! matches every IPv6 spelling that carries that address: IPv4-mapped,
 //! IPv4-compatible, NAT64 (`64:ff9b::/96` and `64:ff9b:1::/48`), 6to4 and
-//! Teredo, as the address guard reads them ([`crate::guard::embedded_ipv4`]).
+//! Teredo, as the address guard reads them ([`crate::net::guard::embedded_ipv4`]).
 
 use std::net::IpAddr;
 
@@ -40,18 +40,7 @@ impl Mode {
     }
 }
 
-/// Why a policy could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PolicyError {
-    /// A host pattern is not an exact host or a `*.domain` wildcard.
-    #[error("invalid host pattern {pattern:?}: {reason}")]
-    InvalidPattern {
-        /// The pattern as given.
-        pattern: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-}
+pub use crate::error::PolicyError;
 
 /// One parsed host pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +70,7 @@ impl Pattern {
             (Pattern::Ip(pattern), HostKey::Ip(ip)) => {
                 pattern == ip
                     || matches!((pattern, ip), (IpAddr::V4(v4), IpAddr::V6(v6))
-                        if crate::guard::embedded_ipv4(*v6) == Some(*v4))
+                        if crate::net::guard::embedded_ipv4(*v6) == Some(*v4))
             }
             _ => false,
         }

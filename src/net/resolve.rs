@@ -18,7 +18,7 @@ use hickory_resolver::TokioResolver;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::error::AttemptError;
-use crate::guard::{AddressGuard, Blocked};
+use crate::net::guard::{AddressGuard, Blocked};
 
 /// The answers of a name lookup, or why there are none.
 pub type LookupResult = Result<Vec<IpAddr>, AttemptError>;
@@ -140,7 +140,7 @@ impl GuardedResolver {
         let answers = match self.inner.fixed.get(&key) {
             Some(ips) => ips.clone(),
             None => {
-                if let Some(reason) = crate::guard::classify_name(&key) {
+                if let Some(reason) = crate::net::guard::classify_name(&key) {
                     return Err(AttemptError::Address(Blocked {
                         address: key,
                         reason: reason.to_string(),

@@ -28,7 +28,7 @@ use tokio_rustls::TlsConnector;
 use url::{Host, Url};
 
 use crate::error::AttemptError;
-use crate::proxy::ProxyUrl;
+use crate::net::proxy::ProxyUrl;
 
 /// Largest proxy answer head to `CONNECT` read before giving up.
 const MAX_CONNECT_HEAD: usize = 8 * 1024;
@@ -74,7 +74,7 @@ impl Tunnels {
             .tls
             .connect(host, stream)
             .await
-            .map_err(|e| network("TLS handshake with", &crate::fetch::chain(&e)))?;
+            .map_err(|e| network("TLS handshake with", &crate::net::reason::chain(&e)))?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| network("HTTP handshake with", &e))?;
@@ -86,7 +86,7 @@ impl Tunnels {
         sender
             .send_request(request)
             .await
-            .map_err(|e| network("request to", &crate::fetch::chain(&e)))
+            .map_err(|e| network("request to", &crate::net::reason::chain(&e)))
     }
 
     /// A stream through `proxy` to `target`, once the proxy agreed.
@@ -111,7 +111,7 @@ impl Tunnels {
             let tls = self.tls.connect(name, tcp).await.map_err(|e| {
                 unreachable(&format!(
                     "TLS handshake failed: {}",
-                    crate::fetch::chain(&e)
+                    crate::net::reason::chain(&e)
                 ))
             })?;
             Box::new(tls)

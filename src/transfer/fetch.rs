@@ -7,7 +7,7 @@
 //! are resolved by [`GuardedResolver`], so the addresses the client connects
 //! to are the ones that passed the guard.
 //!
-//! Through a proxy ([`crate::proxy`]), the hop's address is resolved and
+//! Through a proxy ([`crate::net::proxy`]), the hop's address is resolved and
 //! vetted the same way and the proxy is asked to `CONNECT` to that address,
 //! never to the name (`tunnel`); only `[network] proxy_resolves`
 //! hands the name over.
@@ -31,19 +31,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
-use crate::config::Config;
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::guard::{AddressGuard, Blocked};
-use crate::headers;
-use crate::hosts::{HostPermit, HostSlots};
-use crate::partial::{Checkpointer, PartialPaths};
-use crate::policy::Policy;
-use crate::proxy::{ProxySettings, ProxyUrl};
-use crate::resolve::{GuardedResolver, LookupRefused};
-use crate::response::{BodyError, Response};
-use crate::sink::{Sink, Target};
-use crate::throttle::Throttle;
-use crate::tunnel::Tunnels;
+use crate::net::guard::{AddressGuard, Blocked};
+use crate::net::headers;
+use crate::net::hosts::{HostPermit, HostSlots};
+use crate::net::policy::Policy;
+use crate::net::proxy::{ProxySettings, ProxyUrl};
+use crate::net::reason::chain;
+use crate::net::resolve::{GuardedResolver, LookupRefused};
+use crate::net::response::{BodyError, Response};
+use crate::net::throttle::Throttle;
+use crate::net::tunnel::Tunnels;
+use crate::net::NetSettings;
+use crate::store::partial::{Checkpointer, PartialPaths};
+use crate::transfer::sink::{Sink, Target};
 
 /// Redirects followed at most; the next one is refused.
 pub const MAX_REDIRECTS: usize = 5;
@@ -73,7 +74,7 @@ pub struct Transfer {
 #[derive(Debug)]
 pub(crate) enum TransferError {
     /// The address failed; the same address may be retried or the next one
-    /// tried ([`crate::retry`] decides).
+    /// tried ([`crate::transfer::retry`] decides).
     Attempt(Attempt),
     /// Writing locally failed; trying another address would not help.
     Local(Error),
@@ -180,40 +181,53 @@ pub enum Route {
 pub const PROGRESS_WINDOW: Duration = Duration::from_secs(60);
 
 impl Fetcher {
-    /// Builds a fetcher from the configuration, taking the proxy variables
+    /// Builds a fetcher from the configuration (`&Config`, or anything else
+    /// that yields [`NetSettings`]), taking the proxy variables
     /// (`HTTPS_PROXY`, `NO_PROXY`, …) from the process environment.
-    pub fn new(config: &Config) -> Result<Fetcher> {
-        let proxy = ProxySettings::from_env(&config.network.proxy, config.network.proxy_resolves)?;
-        Fetcher::with_proxy(config, proxy)
+    pub fn new<S>(settings: S) -> Result<Fetcher>
+    where
+        S: TryInto<NetSettings, Error = Error>,
+    {
+        let settings = settings.try_into()?;
+        let proxy = ProxySettings::from_env(&settings.proxy, settings.proxy_resolves)?;
+        Fetcher::from_settings(settings, proxy)
     }
 
     /// Builds a fetcher from the configuration with these proxy settings.
-    pub fn with_proxy(config: &Config, proxy: ProxySettings) -> Result<Fetcher> {
+    pub fn with_proxy<S>(settings: S, proxy: ProxySettings) -> Result<Fetcher>
+    where
+        S: TryInto<NetSettings, Error = Error>,
+    {
+        Fetcher::from_settings(settings.try_into()?, proxy)
+    }
+
+    /// Builds a fetcher from network settings and proxy settings.
+    pub fn from_settings(settings: NetSettings, proxy: ProxySettings) -> Result<Fetcher> {
         crate::install_crypto_provider();
-        let names: Vec<String> = config.dev.resolve.keys().cloned().collect();
-        let guard = if config.dev.allow_addresses.is_empty() && names.is_empty() {
+        let names: Vec<String> = settings.resolve.keys().cloned().collect();
+        let guard = if settings.allow_addresses.is_empty() && names.is_empty() {
             AddressGuard::new()
         } else {
-            AddressGuard::with_exemptions(config.dev.allow_addresses.clone(), names)
+            AddressGuard::with_exemptions(settings.allow_addresses.clone(), names)
         };
-        let resolver = GuardedResolver::new(guard, config.dev.resolve.clone());
+        let resolver = GuardedResolver::new(guard, settings.resolve.clone());
         let mut certs = Vec::new();
-        for path in &config.dev.extra_root_certs {
-            certs.extend(crate::tls::read_pem_certs(path)?);
+        for path in &settings.extra_root_certs {
+            certs.extend(crate::net::tls::read_pem_certs(path)?);
         }
         let tunnels = Tunnels::new(
-            crate::tls::client_config(certs.clone())?,
-            config.connect_timeout(),
+            crate::net::tls::client_config(certs.clone())?,
+            settings.connect_timeout,
         );
         let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .referer(false)
-            .connect_timeout(config.connect_timeout())
+            .connect_timeout(settings.connect_timeout)
             .tcp_nodelay(true)
             .dns_resolver(resolver.clone());
         if !certs.is_empty() {
-            builder = builder.tls_backend_preconfigured(crate::tls::client_config(certs)?);
+            builder = builder.tls_backend_preconfigured(crate::net::tls::client_config(certs)?);
         }
         let client = builder
             .build()
@@ -221,13 +235,13 @@ impl Fetcher {
         Ok(Fetcher {
             client,
             resolver,
-            policy: Arc::new(RwLock::new(config.policy()?)),
+            policy: Arc::new(RwLock::new(settings.policy)),
             policy_version: Arc::new(watch::channel(0).0),
-            stall: config.stall_timeout(),
-            connect: config.connect_timeout(),
-            min_per_minute: config.network.min_bytes_per_min,
-            throttle: Throttle::new(config.network.max_bytes_per_sec),
-            hosts: HostSlots::new(config.service.max_per_host),
+            stall: settings.stall_timeout,
+            connect: settings.connect_timeout,
+            min_per_minute: settings.min_bytes_per_min,
+            throttle: Throttle::new(settings.max_bytes_per_sec),
+            hosts: HostSlots::new(settings.max_per_host),
             proxy: Arc::new(proxy),
             tunnels,
         })
@@ -468,7 +482,7 @@ impl Fetcher {
         let mut policy_changes = self.policy_version.subscribe();
         let mut received = offset;
         let mut window = (Instant::now(), received);
-        let mut checkpoints = tokio::time::interval(crate::sink::CHECKPOINT_EVERY);
+        let mut checkpoints = tokio::time::interval(crate::transfer::sink::CHECKPOINT_EVERY);
         checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         checkpoints.reset();
         // The stall timer runs from the last byte, whatever else wakes the
@@ -800,7 +814,7 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
     }
     let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
     AttemptError::Network {
-        reason: crate::reason::network_reason(e, host),
+        reason: crate::net::reason::network_reason(e, host),
     }
 }
 
@@ -820,7 +834,7 @@ fn body_error(
                 io.kind(),
                 ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
             ) {
-                let why = crate::reason::network_reason(e, "");
+                let why = crate::net::reason::network_reason(e, "");
                 return AttemptError::Network {
                     reason: format!("{why} after {received} bytes"),
                 };
@@ -830,28 +844,15 @@ fn body_error(
     }
     let detail = format!(
         "the connection closed after {received} bytes ({})",
-        crate::reason::network_reason(e, "")
+        crate::net::reason::network_reason(e, "")
     );
     size_error(expected, limit, detail)
-}
-
-/// The error and its causes on one line, without repeats.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn fetcher(min_per_minute: u64) -> Fetcher {
         let mut config = Config::default();

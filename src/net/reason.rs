@@ -8,7 +8,7 @@ use std::io;
 
 /// The reason for a failure to connect or to read, from an error chain.
 pub(crate) fn network_reason(e: &(dyn StdError + 'static), host: &str) -> String {
-    tracing::debug!(host, "network failure: {}", crate::fetch::chain(e));
+    tracing::debug!(host, "network failure: {}", chain(e));
     let mut source: Option<&(dyn StdError + 'static)> = Some(e);
     let mut innermost = e.to_string();
     while let Some(s) = source {
@@ -69,6 +69,20 @@ fn tls_reason(e: &rustls::Error, host: &str) -> String {
         }
         other => format!("TLS: {other}"),
     }
+}
+
+/// The error and its causes on one line, without repeats.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }
 
 #[cfg(test)]

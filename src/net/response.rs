@@ -1,6 +1,6 @@
 //! A response head and its streaming body, whichever path produced it: the
-//! HTTP client directly, or a tunnel through a proxy ([`crate::tunnel`]).
-//! The transfer loop in [`crate::fetch`] reads both the same way.
+//! HTTP client directly, or a tunnel through a proxy ([`crate::net::tunnel`]).
+//! The transfer loop in [`crate::transfer::fetch`] reads both the same way.
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};

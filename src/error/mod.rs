@@ -25,16 +25,18 @@
 //! the crate returns this one type, so `?` works in an app that uses
 //! [`Result`].
 
+mod code;
+mod refusal;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use url::Url;
 
-use crate::guard::Blocked;
 use crate::manifest::ManifestError;
-use crate::policy::PolicyError;
 
-pub use crate::code::{ErrorCode, CODES};
+pub use crate::error::code::{ErrorCode, CODES};
+pub use crate::error::refusal::{Blocked, PolicyError};
 
 /// Why one address failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,12 +139,6 @@ impl AttemptError {
             AttemptError::Sha256 { .. } => ErrorCode::Sha256,
         }
     }
-
-    /// Whether trying the same address again later may succeed
-    /// (decided in [`crate::retry`]).
-    pub fn is_transient(&self) -> bool {
-        crate::retry::is_transient(self)
-    }
 }
 
 /// One failed try of one address.
@@ -241,7 +237,7 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
     /// A gem id breaks the rules of
-    /// [`check_gem_id`](crate::registry::check_gem_id).
+    /// [`check_gem_id`](crate::store::registry::check_gem_id).
     #[error("invalid gem id {id:?}: {reason}")]
     GemId {
         /// The id as given (shortened when long).

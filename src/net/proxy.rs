@@ -419,7 +419,7 @@ mod tests {
 
 #[cfg(test)]
 mod config_tests {
-    use crate::proxy::{ProxyConfig, ProxyUrl};
+    use crate::net::proxy::{ProxyConfig, ProxyUrl};
     use crate::Config;
 
     #[test]

@@ -18,29 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use url::Host;
 
-/// Why an address is refused: `address` is the host or IP as text, `reason` a
-/// short phrase such as "loopback", "private network (10.0.0.0/8)",
-/// "link-local", "carrier-grade NAT", "local host name".
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{} is a local or internal-network address ({reason})",
-    crate::error::shorten(address)
-)]
-pub struct Blocked {
-    /// The refused host name or IP address, as text.
-    pub address: String,
-    /// A short phrase saying which rule refused it.
-    pub reason: String,
-}
-
-impl Blocked {
-    fn new(address: impl Into<String>, reason: &str) -> Self {
-        Self {
-            address: address.into(),
-            reason: reason.to_owned(),
-        }
-    }
-}
+pub use crate::error::Blocked;
 
 /// The ways an IPv6 address can carry an IPv4 address; used to index
 /// [`V4Block::embedded`].

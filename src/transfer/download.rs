@@ -1,7 +1,7 @@
 //! One resource, downloaded exactly once into the store.
 //!
 //! This is the one place that decides "try the next address": the url, then
-//! each mirror in order. Each address is tried until [`crate::retry`] says
+//! each mirror in order. Each address is tried until [`crate::transfer::retry`] says
 //! to move on: transient failures (network, `408`, `429`, `5xx`) are
 //! retried on the same address after a backoff (or the server's
 //! `Retry-After`), continuing the bytes already received with `Range`;
@@ -21,12 +21,12 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
 use crate::manifest::Resource;
-use crate::partial::PartialPaths;
-use crate::retry::Decision;
-pub use crate::retry::RetryPolicy;
+use crate::store::partial::PartialPaths;
 use crate::store::Store;
+use crate::transfer::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
+use crate::transfer::retry::Decision;
+pub use crate::transfer::retry::RetryPolicy;
 
 /// Returns the local path of `resource`, downloading and verifying it first
 /// when the store does not have it. `progress` receives the bytes of the

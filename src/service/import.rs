@@ -21,8 +21,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::manifest::Resource;
-use crate::registry::Registry;
 use crate::service::Resources;
+use crate::store::registry::Registry;
 use crate::store::Store;
 
 /// Read buffer for hashing; memory stays constant whatever the file size.

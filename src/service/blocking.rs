@@ -19,6 +19,15 @@ pub struct Blocking {
     service: Resources,
 }
 
+impl Resources {
+    /// Blocking versions of the service's calls, for code without an
+    /// executor. Never call them from inside an async task (they block the
+    /// thread, and panic on the service's own runtime).
+    pub fn blocking(&self) -> Blocking {
+        Blocking::new(self.clone())
+    }
+}
+
 impl Blocking {
     pub(crate) fn new(service: Resources) -> Blocking {
         Blocking { service }

@@ -1,0 +1,27 @@
+//! The network wing: what may be connected to, and how.
+//!
+//! Owns the address rules ([`guard`]), the user's allowlist or blocklist
+//! ([`policy`]), resolution that hands out only vetted addresses
+//! ([`resolve`]), certificate trust (`tls`), proxies and `CONNECT`
+//! tunnels ([`proxy`], `tunnel`), one response type for both
+//! (`response`), the parsers of headers a server controls ([`headers`]),
+//! short failure reasons (`reason`), the bandwidth cap ([`throttle`]) and
+//! connections per host (`hosts`).
+//!
+//! Uses only [`crate::error`]; knows nothing of files, the store or the
+//! service.
+
+pub mod guard;
+pub mod headers;
+pub(crate) mod hosts;
+pub mod policy;
+pub mod proxy;
+pub(crate) mod reason;
+pub mod resolve;
+pub(crate) mod response;
+mod settings;
+pub mod throttle;
+pub(crate) mod tls;
+pub(crate) mod tunnel;
+
+pub use settings::NetSettings;

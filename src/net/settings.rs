@@ -1,0 +1,43 @@
+//! What the network side needs to know, handed down by the layer above
+//! (`Config::net_settings` builds it from the configuration file), so that
+//! the network code never reads the configuration itself.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::net::policy::Policy;
+use crate::net::proxy::ProxyConfig;
+
+/// The network settings of a [`Fetcher`](crate::Fetcher).
+#[derive(Debug, Clone)]
+pub struct NetSettings {
+    /// The user's allowlist or blocklist at start (replaceable live).
+    pub policy: Policy,
+    /// Longest wait for a TCP connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for the next byte (or, added to the connect timeout,
+    /// the response head).
+    pub stall_timeout: Duration,
+    /// Fewer bytes than this in a minute abandons a transfer (0: no floor).
+    pub min_bytes_per_min: u64,
+    /// The cap on all transfers of the process together (`None`: no cap).
+    pub max_bytes_per_sec: Option<u64>,
+    /// Connections at once to any one host.
+    pub max_per_host: usize,
+    /// Which proxy to use (`[network] proxy`).
+    pub proxy: ProxyConfig,
+    /// Whether the proxy resolves names (`[network] proxy_resolves`).
+    pub proxy_resolves: bool,
+    /// Development only: fixed DNS answers (`[dev] resolve`).
+    pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Development only: ranges exempt from the address rule
+    /// (`[dev] allow_addresses`).
+    pub allow_addresses: Vec<IpNet>,
+    /// Development only: PEM files trusted besides the system roots
+    /// (`[dev] extra_root_certs`).
+    pub extra_root_certs: Vec<PathBuf>,
+}
