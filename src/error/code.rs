@@ -199,6 +199,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_readme_lists_every_code() {
+        let readme = include_str!("../../README.md");
+        for code in CODES {
+            assert!(
+                readme.contains(&format!("`{}`", code.as_str())),
+                "README.md does not list {}",
+                code.as_str()
+            );
+        }
+    }
+
+    #[test]
     fn every_code_serialises_as_its_text_and_reads_back() {
         for code in CODES {
             let json = serde_json::to_string(code).unwrap();
