@@ -209,8 +209,12 @@ pub enum Error {
     },
     /// Not enough free space for the download; nothing was requested.
     #[error(
-        "resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
-        store.display()
+        "resource {resource:?}: needs {} but only {} {} free in {} (after {} still to be written by downloads in progress)",
+        human_bytes(*needed),
+        human_bytes(*available),
+        if *available == 1 { "is" } else { "are" },
+        store.display(),
+        human_bytes(*reserved)
     )]
     DiskSpace {
         /// The resource id.
@@ -223,6 +227,27 @@ pub enum Error {
         reserved: u64,
         /// The store folder.
         store: PathBuf,
+    },
+    /// A write failed because the file system is full (`ENOSPC`) or the
+    /// user's quota is used up (`EDQUOT`); its code is
+    /// `E_RESOURCE_DISK_SPACE`.
+    #[error(
+        "{context} {}: no space left ({source}): needs {} more, {} free",
+        path.display(),
+        human_bytes(*needed),
+        human_bytes(*available)
+    )]
+    DiskFull {
+        /// What was being done.
+        context: String,
+        /// The file being written.
+        path: PathBuf,
+        /// Bytes still to be written when it failed.
+        needed: u64,
+        /// Free bytes on the file system when it failed.
+        available: u64,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
     },
     /// A local file operation failed.
     #[error("{context} {}: {source}", path.display())]
@@ -320,7 +345,7 @@ impl Error {
             Error::Attempt(a) => a.code(),
             Error::Unavailable { .. } => ErrorCode::Unavailable,
             Error::FailedElsewhere { code, .. } => *code,
-            Error::DiskSpace { .. } => ErrorCode::DiskSpace,
+            Error::DiskSpace { .. } | Error::DiskFull { .. } => ErrorCode::DiskSpace,
             Error::Io { .. } => ErrorCode::Io,
             Error::Config(_) => ErrorCode::Config,
             Error::GemId { .. } => ErrorCode::GemId,
@@ -393,6 +418,33 @@ pub(crate) fn shorten_to(text: &str, max_chars: usize) -> String {
         None => text.to_string(),
         Some((cut, _)) => format!("{}… ({} characters)", &text[..cut], text.chars().count()),
     }
+}
+
+/// Whether `e` says the file system is full or the quota used up.
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+        return true;
+    }
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// A byte count for people, in binary units: `512 B`, `1.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// The library's result type.

@@ -31,6 +31,14 @@
 //! `network.partial_max_age_days`. The declared size is part of a partial
 //! file's name, so every process can tell how much the downloads in
 //! progress will still write when it checks free space.
+//!
+//! The store trusts only what its own user made (see [`trust`]): its
+//! folders are `0700` and refused at open when another user owns them or
+//! can write them; partial files, records and logs are opened without
+//! following symbolic links and checked to be regular files of the user;
+//! a verified file is one of the user's regular files, `0400`.
+
+mod trust;
 
 use std::fs::{self, File};
 use std::io;
@@ -39,6 +47,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::partial::{self, PartialPaths};
+
+pub(crate) use trust::{is_own_file as trust_file, open_own, read_own};
 
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
@@ -69,10 +79,14 @@ impl Store {
         let dir = std::path::absolute(dir)
             .map_err(|e| Error::io("cannot resolve store folder", dir, e))?;
         let root = dir.join(LAYOUT);
-        for sub in ["blobs", "tmp", "locks", "gems", "failures"] {
-            let path = root.join(sub);
-            fs::create_dir_all(&path)
+        let subs = ["blobs", "tmp", "locks", "gems", "failures"];
+        let folders = [dir.clone(), root.clone()]
+            .into_iter()
+            .chain(subs.iter().map(|sub| root.join(sub)));
+        for path in folders {
+            trust::create_folder(&path)
                 .map_err(|e| Error::io("cannot create store folder", &path, e))?;
+            trust::check_folder(&path)?;
         }
         Ok(Store {
             root,
@@ -95,39 +109,88 @@ impl Store {
     /// has these bytes (under this or another name: another name gets a hard
     /// link, so the tool still sees its own file name). No hashing: files in
     /// `blobs/` were verified before they got there.
+    ///
+    /// Only regular files of the store's user count: a symbolic link or
+    /// another user's file planted in `blobs/` is never returned (the bytes
+    /// are then missing, and a download replaces the entry).
+    ///
+    /// When the file system has no hard links, the other name is a copy;
+    /// from async code use [`Store::find_off_runtime`], which makes that
+    /// copy on a blocking thread.
     pub fn find(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
-        check_sha256(sha256)?;
-        let wanted = self.blob_path(sha256, name);
-        if wanted.is_file() {
-            return Ok(Some(wanted));
+        match self.find_present(sha256, name)? {
+            Found::Here(path) => Ok(Some(path)),
+            Found::Nothing => Ok(None),
+            Found::Elsewhere(existing) => self.link_or_copy(sha256, name, &existing).map(Some),
         }
-        let dir = self.root.join("blobs").join(sha256);
-        let Some(existing) = first_file(&dir) else {
-            return Ok(None);
-        };
-        match fs::hard_link(&existing, &wanted) {
-            Ok(()) => Ok(Some(wanted)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(wanted)),
-            Err(_) => {
-                // No hard links on this file system: copy, but publish the
-                // copy like a download (whole, read-only, renamed into
-                // place), so nobody sees a half-copied file.
-                let tmp = self.root.join("tmp");
-                let copy = tempfile::Builder::new()
-                    .prefix(&format!("{sha256}.copy."))
-                    .tempfile_in(&tmp)
-                    .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
-                let fail = |e| Error::io("cannot copy stored file to", &wanted, e);
-                fs::copy(&existing, copy.path()).map_err(fail)?;
-                copy.as_file().sync_all().map_err(fail)?;
-                let mut perms = copy.as_file().metadata().map_err(fail)?.permissions();
-                perms.set_readonly(true);
-                copy.as_file().set_permissions(perms).map_err(fail)?;
-                copy.persist(&wanted).map_err(|e| fail(e.error))?;
-                sync_dir(&dir);
-                Ok(Some(wanted))
+    }
+
+    /// [`Store::find`] for async code: a copy (no hard links on this file
+    /// system) is made on the runtime's blocking threads.
+    pub async fn find_off_runtime(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
+        match self.find_present(sha256, name)? {
+            Found::Here(path) => Ok(Some(path)),
+            Found::Nothing => Ok(None),
+            Found::Elsewhere(existing) => {
+                let (store, sha256, name) = (self.clone(), sha256.to_string(), name.to_string());
+                off_runtime(&self.root, move || {
+                    store.link_or_copy(&sha256, &name, &existing).map(Some)
+                })
+                .await
             }
         }
+    }
+
+    /// Where the verified bytes of `sha256` are: under `name`, under
+    /// another name only, or nowhere.
+    fn find_present(&self, sha256: &str, name: &str) -> Result<Found> {
+        check_sha256(sha256)?;
+        let dir = self.root.join("blobs").join(sha256);
+        if !trust::is_own_folder_at(&dir) {
+            return Ok(Found::Nothing);
+        }
+        let wanted = dir.join(name);
+        if trust::is_own_file_at(&wanted) {
+            return Ok(Found::Here(wanted));
+        }
+        Ok(match first_file(&dir) {
+            Some(existing) => Found::Elsewhere(existing),
+            None => Found::Nothing,
+        })
+    }
+
+    /// Gives the verified file `existing` of `sha256` the name `name` too:
+    /// a hard link, else a copy.
+    fn link_or_copy(&self, sha256: &str, name: &str, existing: &Path) -> Result<PathBuf> {
+        let dir = self.root.join("blobs").join(sha256);
+        let wanted = dir.join(name);
+        match fs::hard_link(existing, &wanted) {
+            Ok(()) => return Ok(wanted),
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists && trust::is_own_file_at(&wanted) =>
+            {
+                return Ok(wanted)
+            }
+            Err(_) => {}
+        }
+        // No hard links on this file system (or an entry the store does not
+        // trust in the way): copy, but publish the copy like a download
+        // (whole, read-only, renamed into place), so nobody sees a
+        // half-copied file.
+        let tmp = self.root.join("tmp");
+        let copy = tempfile::Builder::new()
+            .prefix(&format!("{sha256}.copy."))
+            .tempfile_in(&tmp)
+            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
+        let needed = fs::symlink_metadata(existing).map_or(0, |m| m.len());
+        let fail = |e| write_failed("cannot copy stored file to", &wanted, e, needed);
+        let mut from = open_own(existing, fs::OpenOptions::new().read(true)).map_err(fail)?;
+        io::copy(&mut from, &mut copy.as_file()).map_err(fail)?;
+        copy.as_file().sync_all().map_err(fail)?;
+        trust::make_blob(copy.as_file()).map_err(fail)?;
+        copy.persist(&wanted).map_err(|e| fail(e.error))?;
+        sync_dir(&dir);
+        Ok(wanted)
     }
 
     /// Whether the store holds the bytes of `sha256` under any name.
@@ -149,17 +212,10 @@ impl Store {
     }
 
     /// The verified files of `sha256` (one per name).
+    /// Only regular files of the store's user are listed (see
+    /// [`Store::find`]).
     pub fn blob_files(&self, sha256: &str) -> Vec<PathBuf> {
-        let dir = self.root.join("blobs").join(sha256);
-        let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        files
+        own_files(&self.root.join("blobs").join(sha256))
     }
 
     /// Deletes the bytes of `sha256` (every name).
@@ -206,15 +262,25 @@ impl Store {
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
         let paths = PartialPaths::new(&tmp, sha256, size);
+        // Partial files of `sha256` declared with another size go first:
+        // their space comes back too.
         for (path, sha, declared) in partial_files(&tmp) {
             if sha == sha256 && declared != size {
                 PartialPaths::new(&tmp, sha256, declared).remove();
                 let _ = fs::remove_file(path);
             }
         }
+        // A partial file the store did not make (a symbolic link, another
+        // user's file) is dropped, never written through or published.
+        if fs::symlink_metadata(&paths.data).is_ok_and(|m| !trust::is_own_file(&m)) {
+            paths.remove();
+        }
         let kept = paths.kept().map_or(0, |(_, n)| n);
         let needed = size - kept.min(size);
-        let available = available_space(&tmp)?;
+        // What the file holds beyond its trusted prefix is cut before the
+        // download writes: that space comes back.
+        let reclaimed = paths.untrusted_tail(kept);
+        let available = available_space(&tmp)?.saturating_add(reclaimed);
         let reserved = self.reserved_bytes_except(sha256);
         if available < needed.saturating_add(reserved) {
             return Err(Error::DiskSpace {
@@ -229,12 +295,17 @@ impl Store {
         // bytes this download will still write against their free space.
         paths
             .open_data()
-            .map_err(|e| Error::io("cannot create temporary file", &paths.data, e))?;
+            .map_err(|e| write_failed("cannot create temporary file", &paths.data, e, needed))?;
         Ok(paths)
     }
 
-    /// Publishes a verified partial file (already flushed): read-only,
-    /// renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    /// Publishes a verified partial file (already flushed): read-only
+    /// (`0400`), renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    ///
+    /// Only a regular file of the store's user with no other name is
+    /// published, and only the very file that was checked: a symbolic link
+    /// or another user's file at the partial file's name is refused, and a
+    /// file swapped in between the check and the rename is taken out again.
     pub(crate) fn publish(
         &self,
         paths: &PartialPaths,
@@ -244,22 +315,52 @@ impl Store {
         check_sha256(sha256)?;
         let tmp = &paths.data;
         let map = |e| Error::io("cannot publish", tmp, e);
-        let mut perms = fs::metadata(tmp).map_err(map)?.permissions();
-        perms.set_readonly(true);
-        fs::set_permissions(tmp, perms).map_err(map)?;
+        let file = open_own(tmp, fs::OpenOptions::new().read(true)).map_err(map)?;
+        let checked = file.metadata().map_err(map)?;
+        #[cfg(unix)]
+        if std::os::unix::fs::MetadataExt::nlink(&checked) != 1 {
+            return Err(map(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the partial file has other names: the store does not trust it",
+            )));
+        }
+        trust::make_blob(&file).map_err(map)?;
         let blobs = self.root.join("blobs");
         let dir = blobs.join(sha256);
-        let created = !dir.is_dir();
-        fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        let created = self.blob_folder(&dir)?;
         if created {
             // The new folder's entry in `blobs/` must be durable too.
             self.blobs_sync.sync(&blobs);
         }
         let dest = dir.join(name);
         fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
+        let moved = fs::symlink_metadata(&dest);
+        if !moved.is_ok_and(|m| trust::same_file(&m, &checked)) {
+            let _ = fs::remove_file(&dest);
+            return Err(map(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the partial file was replaced before it was published",
+            )));
+        }
         sync_dir(&dir);
         let _ = fs::remove_file(&paths.meta);
         Ok(dest)
+    }
+
+    /// Makes `dir` (`blobs/<sha256>`) a folder of the store's user,
+    /// replacing anything else found there; whether it was created.
+    fn blob_folder(&self, dir: &Path) -> Result<bool> {
+        if trust::is_own_folder_at(dir) {
+            return Ok(false);
+        }
+        match fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_dir() => fs::remove_dir_all(dir),
+            Ok(_) => fs::remove_file(dir),
+            Err(_) => Ok(()),
+        }
+        .map_err(|e| Error::io("cannot remove untrusted entry", dir, e))?;
+        trust::create_folder(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+        Ok(true)
     }
 
     /// Bytes kept for a resumable download of `sha256` (flushed, with a
@@ -446,7 +547,7 @@ impl Store {
         addresses: &[String],
         since: std::time::SystemTime,
     ) -> Option<SharedFailure> {
-        let bytes = fs::read(self.failure_path(sha256)).ok()?;
+        let bytes = read_own(&self.failure_path(sha256), MAX_SHARED_FAILURE_BYTES).ok()?;
         let record = parse_shared_failure(&bytes)?;
         let since_ns = since
             .duration_since(std::time::UNIX_EPOCH)
@@ -456,6 +557,10 @@ impl Store {
             .then_some(record)
     }
 }
+
+/// Longest shared failure record read back (its message is cut to 16 KiB
+/// characters, which may take 4 bytes each, plus its addresses).
+const MAX_SHARED_FAILURE_BYTES: u64 = 1 << 20;
 
 fn unavailable() -> crate::error::ErrorCode {
     crate::error::ErrorCode::Unavailable
@@ -478,15 +583,35 @@ fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
-fn first_file(dir: &Path) -> Option<PathBuf> {
+/// What [`Store::find_present`] found.
+enum Found {
+    /// The file under the name asked for.
+    Here(PathBuf),
+    /// Only under another name.
+    Elsewhere(PathBuf),
+    Nothing,
+}
+
+/// The regular files of the store's user in `dir` (a folder of the user),
+/// sorted; symbolic links and anything else are left out.
+fn own_files(dir: &Path) -> Vec<PathBuf> {
+    if !trust::is_own_folder_at(dir) {
+        return Vec::new();
+    }
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .ok()?
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.ok())
+        // The entry's own type and owner: a symbolic link is not followed.
+        .filter(|e| e.metadata().is_ok_and(|m| trust::is_own_file(&m)))
         .map(|e| e.path())
-        .filter(|p| p.is_file())
         .collect();
     files.sort();
-    files.into_iter().next()
+    files
+}
+
+fn first_file(dir: &Path) -> Option<PathBuf> {
+    own_files(dir).into_iter().next()
 }
 
 /// `(path, sha256, declared size)` of every partial data file in `tmp`.
@@ -511,7 +636,41 @@ pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
     is_sha256(sha).then(|| (sha.to_string(), size))
 }
 
+/// The error of a write of `path` that failed with `e` while `needed`
+/// bytes were still to be written: `E_RESOURCE_DISK_SPACE` with what was
+/// needed and what is free when the file system is full (or the quota used
+/// up), [`Error::Io`] otherwise.
+pub(crate) fn write_failed(context: &str, path: &Path, e: io::Error, needed: u64) -> Error {
+    if !crate::error::is_disk_full(&e) {
+        return Error::io(context, path, e);
+    }
+    let dir = path.parent().unwrap_or(path);
+    Error::DiskFull {
+        context: context.to_string(),
+        path: path.to_path_buf(),
+        needed,
+        available: available_space(dir).unwrap_or(0),
+        source: Arc::new(e),
+    }
+}
+
+/// [`write_failed`] for a write of a partial file: what is still needed is
+/// the size its name declares less what it holds.
+pub(crate) fn partial_write_failed(context: &str, path: &Path, e: io::Error) -> Error {
+    let declared = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(partial::parse_name)
+        .map_or(0, |(_, size)| size);
+    let written = fs::symlink_metadata(path).map_or(0, |m| m.len());
+    write_failed(context, path, e, declared.saturating_sub(written))
+}
+
 fn available_space(dir: &Path) -> Result<u64> {
+    #[cfg(test)]
+    if let Some(free) = tests::FREE.get() {
+        return Ok(free);
+    }
     let stat = rustix::fs::statvfs(dir)
         .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
@@ -608,6 +767,69 @@ pub fn is_sha256(text: &str) -> bool {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    thread_local! {
+        /// Free bytes this thread's store calls see, instead of the file
+        /// system's.
+        pub(super) static FREE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    }
+
+    #[test]
+    fn a_full_disk_is_disk_space_with_what_was_needed_and_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir
+            .path()
+            .join(format!("{}.{}.partial", "a".repeat(64), 3u64 << 30));
+        fs::write(&path, vec![0u8; 1000]).unwrap();
+        FREE.set(Some(1536 << 10));
+        for raw in [libc::ENOSPC, libc::EDQUOT] {
+            let e = io::Error::from_raw_os_error(raw);
+            let err = partial_write_failed("cannot write download", &path, e);
+            assert_eq!(err.code(), "E_RESOURCE_DISK_SPACE", "{err}");
+            let text = err.to_string();
+            assert!(text.contains(&path.display().to_string()), "{text}");
+            // The declared 3 GiB less the 1000 bytes written.
+            assert!(text.contains("needs 3.0 GiB more, 1.5 MiB free"), "{text}");
+        }
+        let other = partial_write_failed("cannot write download", &path, io::Error::other("x"));
+        assert_eq!(other.code(), "E_RESOURCE_IO", "{other}");
+        FREE.set(None);
+    }
+
+    #[test]
+    fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sha = "d".repeat(64);
+        let size = 4u64 << 20;
+        let paths = PartialPaths::new(&store.root().join("tmp"), &sha, size);
+        // 3 MiB on disk, of which only the first 1 MiB was flushed and
+        // recorded: 3 MiB are still to be written, 2 MiB of them in the
+        // space the tail takes now.
+        fs::write(&paths.data, vec![7u8; 3 << 20]).unwrap();
+        let record = serde_json::json!({
+            "address": "https://cdn.test/a",
+            "validator": "\"v1\"",
+            "durable": 1 << 20,
+        });
+        fs::write(&paths.meta, record.to_string()).unwrap();
+        FREE.set(Some((1 << 20) + 4096));
+        let prepared = store.prepare("r", &sha, size);
+        FREE.set(None);
+        assert!(prepared.is_ok(), "{:?}", prepared.err());
+        // Without the tail, 1 MiB free is short of the 3 MiB needed.
+        FREE.set(Some(1 << 20));
+        fs::write(&paths.data, vec![7u8; 1 << 20]).unwrap();
+        let refused = store.prepare("r", &sha, size).unwrap_err();
+        FREE.set(None);
+        assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
+        assert!(
+            refused
+                .to_string()
+                .contains("needs 3.0 MiB but only 1.0 MiB are free"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn lock_files_of_earlier_versions_are_removed_and_the_shared_ones_kept() {
