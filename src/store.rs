@@ -32,7 +32,7 @@
 //! file's name, so every process can tell how much the downloads in
 //! progress will still write when it checks free space.
 //!
-//! The store trusts only what its own user made (see [`trust`]): its
+//! The store trusts only what its own user made (see `store/trust.rs`): its
 //! folders are `0700` and refused at open when another user owns them or
 //! can write them; partial files, records and logs are opened without
 //! following symbolic links and checked to be regular files of the user;
@@ -412,7 +412,7 @@ impl Store {
         partial_files(&self.root.join("tmp"))
             .filter(|(_, sha, _)| sha != own && matches!(self.try_lock(sha), Ok(None)))
             .map(|(path, _, declared)| {
-                let written = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                let written = fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
                 declared.saturating_sub(written)
             })
             .sum()
@@ -426,7 +426,7 @@ impl Store {
         }
         let written = partial_files(&self.root.join("tmp"))
             .filter(|(_, sha, _)| sha == sha256)
-            .filter_map(|(path, _, _)| fs::metadata(path).ok().map(|m| m.len()))
+            .filter_map(|(path, _, _)| fs::symlink_metadata(path).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
         Some(written)

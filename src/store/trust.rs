@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 const FOLDER_MODE: u32 = 0o700;
 /// Mode of the files the store writes.
 #[cfg(unix)]
-pub(crate) const FILE_MODE: u32 = 0o600;
+const FILE_MODE: u32 = 0o600;
 /// Mode of a verified file.
 #[cfg(unix)]
 const BLOB_MODE: u32 = 0o400;
@@ -49,27 +49,29 @@ pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
     }
 }
 
+#[cfg(unix)]
 fn builder() -> fs::DirBuilder {
-    #[allow(unused_mut)]
     let mut builder = fs::DirBuilder::new();
-    #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, FOLDER_MODE);
     builder
 }
 
+#[cfg(not(unix))]
+fn builder() -> fs::DirBuilder {
+    fs::DirBuilder::new()
+}
+
 /// Sets `0700` on a folder just created (the umask may have taken bits
 /// from the owner, never given any to others).
+#[cfg(unix)]
 fn set_folder_mode(path: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Ok(())
-    }
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
+}
+
+#[cfg(not(unix))]
+fn set_folder_mode(_path: &Path) -> io::Result<()> {
+    Ok(())
 }
 
 /// Refuses a store folder that is not a folder, is owned by another user,
@@ -119,15 +121,18 @@ pub(crate) fn current_uid() -> u32 {
 /// matters less: nobody else can reach it through the store's `0700`
 /// folders.)
 pub(crate) fn is_own_file(meta: &Metadata) -> bool {
-    if !meta.file_type().is_file() {
-        return false;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        meta.uid() == current_uid()
-    }
-    #[cfg(not(unix))]
+    meta.file_type().is_file() && owned_by_me(meta)
+}
+
+/// Whether the current user owns what `meta` describes.
+#[cfg(unix)]
+fn owned_by_me(meta: &Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.uid() == current_uid()
+}
+
+#[cfg(not(unix))]
+fn owned_by_me(_meta: &Metadata) -> bool {
     true
 }
 
@@ -140,19 +145,7 @@ pub(crate) fn is_own_file_at(path: &Path) -> bool {
 /// Whether the entry at `path` (not followed) is a folder (not a link to
 /// one) of the store's user.
 pub(crate) fn is_own_folder_at(path: &Path) -> bool {
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return false;
-    };
-    if !meta.file_type().is_dir() {
-        return false;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        meta.uid() == current_uid()
-    }
-    #[cfg(not(unix))]
-    true
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && owned_by_me(&m))
 }
 
 /// Opens `path` with `options` without following a symbolic link, and
@@ -211,29 +204,29 @@ pub(crate) fn read_own(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Makes `file` a verified file: read-only for its owner only (`0400`).
+#[cfg(unix)]
 pub(crate) fn make_blob(file: &File) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(fs::Permissions::from_mode(BLOB_MODE))
-    }
-    #[cfg(not(unix))]
-    {
-        let mut perms = file.metadata()?.permissions();
-        perms.set_readonly(true);
-        file.set_permissions(perms)
-    }
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(fs::Permissions::from_mode(BLOB_MODE))
+}
+
+/// Makes `file` a verified file: read-only.
+#[cfg(not(unix))]
+pub(crate) fn make_blob(file: &File) -> io::Result<()> {
+    let mut perms = file.metadata()?.permissions();
+    perms.set_readonly(true);
+    file.set_permissions(perms)
 }
 
 /// Whether two metadata describe the same file.
+#[cfg(unix)]
 pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        a.dev() == b.dev() && a.ino() == b.ino()
-    }
-    #[cfg(not(unix))]
-    {
-        a.len() == b.len() && a.modified().ok() == b.modified().ok()
-    }
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// Whether two metadata describe the same file (as far as they tell).
+#[cfg(not(unix))]
+pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    a.len() == b.len() && a.modified().ok() == b.modified().ok()
 }
