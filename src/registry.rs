@@ -187,6 +187,9 @@ struct Cache {
     /// Makes every failure-log write fail as on a full disk (tests).
     #[cfg(test)]
     full_disk: std::sync::atomic::AtomicBool,
+    /// The thread the last failure-record change ran on (tests).
+    #[cfg(test)]
+    worked_on: Mutex<Option<std::thread::ThreadId>>,
 }
 
 /// A gem's failure log as last read or written, and what it was read from.
@@ -528,6 +531,10 @@ impl Registry {
         resource: &str,
         record: Option<FailureRecord>,
     ) -> Result<()> {
+        #[cfg(test)]
+        {
+            *self.cache.worked_on.lock().unwrap() = Some(std::thread::current().id());
+        }
         let Some(cached) = self.cached(gem)? else {
             return Ok(());
         };
@@ -1134,6 +1141,22 @@ mod tests {
         assert_eq!(all.keys().collect::<Vec<_>>(), ["r1"]);
         assert_eq!(all["r1"].message, "later");
         assert_eq!(elsewhere.failures("g").unwrap(), all);
+    }
+
+    #[test]
+    fn failure_records_are_written_off_the_runtime_thread() {
+        let (_dir, registry) = open();
+        let reg = registration("g", &shas(1, 10));
+        registry.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // On a current-thread runtime, the task runs on this thread: the
+        // file work must not.
+        rt.block_on(registry.set_failure("g", "r0", Some(failure(&reg, 0, "x"))))
+            .unwrap();
+        let worked_on = registry.cache.worked_on.lock().unwrap().unwrap();
+        assert_ne!(worked_on, std::thread::current().id());
     }
 
     #[test]

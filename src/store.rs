@@ -164,8 +164,13 @@ impl Store {
     fn link_or_copy(&self, sha256: &str, name: &str, existing: &Path) -> Result<PathBuf> {
         let dir = self.root.join("blobs").join(sha256);
         let wanted = dir.join(name);
+        // What the name holds afterwards is checked, not assumed: a link
+        // planted there (or in place of `existing`) is never handed out.
         match fs::hard_link(existing, &wanted) {
-            Ok(()) => return Ok(wanted),
+            Ok(()) if trust::is_own_file_at(&wanted) => return Ok(wanted),
+            Ok(()) => {
+                let _ = fs::remove_file(&wanted);
+            }
             Err(e)
                 if e.kind() == io::ErrorKind::AlreadyExists && trust::is_own_file_at(&wanted) =>
             {

@@ -301,3 +301,26 @@ async fn verify_checks_the_verified_files_only_never_a_planted_link() {
     assert!(report.corrupted.is_empty(), "{report:?}");
     assert_eq!(std::fs::read(&path).unwrap(), body);
 }
+
+#[tokio::test]
+async fn another_name_for_stored_bytes_replaces_a_link_planted_at_that_name() {
+    let env = Env::new().await;
+    let body = bytes(2000, 8);
+    let url = env.serve("/n.bin", &body);
+    let r = resource("n", &url, &[], &body);
+    let stored = fetch(&env, &r, no_retry()).await.unwrap();
+    let target = victim(&env);
+    let other = stored.with_file_name("other-name.bin");
+    std::os::unix::fs::symlink(&target, &other).unwrap();
+    let store = Store::open(&env.store_dir()).unwrap();
+    let found = store
+        .find_off_runtime(&r.sha256, "other-name.bin")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found, other);
+    assert!(std::fs::symlink_metadata(&found).unwrap().is_file());
+    assert_eq!(std::fs::read(&found).unwrap(), body);
+    assert_untouched(&target);
+    assert_eq!(env.origin.hits("/n.bin"), 1);
+}
