@@ -11,8 +11,8 @@
 //! `E_PERM_INVALID`) that programs and scripts can match on. The `Display`
 //! of an [`Error`] is a sentence for people, without the code: it names the
 //! resource, the address and the reason, e.g.
-//! `resource "model": needs 412000000 bytes but only 1024 bytes are free in
-//! /data/store (after 0 bytes still to be written by downloads in progress)`.
+//! `resource "model": needs 392.9 MiB but only 1.0 KiB are free in
+//! /data/store (after 0 B still to be written by downloads in progress)`.
 //! Whoever shows it decides where the code goes (the command line prints
 //! `CODE: message`; an app may show the sentence and log the code). The
 //! details inside a message keep their own codes: each line of
@@ -533,6 +533,15 @@ mod tests {
             format!("resource \"m\": every address failed\n  - {gone}")
         );
         assert!(gone.to_string().starts_with("E_RESOURCE_HTTP: "));
+    }
+
+    #[test]
+    fn byte_counts_read_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.0 KiB");
+        assert_eq!(human_bytes(1_288_490_188), "1.2 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16384.0 PiB");
     }
 
     #[test]
