@@ -38,7 +38,15 @@
 //! following symbolic links and checked to be regular files of the user;
 //! a verified file is one of the user's regular files, `0400`.
 
+mod group_sync;
+mod shared_failure;
+mod space;
 mod trust;
+
+use group_sync::GroupSync;
+pub use shared_failure::{parse_shared_failure, SharedFailure};
+use space::available_space;
+pub(crate) use space::{partial_write_failed, write_failed};
 
 use std::fs::{self, File};
 use std::io;
@@ -481,113 +489,6 @@ impl Store {
     }
 }
 
-/// The last failed download of one SHA-256, shared with other processes.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct SharedFailure {
-    /// When it failed, nanoseconds since the Unix epoch.
-    pub at_ns: u128,
-    /// The size its manifest declared.
-    pub size: u64,
-    /// The addresses it tried (url, then mirrors).
-    pub addresses: Vec<String>,
-    /// Its error code.
-    #[serde(skip, default = "unavailable")]
-    pub code: crate::error::ErrorCode,
-    /// The code as written.
-    code_text: String,
-    /// Its full message.
-    pub message: String,
-}
-
-impl Store {
-    fn failure_path(&self, sha256: &str) -> PathBuf {
-        self.root
-            .join("locks")
-            .join(format!("{sha256}.failed.json"))
-    }
-
-    /// Records a failed download of `sha256` declared as `size` bytes (best
-    /// effort: only callers waiting in other processes read it). The message
-    /// is cut to 16 KiB. Call with the SHA-256 lock held.
-    pub fn record_failure(&self, sha256: &str, size: u64, addresses: &[String], error: &Error) {
-        let record = SharedFailure {
-            at_ns: now_ns(),
-            size,
-            addresses: addresses.to_vec(),
-            code: error.code(),
-            code_text: error.code().as_str().to_string(),
-            message: crate::error::shorten_to(
-                &error.to_string(),
-                crate::registry::MAX_FAILURE_MESSAGE_CHARS,
-            ),
-        };
-        let Ok(bytes) = serde_json::to_vec(&record) else {
-            return;
-        };
-        let locks = self.root.join("locks");
-        if let Ok(mut file) = tempfile::Builder::new()
-            .prefix(&format!(".{sha256}.failed."))
-            .tempfile_in(&locks)
-        {
-            use std::io::Write;
-            if file.write_all(&bytes).is_ok() {
-                let _ = file.persist(self.failure_path(sha256));
-            }
-        }
-    }
-
-    /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
-    pub fn clear_failure(&self, sha256: &str) {
-        let _ = fs::remove_file(self.failure_path(sha256));
-    }
-
-    /// The failure of `sha256` declared as `size` bytes, from the same
-    /// `addresses`, recorded at or after `since`, if any: a download that
-    /// failed because its manifest declared a wrong size is not the result
-    /// of one that declares the right one. Call with the SHA-256 lock held.
-    pub fn failure_since(
-        &self,
-        sha256: &str,
-        size: u64,
-        addresses: &[String],
-        since: std::time::SystemTime,
-    ) -> Option<SharedFailure> {
-        let bytes = read_own(&self.failure_path(sha256), MAX_SHARED_FAILURE_BYTES).ok()?;
-        let record = parse_shared_failure(&bytes)?;
-        let since_ns = since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
-            .then_some(record)
-    }
-}
-
-/// Longest shared failure record read back (its message is cut to 16 KiB
-/// characters, which may take 4 bytes each, plus its addresses).
-const MAX_SHARED_FAILURE_BYTES: u64 = 1 << 20;
-
-fn unavailable() -> crate::error::ErrorCode {
-    crate::error::ErrorCode::Unavailable
-}
-
-/// Reads a shared failure record as [`Store::failure_since`] does: `None`
-/// unless it parses and carries a known error code. An entry point for the
-/// fuzz targets and property tests.
-#[doc(hidden)]
-pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
-    let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
-    record.code = record.code_text.parse().ok()?;
-    Some(record)
-}
-
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
 /// What [`Store::find_present`] found.
 enum Found {
     /// The file under the name asked for.
@@ -641,96 +542,6 @@ pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
     is_sha256(sha).then(|| (sha.to_string(), size))
 }
 
-/// The error of a write of `path` that failed with `e` while `needed`
-/// bytes were still to be written: `E_RESOURCE_DISK_SPACE` with what was
-/// needed and what is free when the file system is full (or the quota used
-/// up), [`Error::Io`] otherwise.
-pub(crate) fn write_failed(context: &str, path: &Path, e: io::Error, needed: u64) -> Error {
-    if !crate::error::is_disk_full(&e) {
-        return Error::io(context, path, e);
-    }
-    let dir = path.parent().unwrap_or(path);
-    Error::DiskFull {
-        context: context.to_string(),
-        path: path.to_path_buf(),
-        needed,
-        available: available_space(dir).unwrap_or(0),
-        source: Arc::new(e),
-    }
-}
-
-/// [`write_failed`] for a write of a partial file: what is still needed is
-/// the size its name declares less what it holds.
-pub(crate) fn partial_write_failed(context: &str, path: &Path, e: io::Error) -> Error {
-    let declared = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(partial::parse_name)
-        .map_or(0, |(_, size)| size);
-    let written = fs::symlink_metadata(path).map_or(0, |m| m.len());
-    write_failed(context, path, e, declared.saturating_sub(written))
-}
-
-fn available_space(dir: &Path) -> Result<u64> {
-    #[cfg(test)]
-    if let Some(free) = tests::FREE.get() {
-        return Ok(free);
-    }
-    let stat = rustix::fs::statvfs(dir)
-        .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
-    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
-}
-
-/// Fsyncs of one folder shared between callers ("group commit"): a caller
-/// that arrives while an fsync runs waits for the next one, which covers
-/// every entry created before it started. Many downloads finishing together
-/// make one fsync of `blobs/`, not one each.
-#[derive(Debug, Default)]
-struct GroupSync {
-    state: Mutex<GroupState>,
-    done: std::sync::Condvar,
-}
-
-#[derive(Debug, Default)]
-struct GroupState {
-    /// Requests so far.
-    requested: u64,
-    /// Requests covered by a finished fsync.
-    synced: u64,
-    /// Whether an fsync runs now.
-    running: bool,
-}
-
-impl GroupSync {
-    /// Returns once an fsync of `dir` that started after this call has
-    /// finished.
-    fn sync(&self, dir: &Path) {
-        self.run(|| sync_dir(dir));
-    }
-
-    /// [`GroupSync::sync`] with `flush` standing for the fsync.
-    fn run(&self, flush: impl Fn()) {
-        let lock = || self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut state = lock();
-        state.requested += 1;
-        let mine = state.requested;
-        while state.synced < mine {
-            if state.running {
-                state = self.done.wait(state).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            state.running = true;
-            let target = state.requested;
-            drop(state);
-            flush();
-            state = lock();
-            state.synced = target;
-            state.running = false;
-            self.done.notify_all();
-        }
-    }
-}
-
 /// Runs blocking file work on `path` (creating files, fsyncs, renames) on
 /// the runtime's blocking threads, so that a slow file system never holds
 /// up the transfers running on its workers.
@@ -771,35 +582,6 @@ pub fn is_sha256(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    thread_local! {
-        /// Free bytes this thread's store calls see, instead of the file
-        /// system's.
-        pub(super) static FREE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-    }
-
-    #[test]
-    fn a_full_disk_is_disk_space_with_what_was_needed_and_free() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir
-            .path()
-            .join(format!("{}.{}.partial", "a".repeat(64), 3u64 << 30));
-        fs::write(&path, vec![0u8; 1000]).unwrap();
-        FREE.set(Some(1536 << 10));
-        for raw in [libc::ENOSPC, libc::EDQUOT] {
-            let e = io::Error::from_raw_os_error(raw);
-            let err = partial_write_failed("cannot write download", &path, e);
-            assert_eq!(err.code(), "E_RESOURCE_DISK_SPACE", "{err}");
-            let text = err.to_string();
-            assert!(text.contains(&path.display().to_string()), "{text}");
-            // The declared 3 GiB less the 1000 bytes written.
-            assert!(text.contains("needs 3.0 GiB more, 1.5 MiB free"), "{text}");
-        }
-        let other = partial_write_failed("cannot write download", &path, io::Error::other("x"));
-        assert_eq!(other.code(), "E_RESOURCE_IO", "{other}");
-        FREE.set(None);
-    }
 
     #[test]
     fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {
@@ -818,15 +600,15 @@ mod tests {
             "durable": 1 << 20,
         });
         fs::write(&paths.meta, record.to_string()).unwrap();
-        FREE.set(Some((1 << 20) + 4096));
+        space::FREE.set(Some((1 << 20) + 4096));
         let prepared = store.prepare("r", &sha, size);
-        FREE.set(None);
+        space::FREE.set(None);
         assert!(prepared.is_ok(), "{:?}", prepared.err());
         // Without the tail, 1 MiB free is short of the 3 MiB needed.
-        FREE.set(Some(1 << 20));
+        space::FREE.set(Some(1 << 20));
         fs::write(&paths.data, vec![7u8; 1 << 20]).unwrap();
         let refused = store.prepare("r", &sha, size).unwrap_err();
-        FREE.set(None);
+        space::FREE.set(None);
         assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
         assert!(
             refused
@@ -855,32 +637,5 @@ mod tests {
         assert!(locks.join("registry.lock").exists());
         // The download lock still holds after the cleanup.
         assert!(store.try_lock(&"c".repeat(64)).unwrap().is_none());
-    }
-
-    #[test]
-    fn callers_arriving_together_share_fsyncs_and_each_is_covered() {
-        let group = Arc::new(GroupSync::default());
-        let flushes = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let (group, flushes) = (group.clone(), flushes.clone());
-                std::thread::spawn(move || {
-                    group.run(|| {
-                        flushes.fetch_add(1, Ordering::SeqCst);
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    })
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let n = flushes.load(Ordering::SeqCst);
-        assert!((1..8).contains(&n), "{n} fsyncs for 8 callers");
-        // A caller after all of them gets an fsync of its own.
-        group.run(|| {
-            flushes.fetch_add(1, Ordering::SeqCst);
-        });
-        assert_eq!(flushes.load(Ordering::SeqCst), n + 1);
     }
 }
