@@ -11,8 +11,8 @@
 //! `E_PERM_INVALID`) that programs and scripts can match on. The `Display`
 //! of an [`Error`] is a sentence for people, without the code: it names the
 //! resource, the address and the reason, e.g.
-//! `resource "model": needs 412000000 bytes but only 1024 bytes are free in
-//! /data/store (after 0 bytes still to be written by downloads in progress)`.
+//! `resource "model": needs 392.9 MiB but only 1.0 KiB are free in
+//! /data/store (after 0 B still to be written by downloads in progress)`.
 //! Whoever shows it decides where the code goes (the command line prints
 //! `CODE: message`; an app may show the sentence and log the code). The
 //! details inside a message keep their own codes: each line of
@@ -205,8 +205,12 @@ pub enum Error {
     },
     /// Not enough free space for the download; nothing was requested.
     #[error(
-        "resource {resource:?}: needs {needed} bytes but only {available} bytes are free in {} (after {reserved} bytes still to be written by downloads in progress)",
-        store.display()
+        "resource {resource:?}: needs {} but only {} {} free in {} (after {} still to be written by downloads in progress)",
+        human_bytes(*needed),
+        human_bytes(*available),
+        if *available == 1 { "is" } else { "are" },
+        store.display(),
+        human_bytes(*reserved)
     )]
     DiskSpace {
         /// The resource id.
@@ -219,6 +223,27 @@ pub enum Error {
         reserved: u64,
         /// The store folder.
         store: PathBuf,
+    },
+    /// A write failed because the file system is full (`ENOSPC`) or the
+    /// user's quota is used up (`EDQUOT`); its code is
+    /// `E_RESOURCE_DISK_SPACE`.
+    #[error(
+        "{context} {}: no space left ({source}): needs {} more, {} free",
+        path.display(),
+        human_bytes(*needed),
+        human_bytes(*available)
+    )]
+    DiskFull {
+        /// What was being done.
+        context: String,
+        /// The file being written.
+        path: PathBuf,
+        /// Bytes still to be written when it failed.
+        needed: u64,
+        /// Free bytes on the file system when it failed.
+        available: u64,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
     },
     /// A local file operation failed.
     #[error("{context} {}: {source}", path.display())]
@@ -316,7 +341,7 @@ impl Error {
             Error::Attempt(a) => a.code(),
             Error::Unavailable { .. } => ErrorCode::Unavailable,
             Error::FailedElsewhere { code, .. } => *code,
-            Error::DiskSpace { .. } => ErrorCode::DiskSpace,
+            Error::DiskSpace { .. } | Error::DiskFull { .. } => ErrorCode::DiskSpace,
             Error::Io { .. } => ErrorCode::Io,
             Error::Config(_) => ErrorCode::Config,
             Error::GemId { .. } => ErrorCode::GemId,
@@ -389,6 +414,33 @@ pub(crate) fn shorten_to(text: &str, max_chars: usize) -> String {
         None => text.to_string(),
         Some((cut, _)) => format!("{}… ({} characters)", &text[..cut], text.chars().count()),
     }
+}
+
+/// Whether `e` says the file system is full or the quota used up.
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+        return true;
+    }
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// A byte count for people, in binary units: `512 B`, `1.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// The library's result type.
@@ -477,6 +529,15 @@ mod tests {
             format!("resource \"m\": every address failed\n  - {gone}")
         );
         assert!(gone.to_string().starts_with("E_RESOURCE_HTTP: "));
+    }
+
+    #[test]
+    fn byte_counts_read_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.0 KiB");
+        assert_eq!(human_bytes(1_288_490_188), "1.2 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16384.0 PiB");
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Resources {
             .await?;
             // Every declared name of these bytes exists from now on.
             for (_, r) in &matches {
-                store.find(&sha256, &r.file_name())?;
+                store.find_off_runtime(&sha256, &r.file_name()).await?;
             }
             ImportOutcome::Imported {
                 sha256: sha256.clone(),
@@ -203,21 +203,21 @@ fn copy_in(store: &Store, source: &Path, resource: &Resource) -> Result<PathBuf>
 
 fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()> {
     let from = File::open(source).map_err(|e| Error::io("cannot open", source, e))?;
-    let mut to = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(dest)
-        .map_err(|e| Error::io("cannot create", dest, e))?;
+    // A new file of the store's user (`0600`), never one found there.
+    let mut to = crate::store::trust::open_own(
+        dest,
+        File::options().read(true).write(true).create_new(true),
+    )
+    .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
     if !reflink(&from, &to) {
         // Any reflink error (another file system, no support, a partial
         // clone) leaves the copy to do: start from an empty file.
-        let fail = |e| Error::io("cannot copy into", dest, e);
+        let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
         to.set_len(0).map_err(fail)?;
         io::copy(&mut &from, &mut to).map_err(fail)?;
     }
     to.sync_all()
-        .map_err(|e| Error::io("cannot flush", dest, e))?;
+        .map_err(|e| crate::store::write_failed("cannot flush", dest, e, resource.size))?;
     // Verify what the store holds, not what the user's file held: the file
     // may have changed since it was hashed, and the copy may be wrong.
     let copy = File::open(dest).map_err(|e| Error::io("cannot open", dest, e))?;

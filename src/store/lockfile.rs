@@ -24,13 +24,17 @@ const FIRST_PAUSE: Duration = Duration::from_millis(2);
 /// Longest pause between two tries.
 const MAX_PAUSE: Duration = Duration::from_millis(100);
 
+/// Opens (creating, `0600`) the lock file `path`: a regular file of the
+/// store's user, never a symbolic link followed.
 fn open(path: &Path) -> Result<File> {
-    fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io("cannot open lock file", path, e))
+    crate::store::trust::open_own(
+        path,
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true),
+    )
+    .map_err(|e| Error::io("cannot open lock file", path, e))
 }
 
 /// Takes the exclusive lock on `path` (created when missing) only if nobody

@@ -31,6 +31,22 @@
 //! `network.partial_max_age_days`. The declared size is part of a partial
 //! file's name, so every process can tell how much the downloads in
 //! progress will still write when it checks free space.
+//!
+//! The store trusts only what its own user made (see `store/trust.rs`): its
+//! folders are `0700` and refused at open when another user owns them or
+//! can write them; partial files, records and logs are opened without
+//! following symbolic links and checked to be regular files of the user;
+//! a verified file is one of the user's regular files, `0400`.
+
+mod group_sync;
+mod shared_failure;
+mod space;
+pub(crate) mod trust;
+
+use group_sync::GroupSync;
+pub use shared_failure::{parse_shared_failure, SharedFailure};
+use space::available_space;
+pub(crate) use space::{partial_write_failed, write_failed};
 
 pub(crate) mod lockfile;
 pub mod partial;
@@ -48,6 +64,8 @@ use crate::store::partial::PartialPaths;
 /// is shared with another process: a hostile server must not be able to
 /// make records grow without bound.
 pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
+
+use trust::open_own;
 
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
@@ -78,10 +96,14 @@ impl Store {
         let dir = std::path::absolute(dir)
             .map_err(|e| Error::io("cannot resolve store folder", dir, e))?;
         let root = dir.join(LAYOUT);
-        for sub in ["blobs", "tmp", "locks", "gems", "failures"] {
-            let path = root.join(sub);
-            fs::create_dir_all(&path)
+        let subs = ["blobs", "tmp", "locks", "gems", "failures"];
+        let folders = [dir.clone(), root.clone()]
+            .into_iter()
+            .chain(subs.iter().map(|sub| root.join(sub)));
+        for path in folders {
+            trust::create_folder(&path)
                 .map_err(|e| Error::io("cannot create store folder", &path, e))?;
+            trust::check_folder(&path)?;
         }
         Ok(Store {
             root,
@@ -104,39 +126,93 @@ impl Store {
     /// has these bytes (under this or another name: another name gets a hard
     /// link, so the tool still sees its own file name). No hashing: files in
     /// `blobs/` were verified before they got there.
+    ///
+    /// Only regular files of the store's user count: a symbolic link or
+    /// another user's file planted in `blobs/` is never returned (the bytes
+    /// are then missing, and a download replaces the entry).
+    ///
+    /// When the file system has no hard links, the other name is a copy;
+    /// from async code use [`Store::find_off_runtime`], which makes that
+    /// copy on a blocking thread.
     pub fn find(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
-        check_sha256(sha256)?;
-        let wanted = self.blob_path(sha256, name);
-        if wanted.is_file() {
-            return Ok(Some(wanted));
+        match self.find_present(sha256, name)? {
+            Found::Here(path) => Ok(Some(path)),
+            Found::Nothing => Ok(None),
+            Found::Elsewhere(existing) => self.link_or_copy(sha256, name, &existing).map(Some),
         }
-        let dir = self.root.join("blobs").join(sha256);
-        let Some(existing) = first_file(&dir) else {
-            return Ok(None);
-        };
-        match fs::hard_link(&existing, &wanted) {
-            Ok(()) => Ok(Some(wanted)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Some(wanted)),
-            Err(_) => {
-                // No hard links on this file system: copy, but publish the
-                // copy like a download (whole, read-only, renamed into
-                // place), so nobody sees a half-copied file.
-                let tmp = self.root.join("tmp");
-                let copy = tempfile::Builder::new()
-                    .prefix(&format!("{sha256}.copy."))
-                    .tempfile_in(&tmp)
-                    .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
-                let fail = |e| Error::io("cannot copy stored file to", &wanted, e);
-                fs::copy(&existing, copy.path()).map_err(fail)?;
-                copy.as_file().sync_all().map_err(fail)?;
-                let mut perms = copy.as_file().metadata().map_err(fail)?.permissions();
-                perms.set_readonly(true);
-                copy.as_file().set_permissions(perms).map_err(fail)?;
-                copy.persist(&wanted).map_err(|e| fail(e.error))?;
-                sync_dir(&dir);
-                Ok(Some(wanted))
+    }
+
+    /// [`Store::find`] for async code: a copy (no hard links on this file
+    /// system) is made on the runtime's blocking threads.
+    pub async fn find_off_runtime(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
+        match self.find_present(sha256, name)? {
+            Found::Here(path) => Ok(Some(path)),
+            Found::Nothing => Ok(None),
+            Found::Elsewhere(existing) => {
+                let (store, sha256, name) = (self.clone(), sha256.to_string(), name.to_string());
+                off_runtime(&self.root, move || {
+                    store.link_or_copy(&sha256, &name, &existing).map(Some)
+                })
+                .await
             }
         }
+    }
+
+    /// Where the verified bytes of `sha256` are: under `name`, under
+    /// another name only, or nowhere.
+    fn find_present(&self, sha256: &str, name: &str) -> Result<Found> {
+        check_sha256(sha256)?;
+        let dir = self.root.join("blobs").join(sha256);
+        if !trust::is_own_folder_at(&dir) {
+            return Ok(Found::Nothing);
+        }
+        let wanted = dir.join(name);
+        if trust::is_own_file_at(&wanted) {
+            return Ok(Found::Here(wanted));
+        }
+        Ok(match first_file(&dir) {
+            Some(existing) => Found::Elsewhere(existing),
+            None => Found::Nothing,
+        })
+    }
+
+    /// Gives the verified file `existing` of `sha256` the name `name` too:
+    /// a hard link, else a copy.
+    fn link_or_copy(&self, sha256: &str, name: &str, existing: &Path) -> Result<PathBuf> {
+        let dir = self.root.join("blobs").join(sha256);
+        let wanted = dir.join(name);
+        // What the name holds afterwards is checked, not assumed: a link
+        // planted there (or in place of `existing`) is never handed out.
+        match fs::hard_link(existing, &wanted) {
+            Ok(()) if trust::is_own_file_at(&wanted) => return Ok(wanted),
+            Ok(()) => {
+                let _ = fs::remove_file(&wanted);
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists && trust::is_own_file_at(&wanted) =>
+            {
+                return Ok(wanted)
+            }
+            Err(_) => {}
+        }
+        // No hard links on this file system (or an entry the store does not
+        // trust in the way): copy, but publish the copy like a download
+        // (whole, read-only, renamed into place), so nobody sees a
+        // half-copied file.
+        let tmp = self.root.join("tmp");
+        let copy = tempfile::Builder::new()
+            .prefix(&format!("{sha256}.copy."))
+            .tempfile_in(&tmp)
+            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
+        let needed = fs::symlink_metadata(existing).map_or(0, |m| m.len());
+        let fail = |e| write_failed("cannot copy stored file to", &wanted, e, needed);
+        let mut from = open_own(existing, fs::OpenOptions::new().read(true)).map_err(fail)?;
+        io::copy(&mut from, &mut copy.as_file()).map_err(fail)?;
+        copy.as_file().sync_all().map_err(fail)?;
+        trust::make_blob(copy.as_file()).map_err(fail)?;
+        copy.persist(&wanted).map_err(|e| fail(e.error))?;
+        sync_dir(&dir);
+        Ok(wanted)
     }
 
     /// Whether the store holds the bytes of `sha256` under any name.
@@ -158,17 +234,10 @@ impl Store {
     }
 
     /// The verified files of `sha256` (one per name).
+    /// Only regular files of the store's user are listed (see
+    /// [`Store::find`]).
     pub fn blob_files(&self, sha256: &str) -> Vec<PathBuf> {
-        let dir = self.root.join("blobs").join(sha256);
-        let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        files
+        own_files(&self.root.join("blobs").join(sha256))
     }
 
     /// Deletes the bytes of `sha256` (every name).
@@ -218,15 +287,25 @@ impl Store {
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
         let paths = PartialPaths::new(&tmp, sha256, size);
+        // Partial files of `sha256` declared with another size go first:
+        // their space comes back too.
         for (path, sha, declared) in partial_files(&tmp) {
             if sha == sha256 && declared != size {
                 PartialPaths::new(&tmp, sha256, declared).remove();
                 let _ = fs::remove_file(path);
             }
         }
+        // A partial file the store did not make (a symbolic link, another
+        // user's file) is dropped, never written through or published.
+        if fs::symlink_metadata(&paths.data).is_ok_and(|m| !trust::is_own_file(&m)) {
+            paths.remove();
+        }
         let kept = paths.kept().map_or(0, |(_, n)| n);
         let needed = size - kept.min(size);
-        let available = available_space(&tmp)?;
+        // What the file holds beyond its trusted prefix is cut before the
+        // download writes: that space comes back.
+        let reclaimed = paths.untrusted_tail(kept);
+        let available = available_space(&tmp)?.saturating_add(reclaimed);
         let reserved = self.reserved_bytes_except(sha256);
         if available < needed.saturating_add(reserved) {
             return Err(Error::DiskSpace {
@@ -241,12 +320,17 @@ impl Store {
         // bytes this download will still write against their free space.
         paths
             .open_data()
-            .map_err(|e| Error::io("cannot create temporary file", &paths.data, e))?;
+            .map_err(|e| write_failed("cannot create temporary file", &paths.data, e, needed))?;
         Ok(paths)
     }
 
-    /// Publishes a verified partial file (already flushed): read-only,
-    /// renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    /// Publishes a verified partial file (already flushed): read-only
+    /// (`0400`), renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    ///
+    /// Only a regular file of the store's user with no other name is
+    /// published, and only the very file that was checked: a symbolic link
+    /// or another user's file at the partial file's name is refused, and a
+    /// file swapped in between the check and the rename is taken out again.
     pub(crate) fn publish(
         &self,
         paths: &PartialPaths,
@@ -256,22 +340,52 @@ impl Store {
         check_sha256(sha256)?;
         let tmp = &paths.data;
         let map = |e| Error::io("cannot publish", tmp, e);
-        let mut perms = fs::metadata(tmp).map_err(map)?.permissions();
-        perms.set_readonly(true);
-        fs::set_permissions(tmp, perms).map_err(map)?;
+        let file = open_own(tmp, fs::OpenOptions::new().read(true)).map_err(map)?;
+        let checked = file.metadata().map_err(map)?;
+        #[cfg(unix)]
+        if std::os::unix::fs::MetadataExt::nlink(&checked) != 1 {
+            return Err(map(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the partial file has other names: the store does not trust it",
+            )));
+        }
+        trust::make_blob(&file).map_err(map)?;
         let blobs = self.root.join("blobs");
         let dir = blobs.join(sha256);
-        let created = !dir.is_dir();
-        fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        let created = self.blob_folder(&dir)?;
         if created {
             // The new folder's entry in `blobs/` must be durable too.
             self.blobs_sync.sync(&blobs);
         }
         let dest = dir.join(name);
         fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
+        let moved = fs::symlink_metadata(&dest);
+        if !moved.is_ok_and(|m| trust::same_file(&m, &checked)) {
+            let _ = fs::remove_file(&dest);
+            return Err(map(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the partial file was replaced before it was published",
+            )));
+        }
         sync_dir(&dir);
         let _ = fs::remove_file(&paths.meta);
         Ok(dest)
+    }
+
+    /// Makes `dir` (`blobs/<sha256>`) a folder of the store's user,
+    /// replacing anything else found there; whether it was created.
+    fn blob_folder(&self, dir: &Path) -> Result<bool> {
+        if trust::is_own_folder_at(dir) {
+            return Ok(false);
+        }
+        match fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_dir() => fs::remove_dir_all(dir),
+            Ok(_) => fs::remove_file(dir),
+            Err(_) => Ok(()),
+        }
+        .map_err(|e| Error::io("cannot remove untrusted entry", dir, e))?;
+        trust::create_folder(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+        Ok(true)
     }
 
     /// Bytes kept for a resumable download of `sha256` (flushed, with a
@@ -323,7 +437,7 @@ impl Store {
         partial_files(&self.root.join("tmp"))
             .filter(|(_, sha, _)| sha != own && matches!(self.try_lock(sha), Ok(None)))
             .map(|(path, _, declared)| {
-                let written = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                let written = fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
                 declared.saturating_sub(written)
             })
             .sum()
@@ -337,7 +451,7 @@ impl Store {
         }
         let written = partial_files(&self.root.join("tmp"))
             .filter(|(_, sha, _)| sha == sha256)
-            .filter_map(|(path, _, _)| fs::metadata(path).ok().map(|m| m.len()))
+            .filter_map(|(path, _, _)| fs::symlink_metadata(path).ok().map(|m| m.len()))
             .max()
             .unwrap_or(0);
         Some(written)
@@ -387,115 +501,35 @@ impl Store {
     }
 }
 
-/// The last failed download of one SHA-256, shared with other processes.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct SharedFailure {
-    /// When it failed, nanoseconds since the Unix epoch.
-    pub at_ns: u128,
-    /// The size its manifest declared.
-    pub size: u64,
-    /// The addresses it tried (url, then mirrors).
-    pub addresses: Vec<String>,
-    /// Its error code.
-    #[serde(skip, default = "unavailable")]
-    pub code: crate::error::ErrorCode,
-    /// The code as written.
-    code_text: String,
-    /// Its full message.
-    pub message: String,
+/// What [`Store::find_present`] found.
+enum Found {
+    /// The file under the name asked for.
+    Here(PathBuf),
+    /// Only under another name.
+    Elsewhere(PathBuf),
+    Nothing,
 }
 
-impl Store {
-    fn failure_path(&self, sha256: &str) -> PathBuf {
-        self.root
-            .join("locks")
-            .join(format!("{sha256}.failed.json"))
+/// The regular files of the store's user in `dir` (a folder of the user),
+/// sorted; symbolic links and anything else are left out.
+fn own_files(dir: &Path) -> Vec<PathBuf> {
+    if !trust::is_own_folder_at(dir) {
+        return Vec::new();
     }
-
-    /// Records a failed download of `sha256` declared as `size` bytes (best
-    /// effort: only callers waiting in other processes read it). The message
-    /// is cut to 16 KiB. Call with the SHA-256 lock held.
-    pub fn record_failure(&self, sha256: &str, size: u64, addresses: &[String], error: &Error) {
-        let record = SharedFailure {
-            at_ns: now_ns(),
-            size,
-            addresses: addresses.to_vec(),
-            code: error.code(),
-            code_text: error.code().as_str().to_string(),
-            message: crate::error::shorten_to(&error.to_string(), MAX_FAILURE_MESSAGE_CHARS),
-        };
-        let Ok(bytes) = serde_json::to_vec(&record) else {
-            return;
-        };
-        let locks = self.root.join("locks");
-        if let Ok(mut file) = tempfile::Builder::new()
-            .prefix(&format!(".{sha256}.failed."))
-            .tempfile_in(&locks)
-        {
-            use std::io::Write;
-            if file.write_all(&bytes).is_ok() {
-                let _ = file.persist(self.failure_path(sha256));
-            }
-        }
-    }
-
-    /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
-    pub fn clear_failure(&self, sha256: &str) {
-        let _ = fs::remove_file(self.failure_path(sha256));
-    }
-
-    /// The failure of `sha256` declared as `size` bytes, from the same
-    /// `addresses`, recorded at or after `since`, if any: a download that
-    /// failed because its manifest declared a wrong size is not the result
-    /// of one that declares the right one. Call with the SHA-256 lock held.
-    pub fn failure_since(
-        &self,
-        sha256: &str,
-        size: u64,
-        addresses: &[String],
-        since: std::time::SystemTime,
-    ) -> Option<SharedFailure> {
-        let bytes = fs::read(self.failure_path(sha256)).ok()?;
-        let record = parse_shared_failure(&bytes)?;
-        let since_ns = since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
-            .then_some(record)
-    }
-}
-
-fn unavailable() -> crate::error::ErrorCode {
-    crate::error::ErrorCode::Unavailable
-}
-
-/// Reads a shared failure record as [`Store::failure_since`] does: `None`
-/// unless it parses and carries a known error code. An entry point for the
-/// fuzz targets and property tests.
-#[doc(hidden)]
-pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
-    let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
-    record.code = record.code_text.parse().ok()?;
-    Some(record)
-}
-
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        // The entry's own type and owner: a symbolic link is not followed.
+        .filter(|e| e.metadata().is_ok_and(|m| trust::is_own_file(&m)))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
 }
 
 fn first_file(dir: &Path) -> Option<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    files.into_iter().next()
+    own_files(dir).into_iter().next()
 }
 
 /// `(path, sha256, declared size)` of every partial data file in `tmp`.
@@ -518,62 +552,6 @@ fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
 pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
     let (sha, size) = partial::parse_name(name)?;
     is_sha256(sha).then(|| (sha.to_string(), size))
-}
-
-fn available_space(dir: &Path) -> Result<u64> {
-    let stat = rustix::fs::statvfs(dir)
-        .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
-    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
-}
-
-/// Fsyncs of one folder shared between callers ("group commit"): a caller
-/// that arrives while an fsync runs waits for the next one, which covers
-/// every entry created before it started. Many downloads finishing together
-/// make one fsync of `blobs/`, not one each.
-#[derive(Debug, Default)]
-struct GroupSync {
-    state: Mutex<GroupState>,
-    done: std::sync::Condvar,
-}
-
-#[derive(Debug, Default)]
-struct GroupState {
-    /// Requests so far.
-    requested: u64,
-    /// Requests covered by a finished fsync.
-    synced: u64,
-    /// Whether an fsync runs now.
-    running: bool,
-}
-
-impl GroupSync {
-    /// Returns once an fsync of `dir` that started after this call has
-    /// finished.
-    fn sync(&self, dir: &Path) {
-        self.run(|| sync_dir(dir));
-    }
-
-    /// [`GroupSync::sync`] with `flush` standing for the fsync.
-    fn run(&self, flush: impl Fn()) {
-        let lock = || self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut state = lock();
-        state.requested += 1;
-        let mine = state.requested;
-        while state.synced < mine {
-            if state.running {
-                state = self.done.wait(state).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            state.running = true;
-            let target = state.requested;
-            drop(state);
-            flush();
-            state = lock();
-            state.synced = target;
-            state.running = false;
-            self.done.notify_all();
-        }
-    }
 }
 
 /// Runs blocking file work on `path` (creating files, fsyncs, renames) on
@@ -616,7 +594,41 @@ pub fn is_sha256(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sha = "d".repeat(64);
+        let size = 4u64 << 20;
+        let paths = PartialPaths::new(&store.root().join("tmp"), &sha, size);
+        // 3 MiB on disk, of which only the first 1 MiB was flushed and
+        // recorded: 3 MiB are still to be written, 2 MiB of them in the
+        // space the tail takes now.
+        fs::write(&paths.data, vec![7u8; 3 << 20]).unwrap();
+        let record = serde_json::json!({
+            "address": "https://cdn.test/a",
+            "validator": "\"v1\"",
+            "durable": 1 << 20,
+        });
+        fs::write(&paths.meta, record.to_string()).unwrap();
+        space::FREE.set(Some((1 << 20) + 4096));
+        let prepared = store.prepare("r", &sha, size);
+        space::FREE.set(None);
+        assert!(prepared.is_ok(), "{:?}", prepared.err());
+        // Without the tail, 1 MiB free is short of the 3 MiB needed.
+        space::FREE.set(Some(1 << 20));
+        fs::write(&paths.data, vec![7u8; 1 << 20]).unwrap();
+        let refused = store.prepare("r", &sha, size).unwrap_err();
+        space::FREE.set(None);
+        assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
+        assert!(
+            refused
+                .to_string()
+                .contains("needs 3.0 MiB but only 1.0 MiB are free"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn lock_files_of_earlier_versions_are_removed_and_the_shared_ones_kept() {
@@ -637,32 +649,5 @@ mod tests {
         assert!(locks.join("registry.lock").exists());
         // The download lock still holds after the cleanup.
         assert!(store.try_lock(&"c".repeat(64)).unwrap().is_none());
-    }
-
-    #[test]
-    fn callers_arriving_together_share_fsyncs_and_each_is_covered() {
-        let group = Arc::new(GroupSync::default());
-        let flushes = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let (group, flushes) = (group.clone(), flushes.clone());
-                std::thread::spawn(move || {
-                    group.run(|| {
-                        flushes.fetch_add(1, Ordering::SeqCst);
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    })
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let n = flushes.load(Ordering::SeqCst);
-        assert!((1..8).contains(&n), "{n} fsyncs for 8 callers");
-        // A caller after all of them gets an fsync of its own.
-        group.run(|| {
-            flushes.fetch_add(1, Ordering::SeqCst);
-        });
-        assert_eq!(flushes.load(Ordering::SeqCst), n + 1);
     }
 }

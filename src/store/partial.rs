@@ -15,6 +15,11 @@
 //!
 //! A partial file is never visible at a final path: only a file whose size
 //! and digest were verified leaves `tmp/` (`Store::publish`).
+//!
+//! Both files are opened without following symbolic links and must be
+//! regular files of the store's user (see `store::trust`): a link planted
+//! at either name is never written through, and a record or data file of
+//! another user is never trusted.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -78,31 +83,51 @@ impl PartialPaths {
 
     /// The kept record, if there is a usable one.
     pub(crate) fn read_meta(&self) -> Option<PartialMeta> {
-        let file = File::open(&self.meta).ok()?;
-        let mut bytes = Vec::new();
-        io::Read::read_to_end(&mut io::Read::take(file, MAX_META_BYTES + 1), &mut bytes).ok()?;
+        let bytes = crate::store::trust::read_own(&self.meta, MAX_META_BYTES).ok()?;
         PartialMeta::parse(&bytes)
     }
 
     /// How many trusted bytes are kept: the durable length, when the data
-    /// file really has that many.
+    /// file (a regular file of the store's user) really has that many.
     pub(crate) fn kept(&self) -> Option<(PartialMeta, u64)> {
         let meta = self.read_meta()?;
-        let len = fs::metadata(&self.data).ok()?.len();
+        let data = fs::symlink_metadata(&self.data).ok()?;
+        if !crate::store::trust::is_own_file(&data) {
+            return None;
+        }
+        let len = data.len();
         (meta.durable > 0 && meta.durable <= len).then(|| {
             let durable = meta.durable;
             (meta, durable)
         })
     }
 
-    /// Opens (creating) the data file for writing.
+    /// Bytes the data file holds beyond its first `kept`, which a download
+    /// cuts before it writes (at most what the file takes on disk).
+    pub(crate) fn untrusted_tail(&self, kept: u64) -> u64 {
+        let Ok(data) = fs::symlink_metadata(&self.data) else {
+            return 0;
+        };
+        if !crate::store::trust::is_own_file(&data) {
+            return 0;
+        }
+        let tail = data.len().saturating_sub(kept);
+        #[cfg(unix)]
+        let tail = tail.min(std::os::unix::fs::MetadataExt::blocks(&data).saturating_mul(512));
+        tail
+    }
+
+    /// Opens (creating, `0600`) the data file for writing; a symbolic link
+    /// or a file that is not the store user's is an error, never followed.
     pub(crate) fn open_data(&self) -> io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.data)
+        crate::store::trust::open_own(
+            &self.data,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
     }
 
     /// Removes both files.
@@ -185,7 +210,7 @@ pub(crate) fn parse_name(name: &str) -> Option<(&str, u64)> {
 
 /// Whether a partial file last changed longer than `max_age` ago.
 pub(crate) fn older_than(path: &Path, max_age: Duration) -> bool {
-    fs::metadata(path)
+    fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok())

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -176,6 +176,16 @@ struct Cache {
     parses: AtomicU64,
     /// Parsed failure logs by gem id.
     failures: Mutex<HashMap<String, FailureLog>>,
+    /// Changes of failure records that could not be written (a full
+    /// disk), by gem id then resource id (`None`: cleared): this process
+    /// still reports them, until a later change of the record is written.
+    unsaved: Mutex<HashMap<String, BTreeMap<String, Option<FailureRecord>>>>,
+    /// Makes every failure-log write fail as on a full disk (tests).
+    #[cfg(test)]
+    full_disk: std::sync::atomic::AtomicBool,
+    /// The thread the last failure-record change ran on (tests).
+    #[cfg(test)]
+    worked_on: Mutex<Option<std::thread::ThreadId>>,
 }
 
 /// A gem's failure log as last read or written, and what it was read from.
@@ -187,6 +197,8 @@ struct FailureLog {
     lines: usize,
     /// Whether the file ends in the middle of a line (a crash cut it).
     torn: bool,
+    /// Whether a write failed since the file was read: read it again.
+    stale: bool,
     /// The live records by resource id.
     records: BTreeMap<String, FailureRecord>,
 }
@@ -223,6 +235,13 @@ struct FailureLine {
 /// Compaction happens when the log holds more lines than this plus twice
 /// the live records.
 const LOG_SLACK: usize = 64;
+
+/// Longest registration record read back (a manifest is at most 1 MiB;
+/// its record, pretty-printed, somewhat more).
+const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// Longest failure log read back.
+const MAX_LOG_BYTES: u64 = 256 << 20;
 
 /// One parsed registration and what it was read from.
 #[derive(Debug, Clone)]
@@ -296,7 +315,7 @@ impl Registry {
         // The generation is read before the file: a change between the two
         // leaves a stamp that no later read matches, never a stale hit.
         let generation = self.generation();
-        let meta = match fs::metadata(&path) {
+        let meta = match fs::symlink_metadata(&path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.entries().remove(gem);
@@ -316,7 +335,8 @@ impl Registry {
             return Ok(Some(hit.clone()));
         }
         self.cache.parses.fetch_add(1, Ordering::Relaxed);
-        let bytes = match fs::read(&path) {
+        // A regular file of the store's user only: never a link followed.
+        let bytes = match crate::store::trust::read_own(&path, MAX_RECORD_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.entries().remove(gem);
@@ -345,8 +365,9 @@ impl Registry {
 
     /// The registry's generation (0 before the first change).
     fn generation(&self) -> u64 {
-        fs::read_to_string(self.generation_path())
+        crate::store::trust::read_own(&self.generation_path(), 64)
             .ok()
+            .and_then(|b| String::from_utf8(b).ok())
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
     }
@@ -416,6 +437,7 @@ impl Registry {
     pub fn remove(&self, gem: &str) -> Result<bool> {
         let _ = fs::remove_file(self.failure_log_path(gem));
         self.failure_logs().remove(gem);
+        self.unsaved().remove(gem);
         let path = self.gems.join(format!("{}.json", file_stem(gem)));
         let removed = match fs::remove_file(&path) {
             Ok(()) => true,
@@ -450,8 +472,16 @@ impl Registry {
 
     /// The failure records of `gem`, by resource id. Records of resources
     /// whose SHA-256 or addresses changed since are left out.
+    /// A change that could not be written (a full disk) is reported by
+    /// this process all the same.
     pub fn failures(&self, gem: &str) -> Result<BTreeMap<String, FailureRecord>> {
         let mut all = self.with_failure_log(gem, |log, _| Ok(log.records.clone()))?;
+        for (resource, record) in self.unsaved().get(gem).into_iter().flatten() {
+            match record {
+                Some(r) => all.insert(resource.clone(), r.clone()),
+                None => all.remove(resource),
+            };
+        }
         if !all.is_empty() {
             let resources = self.get(gem)?.map(|r| r.resources).unwrap_or_default();
             all.retain(|id, record| {
@@ -465,13 +495,42 @@ impl Registry {
     }
 
     /// Sets (or, with `None`, clears) the failure record of one resource.
+    /// The file work runs on the runtime's blocking threads. When the
+    /// record cannot be written (a full disk), this process keeps it in
+    /// memory and reports it ([`Registry::failures`]) all the same, and
+    /// the write's error is returned.
     pub async fn set_failure(
         &self,
         gem: &str,
         resource: &str,
         record: Option<FailureRecord>,
     ) -> Result<()> {
-        let _lock = self.lock().await?;
+        let lock = self.lock().await?;
+        let (this, gem, resource) = (self.clone(), gem.to_string(), resource.to_string());
+        crate::store::off_runtime(&self.failures, move || {
+            let _lock = lock;
+            this.set_failure_locked(&gem, &resource, record)
+        })
+        .await
+    }
+
+    fn unsaved(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, Option<FailureRecord>>>> {
+        self.cache.unsaved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Registry::set_failure`] with the lock held.
+    fn set_failure_locked(
+        &self,
+        gem: &str,
+        resource: &str,
+        record: Option<FailureRecord>,
+    ) -> Result<()> {
+        #[cfg(test)]
+        {
+            *self.cache.worked_on.lock().unwrap() = Some(std::thread::current().id());
+        }
         let Some(cached) = self.cached(gem)? else {
             return Ok(());
         };
@@ -483,25 +542,54 @@ impl Registry {
                 return Ok(());
             }
         }
-        self.with_failure_log(gem, |log, path| {
-            if record.is_none() && !log.records.contains_key(resource) {
+        // Kept as any reader gets it back (times in whole seconds).
+        let record = record.map(|r| r.into_stored());
+        let unsaved = self
+            .unsaved()
+            .get(gem)
+            .is_some_and(|u| u.contains_key(resource));
+        let written = self.with_failure_log(gem, |log, path| {
+            if record.is_none() && !log.records.contains_key(resource) && !unsaved {
                 return Ok(());
             }
             let line = FailureLine {
                 resource: resource.to_string(),
-                // Kept as any reader gets it back (times in whole seconds).
-                record: record.map(|r| r.into_stored()),
+                record: record.clone(),
             };
             match &line.record {
                 Some(r) => log.records.insert(resource.to_string(), r.clone()),
                 None => log.records.remove(resource),
             };
-            if log.lines >= 2 * log.records.len() + LOG_SLACK {
+            #[cfg(test)]
+            if self.cache.full_disk.load(Ordering::Relaxed) {
+                log.stale = true;
+                let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+                return Err(crate::store::write_failed("cannot write", path, full, 1));
+            }
+            let written = if log.lines >= 2 * log.records.len() + LOG_SLACK {
                 log.compact(path)
             } else {
                 log.append(path, &line)
+            };
+            // The file no longer says what this log holds: read it again.
+            log.stale = written.is_err();
+            written
+        });
+        let mut unsaved = self.unsaved();
+        match &written {
+            Ok(()) => {
+                if let Some(u) = unsaved.get_mut(gem) {
+                    u.remove(resource);
+                }
             }
-        })
+            Err(_) => {
+                unsaved
+                    .entry(gem.to_string())
+                    .or_default()
+                    .insert(resource.to_string(), record);
+            }
+        }
+        written
     }
 
     fn failure_log_path(&self, gem: &str) -> PathBuf {
@@ -523,18 +611,25 @@ impl Registry {
         work: impl FnOnce(&mut FailureLog, &Path) -> Result<T>,
     ) -> Result<T> {
         let path = self.failure_log_path(gem);
-        let stamp = match fs::metadata(&path) {
+        let stamp = match fs::symlink_metadata(&path) {
+            Ok(meta) if !crate::store::trust::is_own_file(&meta) => {
+                // Not the store's own file (a symbolic link planted there):
+                // its name is freed, its target never read or written.
+                tracing::warn!("removing {}: the store does not trust it", path.display());
+                fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
+                None
+            }
             Ok(meta) => Some(FileStamp::of(&meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
         let mut logs = self.failure_logs();
         let log = logs.entry(gem.to_string()).or_default();
-        if log.stamp != stamp || (stamp.is_none() && log.lines > 0) {
+        if log.stale || log.stamp != stamp || (stamp.is_none() && log.lines > 0) {
             *log = match stamp {
                 None => FailureLog::default(),
                 Some(_) => {
-                    let bytes = match fs::read(&path) {
+                    let bytes = match crate::store::trust::read_own(&path, MAX_LOG_BYTES) {
                         Ok(bytes) => bytes,
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
                         Err(e) => return Err(Error::io("cannot read", &path, e)),
@@ -544,6 +639,7 @@ impl Registry {
                         stamp,
                         lines,
                         torn: bytes.last().is_some_and(|b| *b != b'\n'),
+                        stale: false,
                         records,
                     }
                 }
@@ -564,19 +660,17 @@ impl FailureLog {
         serde_json::to_writer(&mut bytes, line)
             .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
         bytes.push(b'\n');
-        // Readable by the owner only, as the atomically written records.
-        let mut file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| Error::io("cannot open", path, e))?;
+        // Readable by the owner only, as the atomically written records;
+        // a symbolic link planted at the log's name is never appended to.
+        let mut file =
+            crate::store::trust::open_own(path, fs::OpenOptions::new().create(true).append(true))
+                .map_err(|e| Error::io("cannot open", path, e))?;
         // Not fsynced: a failure record only explains why a file is
         // missing, and the file is fetched again either way. What a power
         // cut can lose is the last few explanations, never a line's shape
         // (a cut line is skipped) nor anything about the files themselves.
         file.write_all(&bytes)
-            .map_err(|e| Error::io("cannot write", path, e))?;
+            .map_err(|e| crate::store::write_failed("cannot write", path, e, bytes.len() as u64))?;
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
@@ -599,7 +693,7 @@ impl FailureLog {
             return Ok(());
         }
         write_atomic(path, &encode_failures(&self.records))?;
-        let meta = fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
         self.stamp = Some(FileStamp::of(&meta));
         self.lines = self.records.len();
         self.torn = false;
@@ -655,7 +749,10 @@ fn same_download(a: &Resource, b: &Resource) -> bool {
 ///   characters, nothing a file system treats specially), plus the `@` and
 ///   the one `/` of a scoped id;
 /// - each part starts with a letter or a digit (so no `.`, `..` or hidden
-///   names).
+///   names);
+/// - a scoped id is lower case, as npm requires: `@Acme/ocr` and
+///   `@acme/ocr` would be one file on a file system that ignores case (the
+///   default on macOS and Windows).
 ///
 /// A scoped id is stored under a file name with `+` in place of its `/`
 /// (`@acme+ocr.json`); `+` is not allowed in ids, so the mapping is one to
@@ -679,6 +776,8 @@ pub fn check_gem_id(gem: &str) -> Result<()> {
         "it must start with a letter or a digit (each part of @scope/name too)"
     } else if !valid_gem_id(gem) {
         "only letters, digits, '.', '_' and '-' are allowed (and '@scope/' in front)"
+    } else if gem.starts_with('@') && gem.bytes().any(|b| b.is_ascii_uppercase()) {
+        "a scoped id is lower case (@scope/name): upper case would name the same file as the lower-case id where file names ignore case"
     } else {
         return Ok(());
     };
@@ -688,7 +787,9 @@ pub fn check_gem_id(gem: &str) -> Result<()> {
     })
 }
 
-/// Whether `gem` can be used as a gem id (the rules of [`check_gem_id`]).
+/// Whether `gem` can be used as a gem id (the rules of [`check_gem_id`],
+/// except that a scoped id may hold upper case, so that records written
+/// before that rule are still read).
 pub fn valid_gem_id(gem: &str) -> bool {
     fn plain(part: &str) -> bool {
         let mut chars = part.chars();
@@ -814,7 +915,9 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| Error::io("cannot write", tmp.path(), e))?;
+        .map_err(|e| {
+            crate::store::write_failed("cannot write", tmp.path(), e, bytes.len() as u64)
+        })?;
     tmp.persist(path)
         .map_err(|e| Error::io("cannot replace", path, e.error))?;
     if let Ok(d) = File::open(dir) {
@@ -989,6 +1092,81 @@ mod tests {
         assert_eq!(all["r2"].message, "third");
         // A change by another process is seen by the first registry too.
         assert_eq!(registry.failures("g").unwrap(), all);
+    }
+
+    #[test]
+    fn a_failure_that_cannot_be_written_is_still_reported_by_this_process() {
+        let (dir, registry) = open();
+        let reg = registration("g", &shas(2, 9));
+        registry.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(registry.set_failure("g", "r0", Some(failure(&reg, 0, "first"))))
+            .unwrap();
+        registry.cache.full_disk.store(true, Ordering::Relaxed);
+        let err = rt
+            .block_on(registry.set_failure("g", "r1", Some(failure(&reg, 1, "disk full"))))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::DiskSpace, "{err}");
+        let err = rt
+            .block_on(registry.set_failure("g", "r0", None))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::DiskSpace, "{err}");
+        // The file still holds only the first record; this process reports
+        // what it could not write, even after another process changed the
+        // file (which makes it read the file again).
+        let elsewhere = Registry::new(&Store::open(dir.path()).unwrap());
+        assert_eq!(
+            elsewhere.failures("g").unwrap().keys().collect::<Vec<_>>(),
+            ["r0"]
+        );
+        rt.block_on(elsewhere.set_failure("g", "r0", Some(failure(&reg, 0, "again"))))
+            .unwrap();
+        let here = registry.failures("g").unwrap();
+        assert_eq!(here.keys().collect::<Vec<_>>(), ["r1"], "{here:?}");
+        assert_eq!(here["r1"].message, "disk full");
+        // Once the disk has room again, the next change of each record is
+        // written, and every process reads the same.
+        registry.cache.full_disk.store(false, Ordering::Relaxed);
+        rt.block_on(registry.set_failure("g", "r1", Some(failure(&reg, 1, "later"))))
+            .unwrap();
+        rt.block_on(registry.set_failure("g", "r0", None)).unwrap();
+        assert!(registry.unsaved().get("g").is_none_or(|u| u.is_empty()));
+        let all = registry.failures("g").unwrap();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["r1"]);
+        assert_eq!(all["r1"].message, "later");
+        assert_eq!(elsewhere.failures("g").unwrap(), all);
+    }
+
+    #[test]
+    fn failure_records_are_written_off_the_runtime_thread() {
+        let (_dir, registry) = open();
+        let reg = registration("g", &shas(1, 10));
+        registry.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // On a current-thread runtime, the task runs on this thread: the
+        // file work must not.
+        rt.block_on(registry.set_failure("g", "r0", Some(failure(&reg, 0, "x"))))
+            .unwrap();
+        let worked_on = registry.cache.worked_on.lock().unwrap().unwrap();
+        assert_ne!(worked_on, std::thread::current().id());
+    }
+
+    #[test]
+    fn scoped_gem_ids_are_lower_case_and_plain_ids_keep_their_rules() {
+        for good in ["@acme/ocr", "@acme-2/ocr.v3", "ocr", "Ocr-Tools", "a_b.c"] {
+            assert!(check_gem_id(good).is_ok(), "{good}");
+        }
+        for bad in ["@ACME/ocr", "@acme/OCR", "@Acme/Ocr"] {
+            let err = check_gem_id(bad).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::GemId, "{bad}");
+            assert!(err.to_string().contains("lower case"), "{bad}: {err}");
+        }
+        // Records written before the rule are still read.
+        assert_eq!(gem_of_stem("@Acme+ocr").as_deref(), Some("@Acme/ocr"));
     }
 
     #[test]

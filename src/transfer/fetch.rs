@@ -758,8 +758,15 @@ fn validator(response: &Response) -> Option<String> {
         })
 }
 
+/// A write of the partial file at `path` failed: `E_RESOURCE_DISK_SPACE`
+/// (with what was still needed and what is free) when the disk is full,
+/// `E_RESOURCE_IO` otherwise.
 fn local_write(path: &std::path::Path, e: std::io::Error) -> TransferError {
-    TransferError::Local(Error::io("cannot write download", path, e))
+    TransferError::Local(crate::store::partial_write_failed(
+        "cannot write download",
+        path,
+        e,
+    ))
 }
 
 fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> AttemptError {

@@ -34,4 +34,5 @@ mod service_crash;
 mod service_lifecycle;
 mod service_races;
 mod smoke;
+mod store_trust;
 mod tls_trust;

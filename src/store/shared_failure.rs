@@ -1,0 +1,116 @@
+//! The last failed download of each SHA-256, for callers in other
+//! processes that waited on it (`locks/<sha256>.failed.json`).
+
+use std::fs;
+use std::path::PathBuf;
+
+use super::trust::read_own;
+use super::Store;
+use crate::error::Error;
+
+/// The last failed download of one SHA-256, shared with other processes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SharedFailure {
+    /// When it failed, nanoseconds since the Unix epoch.
+    pub at_ns: u128,
+    /// The size its manifest declared.
+    pub size: u64,
+    /// The addresses it tried (url, then mirrors).
+    pub addresses: Vec<String>,
+    /// Its error code.
+    #[serde(skip, default = "unavailable")]
+    pub code: crate::error::ErrorCode,
+    /// The code as written.
+    code_text: String,
+    /// Its full message.
+    pub message: String,
+}
+
+impl Store {
+    fn failure_path(&self, sha256: &str) -> PathBuf {
+        self.root
+            .join("locks")
+            .join(format!("{sha256}.failed.json"))
+    }
+
+    /// Records a failed download of `sha256` declared as `size` bytes (best
+    /// effort: only callers waiting in other processes read it). The message
+    /// is cut to 16 KiB. Call with the SHA-256 lock held.
+    pub fn record_failure(&self, sha256: &str, size: u64, addresses: &[String], error: &Error) {
+        let record = SharedFailure {
+            at_ns: now_ns(),
+            size,
+            addresses: addresses.to_vec(),
+            code: error.code(),
+            code_text: error.code().as_str().to_string(),
+            message: crate::error::shorten_to(
+                &error.to_string(),
+                crate::store::MAX_FAILURE_MESSAGE_CHARS,
+            ),
+        };
+        let Ok(bytes) = serde_json::to_vec(&record) else {
+            return;
+        };
+        let locks = self.root.join("locks");
+        if let Ok(mut file) = tempfile::Builder::new()
+            .prefix(&format!(".{sha256}.failed."))
+            .tempfile_in(&locks)
+        {
+            use std::io::Write;
+            if file.write_all(&bytes).is_ok() {
+                let _ = file.persist(self.failure_path(sha256));
+            }
+        }
+    }
+
+    /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
+    pub fn clear_failure(&self, sha256: &str) {
+        let _ = fs::remove_file(self.failure_path(sha256));
+    }
+
+    /// The failure of `sha256` declared as `size` bytes, from the same
+    /// `addresses`, recorded at or after `since`, if any: a download that
+    /// failed because its manifest declared a wrong size is not the result
+    /// of one that declares the right one. Call with the SHA-256 lock held.
+    pub fn failure_since(
+        &self,
+        sha256: &str,
+        size: u64,
+        addresses: &[String],
+        since: std::time::SystemTime,
+    ) -> Option<SharedFailure> {
+        let bytes = read_own(&self.failure_path(sha256), MAX_SHARED_FAILURE_BYTES).ok()?;
+        let record = parse_shared_failure(&bytes)?;
+        let since_ns = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        (record.at_ns >= since_ns && record.size == size && record.addresses == addresses)
+            .then_some(record)
+    }
+}
+
+/// Longest shared failure record read back (its message is cut to 16 KiB
+/// characters, which may take 4 bytes each, plus its addresses).
+const MAX_SHARED_FAILURE_BYTES: u64 = 1 << 20;
+
+fn unavailable() -> crate::error::ErrorCode {
+    crate::error::ErrorCode::Unavailable
+}
+
+/// Reads a shared failure record as [`Store::failure_since`] does: `None`
+/// unless it parses and carries a known error code. An entry point for the
+/// fuzz targets and property tests.
+#[doc(hidden)]
+pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
+    let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
+    record.code = record.code_text.parse().ok()?;
+    Some(record)
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}

@@ -1,0 +1,232 @@
+//! What the store trusts in its own folders: only what its user made.
+//!
+//! A store folder another local user can write would let that user plant a
+//! symbolic link where a partial file, a record or a verified file is
+//! expected (and so make a download write, or `path` return, a file
+//! elsewhere), or swap in a file of their own. So:
+//! - the store's folders are created `0700` whatever the umask, and at
+//!   open a folder owned by someone else or writable by group or others is
+//!   refused ([`check_folder`]);
+//! - files the store writes are created `0600`, verified files end `0400`;
+//! - every file the store opens by name is opened without following a
+//!   symbolic link (`O_NOFOLLOW`, and `O_NONBLOCK` so that a FIFO cannot
+//!   block the open) and then checked on the open descriptor (`fstat`): a
+//!   regular file owned by the current user ([`open_own`]). Nobody else can
+//!   reach it through the checked folders, so its own mode is not checked.
+//!
+//! Elsewhere than on Unix, ownership and modes are left to the operating
+//! system: only symbolic links and other non-regular files are refused.
+
+use std::fs::{self, File, Metadata, OpenOptions};
+use std::io;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Mode of the store's folders.
+#[cfg(unix)]
+const FOLDER_MODE: u32 = 0o700;
+/// Mode of the files the store writes.
+#[cfg(unix)]
+const FILE_MODE: u32 = 0o600;
+/// Mode of a verified file.
+#[cfg(unix)]
+const BLOB_MODE: u32 = 0o400;
+
+/// Creates the folder `path` (and missing parents) for the store: `0700`
+/// whatever the umask. A folder that exists is left as it is (and checked
+/// by [`check_folder`]).
+pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.exists() {
+            builder().recursive(true).create(parent)?;
+        }
+    }
+    match builder().create(path) {
+        Ok(()) => set_folder_mode(path),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(unix)]
+fn builder() -> fs::DirBuilder {
+    let mut builder = fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, FOLDER_MODE);
+    builder
+}
+
+#[cfg(not(unix))]
+fn builder() -> fs::DirBuilder {
+    fs::DirBuilder::new()
+}
+
+/// Sets `0700` on a folder just created (the umask may have taken bits
+/// from the owner, never given any to others).
+#[cfg(unix)]
+fn set_folder_mode(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
+}
+
+#[cfg(not(unix))]
+fn set_folder_mode(_path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// Refuses a store folder that is not a folder, is owned by another user,
+/// or can be written by group or others, with `E_RESOURCE_CONFIG` naming
+/// the folder and the fix.
+pub(crate) fn check_folder(path: &Path) -> Result<()> {
+    let meta = fs::metadata(path).map_err(|e| Error::io("cannot read store folder", path, e))?;
+    if !meta.is_dir() {
+        return Err(Error::Config(format!(
+            "store folder {} is not a folder: remove it, or choose another store (`store` in config.toml, or --store)",
+            path.display()
+        )));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let me = current_uid();
+        if meta.uid() != me {
+            return Err(Error::Config(format!(
+                "store folder {} belongs to user id {}, not to the current user (id {me}): another user could change what the store trusts; use a store of your own (`store` in config.toml, or --store), or `chown -R {me} {}`",
+                path.display(),
+                meta.uid(),
+                path.display()
+            )));
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(Error::Config(format!(
+                "store folder {} can be written by other users (mode {mode:04o}): another user could plant files the store would trust; run `chmod 700 {}`, or use a store of your own",
+                path.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The effective user id of this process.
+#[cfg(unix)]
+pub(crate) fn current_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether `meta` (of an entry, not followed) is a regular file the store
+/// can trust: not a symbolic link, and owned by the current user. (Its mode
+/// matters less: nobody else can reach it through the store's `0700`
+/// folders.)
+pub(crate) fn is_own_file(meta: &Metadata) -> bool {
+    meta.file_type().is_file() && owned_by_me(meta)
+}
+
+/// Whether the current user owns what `meta` describes.
+#[cfg(unix)]
+fn owned_by_me(meta: &Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.uid() == current_uid()
+}
+
+#[cfg(not(unix))]
+fn owned_by_me(_meta: &Metadata) -> bool {
+    true
+}
+
+/// Whether the entry at `path` (not followed) is a file the store trusts
+/// ([`is_own_file`]).
+pub(crate) fn is_own_file_at(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| is_own_file(&m))
+}
+
+/// Whether the entry at `path` (not followed) is a folder (not a link to
+/// one) of the store's user.
+pub(crate) fn is_own_folder_at(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && owned_by_me(&m))
+}
+
+/// Opens `path` with `options` without following a symbolic link, and
+/// checks on the open file that it is a regular file of the current user
+/// ([`is_own_file`]); anything else is an error (`InvalidData`) that names
+/// what was found. A file created by this call is `0600`.
+pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .mode(FILE_MODE);
+    }
+    #[cfg(not(unix))]
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(untrusted("is a symbolic link"));
+    }
+    let file = options.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            return untrusted("is a symbolic link");
+        }
+        e
+    })?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(untrusted("is not a regular file"));
+    }
+    if !is_own_file(&meta) {
+        return Err(untrusted("belongs to another user"));
+    }
+    Ok(file)
+}
+
+fn untrusted(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{what}: the store does not trust it"),
+    )
+}
+
+/// Reads at most `max` bytes of the file at `path`, opened as
+/// [`open_own`] does; `None` when it is missing, untrusted or longer.
+pub(crate) fn read_own(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = open_own(path, OpenOptions::new().read(true))?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut io::Read::take(file, max + 1), &mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Makes `file` a verified file: read-only for its owner only (`0400`).
+#[cfg(unix)]
+pub(crate) fn make_blob(file: &File) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(fs::Permissions::from_mode(BLOB_MODE))
+}
+
+/// Makes `file` a verified file: read-only.
+#[cfg(not(unix))]
+pub(crate) fn make_blob(file: &File) -> io::Result<()> {
+    let mut perms = file.metadata()?.permissions();
+    perms.set_readonly(true);
+    file.set_permissions(perms)
+}
+
+/// Whether two metadata describe the same file.
+#[cfg(unix)]
+pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// Whether two metadata describe the same file (as far as they tell).
+#[cfg(not(unix))]
+pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    a.len() == b.len() && a.modified().ok() == b.modified().ok()
+}

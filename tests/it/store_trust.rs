@@ -1,0 +1,326 @@
+//! The store trusts only what its own user made: shared or foreign store
+//! folders are refused at open, and a symbolic link or another user's file
+//! planted where the store keeps partial files, verified files or failure
+//! logs is never written through, returned or published.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gem_resources::{ErrorCode, Resources, Store};
+use serde_json::json;
+
+use crate::support::fetch_with as fetch;
+use crate::support::*;
+
+/// A user id that is not this process's.
+const OTHER_UID: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+}
+
+/// A file outside the store that a planted link points to.
+fn victim(env: &Env) -> PathBuf {
+    let path = env.dir.path().join("victim.txt");
+    std::fs::write(&path, b"precious").unwrap();
+    set_mode(&path, 0o644);
+    path
+}
+
+fn assert_untouched(victim: &Path) {
+    assert_eq!(std::fs::read(victim).unwrap(), b"precious");
+    assert_eq!(mode(victim), 0o644, "the link's target was chmod-ed");
+}
+
+#[tokio::test]
+async fn a_store_folder_others_can_write_is_refused_naming_the_folder_and_the_fix() {
+    let env = Env::new().await;
+    Store::open(&env.store_dir()).unwrap();
+    for folder in [env.store_dir(), store_root(&env).join("tmp")] {
+        set_mode(&folder, 0o777);
+        let err = Store::open(&env.store_dir()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Config, "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&folder.display().to_string()), "{text}");
+        assert!(text.contains("chmod 700"), "{text}");
+        // The service refuses it the same way.
+        let err = Resources::open(&env.config()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Config, "{err}");
+        set_mode(&folder, 0o700);
+    }
+    // Group-writable is shared too.
+    set_mode(&store_root(&env).join("blobs"), 0o770);
+    assert!(Store::open(&env.store_dir()).is_err());
+    set_mode(&store_root(&env).join("blobs"), 0o755);
+    Store::open(&env.store_dir()).unwrap();
+}
+
+#[tokio::test]
+async fn a_store_folder_of_another_user_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: changing a folder's owner needs root");
+        return;
+    }
+    let env = Env::new().await;
+    Store::open(&env.store_dir()).unwrap();
+    let gems = store_root(&env).join("gems");
+    std::os::unix::fs::chown(&gems, Some(OTHER_UID), None).unwrap();
+    let err = Store::open(&env.store_dir()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Config, "{err}");
+    assert!(
+        err.to_string().contains(&gems.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("belongs to user id 65534"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn folders_and_files_get_private_modes_whatever_the_umask() {
+    let env = Env::new().await;
+    let body = bytes(3000, 1);
+    let url = env.serve("/m.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("m", &url, &body)]));
+    let config = env.dir.path().join("config.toml");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg("umask 000 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_gem-resources"))
+            .args(["--config", config.to_str().unwrap(), "fetch"])
+            .arg(&m)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(mode(&env.store_dir()), 0o700);
+    let root = store_root(&env);
+    assert_eq!(mode(&root), 0o700);
+    for sub in ["blobs", "tmp", "locks", "gems", "failures"] {
+        assert_eq!(mode(&root.join(sub)), 0o700, "{sub}");
+    }
+    let blob = &stored_files(&env, &body)[0];
+    assert_eq!(mode(blob.parent().unwrap()), 0o700);
+    assert_eq!(
+        mode(blob),
+        0o400,
+        "a verified file is read-only for its owner"
+    );
+    assert_eq!(mode(&root.join("locks/downloads.lock")), 0o600);
+}
+
+/// Plants a link at the partial file's name of `body` (declared `size`).
+fn plant_partial_link(env: &Env, sha256: &str, size: usize, target: &Path) -> PathBuf {
+    Store::open(&env.store_dir()).unwrap();
+    let link = store_root(env)
+        .join("tmp")
+        .join(format!("{sha256}.{size}.partial"));
+    std::os::unix::fs::symlink(target, &link).unwrap();
+    link
+}
+
+#[tokio::test]
+async fn a_link_at_a_partial_file_name_never_touches_its_target() {
+    let env = Env::new().await;
+    let target = victim(&env);
+    let body = bytes(5000, 2);
+    let url = env.serve("/p.bin", &body);
+    // A download that fails its SHA-256 ...
+    let mut wrong = resource("p", &url, &[], &body);
+    wrong.sha256 = sha256_hex(b"something else");
+    plant_partial_link(&env, &wrong.sha256, body.len(), &target);
+    let err = fetch(&env, &wrong, no_retry()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_untouched(&target);
+    // ... and one that succeeds.
+    let right = resource("p", &url, &[], &body);
+    let link = plant_partial_link(&env, &right.sha256, body.len(), &target);
+    let path = fetch(&env, &right, no_retry()).await.unwrap();
+    assert_untouched(&target);
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "the link is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_link_planted_among_the_verified_files_is_never_returned() {
+    let env = Env::new().await;
+    let body = bytes(4000, 3);
+    let url = env.serve("/v.bin", &body);
+    let r = resource("v", &url, &[], &body);
+    // The link points to a file with the right bytes: a download or `path`
+    // would hand out a file its owner can change at will.
+    let elsewhere = env.dir.path().join("elsewhere.bin");
+    std::fs::write(&elsewhere, &body).unwrap();
+    Store::open(&env.store_dir()).unwrap();
+    let dir = store_root(&env).join("blobs").join(&r.sha256);
+    std::fs::create_dir(&dir).unwrap();
+    set_mode(&dir, 0o700);
+    std::os::unix::fs::symlink(&elsewhere, dir.join(r.file_name())).unwrap();
+    let store = Store::open(&env.store_dir()).unwrap();
+    assert!(!store.has(&r.sha256));
+    assert_eq!(store.find(&r.sha256, &r.file_name()).unwrap(), None);
+    assert!(store.blob_files(&r.sha256).is_empty());
+    let path = fetch(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(env.origin.hits("/v.bin"), 1, "downloaded, not taken");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.is_file(), "{path:?} is a regular file");
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+}
+
+#[tokio::test]
+async fn a_link_at_the_failure_log_is_not_appended_to_and_the_failure_is_still_reported() {
+    let env = Env::new().await;
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let body = bytes(100, 4);
+    let url = env.url("origin.test", "/gone.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("gone", &url, &body)])))
+        .await
+        .unwrap();
+    let target = victim(&env);
+    let log = store_root(&env).join("failures/g.jsonl");
+    std::os::unix::fs::symlink(&target, &log).unwrap();
+    let err = service.path("g", "gone").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_untouched(&target);
+    let status = service.status(Some("g")).unwrap();
+    let state = serde_json::to_value(&status[0].resources[0].state).unwrap();
+    assert_eq!(state["state"], "failed", "{state}");
+    // The log that holds the record is the store's own file.
+    let meta = std::fs::symlink_metadata(&log).unwrap();
+    assert!(meta.is_file());
+    assert_eq!(meta.mode() & 0o777, 0o600);
+}
+
+/// Writes a partial record for `sha256`/`size` from `url`.
+fn write_record(env: &Env, sha256: &str, size: usize, url: &url::Url, durable: usize) {
+    let record = json!({"address": url.as_str(), "validator": "\"v1\"", "durable": durable});
+    let path = store_root(env)
+        .join("tmp")
+        .join(format!("{sha256}.{size}.partial.json"));
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    set_mode(&path, 0o600);
+}
+
+#[tokio::test]
+async fn a_partial_file_of_another_user_is_never_published() {
+    if !is_root() {
+        eprintln!("skipped: changing a file's owner needs root");
+        return;
+    }
+    let env = Env::new().await;
+    let body = bytes(50_000, 5);
+    env.origin
+        .route("/o.bin", Behaviour::ranged(&body, "\"v1\""));
+    let url = env.url("origin.test", "/o.bin");
+    let r = resource("o", &url, &[], &body);
+    Store::open(&env.store_dir()).unwrap();
+    // The first half, as another user left it (and could still rewrite).
+    let data = store_root(&env)
+        .join("tmp")
+        .join(format!("{}.{}.partial", r.sha256, body.len()));
+    std::fs::write(&data, &body[..25_000]).unwrap();
+    set_mode(&data, 0o644);
+    std::os::unix::fs::chown(&data, Some(OTHER_UID), None).unwrap();
+    write_record(&env, &r.sha256, body.len(), &url, 25_000);
+    let path = fetch(&env, &r, no_retry()).await.unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.uid(), 0, "the verified file is the store user's");
+    assert_eq!(meta.mode() & 0o777, 0o400);
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+    assert_eq!(
+        env.origin.served("/o.bin"),
+        body.len() as u64,
+        "nothing of the other user's file was used"
+    );
+}
+
+#[tokio::test]
+async fn a_partial_record_claiming_more_than_its_file_holds_is_not_resumed() {
+    let env = Env::new().await;
+    let body = bytes(50_000, 6);
+    env.origin
+        .route("/s.bin", Behaviour::ranged(&body, "\"v1\""));
+    let url = env.url("origin.test", "/s.bin");
+    let r = resource("s", &url, &[], &body);
+    Store::open(&env.store_dir()).unwrap();
+    let data = store_root(&env)
+        .join("tmp")
+        .join(format!("{}.{}.partial", r.sha256, body.len()));
+    std::fs::write(&data, &body[..1000]).unwrap();
+    // The record says 30,000 bytes were flushed; the file has 1,000.
+    write_record(&env, &r.sha256, body.len(), &url, 30_000);
+    let path = fetch(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+    assert_eq!(env.origin.hits("/s.bin"), 1, "one request, from zero");
+    let range = env
+        .origin
+        .last_headers("/s.bin")
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == "range");
+    assert_eq!(range, None);
+}
+
+#[tokio::test]
+async fn verify_checks_the_verified_files_only_never_a_planted_link() {
+    let env = Env::new().await;
+    let body = bytes(3000, 7);
+    let url = env.serve("/k.bin", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("k", &url, &body)])))
+        .await
+        .unwrap();
+    let path = service.path("g", "k").await.unwrap();
+    // A link next to the verified file, to bytes that do not match.
+    let elsewhere = env.dir.path().join("other.bin");
+    std::fs::write(&elsewhere, b"other bytes").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, path.with_file_name("planted.bin")).unwrap();
+    let report = within("verify", service.verify()).await.unwrap();
+    assert_eq!(report.checked, 1, "{report:?}");
+    assert_eq!(report.ok, 1, "{report:?}");
+    assert!(report.corrupted.is_empty(), "{report:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+}
+
+#[tokio::test]
+async fn another_name_for_stored_bytes_replaces_a_link_planted_at_that_name() {
+    let env = Env::new().await;
+    let body = bytes(2000, 8);
+    let url = env.serve("/n.bin", &body);
+    let r = resource("n", &url, &[], &body);
+    let stored = fetch(&env, &r, no_retry()).await.unwrap();
+    let target = victim(&env);
+    let other = stored.with_file_name("other-name.bin");
+    std::os::unix::fs::symlink(&target, &other).unwrap();
+    let store = Store::open(&env.store_dir()).unwrap();
+    let found = store
+        .find_off_runtime(&r.sha256, "other-name.bin")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found, other);
+    assert!(std::fs::symlink_metadata(&found).unwrap().is_file());
+    assert_eq!(std::fs::read(&found).unwrap(), body);
+    assert_untouched(&target);
+    assert_eq!(env.origin.hits("/n.bin"), 1);
+}
