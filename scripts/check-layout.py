@@ -11,7 +11,9 @@ in `a`'s code, doc comments and `#[cfg(test)]` modules excluded (tests may
 reach anywhere). Each file is named by its module path (`net::fetch`); a
 `mod.rs` or a folder's `<name>.rs` is the folder's own module. `use super::…`
 and the `crate::` paths of the binary (`crate::progress`) are read the same
-way. Folder cycles are cycles between the top-level folders of `src/`
+way. A folder's own file may use its parts (`store` -> `store::partial`):
+those edges are left out, as its relative paths (`partial::…`) are. Folder
+cycles are cycles between the top-level folders of `src/`
 (`manifest`, `net`, `transfer`, `store`, `service`, `platform`, …).
 """
 
@@ -64,10 +66,6 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
     for module, path in modules.items():
         with open(path, encoding="utf-8") as fh:
             text = strip_tests_and_comments(fh.read())
-        # A folder's own file re-exporting what its children define is the
-        # folder's public face, not a dependency of its code.
-        own = re.escape(module)
-        text = re.sub(r"\bpub(\([^)]*\))?\s+use\s+crate::" + own + r"::[^;]*;", "", text)
         targets = set()
         for m in re.finditer(r"\bcrate((?:::\w+)+)", text):
             targets.add(m.group(1)[2:])
@@ -85,7 +83,10 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
             targets.add((base + m.group(1)).lstrip(":"))
         for t in targets:
             dep = longest_module(t, names)
-            if dep and dep != module:
+            # A folder's own file (`mod.rs`) may use the parts it is made of;
+            # a cycle needs a part that uses its folder and a sibling, or
+            # folders that use each other.
+            if dep and dep != module and not dep.startswith(module + "::"):
                 graph[module].add(dep)
     return graph
 
