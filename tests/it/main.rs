@@ -23,6 +23,7 @@ mod prop_guard;
 mod prop_iana;
 mod prop_manifest;
 mod prop_policy;
+mod prop_time;
 mod proxy;
 mod resume;
 mod scale;
