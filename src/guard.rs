@@ -284,13 +284,16 @@ const LOCAL_SUFFIXES: &[(&str, &str)] = &[
     ("localdomain", "local domain (.localdomain)"),
 ];
 
-/// Lowercases a DNS name and drops one trailing dot.
-fn normalize_name(name: &str) -> String {
+/// A host name as every rule of the crate compares it (the address guard,
+/// the policy, fixed DNS answers, `NO_PROXY`, per-host slots): ASCII lower
+/// case, and one trailing dot (the DNS root, `cdn.example.com.`) dropped.
+/// A second trailing dot is kept: `a.test..` is not `a.test`.
+pub(crate) fn normalise_host(name: &str) -> String {
     let name = name.strip_suffix('.').unwrap_or(name);
     name.to_ascii_lowercase()
 }
 
-/// The by-name rule on a name already normalized by [`normalize_name`].
+/// The by-name rule on a name already normalised by [`normalise_host`].
 fn classify_domain(name: &str) -> Option<&'static str> {
     LOCAL_SUFFIXES.iter().find_map(|&(suffix, reason)| {
         let hit = name == suffix
@@ -323,7 +326,7 @@ fn parse_name(name: &str) -> NameKind {
         return NameKind::Ip(ip);
     }
     match Host::parse(name) {
-        Ok(Host::Domain(domain)) => NameKind::Domain(normalize_name(&domain)),
+        Ok(Host::Domain(domain)) => NameKind::Domain(normalise_host(&domain)),
         Ok(Host::Ipv4(v4)) => NameKind::Ip(IpAddr::V4(v4)),
         Ok(Host::Ipv6(v6)) => NameKind::Ip(IpAddr::V6(v6)),
         Err(_) => NameKind::Malformed,
@@ -364,7 +367,7 @@ impl AddressGuard {
     pub fn with_exemptions(ranges: Vec<IpNet>, names: Vec<String>) -> Self {
         Self {
             exempt: ranges,
-            exempt_names: names.iter().map(|n| normalize_name(n)).collect(),
+            exempt_names: names.iter().map(|n| normalise_host(n)).collect(),
         }
     }
 
