@@ -135,6 +135,88 @@ pub struct DevConfig {
     /// address is a range of one (`/32` or `/128`).
     #[serde(default, with = "nets_serde")]
     pub allow_addresses: Vec<IpNet>,
+    /// Lets `allow_addresses` hold ranges that reach beyond the local ones
+    /// (loopback, private, link-local, unique-local, carrier-grade NAT,
+    /// documentation and benchmarking ranges). Without it such a range,
+    /// `0.0.0.0/0` say, is refused: it would switch the address rule off.
+    #[serde(default)]
+    pub allow_public_addresses: bool,
+}
+
+impl DevConfig {
+    /// The `[dev]` keys this configuration sets, by their names in the
+    /// file (`extra_root_certs`, `resolve`, `allow_addresses`,
+    /// `allow_public_addresses`), in that order; empty for a production
+    /// configuration.
+    pub fn active_keys(&self) -> Vec<&'static str> {
+        [
+            ("extra_root_certs", !self.extra_root_certs.is_empty()),
+            ("resolve", !self.resolve.is_empty()),
+            ("allow_addresses", !self.allow_addresses.is_empty()),
+            ("allow_public_addresses", self.allow_public_addresses),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect()
+    }
+
+    /// Refuses an `allow_addresses` range that covers addresses outside
+    /// [`LOCAL_RANGES`], unless `allow_public_addresses` confirms it.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.allow_public_addresses {
+            return Ok(());
+        }
+        match self.allow_addresses.iter().find(|net| !is_local_range(net)) {
+            None => Ok(()),
+            Some(net) => Err(format!(
+                "dev.allow_addresses: {net} covers public addresses; list only local ranges \
+                 (loopback, private, link-local, unique-local, carrier-grade NAT, documentation), \
+                 such as 127.0.0.1, or add allow_public_addresses = true to [dev] to exempt \
+                 public addresses from the address rule on purpose"
+            )),
+        }
+    }
+}
+
+/// The ranges `[dev] allow_addresses` may exempt without
+/// `allow_public_addresses`: loopback, private networks, link-local,
+/// carrier-grade NAT, the documentation and benchmarking ranges, and their
+/// IPv6 counterparts (unique-local `fc00::/7`, documentation
+/// `2001:db8::/32` and `3fff::/20`).
+const LOCAL_RANGES: &[&str] = &[
+    "127.0.0.0/8",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "100.64.0.0/10",
+    "192.0.2.0/24",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "198.18.0.0/15",
+    "::1/128",
+    "fe80::/10",
+    "fc00::/7",
+    "2001:db8::/32",
+    "3fff::/20",
+];
+
+/// Whether `net` lies inside one of [`LOCAL_RANGES`]; an IPv4-mapped IPv6
+/// range (`::ffff:127.0.0.0/104`) is judged as the IPv4 range it maps.
+fn is_local_range(net: &IpNet) -> bool {
+    let net = match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(*net),
+            None => *net,
+        },
+        other => *other,
+    };
+    LOCAL_RANGES
+        .iter()
+        .filter_map(|range| range.parse::<IpNet>().ok())
+        .any(|range| range.contains(&net))
 }
 
 fn default_mode() -> Mode {
@@ -261,9 +343,17 @@ impl Config {
     /// Parses TOML text (paths are kept as written). An error says on which
     /// line and for which key.
     pub fn parse(text: &str) -> std::result::Result<Config, crate::error::ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| locate(text, &e))?;
-        config.check()?;
+        let config: Config =
+            toml::from_str(text).map_err(|e| redact_userinfo(&locate(text, &e)))?;
+        config.check().map_err(|e| redact_userinfo(&e))?;
         Ok(config)
+    }
+
+    /// The `[dev]` keys this configuration sets (see
+    /// [`DevConfig::active_keys`]): development and test exemptions that a
+    /// production setup never has, which a front end shows on every run.
+    pub fn active_dev_keys(&self) -> Vec<&'static str> {
+        self.dev.active_keys()
     }
 
     /// The default configuration file: `<config dir>/gem-resources/config.toml`.
@@ -286,7 +376,7 @@ impl Config {
     /// The network policy described by `[network]`.
     pub fn policy(&self) -> Result<Policy> {
         Policy::new(self.network.mode, &self.network.hosts)
-            .map_err(|e| Error::Config(format!("network.hosts: {e}")))
+            .map_err(|e| Error::Config(redact_userinfo(&format!("network.hosts: {e}"))))
     }
 
     /// The connect timeout.
@@ -352,7 +442,7 @@ impl Config {
         }
         Policy::new(self.network.mode, &self.network.hosts)
             .map_err(|e| format!("network.hosts: {e}"))?;
-        Ok(())
+        self.dev.check()
     }
 
     fn resolve_paths(&mut self, base: &Path) {
@@ -412,7 +502,8 @@ fn locate(text: &str, error: &toml::de::Error) -> String {
         Some(t) if !line.trim_start().starts_with('[') => format!("{t}.{key}"),
         _ => key.to_string(),
     };
-    let value = value.trim();
+    let value = redact_token(value.trim());
+    let value = value.as_str();
     let bare = value
         .chars()
         .next()
@@ -427,6 +518,38 @@ fn locate(text: &str, error: &toml::de::Error) -> String {
         String::new()
     };
     format!("line {line_no}, key {key}: {message}{hint}")
+}
+
+/// `text` with the user name and password of every address in it replaced
+/// by `***` (`http://***@proxy.corp:3128`), so that no configuration error
+/// shows a secret. An address is a run of characters between white space,
+/// quotes, brackets, commas and `=` with an `@` before its first `/`.
+pub(crate) fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut token = String::new();
+    for c in text.chars() {
+        if c.is_whitespace() || "\"'`()[]{}<>,=".contains(c) {
+            out.push_str(&redact_token(&token));
+            token.clear();
+            out.push(c);
+        } else {
+            token.push(c);
+        }
+    }
+    out.push_str(&redact_token(&token));
+    out
+}
+
+/// One address with what stands before the last `@` of its authority
+/// (after `scheme://`, before the first `/`, `?` or `#`) replaced by `***`.
+fn redact_token(token: &str) -> String {
+    let start = token.find("://").map_or(0, |i| i + 3);
+    let rest = &token[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{}***{}", &token[..start], &rest[at..]),
+        None => token.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -477,6 +600,143 @@ allow_addresses = ["127.0.0.1/32", "::1/128"]
         assert!(Config::parse("[network]\nstall_timeout_secs = 0").is_err());
         assert!(Config::parse("[network]\nhosts = [\"*\"]").is_err());
         assert!(Config::parse("[dev]\nallow_addresses = [\"not-a-net\"]").is_err());
+    }
+
+    #[test]
+    fn config_errors_never_show_a_password() {
+        for (text, shown) in [
+            (
+                "[network]\nproxy = http://user:secret@proxy.corp:3128\n",
+                "(a text value needs quotes: proxy = \"http://***@proxy.corp:3128\")",
+            ),
+            (
+                "[network]\nproxy = http://u:sec ret@proxy.corp:3128\n",
+                "proxy = \"http://***@proxy.corp:3128\")",
+            ),
+            (
+                "[network]\nproxy = user:secret@proxy.corp:3128\n",
+                "proxy = \"***@proxy.corp:3128\"",
+            ),
+            (
+                "[network]\nproxy = https://u:p@ss:secret@proxy.corp:8443/x\n",
+                "proxy = \"https://***@proxy.corp:8443/x\"",
+            ),
+            (
+                "[network]\nhosts = [\"http://u:secret@cdn.example.com/\"]\n",
+                "network.hosts: invalid host pattern \"http://***@cdn.example.com/\"",
+            ),
+            (
+                "[dev]\nallow_addresses = [\"u:secret@127.0.0.1\"]\n",
+                "\"***@127.0.0.1\" is neither an address",
+            ),
+            (
+                "[network]\nmode = \"http://u:secret@x\"\n",
+                "got \"http://***@x\"",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("secret"), "{text:?}: {e}");
+            assert!(e.contains(shown), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn redaction_keeps_text_without_userinfo() {
+        for text in [
+            "line 2, key network.proxy: invalid string (a text value needs quotes: proxy = \"http://proxy.corp:3128/a@b\")",
+            "dev.allow_addresses: 0.0.0.0/0 covers public addresses",
+            "/home/me/config.toml: line 1",
+        ] {
+            assert_eq!(redact_userinfo(text), text);
+        }
+        assert_eq!(
+            redact_userinfo("a (http://u:pw@h:1), 'x:y@z' and=k@l"),
+            "a (http://***@h:1), '***@z' and=***@l"
+        );
+    }
+
+    #[test]
+    fn allow_addresses_must_stay_local_unless_confirmed() {
+        for local in [
+            "127.0.0.1",
+            "127.0.0.0/8",
+            "10.1.0.0/16",
+            "172.16.0.0/12",
+            "192.168.7.0/24",
+            "169.254.0.0/16",
+            "100.64.0.0/10",
+            "192.0.2.0/24",
+            "198.51.100.7",
+            "203.0.113.0/24",
+            "198.18.0.0/15",
+            "::1",
+            "fe80::/10",
+            "fd00::/8",
+            "fc00::/7",
+            "2001:db8::/32",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.0/104",
+        ] {
+            let text = format!("[dev]\nallow_addresses = [\"{local}\"]");
+            let c = Config::parse(&text).unwrap_or_else(|e| panic!("{local}: {e}"));
+            assert_eq!(c.active_dev_keys(), vec!["allow_addresses"]);
+        }
+        for public in [
+            "0.0.0.0/0",
+            "::/0",
+            "8.8.8.8",
+            "126.0.0.0/7",
+            "10.0.0.0/7",
+            "172.16.0.0/11",
+            "192.168.0.0/15",
+            "fc00::/6",
+            "2001:db8::/31",
+            "::ffff:0.0.0.0/96",
+            "::ffff:8.8.8.8",
+            "0.0.0.0",
+        ] {
+            let text = format!("[dev]\nallow_addresses = [\"127.0.0.1\", \"{public}\"]");
+            let e = Config::parse(&text).unwrap_err().to_string();
+            let net = parse_net(public).unwrap();
+            for part in [
+                "dev.allow_addresses: ",
+                &format!(" {net} covers public addresses"),
+                "allow_public_addresses = true",
+            ] {
+                assert!(e.contains(part), "{public}: {part:?} not in {e}");
+            }
+            let text = format!("{text}\nallow_public_addresses = true");
+            let c = Config::parse(&text).unwrap_or_else(|e| panic!("{public}: {e}"));
+            assert_eq!(c.dev.allow_addresses.len(), 2);
+        }
+    }
+
+    #[test]
+    fn active_dev_keys_name_what_is_set() {
+        assert!(Config::parse("").unwrap().active_dev_keys().is_empty());
+        let c = Config::parse("[dev]\nallow_public_addresses = false").unwrap();
+        assert!(c.active_dev_keys().is_empty());
+        let c = Config::parse("[dev]\nresolve = { \"a.test\" = [\"127.0.0.1\"] }").unwrap();
+        assert_eq!(c.active_dev_keys(), vec!["resolve"]);
+        let c = Config::parse(
+            r#"
+[dev]
+allow_public_addresses = true
+allow_addresses = ["8.8.8.8"]
+resolve = { "a.test" = ["8.8.8.8"] }
+extra_root_certs = ["ca.pem"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.active_dev_keys(),
+            vec![
+                "extra_root_certs",
+                "resolve",
+                "allow_addresses",
+                "allow_public_addresses"
+            ]
+        );
     }
 
     #[test]

@@ -326,7 +326,16 @@ fn parse_name(name: &str) -> NameKind {
         return NameKind::Ip(ip);
     }
     match Host::parse(name) {
-        Ok(Host::Domain(domain)) => NameKind::Domain(normalise_host(&domain)),
+        Ok(Host::Domain(domain)) => {
+            let name = normalise_host(&domain);
+            // An empty label (`a..b`, `a.localhost..`) names nothing in
+            // DNS, and would slip past the by-name rule.
+            if name.split('.').any(str::is_empty) {
+                NameKind::Malformed
+            } else {
+                NameKind::Domain(name)
+            }
+        }
         Ok(Host::Ipv4(v4)) => NameKind::Ip(IpAddr::V4(v4)),
         Ok(Host::Ipv6(v6)) => NameKind::Ip(IpAddr::V6(v6)),
         Err(_) => NameKind::Malformed,
@@ -420,6 +429,35 @@ impl AddressGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_normalise_to_ascii_lower_case_without_one_trailing_dot() {
+        for (name, normal) in [
+            ("cdn.example.com", "cdn.example.com"),
+            ("CDN.Example.COM.", "cdn.example.com"),
+            ("a.test..", "a.test."),
+            ("É.TEST", "É.test"),
+            (".", ""),
+        ] {
+            assert_eq!(normalise_host(name), normal, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_name_with_an_empty_label_is_malformed() {
+        for name in [
+            "a.localhost..",
+            "localhost..",
+            "a..example.com",
+            ".",
+            "..",
+            ".a.test",
+        ] {
+            assert_eq!(classify_name(name), Some("malformed host name"), "{name}");
+        }
+        assert_eq!(classify_name("a.localhost."), Some("local host name"));
+        assert_eq!(classify_name("cdn.example.com."), None);
+    }
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
