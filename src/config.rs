@@ -14,6 +14,7 @@
 //! extra_root_certs = ["ca.pem"]
 //! resolve = { "cdn.test" = ["127.0.0.1"] }
 //! allow_addresses = ["127.0.0.1/32", "::1/128"]
+//! allow_public_addresses = false   # true: allow_addresses may go beyond local ranges
 //! ```
 //!
 //! Relative paths in the file resolve against the file's folder. Unknown keys
