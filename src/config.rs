@@ -171,7 +171,8 @@ impl DevConfig {
             None => Ok(()),
             Some(net) => Err(format!(
                 "dev.allow_addresses: {net} covers public addresses; list only local ranges \
-                 (loopback, private, link-local, unique-local, carrier-grade NAT, documentation), \
+                 (this host, loopback, private, link-local, unique-local, carrier-grade NAT, \
+                 documentation), \
                  such as 127.0.0.1, or add allow_public_addresses = true to [dev] to exempt \
                  public addresses from the address rule on purpose"
             )),
@@ -180,11 +181,12 @@ impl DevConfig {
 }
 
 /// The ranges `[dev] allow_addresses` may exempt without
-/// `allow_public_addresses`: loopback, private networks, link-local,
-/// carrier-grade NAT, the documentation and benchmarking ranges, and their
-/// IPv6 counterparts (unique-local `fc00::/7`, documentation
-/// `2001:db8::/32` and `3fff::/20`).
+/// `allow_public_addresses`: "this host" (`0.0.0.0/8`, `::`), loopback,
+/// private networks, link-local, carrier-grade NAT, the documentation and
+/// benchmarking ranges, and their IPv6 counterparts (unique-local
+/// `fc00::/7`, documentation `2001:db8::/32` and `3fff::/20`).
 const LOCAL_RANGES: &[&str] = &[
+    "0.0.0.0/8",
     "127.0.0.0/8",
     "10.0.0.0/8",
     "172.16.0.0/12",
@@ -195,6 +197,7 @@ const LOCAL_RANGES: &[&str] = &[
     "198.51.100.0/24",
     "203.0.113.0/24",
     "198.18.0.0/15",
+    "::/128",
     "::1/128",
     "fe80::/10",
     "fc00::/7",
@@ -677,6 +680,8 @@ allow_addresses = ["127.0.0.1/32", "::1/128"]
             "2001:db8::/32",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.0/104",
+            "0.0.0.0",
+            "::",
         ] {
             let text = format!("[dev]\nallow_addresses = [\"{local}\"]");
             let c = Config::parse(&text).unwrap_or_else(|e| panic!("{local}: {e}"));
@@ -694,7 +699,8 @@ allow_addresses = ["127.0.0.1/32", "::1/128"]
             "2001:db8::/31",
             "::ffff:0.0.0.0/96",
             "::ffff:8.8.8.8",
-            "0.0.0.0",
+            "0.0.0.0/7",
+            "::/127",
         ] {
             let text = format!("[dev]\nallow_addresses = [\"127.0.0.1\", \"{public}\"]");
             let e = Config::parse(&text).unwrap_err().to_string();
