@@ -24,7 +24,8 @@ pub enum ProxyConfig {
     Env,
     /// `"none"`: always connect directly.
     None,
-    /// An explicit `http://host:port` or `https://host:port`.
+    /// An explicit `http://host:port` or `https://host:port`; the hosts
+    /// in `NO_PROXY` are still reached directly.
     Url(ProxyUrl),
 }
 
@@ -222,8 +223,9 @@ impl ProxySettings {
     /// The settings for `config`, reading the proxy variables from `vars`.
     ///
     /// With `"env"`: `https_proxy`, `HTTPS_PROXY`, `all_proxy`, `ALL_PROXY`,
-    /// the first one set and not empty wins (lowercase first, as in curl);
-    /// `no_proxy`, then `NO_PROXY`, lists hosts reached directly.
+    /// the first one set and not empty wins (lowercase first, as in curl).
+    /// With `"env"` or a URL, `no_proxy`, then `NO_PROXY`, lists hosts
+    /// reached directly; `"none"` reads no variable.
     pub fn from_vars(
         config: &ProxyConfig,
         resolves: bool,
