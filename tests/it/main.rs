@@ -18,6 +18,7 @@ mod hostile_input;
 mod import;
 mod live_policy;
 mod manifest_cli;
+mod no_proxy;
 mod process_signals;
 mod prop_guard;
 mod prop_iana;
