@@ -14,17 +14,15 @@
 //! extra_root_certs = ["ca.pem"]
 //! resolve = { "cdn.test" = ["127.0.0.1"] }
 //! allow_addresses = ["127.0.0.1/32", "::1/128"]
+//! allow_public_addresses = false   # true: allow_addresses may go beyond local ranges
 //! ```
 //!
 //! Relative paths in the file resolve against the file's folder. Unknown keys
 //! are refused, so a misspelt setting never silently falls back to a default.
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -32,6 +30,9 @@ use crate::net::policy::{Mode, Policy};
 use crate::net::proxy::ProxyConfig;
 use crate::net::NetSettings;
 use crate::transfer::retry::RetryPolicy;
+
+mod dev;
+pub use dev::DevConfig;
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -120,24 +121,6 @@ pub struct ServiceConfig {
     pub max_per_host: usize,
 }
 
-/// `[dev]`: settings that let development setups and tests reach a local
-/// origin. Production configurations leave this empty.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DevConfig {
-    /// PEM files whose certificates are trusted in addition to the system roots.
-    #[serde(default)]
-    pub extra_root_certs: Vec<PathBuf>,
-    /// Fixed DNS answers, like `curl --resolve`. The answers still pass the
-    /// address guard (so they need `allow_addresses` to be local).
-    #[serde(default)]
-    pub resolve: BTreeMap<String, Vec<IpAddr>>,
-    /// Address ranges exempt from the local/internal-address rule. A bare
-    /// address is a range of one (`/32` or `/128`).
-    #[serde(default, with = "nets_serde")]
-    pub allow_addresses: Vec<IpNet>,
-}
-
 fn default_mode() -> Mode {
     Mode::Blocklist
 }
@@ -220,29 +203,6 @@ mod mode_serde {
     }
 }
 
-mod nets_serde {
-    use ipnet::IpNet;
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|text| super::parse_net(text).map_err(serde::de::Error::custom))
-            .collect()
-    }
-}
-
-/// An address range (`127.0.0.0/8`) or a single address (`127.0.0.1`,
-/// taken as `/32`, or `::1` as `/128`).
-fn parse_net(text: &str) -> std::result::Result<IpNet, String> {
-    if let Ok(net) = text.parse::<IpNet>() {
-        return Ok(net);
-    }
-    text.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
-        format!("{text:?} is neither an address (127.0.0.1, ::1) nor a range (127.0.0.0/8)")
-    })
-}
-
 impl Config {
     /// Reads a TOML file; relative paths in it resolve against its folder,
     /// and every path is made absolute and normalised (no `..`) here, once.
@@ -262,9 +222,17 @@ impl Config {
     /// Parses TOML text (paths are kept as written). An error says on which
     /// line and for which key.
     pub fn parse(text: &str) -> std::result::Result<Config, crate::error::ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| locate(text, &e))?;
-        config.check()?;
+        let config: Config =
+            toml::from_str(text).map_err(|e| redact_userinfo(&locate(text, &e)))?;
+        config.check().map_err(|e| redact_userinfo(&e))?;
         Ok(config)
+    }
+
+    /// The `[dev]` keys this configuration sets (see
+    /// [`DevConfig::active_keys`]): development and test exemptions that a
+    /// production setup never has, which a front end shows on every run.
+    pub fn active_dev_keys(&self) -> Vec<&'static str> {
+        self.dev.active_keys()
     }
 
     /// The default configuration file: `<config dir>/gem-resources/config.toml`.
@@ -304,7 +272,7 @@ impl Config {
     /// The network policy described by `[network]`.
     pub fn policy(&self) -> Result<Policy> {
         Policy::new(self.network.mode, &self.network.hosts)
-            .map_err(|e| Error::Config(format!("network.hosts: {e}")))
+            .map_err(|e| Error::Config(redact_userinfo(&format!("network.hosts: {e}"))))
     }
 
     /// The connect timeout.
@@ -370,7 +338,7 @@ impl Config {
         }
         Policy::new(self.network.mode, &self.network.hosts)
             .map_err(|e| format!("network.hosts: {e}"))?;
-        Ok(())
+        self.dev.check()
     }
 
     fn resolve_paths(&mut self, base: &Path) {
@@ -430,7 +398,8 @@ fn locate(text: &str, error: &toml::de::Error) -> String {
         Some(t) if !line.trim_start().starts_with('[') => format!("{t}.{key}"),
         _ => key.to_string(),
     };
-    let value = value.trim();
+    let value = redact_token(value.trim());
+    let value = value.as_str();
     let bare = value
         .chars()
         .next()
@@ -455,8 +424,42 @@ impl TryFrom<&Config> for NetSettings {
     }
 }
 
+/// `text` with the user name and password of every address in it replaced
+/// by `***` (`http://***@proxy.corp:3128`), so that no configuration error
+/// shows a secret. An address is a run of characters between white space,
+/// quotes, brackets, commas and `=` with an `@` before its first `/`.
+pub(crate) fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut token = String::new();
+    for c in text.chars() {
+        if c.is_whitespace() || "\"'`()[]{}<>,=".contains(c) {
+            out.push_str(&redact_token(&token));
+            token.clear();
+            out.push(c);
+        } else {
+            token.push(c);
+        }
+    }
+    out.push_str(&redact_token(&token));
+    out
+}
+
+/// One address with what stands before the last `@` of its authority
+/// (after `scheme://`, before the first `/`, `?` or `#`) replaced by `***`.
+fn redact_token(token: &str) -> String {
+    let start = token.find("://").map_or(0, |i| i + 3);
+    let rest = &token[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{}***{}", &token[..start], &rest[at..]),
+        None => token.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     #[test]
@@ -503,6 +506,59 @@ allow_addresses = ["127.0.0.1/32", "::1/128"]
         assert!(Config::parse("[network]\nstall_timeout_secs = 0").is_err());
         assert!(Config::parse("[network]\nhosts = [\"*\"]").is_err());
         assert!(Config::parse("[dev]\nallow_addresses = [\"not-a-net\"]").is_err());
+    }
+
+    #[test]
+    fn config_errors_never_show_a_password() {
+        for (text, shown) in [
+            (
+                "[network]\nproxy = http://user:secret@proxy.corp:3128\n",
+                "(a text value needs quotes: proxy = \"http://***@proxy.corp:3128\")",
+            ),
+            (
+                "[network]\nproxy = http://u:sec ret@proxy.corp:3128\n",
+                "proxy = \"http://***@proxy.corp:3128\")",
+            ),
+            (
+                "[network]\nproxy = user:secret@proxy.corp:3128\n",
+                "proxy = \"***@proxy.corp:3128\"",
+            ),
+            (
+                "[network]\nproxy = https://u:p@ss:secret@proxy.corp:8443/x\n",
+                "proxy = \"https://***@proxy.corp:8443/x\"",
+            ),
+            (
+                "[network]\nhosts = [\"http://u:secret@cdn.example.com/\"]\n",
+                "network.hosts: invalid host pattern \"http://***@cdn.example.com/\"",
+            ),
+            (
+                "[dev]\nallow_addresses = [\"u:secret@127.0.0.1\"]\n",
+                "\"***@127.0.0.1\" is neither an address",
+            ),
+            (
+                "[network]\nmode = \"http://u:secret@x\"\n",
+                "got \"http://***@x\"",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(!e.contains("secret"), "{text:?}: {e}");
+            assert!(e.contains(shown), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn redaction_keeps_text_without_userinfo() {
+        for text in [
+            "line 2, key network.proxy: invalid string (a text value needs quotes: proxy = \"http://proxy.corp:3128/a@b\")",
+            "dev.allow_addresses: 0.0.0.0/0 covers public addresses",
+            "/home/me/config.toml: line 1",
+        ] {
+            assert_eq!(redact_userinfo(text), text);
+        }
+        assert_eq!(
+            redact_userinfo("a (http://u:pw@h:1), 'x:y@z' and=k@l"),
+            "a (http://***@h:1), '***@z' and=***@l"
+        );
     }
 
     #[test]

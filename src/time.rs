@@ -41,7 +41,7 @@ pub fn from_rfc3339(text: &str) -> Option<SystemTime> {
     if hour > 23 || min > 59 || sec > 60 {
         return None;
     }
-    let mut rest = &text[19..];
+    let mut rest = text.get(19..)?;
     if let Some(frac) = rest.strip_prefix('.') {
         let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
@@ -49,16 +49,18 @@ pub fn from_rfc3339(text: &str) -> Option<SystemTime> {
         }
         rest = &frac[digits..];
     }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6 && matches!(&rest[3..4], ":") => {
-            let sign = match &rest[..1] {
-                "+" => 1,
-                "-" => -1,
+    let offset = match rest.as_bytes() {
+        b"Z" | b"z" => 0,
+        &[sign, h1, h2, b':', m1, m2] => {
+            let sign = match sign {
+                b'+' => 1,
+                b'-' => -1,
                 _ => return None,
             };
-            let h: i64 = rest.get(1..3)?.parse().ok()?;
-            let m: i64 = rest.get(4..6)?.parse().ok()?;
+            let (h, m) = (two_digits(h1, h2)?, two_digits(m1, m2)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
             sign * (h * 3_600 + m * 60)
         }
         _ => return None,
@@ -68,6 +70,14 @@ pub fn from_rfc3339(text: &str) -> Option<SystemTime> {
     u64::try_from(secs)
         .ok()
         .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// The number two ASCII digits spell, or `None` for anything else. Works
+/// on bytes, so text with multi-byte characters where digits belong is
+/// refused rather than sliced inside a character.
+fn two_digits(high: u8, low: u8) -> Option<i64> {
+    (high.is_ascii_digit() && low.is_ascii_digit())
+        .then(|| i64::from(high - b'0') * 10 + i64::from(low - b'0'))
 }
 
 /// Civil date from days since 1970-01-01 (proleptic Gregorian calendar;
@@ -161,6 +171,15 @@ mod tests {
             "2000-13-01T00:00:00Z",
             "2000-02-29T00:00:00",
             "x000-02-29T00:00:00Z",
+            "2024-01-01T00:00:00+0éé",
+            "2024-01-01T00:00:00+é:00",
+            "2024-01-01T00:00:00é00:00",
+            "2024-01-01T00:00:00+1:000",
+            "2024-01-01T00:00:00+24:00",
+            "2024-01-01T00:00:00+01:60",
+            "2024-01-01T00:00:00+-1:00",
+            "2024-01-01T00:00:00.é",
+            "2024-01-01T00:00:0éZ",
         ] {
             assert_eq!(from_rfc3339(bad), None, "{bad}");
         }

@@ -575,11 +575,37 @@ fn check_description(
 ) -> Option<Option<String>> {
     match value {
         None => Some(None),
-        Some(Value::String(text)) => Some(Some(text.clone())),
+        Some(Value::String(text)) => match text.chars().find_map(unsafe_class) {
+            None => Some(Some(text.clone())),
+            Some(class) => {
+                report.add(
+                    path,
+                    format!("must not contain {class}, got {}", quote(text)),
+                );
+                None
+            }
+        },
         Some(other) => {
             report.add(path, format!("must be a string, got {}", type_name(other)));
             None
         }
+    }
+}
+
+/// The class of a character that text shown to a person must not carry,
+/// or `None` for an ordinary one: control characters (C0, DEL, C1: a
+/// terminal reads ESC and CSI as commands) and the bidirectional
+/// formatting characters (embeddings, overrides, isolates and marks),
+/// which make text display in another order than it reads.
+fn unsafe_class(c: char) -> Option<&'static str> {
+    match c {
+        _ if c.is_control() => Some("control characters"),
+        '\u{202A}'..='\u{202E}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{200E}'
+        | '\u{200F}'
+        | '\u{061C}' => Some("bidirectional formatting characters"),
+        _ => None,
     }
 }
 
@@ -1176,6 +1202,44 @@ mod tests {
                 .count(),
             128
         );
+    }
+
+    #[test]
+    fn description_refuses_control_characters_of_every_class() {
+        for (text, shown) in [
+            ("a\u{1b}]0;owned\u{7}b", "\"a\\u{1b}]0;owned\\u{7}b\""),
+            ("line\nbreak", "\"line\\nbreak\""),
+            ("tab\there", "\"tab\\there\""),
+            ("del\u{7f}", "\"del\\u{7f}\""),
+            ("csi\u{9b}31m", "\"csi\\u{9b}31m\""),
+        ] {
+            assert_eq!(
+                entry_line(entry_with("description", json!(text))),
+                format!("E_PERM_INVALID: manifest.resources[0].description: must not contain control characters, got {shown}"),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn description_refuses_bidirectional_formatting_characters() {
+        for c in [
+            '\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+        ] {
+            let text = format!("model{c}fdp.exe");
+            let line = entry_line(entry_with("description", json!(text)));
+            assert!(
+                line.starts_with("E_PERM_INVALID: manifest.resources[0].description: must not contain bidirectional formatting characters, got \"model"),
+                "{c:?}: {line}"
+            );
+        }
+    }
+
+    #[test]
+    fn description_keeps_ordinary_text_of_any_script() {
+        let text = "OCR 模型 — modèle, نموذج, 🙂";
+        let resource = one_resource(entry_with("description", json!(text)));
+        assert_eq!(resource.description.as_deref(), Some(text));
     }
 
     #[test]

@@ -262,13 +262,16 @@ const LOCAL_SUFFIXES: &[(&str, &str)] = &[
     ("localdomain", "local domain (.localdomain)"),
 ];
 
-/// Lowercases a DNS name and drops one trailing dot.
-fn normalize_name(name: &str) -> String {
+/// A host name as every rule of the crate compares it (the address guard,
+/// the policy, fixed DNS answers, `NO_PROXY`, per-host slots): ASCII lower
+/// case, and one trailing dot (the DNS root, `cdn.example.com.`) dropped.
+/// A second trailing dot is kept: `a.test..` is not `a.test`.
+pub(crate) fn normalise_host(name: &str) -> String {
     let name = name.strip_suffix('.').unwrap_or(name);
     name.to_ascii_lowercase()
 }
 
-/// The by-name rule on a name already normalized by [`normalize_name`].
+/// The by-name rule on a name already normalised by [`normalise_host`].
 fn classify_domain(name: &str) -> Option<&'static str> {
     LOCAL_SUFFIXES.iter().find_map(|&(suffix, reason)| {
         let hit = name == suffix
@@ -301,7 +304,16 @@ fn parse_name(name: &str) -> NameKind {
         return NameKind::Ip(ip);
     }
     match Host::parse(name) {
-        Ok(Host::Domain(domain)) => NameKind::Domain(normalize_name(&domain)),
+        Ok(Host::Domain(domain)) => {
+            let name = normalise_host(&domain);
+            // An empty label (`a..b`, `a.localhost..`) names nothing in
+            // DNS, and would slip past the by-name rule.
+            if name.split('.').any(str::is_empty) {
+                NameKind::Malformed
+            } else {
+                NameKind::Domain(name)
+            }
+        }
         Ok(Host::Ipv4(v4)) => NameKind::Ip(IpAddr::V4(v4)),
         Ok(Host::Ipv6(v6)) => NameKind::Ip(IpAddr::V6(v6)),
         Err(_) => NameKind::Malformed,
@@ -342,7 +354,7 @@ impl AddressGuard {
     pub fn with_exemptions(ranges: Vec<IpNet>, names: Vec<String>) -> Self {
         Self {
             exempt: ranges,
-            exempt_names: names.iter().map(|n| normalize_name(n)).collect(),
+            exempt_names: names.iter().map(|n| normalise_host(n)).collect(),
         }
     }
 
@@ -395,6 +407,35 @@ impl AddressGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_normalise_to_ascii_lower_case_without_one_trailing_dot() {
+        for (name, normal) in [
+            ("cdn.example.com", "cdn.example.com"),
+            ("CDN.Example.COM.", "cdn.example.com"),
+            ("a.test..", "a.test."),
+            ("É.TEST", "É.test"),
+            (".", ""),
+        ] {
+            assert_eq!(normalise_host(name), normal, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_name_with_an_empty_label_is_malformed() {
+        for name in [
+            "a.localhost..",
+            "localhost..",
+            "a..example.com",
+            ".",
+            "..",
+            ".a.test",
+        ] {
+            assert_eq!(classify_name(name), Some("malformed host name"), "{name}");
+        }
+        assert_eq!(classify_name("a.localhost."), Some("local host name"));
+        assert_eq!(classify_name("cdn.example.com."), None);
+    }
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()

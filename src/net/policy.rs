@@ -93,8 +93,8 @@ fn host_key(text: &str) -> Option<HostKey> {
     if let Some(ip) = parse_ip(text) {
         return Some(HostKey::Ip(ip));
     }
-    let text = text.strip_suffix('.').unwrap_or(text);
-    match Host::parse(text).ok()? {
+    let text = crate::net::guard::normalise_host(text);
+    match Host::parse(&text).ok()? {
         Host::Domain(domain) => Some(HostKey::Name(domain)),
         Host::Ipv4(v4) => Some(HostKey::Ip(IpAddr::V4(v4))),
         Host::Ipv6(v6) => Some(HostKey::Ip(IpAddr::V6(v6).to_canonical())),

@@ -24,7 +24,8 @@ pub enum ProxyConfig {
     Env,
     /// `"none"`: always connect directly.
     None,
-    /// An explicit `http://host:port` or `https://host:port`.
+    /// An explicit `http://host:port` or `https://host:port`; the hosts
+    /// in `NO_PROXY` are still reached directly.
     Url(ProxyUrl),
 }
 
@@ -145,15 +146,48 @@ impl fmt::Debug for ProxyUrl {
     }
 }
 
-/// One `NO_PROXY` entry.
+/// What one `NO_PROXY` entry names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Bypass {
+enum Target {
     /// `*`: no proxy for any host.
     All,
-    /// A name and every name under it (`example.com`, `.example.com`).
+    /// A name and every name under it (`example.com`, `.example.com`,
+    /// `*.example.com`), normalised.
     Name(String),
     /// An address or a range of them.
     Net(IpNet),
+}
+
+/// One `NO_PROXY` entry: what it names and, for `host:port`, the only port
+/// it applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Bypass {
+    target: Target,
+    port: Option<u16>,
+}
+
+impl Bypass {
+    /// Whether a hop to `host` on `port` (`None`: the scheme's default,
+    /// unknown) goes direct because of this entry.
+    fn matches(&self, host: &Host<&str>, port: Option<u16>) -> bool {
+        if self.port.is_some() && self.port != port {
+            return false;
+        }
+        match (&self.target, host) {
+            (Target::All, _) => true,
+            (Target::Name(entry), Host::Domain(name)) => {
+                let name = crate::net::guard::normalise_host(name);
+                name.strip_suffix(entry.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+            }
+            (Target::Net(net), Host::Ipv4(ip)) => net.contains(&IpAddr::V4(*ip)),
+            (Target::Net(net), Host::Ipv6(ip)) => {
+                let ip = IpAddr::V6(*ip);
+                net.contains(&ip) || net.contains(&ip.to_canonical())
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The proxy decision for every hop of this process.
@@ -189,17 +223,22 @@ impl ProxySettings {
     /// The settings for `config`, reading the proxy variables from `vars`.
     ///
     /// With `"env"`: `https_proxy`, `HTTPS_PROXY`, `all_proxy`, `ALL_PROXY`,
-    /// the first one set and not empty wins (lowercase first, as in curl);
-    /// `no_proxy`, then `NO_PROXY`, lists hosts reached directly.
+    /// the first one set and not empty wins (lowercase first, as in curl).
+    /// With `"env"` or a URL, `no_proxy`, then `NO_PROXY`, lists hosts
+    /// reached directly; `"none"` reads no variable.
     pub fn from_vars(
         config: &ProxyConfig,
         resolves: bool,
         vars: &BTreeMap<String, String>,
     ) -> Result<ProxySettings> {
         let set = |name: &str| vars.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let bypass = || {
+            let no_proxy = set("no_proxy").or_else(|| set("NO_PROXY"));
+            no_proxy.map(parse_no_proxy).unwrap_or_default()
+        };
         let (proxy, bypass) = match config {
             ProxyConfig::None => (None, Vec::new()),
-            ProxyConfig::Url(url) => (Some(url.clone()), Vec::new()),
+            ProxyConfig::Url(url) => (Some(url.clone()), bypass()),
             ProxyConfig::Env => {
                 let found = ["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
                     .into_iter()
@@ -211,8 +250,7 @@ impl ProxySettings {
                             .map_err(|e| Error::Config(format!("{name}: {e}")))?,
                     ),
                 };
-                let no_proxy = set("no_proxy").or_else(|| set("NO_PROXY"));
-                (proxy, no_proxy.map(parse_no_proxy).unwrap_or_default())
+                (proxy, bypass())
             }
         };
         Ok(ProxySettings {
@@ -223,19 +261,24 @@ impl ProxySettings {
     }
 
     /// The proxy a hop to `host` goes through, or `None` for a direct
-    /// connection.
+    /// connection. Without a port, a `NO_PROXY` entry that names one
+    /// (`host:443`) does not apply; [`ProxySettings::proxy_for_url`] knows
+    /// the port.
     pub fn proxy_for(&self, host: &Host<&str>) -> Option<&ProxyUrl> {
+        self.proxy_for_port(host, None)
+    }
+
+    /// The proxy a hop to `url` goes through, or `None` for a direct
+    /// connection, with `NO_PROXY` entries matched on the url's host and
+    /// port (the scheme's default when the url has none).
+    pub fn proxy_for_url(&self, url: &Url) -> Option<&ProxyUrl> {
+        let host = url.host()?;
+        self.proxy_for_port(&host, url.port_or_known_default())
+    }
+
+    fn proxy_for_port(&self, host: &Host<&str>, port: Option<u16>) -> Option<&ProxyUrl> {
         let proxy = self.proxy.as_ref()?;
-        let bypassed = self.bypass.iter().any(|b| match (b, host) {
-            (Bypass::All, _) => true,
-            (Bypass::Name(entry), Host::Domain(name)) => {
-                let name = name.trim_end_matches('.').to_ascii_lowercase();
-                name == *entry || name.ends_with(&format!(".{entry}"))
-            }
-            (Bypass::Net(net), Host::Ipv4(ip)) => net.contains(&IpAddr::V4(*ip)),
-            (Bypass::Net(net), Host::Ipv6(ip)) => net.contains(&IpAddr::V6(*ip)),
-            _ => false,
-        });
+        let bypassed = self.bypass.iter().any(|b| b.matches(host, port));
         (!bypassed).then_some(proxy)
     }
 
@@ -245,29 +288,67 @@ impl ProxySettings {
     }
 }
 
-/// Parses a `NO_PROXY` value as curl does: entries separated by commas (or
-/// spaces); `*` alone matches everything; a leading dot is optional; an
-/// address or a CIDR range matches IP-literal hosts.
+/// Parses a `NO_PROXY` value as curl does: entries separated by commas or
+/// white space; `*` alone matches everything; a leading `.` or `*.` is
+/// optional (`example.com` covers the domain and every name under it);
+/// names compare case-insensitively with a trailing dot dropped; an
+/// address (`192.168.1.7`, `::1`, `[::1]`) or a CIDR range matches
+/// IP-literal hosts; `host:port` (`[::1]:8443`) applies to that port only.
+/// An entry that is none of these (an empty name, a bad port) is skipped.
 fn parse_no_proxy(value: &str) -> Vec<Bypass> {
     value
         .split(|c: char| c == ',' || c.is_whitespace())
-        .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|entry| {
-            if entry == "*" {
-                return Bypass::All;
-            }
-            let bare = entry.trim_start_matches('[').trim_end_matches(']');
-            if let Ok(net) = bare.parse::<IpNet>() {
-                return Bypass::Net(net);
-            }
-            if let Ok(ip) = bare.parse::<IpAddr>() {
-                return Bypass::Net(IpNet::from(ip));
-            }
-            let name = entry.trim_start_matches('.').trim_end_matches('.');
-            Bypass::Name(name.to_ascii_lowercase())
-        })
+        .filter_map(parse_bypass)
         .collect()
+}
+
+/// One `NO_PROXY` entry, or `None` when it names nothing.
+fn parse_bypass(entry: &str) -> Option<Bypass> {
+    if entry == "*" {
+        return Some(Bypass {
+            target: Target::All,
+            port: None,
+        });
+    }
+    let (host, port) = split_port(entry)?;
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let target = if let Ok(net) = bare.parse::<IpNet>() {
+        Target::Net(net.trunc())
+    } else if let Ok(ip) = bare.parse::<IpAddr>() {
+        Target::Net(IpNet::from(ip))
+    } else {
+        let name = host
+            .strip_prefix("*.")
+            .or_else(|| host.strip_prefix('.'))
+            .unwrap_or(host);
+        let name = crate::net::guard::normalise_host(name);
+        if name.is_empty() || name.contains(['*', '/', '[', ']', ':']) {
+            return None;
+        }
+        Target::Name(name)
+    };
+    Some(Bypass { target, port })
+}
+
+/// Splits `host:port` (`[v6]:port` for IPv6); an entry with no port, or
+/// an IPv6 address or range written bare (`::1`, `fd00::/8`), is all host.
+/// `None` for a port that is not a number from 0 to 65535.
+fn split_port(entry: &str) -> Option<(&str, Option<u16>)> {
+    let port_at = if entry.starts_with('[') {
+        entry.find("]:").map(|i| i + 1)
+    } else if entry.matches(':').count() == 1 {
+        entry.find(':')
+    } else {
+        None
+    };
+    match port_at {
+        None => Some((entry, None)),
+        Some(i) => Some((&entry[..i], Some(entry[i + 1..].parse().ok()?))),
+    }
 }
 
 #[cfg(test)]
@@ -321,13 +402,88 @@ mod tests {
     }
 
     #[test]
-    fn none_and_explicit_ignore_the_environment() {
-        let v = vars(&[("HTTPS_PROXY", "http://env:1"), ("NO_PROXY", "*")]);
+    fn none_ignores_the_environment_and_an_explicit_url_honours_no_proxy() {
+        let v = vars(&[("HTTPS_PROXY", "http://env:1"), ("NO_PROXY", "*.b")]);
         let s = ProxySettings::from_vars(&ProxyConfig::None, false, &v).unwrap();
         assert_eq!(proxied(&s, "a.b"), None);
+        assert_eq!(proxied(&s, "a.c"), None);
         let url = ProxyUrl::parse("https://p.corp:8443").unwrap();
         let s = ProxySettings::from_vars(&ProxyConfig::Url(url), false, &v).unwrap();
-        assert_eq!(proxied(&s, "a.b").unwrap(), "https://p.corp:8443");
+        assert_eq!(proxied(&s, "a.b"), None);
+        assert_eq!(proxied(&s, "a.c").unwrap(), "https://p.corp:8443");
+    }
+
+    /// Whether a hop to `url` goes through the proxy with this `NO_PROXY`.
+    fn via_proxy(no_proxy: &str, url: &str) -> bool {
+        let v = vars(&[("https_proxy", "http://p:3128"), ("no_proxy", no_proxy)]);
+        let s = ProxySettings::from_vars(&ProxyConfig::Env, false, &v).unwrap();
+        s.proxy_for_url(&Url::parse(url).unwrap()).is_some()
+    }
+
+    #[test]
+    fn no_proxy_table() {
+        const DIRECT: bool = false;
+        const PROXY: bool = true;
+        for (no_proxy, url, expected) in [
+            ("", "https://a.test/", PROXY),
+            ("*", "https://a.test/", DIRECT),
+            ("*", "https://[2001:db8::1]/", DIRECT),
+            // A name covers itself and every name under it, with or
+            // without a leading `.` or `*.`.
+            ("example.com", "https://example.com/", DIRECT),
+            ("example.com", "https://cdn.example.com/", DIRECT),
+            ("example.com", "https://a.b.example.com/", DIRECT),
+            ("example.com", "https://badexample.com/", PROXY),
+            ("example.com", "https://example.com.evil.test/", PROXY),
+            (".example.com", "https://example.com/", DIRECT),
+            (".example.com", "https://cdn.example.com/", DIRECT),
+            ("*.test", "https://a.test/", DIRECT),
+            ("*.test", "https://x.y.test/", DIRECT),
+            ("*.test", "https://test/", DIRECT),
+            ("*.test", "https://atest/", PROXY),
+            ("*.test", "https://a.test.org/", PROXY),
+            // Case and one trailing dot, on either side.
+            ("EXAMPLE.Com", "https://cdn.example.COM/", DIRECT),
+            ("example.com.", "https://example.com/", DIRECT),
+            ("example.com", "https://cdn.example.com./", DIRECT),
+            // Separators: commas, spaces, tabs, any mix.
+            ("x.test, y.test", "https://y.test/", DIRECT),
+            ("x.test  y.test", "https://y.test/", DIRECT),
+            ("x.test,\ty.test,,", "https://y.test/", DIRECT),
+            ("x.test y.test", "https://z.test/", PROXY),
+            // host:port applies to that port only (443 is https' default).
+            ("a.test:8443", "https://a.test:8443/", DIRECT),
+            ("a.test:8443", "https://a.test/", PROXY),
+            ("a.test:443", "https://a.test/", DIRECT),
+            ("a.test:443", "https://b.a.test/", DIRECT),
+            ("a.test:443", "https://a.test:444/", PROXY),
+            ("a.test:nope", "https://a.test/", PROXY),
+            ("192.168.1.7:8443", "https://192.168.1.7:8443/", DIRECT),
+            ("192.168.1.7:8443", "https://192.168.1.7/", PROXY),
+            ("[::1]:8443", "https://[::1]:8443/", DIRECT),
+            ("[::1]:8443", "https://[::1]/", PROXY),
+            // Addresses and ranges match IP-literal hosts only.
+            ("192.168.1.7", "https://192.168.1.7/", DIRECT),
+            ("192.168.1.7", "https://192.168.1.8/", PROXY),
+            ("10.0.0.0/8", "https://10.200.0.1/", DIRECT),
+            ("10.0.0.0/8", "https://11.0.0.1/", PROXY),
+            ("10.1.2.3/8", "https://10.200.0.1/", DIRECT),
+            ("::1", "https://[::1]/", DIRECT),
+            ("[::1]", "https://[::1]/", DIRECT),
+            ("2001:db8::/32", "https://[2001:db8::5]/", DIRECT),
+            ("2001:db8::/32", "https://[2001:db9::5]/", PROXY),
+            ("192.168.1.7", "https://[::ffff:192.168.1.7]/", DIRECT),
+            ("192.168.1.7", "https://host-192.168.1.7.test/", PROXY),
+            // A `*` anywhere but alone names nothing.
+            ("a*.test", "https://ab.test/", PROXY),
+            (".", "https://a.test/", PROXY),
+        ] {
+            assert_eq!(
+                via_proxy(no_proxy, url),
+                expected,
+                "NO_PROXY={no_proxy:?} {url}"
+            );
+        }
     }
 
     #[test]

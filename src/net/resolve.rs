@@ -18,7 +18,7 @@ use hickory_resolver::TokioResolver;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::error::AttemptError;
-use crate::net::guard::{AddressGuard, Blocked};
+use crate::net::guard::{normalise_host, AddressGuard, Blocked};
 
 /// The answers of a name lookup, or why there are none.
 pub type LookupResult = Result<Vec<IpAddr>, AttemptError>;
@@ -114,7 +114,7 @@ impl GuardedResolver {
     ) -> Self {
         let fixed = fixed
             .into_iter()
-            .map(|(name, ips)| (normalise(&name), ips))
+            .map(|(name, ips)| (normalise_host(&name), ips))
             .collect();
         GuardedResolver {
             inner: Arc::new(Inner {
@@ -136,7 +136,7 @@ impl GuardedResolver {
     /// passed, and with [`AttemptError::Network`] when the name does not
     /// resolve.
     pub async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
-        let key = normalise(name);
+        let key = normalise_host(name);
         let answers = match self.inner.fixed.get(&key) {
             Some(ips) => ips.clone(),
             None => {
@@ -185,10 +185,6 @@ fn build_system_resolver() -> Option<TokioResolver> {
                 .ok()
         }
     }
-}
-
-fn normalise(name: &str) -> String {
-    name.trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// The error a refused lookup travels as through the HTTP client, so the

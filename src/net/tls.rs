@@ -12,6 +12,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -32,19 +33,141 @@ pub(crate) fn read_pem_certs(path: &std::path::Path) -> Result<Vec<CertificateDe
             path.display()
         )));
     }
+    let now = SystemTime::now();
+    for (index, cert) in certs.iter().enumerate() {
+        let which = format!("certificate {} of {}", index + 1, certs.len());
+        let problem = match validity(cert) {
+            None => format!("{which} is not a readable X.509 certificate"),
+            Some(period) => match period.judge(now) {
+                Ok(()) => continue,
+                Err(e) => format!("{which} {e}"),
+            },
+        };
+        return Err(Error::Config(format!(
+            "{}: {problem}; a certificate in [dev] extra_root_certs must be valid now \
+             (make a new one, or remove the file from the list)",
+            path.display()
+        )));
+    }
     Ok(certs)
+}
+
+/// When a certificate may be used: its `notBefore` and `notAfter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Validity {
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+impl Validity {
+    /// `Ok` when `now` lies in the period, else what is wrong with it.
+    fn judge(&self, now: SystemTime) -> std::result::Result<(), String> {
+        if now > self.not_after {
+            Err(format!(
+                "expired on {} (not after)",
+                crate::time::to_rfc3339(self.not_after)
+            ))
+        } else if now < self.not_before {
+            Err(format!(
+                "is not valid before {} (not before)",
+                crate::time::to_rfc3339(self.not_before)
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The validity period of a DER certificate: `Certificate` →
+/// `tbsCertificate` → (`[0] version`), `serialNumber`, `signature`,
+/// `issuer`, `validity`. `None` when the bytes are not shaped so.
+fn validity(der: &[u8]) -> Option<Validity> {
+    let (cert, _) = der_item(der, TAG_SEQUENCE)?;
+    let (mut tbs, _) = der_item(cert, TAG_SEQUENCE)?;
+    if tbs.first() == Some(&TAG_VERSION) {
+        tbs = der_item(tbs, TAG_VERSION)?.1;
+    }
+    let after_serial = der_item(tbs, TAG_INTEGER)?.1;
+    let after_signature = der_item(after_serial, TAG_SEQUENCE)?.1;
+    let after_issuer = der_item(after_signature, TAG_SEQUENCE)?.1;
+    let (period, _) = der_item(after_issuer, TAG_SEQUENCE)?;
+    let (not_before, rest) = der_time(period)?;
+    let (not_after, _) = der_time(rest)?;
+    Some(Validity {
+        not_before,
+        not_after,
+    })
+}
+
+const TAG_INTEGER: u8 = 0x02;
+const TAG_SEQUENCE: u8 = 0x30;
+const TAG_VERSION: u8 = 0xa0;
+const TAG_UTC_TIME: u8 = 0x17;
+const TAG_GENERALIZED_TIME: u8 = 0x18;
+
+/// The DER item with `tag` at the start of `input`: its contents and what
+/// follows it. `None` for another tag or a length that runs past the end.
+fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&found, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    if found != tag {
+        return None;
+    }
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let (digits, rest) = rest.split_at(count);
+        let len = digits
+            .iter()
+            .fold(0usize, |len, &b| len << 8 | usize::from(b));
+        (len, rest)
+    };
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+/// A `UTCTime` (`YYMMDDHHMMSSZ`, years 1950–2049) or `GeneralizedTime`
+/// (`YYYYMMDDHHMMSSZ`) at the start of `input`, and what follows it. An
+/// instant before 1970 reads as 1970-01-01.
+fn der_time(input: &[u8]) -> Option<(SystemTime, &[u8])> {
+    let tag = *input.first()?;
+    let (text, rest) = der_item(input, tag)?;
+    let digits = text.strip_suffix(b"Z")?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let full = match (tag, digits.len()) {
+        (TAG_UTC_TIME, 12) => {
+            let century: &[u8] = if digits[0] >= b'5' { b"19" } else { b"20" };
+            [century, digits].concat()
+        }
+        (TAG_GENERALIZED_TIME, 14) => digits.to_vec(),
+        _ => return None,
+    };
+    // All ASCII digits: every byte is a character boundary.
+    let text = String::from_utf8(full).ok()?;
+    if text.as_str() < "1970" {
+        return Some((UNIX_EPOCH, rest));
+    }
+    let rfc3339 = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &text[0..4],
+        &text[4..6],
+        &text[6..8],
+        &text[8..10],
+        &text[10..12],
+        &text[12..14]
+    );
+    Some((crate::time::from_rfc3339(&rfc3339)?, rest))
 }
 
 /// A client configuration trusting the platform roots plus `extra`.
 pub(crate) fn client_config(extra: Vec<CertificateDer<'static>>) -> Result<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let inner =
-        rustls_platform_verifier::Verifier::new_with_extra_roots(extra.clone(), provider.clone())
-            .map_err(|e| Error::Config(format!("cannot set up certificate verification: {e}")))?;
-    let verifier = ExtraRootsVerifier {
-        inner: Arc::new(inner),
-        pinned: extra,
-    };
+    let verifier = ExtraRootsVerifier::new(extra, provider.clone())?;
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Config(format!("cannot set up TLS: {e}")))?
@@ -62,6 +185,23 @@ struct ExtraRootsVerifier {
     inner: Arc<dyn ServerCertVerifier>,
     /// The extra certificates, compared byte for byte.
     pinned: Vec<CertificateDer<'static>>,
+}
+
+impl ExtraRootsVerifier {
+    fn new(
+        extra: Vec<CertificateDer<'static>>,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<ExtraRootsVerifier> {
+        let inner =
+            rustls_platform_verifier::Verifier::new_with_extra_roots(extra.clone(), provider)
+                .map_err(|e| {
+                    Error::Config(format!("cannot set up certificate verification: {e}"))
+                })?;
+        Ok(ExtraRootsVerifier {
+            inner: Arc::new(inner),
+            pinned: extra,
+        })
+    }
 }
 
 impl fmt::Debug for ExtraRootsVerifier {
@@ -95,6 +235,21 @@ impl ServerCertVerifier for ExtraRootsVerifier {
                     .iter()
                     .any(|c| c.as_ref() == end_entity.as_ref()) =>
             {
+                let at = UNIX_EPOCH + Duration::from_secs(now.as_secs());
+                match validity(end_entity) {
+                    Some(period) if period.judge(at).is_ok() => {}
+                    Some(period) if at > period.not_after => {
+                        return Err(rustls::Error::InvalidCertificate(
+                            rustls::CertificateError::Expired,
+                        ))
+                    }
+                    Some(_) => {
+                        return Err(rustls::Error::InvalidCertificate(
+                            rustls::CertificateError::NotValidYet,
+                        ))
+                    }
+                    None => return Err(e),
+                }
                 let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| e.clone())?;
                 cert.verify_is_valid_for_subject_name(server_name)
                     .map_err(|_| {
@@ -126,5 +281,116 @@ impl ServerCertVerifier for ExtraRootsVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate valid from `from` to `until` (years,
+    /// January 1st), as PEM.
+    fn pem(from: i32, until: i32) -> String {
+        let mut params = rcgen::CertificateParams::new(vec!["origin.test".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from, 1, 1);
+        params.not_after = rcgen::date_time_ymd(until, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    fn year(y: i64) -> SystemTime {
+        let secs = crate::time::from_rfc3339(&format!("{y:04}-01-01T00:00:00Z")).unwrap();
+        secs
+    }
+
+    fn der(pem_text: &str) -> CertificateDer<'static> {
+        CertificateDer::from_pem_slice(pem_text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn validity_reads_utc_and_generalized_times() {
+        // rcgen writes UTCTime before 2050 and GeneralizedTime from 2050 on.
+        for (from, until) in [(2001, 2030), (2020, 2051), (1960, 2040)] {
+            let period = validity(&der(&pem(from, until))).unwrap();
+            let not_before = if from < 1970 {
+                UNIX_EPOCH
+            } else {
+                year(from.into())
+            };
+            assert_eq!(period.not_before, not_before, "{from}");
+            assert_eq!(period.not_after, year(until.into()), "{until}");
+        }
+    }
+
+    #[test]
+    fn validity_refuses_bytes_that_are_not_a_certificate() {
+        let good = der(&pem(2001, 2030));
+        assert!(validity(&[]).is_none());
+        assert!(validity(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_none());
+        for cut in [1, 10, 100, good.len() / 2] {
+            assert!(validity(&good[..cut]).is_none(), "{cut}");
+        }
+    }
+
+    #[test]
+    fn judge_names_the_date_that_is_wrong() {
+        let period = validity(&der(&pem(2001, 2030))).unwrap();
+        assert_eq!(period.judge(year(2010)), Ok(()));
+        assert_eq!(
+            period.judge(year(2031)),
+            Err("expired on 2030-01-01T00:00:00Z (not after)".to_string())
+        );
+        assert_eq!(
+            period.judge(year(2000)),
+            Err("is not valid before 2001-01-01T00:00:00Z (not before)".to_string())
+        );
+    }
+
+    #[test]
+    fn a_pinned_certificate_is_accepted_only_while_it_is_valid() {
+        crate::install_crypto_provider();
+        let cert = der(&pem(2001, 2030));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = ExtraRootsVerifier::new(vec![cert.clone()], provider).unwrap();
+        let name = ServerName::try_from("origin.test").unwrap();
+        let at = |y: i64| {
+            let secs = year(y).duration_since(UNIX_EPOCH).unwrap();
+            UnixTime::since_unix_epoch(secs)
+        };
+        let verdict = |y| verifier.verify_server_cert(&cert, &[], &name, &[], at(y));
+        assert!(verdict(2010).is_ok(), "{:?}", verdict(2010));
+        assert_eq!(
+            verdict(2031).unwrap_err(),
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)
+        );
+        assert_eq!(
+            verdict(2000).unwrap_err(),
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidYet)
+        );
+    }
+
+    #[test]
+    fn a_pem_file_with_an_expired_or_future_certificate_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, pem(2001, 2100)).unwrap();
+        assert_eq!(read_pem_certs(&path).unwrap().len(), 1);
+        for (text, said) in [
+            (
+                pem(2001, 2100) + &pem(2001, 2002),
+                "certificate 2 of 2 expired on 2002-01-01T00:00:00Z",
+            ),
+            (
+                pem(2200, 2300),
+                "certificate 1 of 1 is not valid before 2200-01-01T00:00:00Z",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = read_pem_certs(&path).unwrap_err();
+            assert_eq!(e.code(), crate::ErrorCode::Config);
+            let e = e.to_string();
+            assert!(e.contains(&format!("{}: {said}", path.display())), "{e}");
+            assert!(e.contains("make a new one"), "{e}");
+        }
     }
 }

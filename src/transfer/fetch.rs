@@ -332,7 +332,7 @@ impl Fetcher {
     /// `CONNECT` target. Connects to nothing.
     pub async fn route(&self, url: &Url) -> Result<Route, AttemptError> {
         self.check_hop(url)?;
-        let Some(proxy) = url.host().and_then(|h| self.proxy.proxy_for(&h).cloned()) else {
+        let Some(proxy) = self.proxy.proxy_for_url(url).cloned() else {
             return Ok(Route::Direct);
         };
         let (connect, addresses) = self.connect_target(url).await?;
@@ -667,7 +667,7 @@ impl Fetcher {
     /// waits for the response head.
     async fn send(&self, url: &Url, resume: Option<&Resume>) -> Result<Response, AttemptError> {
         let wait = self.connect + self.stall;
-        let proxy = url.host().and_then(|h| self.proxy.proxy_for(&h).cloned());
+        let proxy = self.proxy.proxy_for_url(url).cloned();
         let sent = async {
             match &proxy {
                 None => self.send_direct(url, resume).await.map(Response::Direct),

@@ -321,3 +321,39 @@ async fn a_dev_answer_to_a_private_address_is_refused_for_downloads() {
     assert!(stderr(&out).contains("10.0.0.1"), "{}", stderr(&out));
     assert_eq!(env.origin.total_hits(), 0);
 }
+
+#[tokio::test]
+async fn an_exemption_covering_public_addresses_needs_its_own_key() {
+    let env = Env::new().await;
+    let url = env.serve("/a.bin", b"x");
+    let path = env.dir.path().join("config.toml");
+    let usual = std::fs::read_to_string(&path).unwrap();
+    let wide = usual.replace("\"127.0.0.1/32\"", "\"0.0.0.0/0\", \"::/0\"");
+    std::fs::write(&path, &wide).unwrap();
+    let out = env.run(&["check-url", url.as_str()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.starts_with("E_RESOURCE_CONFIG: "), "{err}");
+    for part in [
+        "config.toml",
+        "dev.allow_addresses: 0.0.0.0/0 covers public addresses",
+        "allow_public_addresses = true",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    assert_eq!(env.origin.hits("/a.bin"), 0);
+    // Confirmed, the same ranges are taken.
+    let confirmed = wide.replace("[dev]\n", "[dev]\nallow_public_addresses = true\n");
+    std::fs::write(&path, confirmed).unwrap();
+    let out = env.run(&["check-url", url.as_str()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        env.config().active_dev_keys(),
+        vec![
+            "extra_root_certs",
+            "resolve",
+            "allow_addresses",
+            "allow_public_addresses"
+        ]
+    );
+}

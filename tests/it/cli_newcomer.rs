@@ -231,17 +231,27 @@ async fn a_configuration_error_names_the_file_line_and_key() {
 async fn a_bare_address_in_allow_addresses_is_a_single_address() {
     let env = Env::new().await;
     let config = env.dir.path().join("config.toml");
+    // near.test answers with the address next to the exempt one.
     let text = std::fs::read_to_string(&config)
         .unwrap()
-        .replace("\"127.0.0.1/32\"", "\"127.0.0.1\"");
+        .replace("\"127.0.0.1/32\"", "\"127.0.0.1\"")
+        .replace(
+            "resolve = { ",
+            "resolve = { \"near.test\" = [\"127.0.0.2\"], ",
+        );
     std::fs::write(&config, text).unwrap();
     let body = bytes(500, 97);
-    let m = env.write_manifest(
-        "m.json",
-        json!([entry("x", &env.serve("/x.bin", &body), &body)]),
-    );
+    let url = env.serve("/x.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("x", &url, &body)]));
     let out = env.run(&["fetch", m.to_str().unwrap()]).await;
     assert!(out.status.success(), "{}", stderr(&out));
+    let near = url.as_str().replace("origin.test", "near.test");
+    let out = env.run(&["check-url", &near]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_ADDRESS"), "{err}");
+    assert!(err.contains("127.0.0.2"), "{err}");
+    assert!(err.contains("loopback"), "{err}");
 }
 
 #[tokio::test]

@@ -360,3 +360,51 @@ async fn fetching_an_invalid_manifest_downloads_nothing() {
     assert_eq!(env.origin.total_hits(), 0);
     assert!(files_under(&env.store_dir()).is_empty());
 }
+
+#[tokio::test]
+async fn a_description_with_terminal_controls_or_bidi_overrides_is_refused() {
+    let env = Env::new().await;
+    let r0 = "E_PERM_INVALID: manifest.resources[0].description";
+    let control = "must not contain control characters";
+    let bidi = "must not contain bidirectional formatting characters";
+    for (text, expected) in [
+        (
+            "OCR\u{1b}]0;pwned\u{7}",
+            format!("{r0}: {control}, got \"OCR\\u{{1b}}]0;pwned\\u{{7}}\""),
+        ),
+        (
+            "two\nlines",
+            format!("{r0}: {control}, got \"two\\nlines\""),
+        ),
+        (
+            "rub\u{7f}out",
+            format!("{r0}: {control}, got \"rub\\u{{7f}}out\""),
+        ),
+        (
+            "c1\u{9b}2J",
+            format!("{r0}: {control}, got \"c1\\u{{9b}}2J\""),
+        ),
+        (
+            "model\u{202e}exe.txt",
+            format!("{r0}: {bidi}, got \"model\\u{{202e}}exe.txt\""),
+        ),
+        (
+            "iso\u{2067}late",
+            format!("{r0}: {bidi}, got \"iso\\u{{2067}}late\""),
+        ),
+        (
+            "mark\u{200f}",
+            format!("{r0}: {bidi}, got \"mark\\u{{200f}}\""),
+        ),
+    ] {
+        let (code, lines) = check(&env, json!([entry_with("x", "description", json!(text))])).await;
+        assert_eq!(code, Some(1), "{text:?}");
+        assert_eq!(lines, [expected], "{text:?}");
+    }
+    let (code, lines) = check(
+        &env,
+        json!([entry_with("x", "description", json!("模型 — modèle"))]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{lines:?}");
+}

@@ -56,3 +56,50 @@ async fn a_pinned_self_signed_certificate_is_refused_for_a_name_it_does_not_carr
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(stderr(&out).contains("NotValidForName"), "{}", stderr(&out));
 }
+
+/// A self-signed certificate for `origin.test` valid from `from` to
+/// `until` (January 1st of those years), as PEM.
+fn pem_valid(from: i32, until: i32) -> String {
+    let mut params = rcgen::CertificateParams::new(vec!["origin.test".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(from, 1, 1);
+    params.not_after = rcgen::date_time_ymd(until, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    params.self_signed(&key).unwrap().pem()
+}
+
+#[tokio::test]
+async fn an_expired_or_not_yet_valid_pinned_certificate_is_refused_at_load() {
+    let env = Env::new().await;
+    let url = env.serve("/a.bin", b"x");
+    let path = env.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "extra_root_certs = [\"ca.pem\"]",
+        "extra_root_certs = [\"ca.pem\", \"pinned.pem\"]",
+    );
+    std::fs::write(&path, text).unwrap();
+    let pinned = env.dir.path().join("pinned.pem");
+    for (pem, said) in [
+        (
+            pem_valid(2001, 2002),
+            "certificate 1 of 1 expired on 2002-01-01T00:00:00Z",
+        ),
+        (
+            pem_valid(2200, 2300),
+            "certificate 1 of 1 is not valid before 2200-01-01T00:00:00Z",
+        ),
+    ] {
+        std::fs::write(&pinned, pem).unwrap();
+        let out = env.run(&["autofill", url.as_str()]).await;
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        let err = stderr(&out);
+        assert!(err.starts_with("E_RESOURCE_CONFIG: "), "{err}");
+        assert!(
+            err.contains(&format!("{}: {said}", pinned.display())),
+            "{err}"
+        );
+        assert_eq!(env.origin.hits("/a.bin"), 0);
+    }
+    std::fs::write(&pinned, pem_valid(2001, 2100)).unwrap();
+    let out = env.run(&["autofill", url.as_str()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
