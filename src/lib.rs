@@ -27,6 +27,9 @@
 //!   and its fair, bounded slots, progress [`events`], offline
 //!   [`import`], and the [`blocking`] calls for code without an executor.
 //! - [`time`]: RFC 3339 timestamps.
+//! - `platform`: every call that differs between operating systems
+//!   (modes and owners, links, free space, directory fsync, write-back,
+//!   reflink, byte-range locks), so that no other module names one.
 //!
 //! The old flat paths (`gem_resources::fetch`, `gem_resources::guard`, …)
 //! are re-exports of the same modules.
@@ -76,6 +79,7 @@ pub mod config;
 pub mod error;
 pub mod manifest;
 pub mod net;
+mod platform;
 pub mod service;
 pub mod store;
 pub mod time;

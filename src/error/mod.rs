@@ -416,12 +416,10 @@ pub(crate) fn shorten_to(text: &str, max_chars: usize) -> String {
     }
 }
 
-/// Whether `e` says the file system is full or the quota used up.
+/// Whether `e` says the file system is full or the quota used up (the
+/// standard library maps `ENOSPC`/`EDQUOT` and their Windows equivalents to
+/// these kinds).
 pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
-    #[cfg(unix)]
-    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
-        return true;
-    }
     matches!(
         e.kind(),
         std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded

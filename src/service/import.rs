@@ -209,7 +209,7 @@ fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()>
         File::options().read(true).write(true).create_new(true),
     )
     .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
-    if !reflink(&from, &to) {
+    if !crate::platform::reflink(&from, &to) {
         // Any reflink error (another file system, no support, a partial
         // clone) leaves the copy to do: start from an empty file.
         let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
@@ -237,20 +237,6 @@ fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()>
         ));
     }
     Ok(())
-}
-
-/// Shares `from`'s blocks with the empty `to` (copy-on-write), where the
-/// file system can; `false` when a plain copy is needed.
-fn reflink(from: &File, to: &File) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        rustix::fs::ioctl_ficlone(to, from).is_ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (from, to);
-        false
-    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ impl GroupSync {
     /// Returns once an fsync of `dir` that started after this call has
     /// finished.
     pub(super) fn sync(&self, dir: &Path) {
-        self.run(|| super::sync_dir(dir));
+        self.run(|| crate::platform::sync_dir(dir));
     }
 
     /// [`GroupSync::sync`] with `flush` standing for the fsync.

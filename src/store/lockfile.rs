@@ -58,23 +58,19 @@ pub(crate) async fn lock(path: &Path) -> Result<File> {
 /// file is open. Two keys that share their first 60 bits share a lock,
 /// which only makes one wait for the other.
 pub(crate) fn try_lock_key(path: &Path, key: &str) -> Result<Option<File>> {
-    #[cfg(target_os = "linux")]
-    {
-        let file = open(path)?;
-        let offset = key
-            .get(..15)
-            .and_then(|h| i64::from_str_radix(h, 16).ok())
-            .unwrap_or(0);
-        match lock_byte(&file, offset) {
-            Ok(true) => Ok(Some(file)),
-            Ok(false) => Ok(None),
-            Err(e) => Err(Error::io("cannot lock", path, e)),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
+    if !crate::platform::BYTE_LOCKS {
         let own = path.with_file_name(format!("{key}.lock"));
-        try_lock(&own)
+        return try_lock(&own);
+    }
+    let file = open(path)?;
+    let offset = key
+        .get(..15)
+        .and_then(|h| i64::from_str_radix(h, 16).ok())
+        .unwrap_or(0);
+    match crate::platform::try_lock_byte(&file, offset) {
+        Ok(true) => Ok(Some(file)),
+        Ok(false) => Ok(None),
+        Err(e) => Err(Error::io("cannot lock", path, e)),
     }
 }
 
@@ -91,30 +87,6 @@ async fn wait(mut try_once: impl FnMut() -> Result<Option<File>>) -> Result<File
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_PAUSE);
-    }
-}
-
-/// Takes a write lock on byte `offset` of `file`, owned by its open file
-/// description; `false` when another one holds it.
-#[cfg(target_os = "linux")]
-fn lock_byte(file: &File, offset: i64) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
-    let mut request: libc::flock = unsafe { std::mem::zeroed() };
-    request.l_type = libc::F_WRLCK as libc::c_short;
-    request.l_whence = libc::SEEK_SET as libc::c_short;
-    request.l_start = offset;
-    request.l_len = 1;
-    // SAFETY: the descriptor is open for the whole call and `request` is a
-    // valid `flock` that outlives it; F_OFD_SETLK does not block.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &request) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
-        _ => Err(e),
     }
 }
 

@@ -211,7 +211,7 @@ impl Store {
         copy.as_file().sync_all().map_err(fail)?;
         trust::make_blob(copy.as_file()).map_err(fail)?;
         copy.persist(&wanted).map_err(|e| fail(e.error))?;
-        sync_dir(&dir);
+        crate::platform::sync_dir(&dir);
         Ok(wanted)
     }
 
@@ -342,8 +342,7 @@ impl Store {
         let map = |e| Error::io("cannot publish", tmp, e);
         let file = open_own(tmp, fs::OpenOptions::new().read(true)).map_err(map)?;
         let checked = file.metadata().map_err(map)?;
-        #[cfg(unix)]
-        if std::os::unix::fs::MetadataExt::nlink(&checked) != 1 {
+        if crate::platform::link_count(&checked) != 1 {
             return Err(map(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the partial file has other names: the store does not trust it",
@@ -360,14 +359,14 @@ impl Store {
         let dest = dir.join(name);
         fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
         let moved = fs::symlink_metadata(&dest);
-        if !moved.is_ok_and(|m| trust::same_file(&m, &checked)) {
+        if !moved.is_ok_and(|m| crate::platform::same_file(&m, &checked)) {
             let _ = fs::remove_file(&dest);
             return Err(map(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the partial file was replaced before it was published",
             )));
         }
-        sync_dir(&dir);
+        crate::platform::sync_dir(&dir);
         let _ = fs::remove_file(&paths.meta);
         Ok(dest)
     }
@@ -564,14 +563,6 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| Error::io("the file work stopped:", path, io::Error::other(e)))?
-}
-
-fn sync_dir(dir: &Path) {
-    // Makes the rename durable; a failure here loses nothing that was
-    // verified, so it is not worth failing the download for.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
 }
 
 /// Refuses anything but a SHA-256 where one names a file: a record read back

@@ -112,9 +112,7 @@ impl PartialPaths {
             return 0;
         }
         let tail = data.len().saturating_sub(kept);
-        #[cfg(unix)]
-        let tail = tail.min(std::os::unix::fs::MetadataExt::blocks(&data).saturating_mul(512));
-        tail
+        tail.min(crate::platform::allocated_bytes(&data).unwrap_or(tail))
     }
 
     /// Opens (creating, `0600`) the data file for writing; a symbolic link

@@ -26,7 +26,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -192,7 +191,7 @@ struct Cache {
 #[derive(Debug, Default)]
 struct FailureLog {
     /// `None` when there was no file.
-    stamp: Option<FileStamp>,
+    stamp: Option<crate::platform::FileStamp>,
     /// Lines in the file (live or not).
     lines: usize,
     /// Whether the file ends in the middle of a line (a crash cut it).
@@ -201,28 +200,6 @@ struct FailureLog {
     stale: bool,
     /// The live records by resource id.
     records: BTreeMap<String, FailureRecord>,
-}
-
-/// What identifies one version of a file (without the generation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileStamp {
-    fn of(meta: &fs::Metadata) -> FileStamp {
-        FileStamp {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
 }
 
 /// One line of a failure log.
@@ -255,11 +232,7 @@ struct Cached {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     generation: u64,
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
+    file: crate::platform::FileStamp,
 }
 
 /// Held while the registry is being changed; released on drop.
@@ -325,11 +298,7 @@ impl Registry {
         };
         let stamp = Stamp {
             generation,
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
+            file: crate::platform::FileStamp::of(&meta),
         };
         if let Some(hit) = self.entries().get(gem).filter(|c| c.stamp == stamp) {
             return Ok(Some(hit.clone()));
@@ -619,7 +588,7 @@ impl Registry {
                 fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
                 None
             }
-            Ok(meta) => Some(FileStamp::of(&meta)),
+            Ok(meta) => Some(crate::platform::FileStamp::of(&meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
@@ -674,7 +643,7 @@ impl FailureLog {
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(&meta));
         self.lines += 1;
         self.torn = false;
         Ok(())
@@ -694,7 +663,7 @@ impl FailureLog {
         }
         write_atomic(path, &encode_failures(&self.records))?;
         let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(&meta));
         self.lines = self.records.len();
         self.torn = false;
         Ok(())
@@ -899,9 +868,7 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// Fsyncs the folder of `path` (a new or removed entry); errors ignored.
 fn sync_parent(path: &Path) {
     if let Some(dir) = path.parent() {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
+        crate::platform::sync_dir(dir);
     }
 }
 
@@ -920,9 +887,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         })?;
     tmp.persist(path)
         .map_err(|e| Error::io("cannot replace", path, e.error))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+    crate::platform::sync_dir(dir);
     Ok(())
 }
 

@@ -45,9 +45,7 @@ pub(super) fn available_space(dir: &Path) -> Result<u64> {
     if let Some(free) = FREE.get() {
         return Ok(free);
     }
-    let stat = rustix::fs::statvfs(dir)
-        .map_err(|e| Error::io("cannot read free space of", dir, io::Error::from(e)))?;
-    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+    crate::platform::free_space(dir).map_err(|e| Error::io("cannot read free space of", dir, e))
 }
 
 #[cfg(test)]

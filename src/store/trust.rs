@@ -14,24 +14,16 @@
 //!   regular file owned by the current user ([`open_own`]). Nobody else can
 //!   reach it through the checked folders, so its own mode is not checked.
 //!
-//! Elsewhere than on Unix, ownership and modes are left to the operating
-//! system: only symbolic links and other non-regular files are refused.
+//! The calls behind this differ by operating system ([`crate::platform`]):
+//! elsewhere than on Unix, ownership and modes are left to the operating
+//! system, and only symbolic links and other non-regular files are refused.
 
 use std::fs::{self, File, Metadata, OpenOptions};
 use std::io;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-
-/// Mode of the store's folders.
-#[cfg(unix)]
-const FOLDER_MODE: u32 = 0o700;
-/// Mode of the files the store writes.
-#[cfg(unix)]
-const FILE_MODE: u32 = 0o600;
-/// Mode of a verified file.
-#[cfg(unix)]
-const BLOB_MODE: u32 = 0o400;
+use crate::platform::{self, FolderProblem};
 
 /// Creates the folder `path` (and missing parents) for the store: `0700`
 /// whatever the umask. A folder that exists is left as it is (and checked
@@ -39,39 +31,16 @@ const BLOB_MODE: u32 = 0o400;
 pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.exists() {
-            builder().recursive(true).create(parent)?;
+            platform::private_dir_builder()
+                .recursive(true)
+                .create(parent)?;
         }
     }
-    match builder().create(path) {
-        Ok(()) => set_folder_mode(path),
+    match platform::private_dir_builder().create(path) {
+        Ok(()) => platform::set_private_folder(path),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-#[cfg(unix)]
-fn builder() -> fs::DirBuilder {
-    let mut builder = fs::DirBuilder::new();
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, FOLDER_MODE);
-    builder
-}
-
-#[cfg(not(unix))]
-fn builder() -> fs::DirBuilder {
-    fs::DirBuilder::new()
-}
-
-/// Sets `0700` on a folder just created (the umask may have taken bits
-/// from the owner, never given any to others).
-#[cfg(unix)]
-fn set_folder_mode(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
-}
-
-#[cfg(not(unix))]
-fn set_folder_mode(_path: &Path) -> io::Result<()> {
-    Ok(())
 }
 
 /// Refuses a store folder that is not a folder, is owned by another user,
@@ -85,35 +54,19 @@ pub(crate) fn check_folder(path: &Path) -> Result<()> {
             path.display()
         )));
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let me = current_uid();
-        if meta.uid() != me {
-            return Err(Error::Config(format!(
-                "store folder {} belongs to user id {}, not to the current user (id {me}): another user could change what the store trusts; use a store of your own (`store` in config.toml, or --store), or `chown -R {me} {}`",
-                path.display(),
-                meta.uid(),
-                path.display()
-            )));
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & 0o022 != 0 {
-            return Err(Error::Config(format!(
-                "store folder {} can be written by other users (mode {mode:04o}): another user could plant files the store would trust; run `chmod 700 {}`, or use a store of your own",
-                path.display(),
-                path.display()
-            )));
-        }
+    match platform::folder_problem(&meta) {
+        None => Ok(()),
+        Some(FolderProblem::Owner { owner, me }) => Err(Error::Config(format!(
+            "store folder {} belongs to user id {owner}, not to the current user (id {me}): another user could change what the store trusts; use a store of your own (`store` in config.toml, or --store), or `chown -R {me} {}`",
+            path.display(),
+            path.display()
+        ))),
+        Some(FolderProblem::Writable { mode }) => Err(Error::Config(format!(
+            "store folder {} can be written by other users (mode {mode:04o}): another user could plant files the store would trust; run `chmod 700 {}`, or use a store of your own",
+            path.display(),
+            path.display()
+        ))),
     }
-    Ok(())
-}
-
-/// The effective user id of this process.
-#[cfg(unix)]
-pub(crate) fn current_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 /// Whether `meta` (of an entry, not followed) is a regular file the store
@@ -121,19 +74,7 @@ pub(crate) fn current_uid() -> u32 {
 /// matters less: nobody else can reach it through the store's `0700`
 /// folders.)
 pub(crate) fn is_own_file(meta: &Metadata) -> bool {
-    meta.file_type().is_file() && owned_by_me(meta)
-}
-
-/// Whether the current user owns what `meta` describes.
-#[cfg(unix)]
-fn owned_by_me(meta: &Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    meta.uid() == current_uid()
-}
-
-#[cfg(not(unix))]
-fn owned_by_me(_meta: &Metadata) -> bool {
-    true
+    meta.file_type().is_file() && platform::owned_by_me(meta)
 }
 
 /// Whether the entry at `path` (not followed) is a file the store trusts
@@ -145,7 +86,7 @@ pub(crate) fn is_own_file_at(path: &Path) -> bool {
 /// Whether the entry at `path` (not followed) is a folder (not a link to
 /// one) of the store's user.
 pub(crate) fn is_own_folder_at(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && owned_by_me(&m))
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && platform::owned_by_me(&m))
 }
 
 /// Opens `path` with `options` without following a symbolic link, and
@@ -153,24 +94,7 @@ pub(crate) fn is_own_folder_at(path: &Path) -> bool {
 /// ([`is_own_file`]); anything else is an error (`InvalidData`) that names
 /// what was found. A file created by this call is `0600`.
 pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .mode(FILE_MODE);
-    }
-    #[cfg(not(unix))]
-    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-        return Err(untrusted("is a symbolic link"));
-    }
-    let file = options.open(path).map_err(|e| {
-        #[cfg(unix)]
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            return untrusted("is a symbolic link");
-        }
-        e
-    })?;
+    let file = platform::open_no_follow(path, options)?;
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(untrusted("is not a regular file"));
@@ -204,29 +128,6 @@ pub(crate) fn read_own(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Makes `file` a verified file: read-only for its owner only (`0400`).
-#[cfg(unix)]
 pub(crate) fn make_blob(file: &File) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    file.set_permissions(fs::Permissions::from_mode(BLOB_MODE))
-}
-
-/// Makes `file` a verified file: read-only.
-#[cfg(not(unix))]
-pub(crate) fn make_blob(file: &File) -> io::Result<()> {
-    let mut perms = file.metadata()?.permissions();
-    perms.set_readonly(true);
-    file.set_permissions(perms)
-}
-
-/// Whether two metadata describe the same file.
-#[cfg(unix)]
-pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    a.dev() == b.dev() && a.ino() == b.ino()
-}
-
-/// Whether two metadata describe the same file (as far as they tell).
-#[cfg(not(unix))]
-pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
-    a.len() == b.len() && a.modified().ok() == b.modified().ok()
+    platform::make_read_only(file)
 }

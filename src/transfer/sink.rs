@@ -376,7 +376,11 @@ impl Writer {
     fn write(&mut self, chunk: &[u8], len: u64) -> io::Result<()> {
         self.file.write_all(chunk)?;
         if len - self.written_back >= WRITE_BACK_BYTES {
-            start_write_back(&self.file, self.written_back, len - self.written_back);
+            crate::platform::start_write_back(
+                &self.file,
+                self.written_back,
+                len - self.written_back,
+            );
             self.written_back = len;
         }
         if len - self.requested >= CHECKPOINT_BYTES {
@@ -480,26 +484,6 @@ impl Syncer {
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("the sync thread panicked")))
     }
-}
-
-/// Asks the kernel to start writing `[from, from + len)` back to disk now,
-/// without waiting. Only an optimisation: errors are ignored (the final
-/// flush reports real ones).
-fn start_write_back(file: &File, from: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let (Ok(from), Ok(len)) = (i64::try_from(from), i64::try_from(len)) else {
-            return;
-        };
-        // SAFETY: the descriptor is open for the whole call; the call only
-        // schedules write-back of the file's own pages.
-        unsafe {
-            libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, from, len);
 }
 
 #[cfg(test)]

@@ -1,0 +1,59 @@
+//! Everything that differs between operating systems, behind one small
+//! interface: the rest of the crate never writes `cfg(unix)`.
+//!
+//! | call | Unix (Linux first) | elsewhere |
+//! | --- | --- | --- |
+//! | [`private_dir_builder`], [`set_private_folder`] | mode `0700` whatever the umask | the OS's default access |
+//! | [`folder_problem`], [`owned_by_me`] | owner and group/other write bits | nothing to refuse |
+//! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
+//! | [`make_read_only`] | mode `0400` | the read-only attribute |
+//! | [`same_file`], [`link_count`], [`allocated_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
+//! | [`free_space`] | `statvfs` | unknown (no check) |
+//! | [`sync_dir`] | fsync of the folder | nothing (renames are durable on NTFS) |
+//! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
+//! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
+//! | [`BYTE_LOCKS`], [`try_lock_byte`] | open-file-description locks (Linux) | a lock file per key |
+//!
+//! What the crate decides with these (which folders and files it trusts,
+//! what it says when it refuses one) stays with the caller.
+
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as imp;
+
+#[cfg(not(unix))]
+mod portable;
+#[cfg(not(unix))]
+use portable as imp;
+
+pub(crate) use imp::{
+    allocated_bytes, folder_problem, free_space, link_count, make_read_only, open_no_follow,
+    owned_by_me, private_dir_builder, reflink, same_file, set_private_folder, start_write_back,
+    sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
+};
+
+/// Why a store folder cannot be trusted ([`folder_problem`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FolderProblem {
+    /// Another user owns it.
+    Owner {
+        /// Its owner's user id.
+        owner: u32,
+        /// The current user's id.
+        me: u32,
+    },
+    /// Group or others may write in it.
+    Writable {
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// The error [`open_no_follow`] gives for a symbolic link.
+pub(crate) fn link_refused() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "is a symbolic link: the store does not trust it",
+    )
+}

@@ -1,0 +1,193 @@
+//! The platform calls on Unix: Linux first, and macOS and the BSDs where
+//! the same calls exist (the Linux-only ones fall back as elsewhere).
+
+use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use super::FolderProblem;
+
+/// Mode of the store's folders.
+const FOLDER_MODE: u32 = 0o700;
+/// Mode of the files the store writes.
+const FILE_MODE: u32 = 0o600;
+/// Mode of a verified file.
+const READ_ONLY_MODE: u32 = 0o400;
+
+/// A folder builder whose folders are `0700` (before the umask).
+pub(crate) fn private_dir_builder() -> DirBuilder {
+    let mut builder = DirBuilder::new();
+    builder.mode(FOLDER_MODE);
+    builder
+}
+
+/// Sets `0700` on a folder just created (the umask may have taken bits
+/// from the owner).
+pub(crate) fn set_private_folder(path: &Path) -> io::Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
+}
+
+/// The effective user id of this process.
+fn current_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why the folder `meta` describes is not safe to trust, if it is not.
+pub(crate) fn folder_problem(meta: &Metadata) -> Option<FolderProblem> {
+    let me = current_uid();
+    if meta.uid() != me {
+        return Some(FolderProblem::Owner {
+            owner: meta.uid(),
+            me,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    (mode & 0o022 != 0).then_some(FolderProblem::Writable { mode })
+}
+
+/// Whether the current user owns what `meta` describes.
+pub(crate) fn owned_by_me(meta: &Metadata) -> bool {
+    meta.uid() == current_uid()
+}
+
+/// Opens `path` with `options` without following a symbolic link and
+/// without waiting on a FIFO; a file it creates is `0600`.
+pub(crate) fn open_no_follow(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .mode(FILE_MODE);
+    options.open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => super::link_refused(),
+        _ => e,
+    })
+}
+
+/// Makes `file` read-only for its owner only (`0400`).
+pub(crate) fn make_read_only(file: &File) -> io::Result<()> {
+    file.set_permissions(fs::Permissions::from_mode(READ_ONLY_MODE))
+}
+
+/// Whether two metadata describe the same file.
+pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// How many names the file has.
+pub(crate) fn link_count(meta: &Metadata) -> u64 {
+    meta.nlink()
+}
+
+/// The bytes the file really occupies on disk (a sparse file less than
+/// its length), when known.
+pub(crate) fn allocated_bytes(meta: &Metadata) -> Option<u64> {
+    Some(meta.blocks().saturating_mul(512))
+}
+
+/// What identifies one version of a file: a change of content, a
+/// replacement or a rename over it changes the stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of the file `meta` describes.
+    pub(crate) fn of(meta: &Metadata) -> FileStamp {
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Bytes an unprivileged user may still write on the file system of `dir`.
+pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
+    let stat = rustix::fs::statvfs(dir).map_err(io::Error::from)?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// Makes the entries of `dir` (a new or renamed file) durable; errors are
+/// ignored: a failure loses nothing that was verified.
+pub(crate) fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Asks the kernel to start writing `[from, from + len)` back to disk now,
+/// without waiting. Only an optimisation: errors are ignored (the final
+/// flush reports real ones).
+pub(crate) fn start_write_back(file: &File, from: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(from), Ok(len)) = (i64::try_from(from), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: the descriptor is open for the whole call; the call only
+        // schedules write-back of the file's own pages.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, from, len);
+}
+
+/// Shares `from`'s blocks with the empty `to` (copy-on-write), where the
+/// file system can; `false` when a plain copy is needed.
+pub(crate) fn reflink(from: &File, to: &File) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        rustix::fs::ioctl_ficlone(to, from).is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (from, to);
+        false
+    }
+}
+
+/// Whether [`try_lock_byte`] works here: open-file-description locks are
+/// Linux's (elsewhere a process's own locks would not exclude its threads).
+pub(crate) const BYTE_LOCKS: bool = cfg!(target_os = "linux");
+
+/// Takes a write lock on byte `offset` of `file`, owned by its open file
+/// description; `false` when another one holds it.
+pub(crate) fn try_lock_byte(file: &File, offset: i64) -> io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+        let mut request: libc::flock = unsafe { std::mem::zeroed() };
+        request.l_type = libc::F_WRLCK as libc::c_short;
+        request.l_whence = libc::SEEK_SET as libc::c_short;
+        request.l_start = offset;
+        request.l_len = 1;
+        // SAFETY: the descriptor is open for the whole call and `request` is
+        // a valid `flock` that outlives it; F_OFD_SETLK does not block.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &request) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+            _ => Err(e),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, offset);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
