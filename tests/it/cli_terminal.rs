@@ -67,7 +67,7 @@ async fn status_escapes_text_from_the_manifest_the_server_and_earlier_records() 
 #[tokio::test]
 async fn active_dev_settings_are_said_on_every_run() {
     let env = Env::new().await;
-    let warning = "warning: [dev] settings are active (allow_addresses, resolve, extra_root_certs)";
+    let warning = "warning: [dev] settings are active: allow_addresses, resolve, extra_root_certs (for development and tests only)";
     let url = env.url("origin.test", "/x.bin");
     for args in [vec!["status"], vec!["check-url", url.as_str()]] {
         for _ in 0..2 {
@@ -86,7 +86,7 @@ async fn active_dev_settings_are_said_on_every_run() {
             t.lines().any(|l| {
                 l.contains("started")
                     && l.contains(
-                        "[dev] settings are active (allow_addresses, resolve, extra_root_certs)",
+                        "[dev] settings are active: allow_addresses, resolve, extra_root_certs",
                     )
             })
         })
@@ -112,32 +112,48 @@ fn fifo(env: &Env, name: &str) -> std::path::PathBuf {
     path
 }
 
+/// Runs the binary with exactly `args`; a run that has not ended within
+/// 10 seconds is killed and fails the test (a read that waits on a FIFO
+/// would hang forever).
+async fn run_bounded(env: &Env, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let log = env.dir.path().join("bounded.log");
+    let mut child = Spawned(
+        Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_output(&mut child).await;
+    (status, std::fs::read_to_string(&log).unwrap())
+}
+
 #[tokio::test]
 async fn a_fifo_manifest_or_configuration_fails_at_once_with_a_clear_error() {
     let env = Env::new().await;
     let manifest = fifo(&env, "m.json");
     let m = manifest.to_str().unwrap();
-    for args in [vec!["check", m], vec!["fetch", m], vec!["install", "g", m]] {
-        let out = within(&format!("{args:?} on a FIFO"), env.run(&args)).await;
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
-        let err = stderr(&out);
+    let config = env.dir.path().join("config.toml");
+    let c = config.to_str().unwrap();
+    for args in [
+        vec!["--config", c, "check", m],
+        vec!["--config", c, "fetch", m],
+        vec!["--config", c, "install", "g", m],
+    ] {
+        let (status, err) = run_bounded(&env, &args).await;
+        assert_eq!(status.code(), Some(1), "{args:?}: {err}");
         assert!(
             err.contains("cannot read manifest") && err.contains("not a regular file"),
             "{args:?}: {err}"
         );
     }
     let config = fifo(&env, "config-fifo.toml");
-    let out = within(
-        "status with a FIFO configuration",
-        run_bin(vec![
-            "--config".into(),
-            config.display().to_string(),
-            "status".into(),
-        ]),
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = stderr(&out);
+    let (status, err) = run_bounded(&env, &["--config", config.to_str().unwrap(), "status"]).await;
+    assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains("cannot read configuration") && err.contains("not a regular file"),
         "{err}"

@@ -84,7 +84,7 @@ pub fn dev_warning(config: &Config) -> Option<String> {
     let keys = active_dev_keys(config);
     (!keys.is_empty()).then(|| {
         format!(
-            "[dev] settings are active ({}): for development and tests only, they weaken the address and certificate checks",
+            "[dev] settings are active: {} (for development and tests only)",
             keys.join(", ")
         )
     })

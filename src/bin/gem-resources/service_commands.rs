@@ -15,7 +15,7 @@ use crate::watch::{Output, Show, Watcher};
 
 /// Runs a service subcommand.
 pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
-    if matches!(command, Command::Status { .. }) && !store_exists(config) {
+    if matches!(command, Command::Status { .. }) {
         crate::commands::warn_dev(config);
     }
     // Looking at a store must not create one.
@@ -36,7 +36,6 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
-            crate::commands::warn_dev(config);
             let status = service.status(gem.as_deref())?;
             if json {
                 print_json(&json!({ "gems": status }));
