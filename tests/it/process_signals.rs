@@ -218,3 +218,91 @@ async fn ctrl_c_during_path_keeps_the_download_and_the_next_path_resumes() {
     let path = stdout(&out);
     assert_eq!(std::fs::read(path.trim()).unwrap(), body);
 }
+
+/// Bytes `pid` has read so far (`rchar` of `/proc/<pid>/io`).
+fn bytes_read(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("rchar:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A 4 GiB sparse file (no disk used; hashing it takes seconds).
+fn sparse_file(env: &Env, name: &str) -> std::path::PathBuf {
+    let path = env.dir.path().join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    path
+}
+
+/// Sends SIGINT to `child` once it has read 64 MiB (it is hashing), and
+/// returns its exit status and stderr.
+async fn interrupt_while_reading(
+    child: &mut Spawned,
+    log: &std::path::Path,
+) -> (Option<i32>, String) {
+    let pid = child.0.id();
+    wait_until("the program reads the big file", || {
+        bytes_read(pid) > 64 << 20 || !matches!(child.0.try_wait(), Ok(None))
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_output(child).await;
+    (exit.code(), std::fs::read_to_string(log).unwrap())
+}
+
+#[tokio::test]
+async fn ctrl_c_during_import_exits_130_and_says_what_was_done() {
+    let env = Env::new().await;
+    let big = sparse_file(&env, "big.bin");
+    // Declared with this size, so import hashes the whole file.
+    let url = env.url("origin.test", "/big.bin");
+    let declared =
+        json!({ "id": "big", "url": url.as_str(), "sha256": "a".repeat(64), "size": 4u64 << 30 });
+    let manifest = env.write_manifest("m.json", json!([declared]));
+    let out = env
+        .run(&["install", "g", manifest.to_str().unwrap(), "--no-wait"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let log = env.dir.path().join("import.log");
+    let mut child = spawn_quiet(&env, &["import", big.to_str().unwrap()], &log);
+    let (code, stderr) = interrupt_while_reading(&mut child, &log).await;
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted while importing") && stderr.contains("0 of 1 file(s) done"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_during_verify_exits_130_and_removes_nothing_it_did_not_finish() {
+    let env = Env::new().await;
+    let body = bytes(100, 87);
+    let url = env.serve("/small.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([required_entry("small", &url, &body)]));
+    let out = env.run(&["install", "g", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // A stored file whose bytes are not its SHA-256's: verify would remove
+    // it, after reading it whole.
+    let sha = "b".repeat(64);
+    let blob = store_root(&env).join("blobs").join(&sha);
+    std::fs::create_dir_all(&blob).unwrap();
+    let big = blob.join("big.bin");
+    std::fs::rename(sparse_file(&env, "big.bin"), &big).unwrap();
+    let log = env.dir.path().join("verify.log");
+    let mut child = spawn_quiet(&env, &["verify"], &log);
+    let (code, stderr) = interrupt_while_reading(&mut child, &log).await;
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted: verify stopped"), "{stderr}");
+    assert!(big.exists(), "a file verify did not finish was removed");
+}
