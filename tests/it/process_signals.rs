@@ -306,3 +306,29 @@ async fn ctrl_c_during_verify_exits_130_and_removes_nothing_it_did_not_finish() 
     assert!(stderr.contains("interrupted: verify stopped"), "{stderr}");
     assert!(big.exists(), "a file verify did not finish was removed");
 }
+
+#[tokio::test]
+async fn ctrl_c_during_autofill_exits_130_and_says_nothing_was_kept() {
+    let env = Env::new().await;
+    let body = bytes(1_000_000, 88);
+    env.origin.route(
+        "/held.bin",
+        Behaviour::ranged_held(&body, "\"v1\"", 100_000),
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let log = env.dir.path().join("autofill.log");
+    let mut child = spawn_quiet(&env, &["autofill", url.as_str()], &log);
+    wait_until("the first bytes were sent", || {
+        env.origin.served("/held.bin") >= 100_000
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_output(&mut child).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted: nothing was kept"), "{stderr}");
+}
