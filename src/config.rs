@@ -34,6 +34,9 @@ use crate::transfer::retry::RetryPolicy;
 mod dev;
 pub use dev::DevConfig;
 
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -207,12 +210,35 @@ impl Config {
     /// Reads a TOML file; relative paths in it resolve against its folder,
     /// and every path is made absolute and normalised (no `..`) here, once.
     /// An error names the file, the line and the key.
+    ///
+    /// Only a regular file of at most [`MAX_CONFIG_BYTES`] is read (a FIFO
+    /// or a device is refused without waiting on it).
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io("cannot read configuration", path, e))?;
+        Config::from_text(path, &Config::read_text(path)?)
+    }
+
+    /// The text of the configuration file at `path`, read as
+    /// [`Config::load`] does: a regular file only (never waiting on a FIFO),
+    /// at most [`MAX_CONFIG_BYTES`], UTF-8.
+    pub fn read_text(path: &Path) -> Result<String> {
+        let io = |e| Error::io("cannot read configuration", path, e);
+        let bytes = crate::manifest::read_regular_file(path, MAX_CONFIG_BYTES).map_err(io)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("larger than the {MAX_CONFIG_BYTES}-byte limit"),
+            )));
+        }
+        String::from_utf8(bytes)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    }
+
+    /// [`Config::load`] of text already read from `path`: relative paths
+    /// resolve against its folder, and the text's errors name the file.
+    pub fn from_text(path: &Path, text: &str) -> Result<Config> {
         let path = normalise(path);
         let mut config =
-            Config::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+            Config::parse(text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
         config.source = Some(path);

@@ -177,22 +177,33 @@ pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
     if metadata.len() > MAX_MANIFEST_BYTES as u64 {
         return Err(ManifestError::single("manifest", too_large(metadata.len())).into());
     }
+    read_regular_file(path, MAX_MANIFEST_BYTES as u64).map_err(io)
+}
+
+/// Reads at most `cap + 1` bytes of the regular file at `path` (one byte
+/// past the cap lets the caller report a file that grew): the reader of
+/// every file a user or a gem hands over (manifests, the configuration).
+/// Anything but a regular file (a folder, a FIFO, a device) is refused
+/// with `InvalidInput` without being read, and opening never waits for a
+/// FIFO's writer.
+pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    let not_regular =
+        || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     // Should the file be swapped for a FIFO after the check, opening it
     // must not wait for a writer.
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
-    let file = options.open(path).map_err(io)?;
-    if !file.metadata().map_err(io)?.is_file() {
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
         return Err(not_regular());
     }
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(file, MAX_MANIFEST_BYTES as u64 + 1),
-        &mut bytes,
-    )
-    .map_err(io)?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, cap + 1), &mut bytes)?;
     Ok(bytes)
 }
 

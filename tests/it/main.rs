@@ -8,6 +8,7 @@ mod address_guard;
 mod autofill;
 mod cli_basics;
 mod cli_newcomer;
+mod cli_terminal;
 mod embed_controls;
 mod embed_errors;
 mod embed_events;

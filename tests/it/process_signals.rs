@@ -59,8 +59,14 @@ async fn serve_keeps_running_after_a_server_resets_mid_body() {
         env.origin.hits("/reset.bin") >= 1
     })
     .await;
-    // Give a write on the dead connection time to happen.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reset was seen (the download failed on it): by then the program
+    // has read from, and written to, the dead connection.
+    let log = env.dir.path().join("serve.log");
+    wait_until("the failure on the reset is logged, or serve died", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("E_RESOURCE_"))
+            || !matches!(serve.0.try_wait(), Ok(None))
+    })
+    .await;
     assert!(
         serve.0.try_wait().unwrap().is_none(),
         "serve died after a reset"
@@ -119,36 +125,7 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     let log = env.dir.path().join("fetch.log");
     let mut child = spawn_quiet(&env, &["fetch", manifest.to_str().unwrap()], &log);
-    wait_until("the first half arrived", || {
-        env.origin.served("/held.bin") >= cut as u64
-    })
-    .await;
-    // Sent is not received: wait until the program has written some of it.
-    let tmp = env.store_dir().join("store-v1/tmp");
-    wait_until("bytes in the partial file", || {
-        std::fs::read_dir(&tmp)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                e.file_name().to_string_lossy().ends_with(".partial")
-                    && e.metadata().is_ok_and(|m| m.len() > 0)
-            })
-    })
-    .await;
-    let status = Command::new("kill")
-        .args(["-INT", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(std::time::Instant::now() < deadline, "fetch did not stop");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let exit = interrupt_once_bytes_are_kept(&env, &mut child, cut).await;
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert_eq!(exit.code(), Some(130), "{stderr}");
     assert!(
@@ -159,4 +136,199 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let store = gem_resources::Store::open(&env.store_dir()).unwrap();
     let kept = store.partial_len(&sha256_hex(&body));
     assert!(kept.is_some_and(|n| n > 0 && n <= cut as u64), "{kept:?}");
+}
+
+/// Waits until the origin sent `cut` bytes and the program wrote some of
+/// them to its partial file, sends SIGINT, and returns how the program
+/// ended.
+async fn interrupt_once_bytes_are_kept(
+    env: &Env,
+    child: &mut Spawned,
+    cut: usize,
+) -> std::process::ExitStatus {
+    wait_until("the first half arrived", || {
+        env.origin.served("/held.bin") >= cut as u64
+    })
+    .await;
+    // Sent is not received: wait until the program has written some of it.
+    wait_until("bytes in the partial file", || {
+        partial_files(env)
+            .iter()
+            .any(|p| p.metadata().is_ok_and(|m| m.len() > 0))
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(std::time::Instant::now() < deadline, "it did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn ctrl_c_during_path_keeps_the_download_and_the_next_path_resumes() {
+    let env = Env::new().await;
+    let body = bytes(2_000_000, 86);
+    let cut = body.len() / 2;
+    env.origin
+        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
+    let url = env.url("origin.test", "/held.bin");
+    let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
+    // A lazy file: installed, not downloaded until its first `path`.
+    let out = env
+        .run(&["install", "g", manifest.to_str().unwrap(), "--no-wait"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let log = env.dir.path().join("path.log");
+    let mut child = spawn_quiet(&env, &["path", "g", "held"], &log);
+    let exit = interrupt_once_bytes_are_kept(&env, &mut child, cut).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: ")
+            && stderr.contains("of held.bin kept; the next run continues"),
+        "{stderr}"
+    );
+    // The bytes and their record are kept.
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let kept = store
+        .partial_len(&sha256_hex(&body))
+        .expect("the partial file and its record are kept");
+    assert!(kept > 0 && kept <= cut as u64, "{kept}");
+    // The next `path` asks only for the rest.
+    env.origin
+        .route("/held.bin", Behaviour::ranged(&body, "\"v1\""));
+    let out = env.run(&["path", "g", "held"]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let range = env
+        .origin
+        .last_headers("/held.bin")
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("range"))
+        .map(|(_, v)| v);
+    assert_eq!(range, Some(format!("bytes={kept}-")));
+    let path = stdout(&out);
+    assert_eq!(std::fs::read(path.trim()).unwrap(), body);
+}
+
+/// Bytes `pid` has read so far (`rchar` of `/proc/<pid>/io`).
+fn bytes_read(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("rchar:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A 4 GiB sparse file (no disk used; hashing it takes seconds).
+fn sparse_file(env: &Env, name: &str) -> std::path::PathBuf {
+    let path = env.dir.path().join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    path
+}
+
+/// Sends SIGINT to `child` once it has read 64 MiB (it is hashing), and
+/// returns its exit status and stderr.
+async fn interrupt_while_reading(
+    child: &mut Spawned,
+    log: &std::path::Path,
+) -> (Option<i32>, String) {
+    let pid = child.0.id();
+    wait_until("the program reads the big file", || {
+        bytes_read(pid) > 64 << 20 || !matches!(child.0.try_wait(), Ok(None))
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_output(child).await;
+    (exit.code(), std::fs::read_to_string(log).unwrap())
+}
+
+#[tokio::test]
+async fn ctrl_c_during_import_exits_130_and_says_what_was_done() {
+    let env = Env::new().await;
+    let big = sparse_file(&env, "big.bin");
+    // Declared with this size, so import hashes the whole file.
+    let url = env.url("origin.test", "/big.bin");
+    let declared =
+        json!({ "id": "big", "url": url.as_str(), "sha256": "a".repeat(64), "size": 4u64 << 30 });
+    let manifest = env.write_manifest("m.json", json!([declared]));
+    let out = env
+        .run(&["install", "g", manifest.to_str().unwrap(), "--no-wait"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let log = env.dir.path().join("import.log");
+    let mut child = spawn_quiet(&env, &["import", big.to_str().unwrap()], &log);
+    let (code, stderr) = interrupt_while_reading(&mut child, &log).await;
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted while importing") && stderr.contains("0 of 1 file(s) done"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_during_verify_exits_130_and_removes_nothing_it_did_not_finish() {
+    let env = Env::new().await;
+    let body = bytes(100, 87);
+    let url = env.serve("/small.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([required_entry("small", &url, &body)]));
+    let out = env.run(&["install", "g", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // A stored file whose bytes are not its SHA-256's: verify would remove
+    // it, after reading it whole.
+    let sha = "b".repeat(64);
+    let blob = store_root(&env).join("blobs").join(&sha);
+    std::fs::create_dir_all(&blob).unwrap();
+    let big = blob.join("big.bin");
+    std::fs::rename(sparse_file(&env, "big.bin"), &big).unwrap();
+    let log = env.dir.path().join("verify.log");
+    let mut child = spawn_quiet(&env, &["verify"], &log);
+    let (code, stderr) = interrupt_while_reading(&mut child, &log).await;
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted: verify stopped"), "{stderr}");
+    assert!(big.exists(), "a file verify did not finish was removed");
+}
+
+#[tokio::test]
+async fn ctrl_c_during_autofill_exits_130_and_says_nothing_was_kept() {
+    let env = Env::new().await;
+    let body = bytes(1_000_000, 88);
+    env.origin.route(
+        "/held.bin",
+        Behaviour::ranged_held(&body, "\"v1\"", 100_000),
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let log = env.dir.path().join("autofill.log");
+    let mut child = spawn_quiet(&env, &["autofill", url.as_str()], &log);
+    wait_until("the first bytes were sent", || {
+        env.origin.served("/held.bin") >= 100_000
+    })
+    .await;
+    let status = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_output(&mut child).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted: nothing was kept"), "{stderr}");
 }

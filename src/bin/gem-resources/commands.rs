@@ -62,6 +62,41 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The `[dev]` keys that are set: each one weakens a safety rule, so a
+/// command that answers "would this be used" or runs for long says so.
+pub fn active_dev_keys(config: &Config) -> Vec<&'static str> {
+    let dev = &config.dev;
+    let mut keys = Vec::new();
+    if !dev.allow_addresses.is_empty() {
+        keys.push("allow_addresses");
+    }
+    if !dev.resolve.is_empty() {
+        keys.push("resolve");
+    }
+    if !dev.extra_root_certs.is_empty() {
+        keys.push("extra_root_certs");
+    }
+    keys
+}
+
+/// The one-line warning about active `[dev]` keys, if any are.
+pub fn dev_warning(config: &Config) -> Option<String> {
+    let keys = active_dev_keys(config);
+    (!keys.is_empty()).then(|| {
+        format!(
+            "[dev] settings are active: {} (for development and tests only)",
+            keys.join(", ")
+        )
+    })
+}
+
+/// Prints the `[dev]` warning on stderr, if any key is active.
+pub fn warn_dev(config: &Config) {
+    if let Some(warning) = dev_warning(config) {
+        crate::errln!("warning: {warning}");
+    }
+}
+
 fn load_config(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
@@ -76,20 +111,11 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// Reads and validates a manifest file.
+/// Reads and validates a manifest file, with the guards of every manifest
+/// read (regular files only, never waiting on a FIFO, a size cap).
 pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
-    let bytes = read_capped(path).map_err(|e| Error::io("cannot read manifest", path, e))?;
+    let bytes = gem_resources::manifest::read_manifest_file(path)?;
     Ok(parse_manifest(&bytes).map_err(Error::from)?)
-}
-
-fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)?;
-    let mut bytes = Vec::new();
-    // One byte past the cap is enough for the validator to report the size.
-    file.take(gem_resources::manifest::MAX_MANIFEST_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
@@ -121,6 +147,7 @@ fn parse_url(text: &str) -> anyhow::Result<Url> {
 }
 
 async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
+    warn_dev(config);
     let url = parse_url(text)?;
     let fetcher = Fetcher::new(config)?;
     let checked = match fetcher.route(&url).await {

@@ -28,9 +28,22 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
     };
     let mut entries = Vec::new();
     let mut ok = true;
-    for file in files {
+    let mut interrupted = crate::interrupt::signal();
+    for (done, file) in files.iter().enumerate() {
         let outcome = match &service {
-            Some(service) => service.import(file).await,
+            Some(service) => tokio::select! {
+                outcome = service.import(file) => outcome,
+                () = &mut interrupted => {
+                    // A file is published whole or not at all, never half.
+                    service.shutdown().await;
+                    crate::errln!(
+                        "interrupted while importing {}: {done} of {} file(s) done before it; run `import` again for the rest",
+                        file.display(),
+                        files.len()
+                    );
+                    return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
+                }
+            },
             None => Ok(ImportOutcome::NoMatch {
                 size: std::fs::metadata(file).map(|m| m.len()).unwrap_or(0),
                 sha256: None,

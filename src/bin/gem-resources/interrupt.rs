@@ -1,4 +1,4 @@
-//! Ctrl-C (or SIGTERM) during `fetch`, `install` and `sync`: the downloads
+//! Ctrl-C (or SIGTERM) during `fetch`, `install`, `sync` and `path`: the downloads
 //! stop, the bars are cleared, the command says what was kept of each
 //! unfinished file and exits with status 130, as shells expect of a command
 //! ended by SIGINT.

@@ -201,7 +201,7 @@ impl Bar {
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
         }
-        bar.set_message(label.to_string());
+        bar.set_message(crate::render::field(label).into_owned());
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())

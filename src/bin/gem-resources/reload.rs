@@ -8,12 +8,19 @@
 //! invalid file is refused with its error and the running configuration is
 //! kept: a bad edit never stops the service.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use gem_resources::{Config, Resources};
 use sha2::{Digest, Sha256};
 
 use crate::render::error_text;
+
+/// How long a changed file must stay unchanged (over two looks at least)
+/// before it is applied. Editors and tools write configuration files in
+/// several steps, and an empty or half-written file is often valid TOML
+/// (`cat > config.toml` first truncates: a blocklist with no hosts).
+pub const SETTLE: Duration = Duration::from_secs(1);
 
 /// The configuration `serve` runs with and where it came from.
 pub struct Reloader {
@@ -21,56 +28,117 @@ pub struct Reloader {
     path: Option<PathBuf>,
     /// The configuration in force.
     running: Config,
-    /// Digest of the file's bytes as last read, to notice changes.
+    /// Digest of what the file held when last applied (or rejected).
     digest: Option<[u8; 32]>,
+    /// Whether the file in force has a `[network]` section.
+    had_network: bool,
+    /// A change not applied yet: its digest and when it was first seen.
+    pending: Option<([u8; 32], Instant)>,
+}
+
+/// What one look at the file found: its text, or why it cannot be used.
+struct Look {
+    digest: [u8; 32],
+    text: Result<String, gem_resources::Error>,
 }
 
 impl Reloader {
     /// Starts from the configuration `serve` was started with.
     pub fn new(config: &Config) -> Reloader {
         let path = config.source.clone();
-        let digest = path.as_ref().and_then(|p| read_digest(p));
+        let first = path.as_deref().map(read);
+        let had_network = first
+            .as_ref()
+            .and_then(|l| l.text.as_ref().ok())
+            .is_some_and(|t| has_network(t));
         Reloader {
             path,
             running: config.clone(),
-            digest,
+            digest: first.map(|l| l.digest),
+            had_network,
+            pending: None,
         }
     }
 
-    /// Re-reads the file when it changed, or always when `forced` (SIGHUP),
-    /// and applies what can be applied.
-    pub fn check(&mut self, service: &Resources, forced: bool) {
+    /// Looks at the file, off the main loop, and applies what can be
+    /// applied: when `forced` (SIGHUP) at once, otherwise once a change has
+    /// stayed the same for [`SETTLE`].
+    pub async fn check(&mut self, service: &Resources, forced: bool) {
         let Some(path) = self.path.clone() else {
             if forced {
                 tracing::info!("SIGHUP: no configuration file to reload");
             }
             return;
         };
-        let digest = read_digest(&path);
-        if !forced && digest == self.digest {
+        let look = {
+            let file = path.clone();
+            match tokio::task::spawn_blocking(move || read(&file)).await {
+                Ok(look) => look,
+                Err(e) => {
+                    tracing::error!("cannot read {}: {e}", path.display());
+                    return;
+                }
+            }
+        };
+        tracing::debug!(forced, "looked at the configuration file");
+        if !forced && !self.settled(&path, look.digest) {
             return;
         }
-        self.digest = digest;
-        let new = match Config::load(&path) {
-            Ok(new) => new,
-            Err(e) => {
-                tracing::error!(
-                    "configuration rejected; keeping the running one: {}",
-                    error_text(&e)
-                );
-                return;
-            }
+        self.pending = None;
+        self.digest = Some(look.digest);
+        let text = match look.text {
+            Ok(text) => text,
+            Err(e) => return rejected(&e),
         };
+        match Config::from_text(&path, &text) {
+            Ok(new) => self.apply(service, &path, new, has_network(&text), forced),
+            Err(e) => rejected(&e),
+        }
+    }
+
+    /// Whether the file's content `digest` is to be applied now: it differs
+    /// from what is in force and was seen the same at an earlier look, at
+    /// least [`SETTLE`] ago.
+    fn settled(&mut self, path: &Path, digest: [u8; 32]) -> bool {
+        if self.digest == Some(digest) {
+            self.pending = None;
+            return false;
+        }
+        match self.pending {
+            Some((seen, since)) if seen == digest => since.elapsed() >= SETTLE,
+            _ => {
+                self.pending = Some((digest, Instant::now()));
+                tracing::info!(
+                    "{} changed; it applies once unchanged for {} s",
+                    path.display(),
+                    SETTLE.as_secs_f64()
+                );
+                false
+            }
+        }
+    }
+
+    fn apply(
+        &mut self,
+        service: &Resources,
+        path: &Path,
+        new: Config,
+        network: bool,
+        forced: bool,
+    ) {
         let policy = match new.policy() {
             Ok(p) => p,
-            Err(e) => {
-                tracing::error!(
-                    "configuration rejected; keeping the running one: {}",
-                    error_text(&e)
-                );
-                return;
-            }
+            Err(e) => return rejected(&e),
         };
+        if self.had_network && !network {
+            tracing::warn!(
+                "{} has no [network] section any more: the network policy is now the default (mode = \"{}\", {} host(s))",
+                path.display(),
+                new.network.mode.as_str(),
+                new.network.hosts.len()
+            );
+        }
+        self.had_network = network;
         let restart = needs_restart(&self.running, &new);
         if !restart.is_empty() {
             tracing::warn!(
@@ -86,6 +154,7 @@ impl Reloader {
                     mode = new.network.mode.as_str(),
                     hosts = new.network.hosts.len(),
                     queued,
+                    forced,
                     "network policy reloaded"
                 ),
                 Err(e) => {
@@ -98,6 +167,19 @@ impl Reloader {
             tracing::info!("SIGHUP: configuration reloaded; the network policy is unchanged");
         }
     }
+}
+
+fn rejected(e: &gem_resources::Error) {
+    tracing::error!(
+        "configuration rejected; keeping the running one: {}",
+        error_text(e)
+    );
+}
+
+/// Whether the TOML `text` has a `[network]` table (an unparsable text has
+/// none; it is rejected anyway).
+fn has_network(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text).is_ok_and(|t| t.contains_key("network"))
 }
 
 /// The settings that differ and only apply at the next start.
@@ -122,12 +204,15 @@ fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
     changed
 }
 
-fn read_digest(path: &std::path::Path) -> Option<[u8; 32]> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).ok()?;
-    let mut bytes = Vec::new();
-    file.take(gem_resources::manifest::MAX_MANIFEST_BYTES as u64)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    Some(Sha256::digest(&bytes).into())
+/// One look at the configuration file, with the guards of every file read:
+/// a regular file only (a FIFO is refused without waiting for a writer),
+/// at most `MAX_CONFIG_BYTES` ([`Config::read_text`]).
+fn read(path: &Path) -> Look {
+    let text = Config::read_text(path);
+    // A problem is a content too: an unchanged one is reported once.
+    let digest = match &text {
+        Ok(text) => Sha256::digest(text.as_bytes()).into(),
+        Err(e) => Sha256::digest(format!("error: {e}").as_bytes()).into(),
+    };
+    Look { digest, text }
 }

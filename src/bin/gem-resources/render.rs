@@ -1,5 +1,6 @@
 //! Rendering: text for people, JSON for scripts, logs on stderr.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,12 +28,22 @@ pub fn colour_on_stderr() -> bool {
     !no_color && std::io::stderr().is_terminal()
 }
 
-/// Writes log lines to stderr above any progress bars.
+/// Writes log lines to stderr above any progress bars, with text from
+/// manifests and servers escaped ([`for_terminal`]). The formatter already
+/// escapes ESC in what it is given, so with colour on its own colour codes
+/// are the only ESC left and are kept.
 struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        crate::progress::suspend(|| std::io::stderr().lock().write_all(buf))?;
+        let text = String::from_utf8_lossy(buf);
+        let keep: &[char] = if colour_on_stderr() {
+            &['\n', '\t', '\u{1b}']
+        } else {
+            &['\n', '\t']
+        };
+        let safe = escape_except(&text, keep);
+        crate::progress::suspend(|| std::io::stderr().lock().write_all(safe.as_bytes()))?;
         Ok(buf.len())
     }
 
@@ -104,9 +115,60 @@ pub fn import_line(file: &std::path::Path, outcome: &gem_resources::ImportOutcom
     format!("{}: {what}", file.display())
 }
 
-/// Prints a JSON value on stdout, one line.
+/// Prints a JSON value on stdout, one line, its strings exactly as they
+/// are (JSON escapes what it must; nothing else is escaped).
 pub fn print_json(value: &Value) {
-    crate::outln!("{value}");
+    write_out_exact(format_args!("{value}"));
+}
+
+/// Whether `c` is kept off a terminal: C0 and C1 control characters, DEL,
+/// bidirectional overrides, isolates and marks, and zero-width characters.
+/// Any of them can recolour or retitle a terminal, hide or fake a line, or
+/// make a text read differently from what it is.
+fn unsafe_for_terminal(c: char) -> bool {
+    matches!(
+        c,
+        '\u{0}'..='\u{1f}'
+            | '\u{7f}'..='\u{9f}'
+            | '\u{61c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
+}
+
+/// `text` with every character that is unsafe on a terminal, except those
+/// in `keep`, written as `\u{…}`: the one escaping of every line printed
+/// for a person.
+pub fn escape_except<'a>(text: &'a str, keep: &[char]) -> Cow<'a, str> {
+    let escaped = |c: char| unsafe_for_terminal(c) && !keep.contains(&c);
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A line (or lines) for a person: everything unsafe on a terminal
+/// escaped but line breaks and tabs.
+pub fn for_terminal(text: &str) -> Cow<'_, str> {
+    escape_except(text, &['\n', '\t'])
+}
+
+/// One value inside a line (an id, a description, a file name, a server's
+/// text): line breaks and tabs escaped too, so it cannot fake a line or
+/// shift a column.
+pub fn field(text: &str) -> Cow<'_, str> {
+    escape_except(text, &[])
 }
 
 /// Set once stdout turned out closed (`gem-resources status | head -1`).
@@ -117,6 +179,11 @@ static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 /// status, as `cat` or `ls` do. (SIGPIPE stays ignored, Rust's default, so a
 /// server resetting a connection can never kill the process.)
 pub fn write_out(args: fmt::Arguments<'_>) {
+    write_out_exact(format_args!("{}", for_terminal(&args.to_string())));
+}
+
+/// [`write_out`] without the escaping: for JSON, whose text is exact.
+pub fn write_out_exact(args: fmt::Arguments<'_>) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
@@ -131,6 +198,11 @@ pub fn write_out(args: fmt::Arguments<'_>) {
 /// Writes one line to stderr (above any progress bars), ignoring a closed
 /// stderr.
 pub fn write_err(args: fmt::Arguments<'_>) {
+    write_err_exact(format_args!("{}", for_terminal(&args.to_string())));
+}
+
+/// [`write_err`] without the escaping: for JSON lines, whose text is exact.
+pub fn write_err_exact(args: fmt::Arguments<'_>) {
     let line = format!("{args}\n");
     crate::progress::suspend(|| {
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
@@ -193,6 +265,24 @@ mod tests {
             failure_text(ErrorCode::Http, "x: HTTP status 404"),
             "E_RESOURCE_HTTP: x: HTTP status 404"
         );
+    }
+
+    #[test]
+    fn text_unsafe_on_a_terminal_is_escaped() {
+        let hostile = "a\u{1b}]0;title\u{7}b\u{1b}[31mc\r\u{9b}d\u{7f}";
+        assert_eq!(
+            for_terminal(hostile),
+            "a\\u{1b}]0;title\\u{7}b\\u{1b}[31mc\\u{d}\\u{9b}d\\u{7f}"
+        );
+        let bidi = "x\u{202e}y\u{2066}z\u{200b}w\u{feff}\u{61c}\u{200f}\u{2060}";
+        assert_eq!(
+            for_terminal(bidi),
+            "x\\u{202e}y\\u{2066}z\\u{200b}w\\u{feff}\\u{61c}\\u{200f}\\u{2060}"
+        );
+        assert_eq!(for_terminal("two\nlines\tok"), "two\nlines\tok");
+        assert_eq!(field("two\nlines\tok"), "two\\u{a}lines\\u{9}ok");
+        // Plain text, accents and other scripts pass as they are.
+        assert!(matches!(for_terminal("modèle ✓ 模型"), Cow::Borrowed(_)));
     }
 
     #[test]

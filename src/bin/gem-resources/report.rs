@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use gem_resources::{GemStatus, InstallReport, ResourceState, VerifyReport};
 
-use crate::render;
+use crate::render::{self, field};
 
 /// What waiting for an install's downloads came to.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -90,23 +90,34 @@ pub fn print_status(status: &[GemStatus]) {
         return;
     }
     for gem in status {
-        crate::outln!("{}", gem.gem);
-        let id_width = gem.resources.iter().map(|r| r.id.len()).max().unwrap_or(0);
+        crate::outln!("{}", field(&gem.gem));
+        // Text from the manifest and the servers, kept to one line each.
+        let id_width = gem
+            .resources
+            .iter()
+            .map(|r| field(&r.id).chars().count())
+            .max()
+            .unwrap_or(0);
         for r in &gem.resources {
             let when = if r.required { "eager" } else { "lazy" };
             let description = if r.label == r.id { "" } else { &r.label };
             crate::outln!(
                 "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<5}  {}",
-                r.id,
-                description,
+                field(&r.id),
+                field(description),
                 render::bytes(r.size),
-                r.host,
+                field(&r.host),
                 when,
                 state(&r.state, r.size, r.partial_bytes)
             );
             if let ResourceState::Failed { failure } = &r.state {
                 for a in &failure.attempts {
-                    crate::outln!("      {} {}: {}", a.code, a.address, a.reason);
+                    crate::outln!(
+                        "      {} {}: {}",
+                        a.code,
+                        field(&a.address),
+                        field(&a.reason)
+                    );
                 }
             }
         }

@@ -68,18 +68,28 @@ pub async fn run(
     let mut reloader = Reloader::new(config);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
-    tracing::info!(queued, "started");
+    match crate::commands::dev_warning(config) {
+        Some(warning) => tracing::warn!(queued, "started; {warning}"),
+        None => tracing::info!(queued, "started"),
+    }
     let mut seen = Seen::default();
+    let mut forced = false;
     loop {
         if let Err(e) = scan(service, gems, &mut seen).await {
             tracing::warn!("scan of {} failed: {e:#}", gems.display());
         }
-        reloader.check(service, false);
+        // One look at the configuration per round; after SIGHUP, one that
+        // applies what it finds at once. A slow file system never holds up
+        // SIGINT/SIGTERM.
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs_f64(interval)) => {}
-            Some(()) = hangup.recv() => reloader.check(service, true),
+            () = reloader.check(service, forced) => {}
             () = &mut signal => break,
         }
+        forced = tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs_f64(interval)) => false,
+            Some(()) = hangup.recv() => true,
+            () = &mut signal => break,
+        };
     }
     tracing::info!("stopping: cancelling downloads");
     service.shutdown().await;

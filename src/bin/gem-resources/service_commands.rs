@@ -15,6 +15,9 @@ use crate::watch::{Output, Show, Watcher};
 
 /// Runs a service subcommand.
 pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+    if matches!(command, Command::Status { .. }) {
+        crate::commands::warn_dev(config);
+    }
     // Looking at a store must not create one.
     if matches!(
         command,
@@ -31,28 +34,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             no_wait,
         } => install(&service, &gem, &manifest, no_wait, json).await,
         Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
-        Command::Path { gem, resource } => {
-            // The command's own error reports a failure: no event line too.
-            let show = Show {
-                json,
-                output: Output::Stderr,
-                failures: false,
-            };
-            let watcher = crate::watch::spawn_with(&service, show);
-            let result = service.path(&gem, &resource).await;
-            watcher.stop().await;
-            match result {
-                Ok(path) => {
-                    if json {
-                        print_json(&json!({ "gem": gem, "resource": resource, "path": path }));
-                    } else {
-                        crate::outln!("{}", path.display());
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => fail(&e, json),
-            }
-        }
+        Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
             let status = service.status(gem.as_deref())?;
             if json {
@@ -63,25 +45,78 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
             Ok(ExitCode::SUCCESS)
         }
         Command::Sync => sync(&service, json).await,
-        Command::Verify => {
-            let report = service.verify().await?;
-            if json {
-                print_json(&json!(report));
-            } else {
-                report::print_verify(&report);
-            }
-            Ok(if report.corrupted.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
+        Command::Verify => verify(&service, json).await,
         Command::Serve { gems, interval } => {
             crate::serve::run(&service, config, &gems, interval, json).await?;
             Ok(ExitCode::SUCCESS)
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
+}
+
+/// `path GEM RESOURCE`: the file's path, downloading it first when it is
+/// missing; Ctrl-C stops the download and keeps what it received.
+async fn path(
+    service: &Resources,
+    gem: &str,
+    resource: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut interrupted = interrupt::signal();
+    // The command's own error reports a failure: no event line too.
+    let show = Show {
+        json,
+        output: Output::Stderr,
+        failures: false,
+    };
+    let watcher = crate::watch::spawn_with(service, show);
+    let result = tokio::select! {
+        result = service.path(gem, resource) => result,
+        () = &mut interrupted => return stop(service, Some(watcher), Some(gem)).await,
+    };
+    watcher.stop().await;
+    match result {
+        Ok(path) => {
+            if json {
+                print_json(&json!({ "gem": gem, "resource": resource, "path": path }));
+            } else {
+                crate::outln!("{}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => fail(&e, json),
+    }
+}
+
+/// `verify`: re-hashes every stored file. Ctrl-C stops it between reads;
+/// what it removed until then is said.
+async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
+    let mut interrupted = interrupt::signal();
+    let mut events = service.subscribe();
+    let report = tokio::select! {
+        report = service.verify() => report?,
+        () = &mut interrupted => {
+            service.shutdown().await;
+            let mut removed = 0;
+            while let Ok(event) = events.try_recv() {
+                removed += usize::from(matches!(event, Event::Deleted { .. }));
+            }
+            crate::errln!(
+                "interrupted: verify stopped before the end; {removed} corrupted file(s) removed until then"
+            );
+            return Ok(ExitCode::from(interrupt::INTERRUPTED));
+        }
+    };
+    if json {
+        print_json(&json!(report));
+    } else {
+        report::print_verify(&report);
+    }
+    Ok(if report.corrupted.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Whether the configured store was ever created. The folder name is the
@@ -285,7 +320,7 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
     if json {
         match output {
             Output::Stdout => print_json(&json!(event)),
-            Output::Stderr => crate::errln!("{}", json!(event)),
+            Output::Stderr => render::write_err_exact(format_args!("{}", json!(event))),
         }
         return;
     }
