@@ -196,8 +196,7 @@ pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     options.read(true);
     // Should the file be swapped for a FIFO after the check, opening it
     // must not wait for a writer.
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    crate::platform::never_wait(&mut options);
     let file = options.open(path)?;
     if !file.metadata()?.is_file() {
         return Err(not_regular());

@@ -6,6 +6,7 @@
 //! | [`private_dir_builder`], [`set_private_folder`] | mode `0700` whatever the umask | the OS's default access |
 //! | [`folder_problem`], [`owned_by_me`] | owner and group/other write bits | nothing to refuse |
 //! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
+//! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
 //! | [`same_file`], [`link_count`], [`allocated_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`free_space`] | `statvfs` | unknown (no check) |
@@ -28,9 +29,9 @@ mod portable;
 use portable as imp;
 
 pub(crate) use imp::{
-    allocated_bytes, folder_problem, free_space, link_count, make_read_only, open_no_follow,
-    owned_by_me, private_dir_builder, reflink, same_file, set_private_folder, start_write_back,
-    sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
+    allocated_bytes, folder_problem, free_space, link_count, make_read_only, never_wait,
+    open_no_follow, owned_by_me, private_dir_builder, reflink, same_file, set_private_folder,
+    start_write_back, sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
 };
 
 /// Why a store folder cannot be trusted ([`folder_problem`]).

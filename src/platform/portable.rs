@@ -35,6 +35,9 @@ pub(crate) fn open_no_follow(path: &Path, options: &mut OpenOptions) -> io::Resu
     options.open(path)
 }
 
+/// Nothing to do: opening does not wait here.
+pub(crate) fn never_wait(_options: &mut OpenOptions) {}
+
 /// Sets the read-only attribute of `file`.
 pub(crate) fn make_read_only(file: &File) -> io::Result<()> {
     let mut perms = file.metadata()?.permissions();

@@ -64,6 +64,11 @@ pub(crate) fn open_no_follow(path: &Path, options: &mut OpenOptions) -> io::Resu
     })
 }
 
+/// Makes opening with `options` never wait (for a FIFO's writer).
+pub(crate) fn never_wait(options: &mut OpenOptions) {
+    options.custom_flags(libc::O_NONBLOCK);
+}
+
 /// Makes `file` read-only for its owner only (`0400`).
 pub(crate) fn make_read_only(file: &File) -> io::Result<()> {
     file.set_permissions(fs::Permissions::from_mode(READ_ONLY_MODE))
