@@ -69,7 +69,7 @@ async fn status_escapes_text_from_the_manifest_the_server_and_earlier_records() 
 #[tokio::test]
 async fn active_dev_settings_are_said_on_every_run() {
     let env = Env::new().await;
-    let warning = "warning: [dev] settings are active: allow_addresses, resolve, extra_root_certs (for development and tests only)";
+    let warning = "warning: [dev] settings are active: extra_root_certs, resolve, allow_addresses (for development and tests only)";
     let url = env.url("origin.test", "/x.bin");
     for args in [vec!["status"], vec!["check-url", url.as_str()]] {
         for _ in 0..2 {
@@ -88,7 +88,7 @@ async fn active_dev_settings_are_said_on_every_run() {
             t.lines().any(|l| {
                 l.contains("started")
                     && l.contains(
-                        "[dev] settings are active: allow_addresses, resolve, extra_root_certs",
+                        "[dev] settings are active: extra_root_certs, resolve, allow_addresses",
                     )
             })
         })

@@ -5,20 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use futures_util::StreamExt;
-use gem_resources::{
-    download_with, parse_manifest, Config, Error, Fetcher, Manifest, Resource, Route, Store,
-};
+use gem_resources::{download_with, Config, Error, Fetcher, Resource, Route, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::cli::{Args, Command};
+use crate::context::{read_manifest, warn_dev, FAILED, USAGE};
 use crate::render::{self, print_json};
-
-/// Exit status for a failed operation.
-pub const FAILED: u8 = 1;
-/// Exit status for a usage error.
-pub const USAGE: u8 = 2;
 
 /// Runs the parsed command line.
 pub async fn run(args: Args) -> ExitCode {
@@ -62,41 +56,6 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The `[dev]` keys that are set: each one weakens a safety rule, so a
-/// command that answers "would this be used" or runs for long says so.
-pub fn active_dev_keys(config: &Config) -> Vec<&'static str> {
-    let dev = &config.dev;
-    let mut keys = Vec::new();
-    if !dev.allow_addresses.is_empty() {
-        keys.push("allow_addresses");
-    }
-    if !dev.resolve.is_empty() {
-        keys.push("resolve");
-    }
-    if !dev.extra_root_certs.is_empty() {
-        keys.push("extra_root_certs");
-    }
-    keys
-}
-
-/// The one-line warning about active `[dev]` keys, if any are.
-pub fn dev_warning(config: &Config) -> Option<String> {
-    let keys = active_dev_keys(config);
-    (!keys.is_empty()).then(|| {
-        format!(
-            "[dev] settings are active: {} (for development and tests only)",
-            keys.join(", ")
-        )
-    })
-}
-
-/// Prints the `[dev]` warning on stderr, if any key is active.
-pub fn warn_dev(config: &Config) {
-    if let Some(warning) = dev_warning(config) {
-        crate::errln!("warning: {warning}");
-    }
-}
-
 fn load_config(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
@@ -109,13 +68,6 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
         config.store = Some(gem_resources::config::normalise(store));
     }
     Ok(config)
-}
-
-/// Reads and validates a manifest file, with the guards of every manifest
-/// read (regular files only, never waiting on a FIFO, a size cap).
-pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
-    let bytes = gem_resources::manifest::read_manifest_file(path)?;
-    Ok(parse_manifest(&bytes).map_err(Error::from)?)
 }
 
 fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {

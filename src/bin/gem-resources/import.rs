@@ -7,7 +7,7 @@ use anyhow::Context;
 use gem_resources::{Config, ImportOutcome, Resources};
 use serde_json::json;
 
-use crate::commands::FAILED;
+use crate::context::FAILED;
 use crate::render::{self, print_json};
 
 /// Imports every file, one line (or one JSON entry) per file. Exit status
@@ -21,7 +21,7 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
     }
     // Looking for matches in a store that does not exist must not create
     // one: nothing is installed, so nothing can match.
-    let service = if crate::service_commands::store_exists(config) {
+    let service = if crate::context::store_exists(config) {
         Some(Resources::open(config)?)
     } else {
         None

@@ -22,28 +22,10 @@ pub struct Unfinished {
     pub sha256: String,
 }
 
-/// Registers the SIGINT and SIGTERM handlers now (so that Ctrl-C no longer
-/// kills the process outright) and returns a future that resolves at the
-/// first of them.
+/// Registers the stop signals now and returns a future that resolves at
+/// the first of them ([`crate::platform::stop_signal`]).
 pub fn signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            return Box::pin(async move {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            });
-        }
-    }
-    Box::pin(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    crate::platform::stop_signal()
 }
 
 /// Clears the bars and says, once the downloads have stopped, what was

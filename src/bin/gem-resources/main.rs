@@ -7,14 +7,17 @@
 
 mod cli;
 mod commands;
+mod context;
 mod import;
 mod interrupt;
+mod platform;
 mod progress;
 mod reload;
 mod render;
 mod report;
 mod serve;
 mod service_commands;
+mod text;
 mod watch;
 
 use std::process::ExitCode;
@@ -33,7 +36,7 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     render::init_logging(default_log);
-    keep_freed_memory();
+    platform::keep_freed_memory();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(network_threads())
         .enable_all()
@@ -50,22 +53,6 @@ fn main() -> ExitCode {
     // hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     code
-}
-
-/// Tells the C allocator to keep freed memory for reuse rather than hand it
-/// back to the system at once. A transfer's buffers are freed on its writer
-/// thread as fast as they are filled on the network side; given back, each
-/// one is faulted in again on the next read (30,000 page faults for 1 GiB
-/// instead of 2,000, and about 5% of the CPU time). Memory in use stays
-/// bounded by the transfers' channels; only its return to the system waits.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's thresholds; it is called
-    // before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 8 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
-    }
 }
 
 /// Threads for the runtime, which runs the network side of transfers

@@ -114,7 +114,7 @@ impl TermLike for Stderr {
     }
 
     fn height(&self) -> u16 {
-        terminal_size().0
+        crate::platform::terminal_size().0
     }
 
     fn write_line(&self, s: &str) -> std::io::Result<()> {
@@ -139,26 +139,7 @@ impl TermLike for Stderr {
 
 /// The width of the terminal on stderr (80 when it cannot be told).
 fn terminal_width() -> u16 {
-    terminal_size().1
-}
-
-/// Rows and columns of the terminal on stderr (24 × 80 when they cannot be
-/// told).
-fn terminal_size() -> (u16, u16) {
-    let mut size = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given,
-    // which lives for the whole call.
-    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
-    if ok && size.ws_col > 0 && size.ws_row > 0 {
-        (size.ws_row, size.ws_col)
-    } else {
-        (24, 80)
-    }
+    crate::platform::terminal_size().1
 }
 
 /// Runs `write` with the bars hidden, so that what it writes to stderr
@@ -201,7 +182,7 @@ impl Bar {
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
         }
-        bar.set_message(crate::render::field(label).into_owned());
+        bar.set_message(crate::text::field(label).into_owned());
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,6 +1,5 @@
 //! Rendering: text for people, JSON for scripts, logs on stderr.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gem_resources::error::{Attempt, ErrorCode};
 use gem_resources::Error;
 use serde_json::{json, Value};
+
+use crate::text::{escape_except, for_terminal};
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: `default`), in
 /// colour only when stderr is a terminal and `NO_COLOR` is not set.
@@ -121,56 +122,6 @@ pub fn print_json(value: &Value) {
     write_out_exact(format_args!("{value}"));
 }
 
-/// Whether `c` is kept off a terminal: C0 and C1 control characters, DEL,
-/// bidirectional overrides, isolates and marks, and zero-width characters.
-/// Any of them can recolour or retitle a terminal, hide or fake a line, or
-/// make a text read differently from what it is.
-fn unsafe_for_terminal(c: char) -> bool {
-    matches!(
-        c,
-        '\u{0}'..='\u{1f}'
-            | '\u{7f}'..='\u{9f}'
-            | '\u{61c}'
-            | '\u{200b}'..='\u{200f}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2060}'
-            | '\u{2066}'..='\u{2069}'
-            | '\u{feff}'
-    )
-}
-
-/// `text` with every character that is unsafe on a terminal, except those
-/// in `keep`, written as `\u{…}`: the one escaping of every line printed
-/// for a person.
-pub fn escape_except<'a>(text: &'a str, keep: &[char]) -> Cow<'a, str> {
-    let escaped = |c: char| unsafe_for_terminal(c) && !keep.contains(&c);
-    if !text.chars().any(escaped) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if escaped(c) {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// A line (or lines) for a person: everything unsafe on a terminal
-/// escaped but line breaks and tabs.
-pub fn for_terminal(text: &str) -> Cow<'_, str> {
-    escape_except(text, &['\n', '\t'])
-}
-
-/// One value inside a line (an id, a description, a file name, a server's
-/// text): line breaks and tabs escaped too, so it cannot fake a line or
-/// shift a column.
-pub fn field(text: &str) -> Cow<'_, str> {
-    escape_except(text, &[])
-}
-
 /// Set once stdout turned out closed (`gem-resources status | head -1`).
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 
@@ -265,24 +216,6 @@ mod tests {
             failure_text(ErrorCode::Http, "x: HTTP status 404"),
             "E_RESOURCE_HTTP: x: HTTP status 404"
         );
-    }
-
-    #[test]
-    fn text_unsafe_on_a_terminal_is_escaped() {
-        let hostile = "a\u{1b}]0;title\u{7}b\u{1b}[31mc\r\u{9b}d\u{7f}";
-        assert_eq!(
-            for_terminal(hostile),
-            "a\\u{1b}]0;title\\u{7}b\\u{1b}[31mc\\u{d}\\u{9b}d\\u{7f}"
-        );
-        let bidi = "x\u{202e}y\u{2066}z\u{200b}w\u{feff}\u{61c}\u{200f}\u{2060}";
-        assert_eq!(
-            for_terminal(bidi),
-            "x\\u{202e}y\\u{2066}z\\u{200b}w\\u{feff}\\u{61c}\\u{200f}\\u{2060}"
-        );
-        assert_eq!(for_terminal("two\nlines\tok"), "two\nlines\tok");
-        assert_eq!(field("two\nlines\tok"), "two\\u{a}lines\\u{9}ok");
-        // Plain text, accents and other scripts pass as they are.
-        assert!(matches!(for_terminal("modèle ✓ 模型"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 
 use gem_resources::{GemStatus, InstallReport, ResourceState, VerifyReport};
 
-use crate::render::{self, field};
+use crate::render;
+use crate::text::field;
 
 /// What waiting for an install's downloads came to.
 #[derive(Debug, Default, PartialEq, Eq)]

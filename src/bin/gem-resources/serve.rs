@@ -64,11 +64,11 @@ pub async fn run(
         .into());
     }
     let mut signal = shutdown_signal();
-    let mut hangup = hangup_signal();
+    let mut hangup = crate::platform::hangup_signal();
     let mut reloader = Reloader::new(config);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
-    match crate::commands::dev_warning(config) {
+    match crate::context::dev_warning(config) {
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
     }
@@ -197,28 +197,6 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
 /// arrives while the service starts up is not lost (nor kills the process
 /// before its downloads are stopped), and returns a future that resolves at
 /// the first of them.
-/// SIGHUP, as a stream; never fires where there is none.
-fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::hangup()) {
-            Ok(mut hup) => {
-                tokio::spawn(async move {
-                    while hup.recv().await.is_some() {
-                        let _ = tx.try_send(());
-                    }
-                });
-            }
-            Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
-        }
-    }
-    #[cfg(not(unix))]
-    std::mem::forget(tx);
-    rx
-}
-
 /// SIGINT or SIGTERM, whichever comes first.
 fn shutdown_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
     crate::interrupt::signal()

@@ -7,7 +7,7 @@ use gem_resources::{Config, Error, Event, GemStatus, ResourceState, Resources};
 use serde_json::json;
 
 use crate::cli::Command;
-use crate::commands::read_manifest;
+use crate::context::{read_manifest, store_exists};
 use crate::interrupt::{self, Unfinished};
 use crate::render::{self, print_json};
 use crate::report::{self, Outcome};
@@ -16,7 +16,7 @@ use crate::watch::{Output, Show, Watcher};
 /// Runs a service subcommand.
 pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
     if matches!(command, Command::Status { .. }) {
-        crate::commands::warn_dev(config);
+        crate::context::warn_dev(config);
     }
     // Looking at a store must not create one.
     if matches!(
@@ -117,12 +117,6 @@ async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
-}
-
-/// Whether the configured store was ever created. The folder name is the
-/// store's layout version (see `src/store/mod.rs`).
-pub fn store_exists(config: &Config) -> bool {
-    config.store_dir().join("store-v1").is_dir()
 }
 
 /// `status`, `uninstall` and `verify` on a store that does not exist.
@@ -313,30 +307,4 @@ fn failed_required(status: &[GemStatus]) -> Vec<String> {
                 .map(move |r| format!("{}/{}", g.gem, r.id))
         })
         .collect()
-}
-
-/// Renders one event: a JSON line, or a log line on stderr.
-pub fn print_event(event: &Event, json: bool, output: Output) {
-    if json {
-        match output {
-            Output::Stdout => print_json(&json!(event)),
-            Output::Stderr => render::write_err_exact(format_args!("{}", json!(event))),
-        }
-        return;
-    }
-    match event {
-        Event::Verified {
-            gem,
-            resource,
-            path,
-            ..
-        } => {
-            crate::errln!("verified {gem}/{resource}: {}", path.display())
-        }
-        Event::Failed { code, message, .. } => {
-            crate::errln!("{}", render::failure_text(*code, message))
-        }
-        Event::Deleted { sha256 } => crate::errln!("deleted {sha256}"),
-        _ => {}
-    }
 }

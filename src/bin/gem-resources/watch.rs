@@ -9,8 +9,10 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use serde_json::json;
+
 use crate::progress::Bar;
-use crate::service_commands::print_event;
+use crate::render::{self, print_json};
 
 /// Where JSON event lines go: stdout when events are the command's output
 /// (`serve`), stderr when stdout carries the command's result.
@@ -154,5 +156,31 @@ impl Watcher {
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
+    }
+}
+
+/// Renders one event: a JSON line, or a log line on stderr.
+pub fn print_event(event: &Event, json: bool, output: Output) {
+    if json {
+        match output {
+            Output::Stdout => print_json(&json!(event)),
+            Output::Stderr => render::write_err_exact(format_args!("{}", json!(event))),
+        }
+        return;
+    }
+    match event {
+        Event::Verified {
+            gem,
+            resource,
+            path,
+            ..
+        } => {
+            crate::errln!("verified {gem}/{resource}: {}", path.display())
+        }
+        Event::Failed { code, message, .. } => {
+            crate::errln!("{}", render::failure_text(*code, message))
+        }
+        Event::Deleted { sha256 } => crate::errln!("deleted {sha256}"),
+        _ => {}
     }
 }

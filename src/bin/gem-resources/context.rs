@@ -1,0 +1,43 @@
+//! What every command needs besides its own work: exit statuses, the
+//! manifest read with its guards, whether the store exists, and the
+//! warning about active `[dev]` settings.
+
+use std::path::Path;
+
+use gem_resources::{parse_manifest, Config, Error, Manifest};
+
+/// Exit status for a failed operation.
+pub const FAILED: u8 = 1;
+/// Exit status for a usage error.
+pub const USAGE: u8 = 2;
+
+/// Reads and validates a manifest file, with the guards of every manifest
+/// read (regular files only, never waiting on a FIFO, a size cap).
+pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
+    let bytes = gem_resources::manifest::read_manifest_file(path)?;
+    Ok(parse_manifest(&bytes).map_err(Error::from)?)
+}
+
+/// Whether the configured store was ever created. The folder name is the
+/// store's layout version (see `src/store/mod.rs`).
+pub fn store_exists(config: &Config) -> bool {
+    config.store_dir().join("store-v1").is_dir()
+}
+
+/// The one-line warning about active `[dev]` keys, if any are.
+pub fn dev_warning(config: &Config) -> Option<String> {
+    let keys = config.active_dev_keys();
+    (!keys.is_empty()).then(|| {
+        format!(
+            "[dev] settings are active: {} (for development and tests only)",
+            keys.join(", ")
+        )
+    })
+}
+
+/// Prints the `[dev]` warning on stderr, if any key is active.
+pub fn warn_dev(config: &Config) {
+    if let Some(warning) = dev_warning(config) {
+        crate::errln!("warning: {warning}");
+    }
+}
