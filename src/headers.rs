@@ -1,5 +1,6 @@
 //! Parsers for the response headers a server controls (Content-Range,
-//! Retry-After, ETag, Last-Modified, Location).
+//! Retry-After, ETag, Last-Modified, Location) and for a proxy's answer to
+//! `CONNECT`.
 //!
 //! A server is as untrusted as a manifest: every parser here takes the raw
 //! header bytes, accepts only what RFC 9110 allows (optional whitespace
@@ -150,6 +151,24 @@ pub fn join_location(base: &Url, value: &[u8]) -> Result<Url, String> {
     }
     base.join(text)
         .map_err(|e| format!("invalid Location {}: {e}", quoted(text)))
+}
+
+/// The status of a proxy's answer to `CONNECT`: the code of its first
+/// line, `HTTP/1.x NNN [reason]`; `None` for anything else (not HTTP/1.x,
+/// not three ASCII digits, not text).
+pub fn parse_connect_status(head: &[u8]) -> Option<u16> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end();
+    let mut parts = line.split(' ');
+    let version = parts.next()?;
+    let status = parts.next()?;
+    if !version.starts_with("HTTP/1.")
+        || status.len() != 3
+        || !status.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    status.parse().ok()
 }
 
 /// `text` quoted and escaped, cut to at most [`MAX_SHOWN_CHARS`] characters

@@ -18,6 +18,7 @@ mod hostile_input;
 mod import;
 mod live_policy;
 mod manifest_cli;
+mod patience;
 mod process_signals;
 mod prop_guard;
 mod prop_iana;
