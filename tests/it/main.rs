@@ -26,6 +26,7 @@ mod prop_manifest;
 mod prop_policy;
 mod proxy;
 mod resume;
+mod resume_checks;
 mod scale;
 mod serve_reload;
 mod serve_scans;
