@@ -474,17 +474,8 @@ impl Fetcher {
                 }
             }
         };
-        if let Some(announced) = response.content_length() {
-            let rest = limit - offset;
-            let exact = expected.is_some() || offset > 0;
-            if announced > rest || (exact && announced != rest) {
-                let detail = format!("the server announced {announced} bytes");
-                let detail = match offset {
-                    0 => detail,
-                    _ => format!("{detail} for the rest after byte {offset}"),
-                };
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
+        if let Some(detail) = announced_mismatch(&response, expected, limit, offset) {
+            return Err(fail(&hop, size_error(expected, limit, detail)));
         }
         if offset > 0 {
             control.reporter.resumed(offset);
@@ -496,80 +487,30 @@ impl Fetcher {
                     (1.., Some(r)) => Some(r.validator.clone()),
                     _ => validator(&response),
                 };
-                let opening = paths.clone();
-                let file = tokio::task::spawn_blocking(move || opening.open_data())
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-                    .map_err(|e| local_write(&paths.data, e))?;
-                Sink::to_file(Target {
-                    file,
-                    offset,
-                    checkpoints: Checkpointer::new(paths, address.as_str(), validator),
-                })
+                open_sink(paths, address, offset, validator).await?
             }
         };
         let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
-        let mut received = offset;
-        let mut window = (Instant::now(), received);
-        let mut checkpoints = tokio::time::interval(crate::sink::CHECKPOINT_EVERY);
-        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        checkpoints.reset();
-        // The stall timer runs from the last byte, whatever else wakes the
-        // loop.
-        let mut stall_at = Instant::now() + self.stall;
+        let body = Body {
+            hop: &hop,
+            response: &mut response,
+            sink: &mut sink,
+            sink_path: &sink_path,
+            received: offset,
+            expected,
+            limit,
+        };
         // Every way out before `finish` closes the sink first, so the kept
         // bytes are flushed and recorded before anyone looks at them.
-        let failure: Option<TransferError> = loop {
-            let next = tokio::select! {
-                biased;
-                () = &mut cancelled => break Some(TransferError::Cancelled),
-                Ok(()) = policy_changes.changed() => {
-                    match self.check_policy(&hop) {
-                        Ok(()) => continue,
-                        Err(e) => break Some(fail(&hop, e)),
-                    }
-                }
-                _ = checkpoints.tick() => {
-                    if let Err(e) = sink.checkpoint().await {
-                        return Err(local_write(&sink_path, e));
-                    }
-                    continue;
-                }
-                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
-            };
-            let chunk = match next {
-                Err(_) => {
-                    let reason = format!(
-                        "stalled: no data for {}s after {received} bytes",
-                        self.stall.as_secs_f64()
-                    );
-                    break Some(fail(&hop, AttemptError::Network { reason }));
-                }
-                Ok(Err(e)) => break Some(fail(&hop, body_error(&e, received, expected, limit))),
-                Ok(Ok(None)) => break None,
-                Ok(Ok(Some(chunk))) => chunk,
-            };
-            stall_at = Instant::now() + self.stall;
-            let len = chunk.len();
-            received += len as u64;
-            if received > limit {
-                let detail = format!("received more than {limit} bytes");
-                break Some(fail(&hop, size_error(expected, limit, detail)));
-            }
-            if let Err(e) = sink.write(chunk).await {
-                return Err(local_write(&sink_path, e));
-            }
-            control.reporter.bytes(received);
-            if let Err(reason) = self.check_progress(&mut window, received) {
-                break Some(fail(&hop, AttemptError::Network { reason }));
-            }
-            if self.throttle.is_limited() {
-                tokio::select! {
-                    () = self.throttle.take(len) => {}
-                    () = &mut cancelled => break Some(TransferError::Cancelled),
-                }
-            }
-        };
+        let failure = self
+            .receive(
+                body,
+                cancelled.as_mut(),
+                &mut policy_changes,
+                control.reporter,
+                &fail,
+            )
+            .await?;
         if let Some(failure) = failure {
             sink.close().await;
             return Err(failure);
@@ -596,6 +537,88 @@ impl Fetcher {
             sha256: finished.sha256,
             final_url: hop,
         })
+    }
+
+    /// Reads the body into its sink until it ends (`Ok(None)`) or the try
+    /// fails (`Ok(Some(failure))`, the sink still to be closed): the
+    /// cancellation, the live policy, checkpoints, the stall timer, the
+    /// size limit, the progress floor and the bandwidth cap. `Err` is a
+    /// local failure.
+    async fn receive<C: std::future::Future<Output = ()>>(
+        &self,
+        body: Body<'_>,
+        mut cancelled: std::pin::Pin<&mut C>,
+        policy: &mut watch::Receiver<u64>,
+        reporter: &mut dyn Reporter,
+        fail: &(dyn Fn(&Url, AttemptError) -> TransferError + Sync),
+    ) -> Result<Option<TransferError>, TransferError> {
+        let Body {
+            hop,
+            response,
+            sink,
+            sink_path,
+            mut received,
+            expected,
+            limit,
+        } = body;
+        let mut window = (Instant::now(), received);
+        let mut checkpoints = tokio::time::interval(crate::sink::CHECKPOINT_EVERY);
+        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checkpoints.reset();
+        // The stall timer runs from the last byte, whatever else wakes the
+        // loop.
+        let mut stall_at = Instant::now() + self.stall;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
+                Ok(()) = policy.changed() => {
+                    match self.check_policy(hop) {
+                        Ok(()) => continue,
+                        Err(e) => return Ok(Some(fail(hop, e))),
+                    }
+                }
+                _ = checkpoints.tick() => {
+                    sink.checkpoint().await.map_err(|e| local_write(sink_path, e))?;
+                    continue;
+                }
+                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
+            };
+            let chunk = match next {
+                Err(_) => {
+                    let reason = format!(
+                        "stalled: no data for {}s after {received} bytes",
+                        self.stall.as_secs_f64()
+                    );
+                    return Ok(Some(fail(hop, AttemptError::Network { reason })));
+                }
+                Ok(Err(e)) => {
+                    return Ok(Some(fail(hop, body_error(&e, received, expected, limit))))
+                }
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            stall_at = Instant::now() + self.stall;
+            let len = chunk.len();
+            received += len as u64;
+            if received > limit {
+                let detail = format!("received more than {limit} bytes");
+                return Ok(Some(fail(hop, size_error(expected, limit, detail))));
+            }
+            sink.write(chunk)
+                .await
+                .map_err(|e| local_write(sink_path, e))?;
+            reporter.bytes(received);
+            if let Err(reason) = self.check_progress(&mut window, received) {
+                return Ok(Some(fail(hop, AttemptError::Network { reason })));
+            }
+            if self.throttle.is_limited() {
+                tokio::select! {
+                    () = self.throttle.take(len) => {}
+                    () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
+                }
+            }
+        }
     }
 
     /// The minimum-progress rule: fewer than `network.min_bytes_per_min`
@@ -887,6 +910,65 @@ fn head_offset(
 /// The `User-Agent` of every request.
 fn user_agent() -> &'static str {
     concat!("gem-resources/", env!("CARGO_PKG_VERSION"))
+}
+
+/// One response body being read into its sink ([`Fetcher::receive`]).
+struct Body<'a> {
+    /// The hop that answered.
+    hop: &'a Url,
+    /// Its response.
+    response: &'a mut Response,
+    /// Where the bytes go.
+    sink: &'a mut Sink,
+    /// The partial file, for error messages (empty when discarding).
+    sink_path: &'a std::path::Path,
+    /// Bytes of the file present before the body (the resumed offset).
+    received: u64,
+    /// What the bytes must be.
+    expected: Option<Expected<'a>>,
+    /// The most bytes the file may have.
+    limit: u64,
+}
+
+/// Why a response's announced length cannot be the rest of the file
+/// after `offset`, if it cannot.
+fn announced_mismatch(
+    response: &Response,
+    expected: Option<Expected<'_>>,
+    limit: u64,
+    offset: u64,
+) -> Option<String> {
+    let announced = response.content_length()?;
+    let rest = limit - offset;
+    let exact = expected.is_some() || offset > 0;
+    if announced <= rest && !(exact && announced != rest) {
+        return None;
+    }
+    let detail = format!("the server announced {announced} bytes");
+    Some(match offset {
+        0 => detail,
+        _ => format!("{detail} for the rest after byte {offset}"),
+    })
+}
+
+/// Opens the partial file (on the blocking threads) and a sink writing to
+/// it from `offset`, its records naming `address` and `validator`.
+async fn open_sink(
+    paths: &PartialPaths,
+    address: &Url,
+    offset: u64,
+    validator: Option<String>,
+) -> Result<Sink, TransferError> {
+    let opening = paths.clone();
+    let file = tokio::task::spawn_blocking(move || opening.open_data())
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|e| local_write(&paths.data, e))?;
+    Ok(Sink::to_file(Target {
+        file,
+        offset,
+        checkpoints: Checkpointer::new(paths, address.as_str(), validator),
+    }))
 }
 
 /// Why no readable response head came.
