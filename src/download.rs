@@ -193,9 +193,12 @@ impl Job<'_> {
         };
         let mut retries = 0;
         let mut fresh_retry_used = false;
-        let mut patience = Patience::new(self.durable_from(address), self.fetcher.progress_floor());
+        let mut patience = Patience::new(
+            self.durable_from(address).await,
+            self.fetcher.progress_floor(),
+        );
         loop {
-            let resume = self.resume_from(address);
+            let resume = self.resume_from(address).await;
             let resumed_from = resume.as_ref().map_or(0, |r| r.offset);
             tracing::debug!(resource = %self.resource.id, %address, resumed_from, "trying");
             let control = Control {
@@ -221,7 +224,7 @@ impl Job<'_> {
             );
             if bad_bytes {
                 // Whatever is in the partial file is not the declared file.
-                self.paths.remove();
+                self.on_disk(PartialPaths::remove).await;
                 patience.discarded();
                 if resumed_from > 0 && !fresh_retry_used {
                     // The fault may be in the kept bytes: once from zero.
@@ -231,7 +234,7 @@ impl Job<'_> {
                 }
                 return Err(TransferError::Attempt(attempt));
             }
-            match patience.after_try(self.durable_from(address)) {
+            match patience.after_try(self.durable_from(address).await) {
                 Progress::None => {}
                 // Moved the kept bytes past every earlier try: the retries
                 // used so far are given back.
@@ -256,23 +259,46 @@ impl Job<'_> {
 
     /// The trusted bytes kept in the partial file when `address` wrote
     /// them (what a resume of `address` would continue), else 0.
-    fn durable_from(&self, address: &Url) -> u64 {
-        match self.paths.kept() {
-            Some((meta, offset)) if meta.address == address.as_str() => offset,
+    async fn durable_from(&self, address: &Url) -> u64 {
+        let address = address.to_string();
+        self.on_disk(move |paths| match paths.kept() {
+            Some((meta, offset)) if meta.address == address => offset,
             _ => 0,
-        }
+        })
+        .await
+        .unwrap_or(0)
     }
 
     /// The kept bytes, when they came from `address` and can be continued.
-    fn resume_from(&self, address: &Url) -> Option<Resume> {
-        let (meta, offset) = self.paths.kept()?;
-        if meta.address != address.as_str() || offset >= self.resource.size {
-            return None;
-        }
-        Some(Resume {
-            offset,
-            validator: meta.validator?,
+    async fn resume_from(&self, address: &Url) -> Option<Resume> {
+        let (address, size) = (address.to_string(), self.resource.size);
+        self.on_disk(move |paths| {
+            let (meta, offset) = paths.kept()?;
+            if meta.address != address || offset >= size {
+                return None;
+            }
+            Some(Resume {
+                offset,
+                validator: meta.validator?,
+            })
         })
+        .await
+        .flatten()
+    }
+
+    /// Runs `work` on the partial file's paths on the blocking threads: a
+    /// slow disk must not stall the transfers on the runtime's workers.
+    /// `None` when the runtime shut down before it ran.
+    async fn on_disk<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&PartialPaths) -> T + Send + 'static,
+    ) -> Option<T> {
+        let paths = self.paths.clone();
+        match tokio::task::spawn_blocking(move || work(&paths)).await {
+            Ok(out) => Some(out),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
     }
 
     async fn sleep(&self, wait: std::time::Duration) -> Result<(), TransferError> {

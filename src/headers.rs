@@ -343,6 +343,27 @@ mod tests {
     }
 
     #[test]
+    fn connect_answers_need_an_http_1_line_and_three_digits() {
+        let status = |text: &[u8]| parse_connect_status(text);
+        assert_eq!(
+            status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Some(200)
+        );
+        assert_eq!(status(b"HTTP/1.0 407\r\n\r\n"), Some(407));
+        for bad in [
+            &b"HTTP/1.1 +20 x\r\n\r\n"[..],
+            b"HTTP/1.1 20 x\r\n\r\n",
+            b"HTTP/1.1 2000 x\r\n\r\n",
+            b"HTTP/2 200\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+            b"HTTP/1.1 \xff00\r\n\r\n",
+            b"",
+        ] {
+            assert_eq!(status(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn location_joins_against_the_current_url() {
         let base = Url::parse("https://cdn.example.com/a/b/file.bin?x=1").unwrap();
         let join = |text: &[u8]| join_location(&base, text).map(String::from);
