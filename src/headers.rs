@@ -172,8 +172,9 @@ pub fn parse_connect_status(head: &[u8]) -> Option<u16> {
 }
 
 /// `text` quoted and escaped, cut to at most [`MAX_SHOWN_CHARS`] characters
-/// of escaped text (never inside an escape), with `…` when cut. The cut
-/// comes after escaping, since escaping can double the length.
+/// of escaped text (never inside an escape), with `…` and the whole
+/// length in characters when cut. The cut comes after escaping, since
+/// escaping can double the length.
 fn quoted(text: &str) -> String {
     let mut out = String::from("\"");
     let mut shown = 0;
@@ -181,8 +182,8 @@ fn quoted(text: &str) -> String {
         let piece: String = c.escape_debug().collect();
         shown += piece.chars().count();
         if shown > MAX_SHOWN_CHARS {
-            out.push('…');
-            break;
+            out.push_str(&format!("…\" ({} characters)", text.chars().count()));
+            return out;
         }
         out.push_str(&piece);
     }
@@ -395,7 +396,7 @@ mod tests {
         let long = format!("https://[{}", "a".repeat(5000));
         let err = join(long.as_bytes()).unwrap_err();
         assert!(err.len() < 400, "{}", err.len());
-        assert!(err.contains('…'), "{err}");
+        assert!(err.contains("…\" (5009 characters)"), "{err}");
         // Escaping doubles backslashes; the cut comes after it, between escapes.
         let escaped = format!("https://[{}", "\\".repeat(5000));
         let err = join(escaped.as_bytes()).unwrap_err();
