@@ -320,19 +320,7 @@ impl Fetcher {
 
     /// The policy part of [`Fetcher::check_hop`], re-run on a live change.
     fn check_policy(&self, url: &Url) -> Result<(), AttemptError> {
-        let Some(host) = url.host() else {
-            return Ok(());
-        };
-        let text = host_text(&host);
-        let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
-        if policy.permits(&text) {
-            Ok(())
-        } else {
-            Err(AttemptError::Policy {
-                host: text,
-                mode: policy.mode().as_str(),
-            })
-        }
+        permitted(&self.policy, url)
     }
 
     /// Applies the address rules to `url`, resolving its name (connecting to
@@ -707,7 +695,12 @@ impl Fetcher {
         wait: impl std::future::Future<Output = T>,
     ) -> Result<T, AttemptError> {
         let connected = Arc::new(tokio::sync::Notify::new());
-        let wait = CONNECTED.scope(connected.clone(), wait);
+        let connecting = Connecting {
+            made: connected.clone(),
+            policy: self.policy.clone(),
+            hop: hop.clone(),
+        };
+        let wait = CONNECTING.scope(connecting, wait);
         tokio::pin!(wait);
         loop {
             tokio::select! {
@@ -785,15 +778,50 @@ impl Fetcher {
     }
 }
 
+/// Whether `policy` permits the host of `url`.
+fn permitted(policy: &RwLock<Policy>, url: &Url) -> Result<(), AttemptError> {
+    let Some(host) = url.host() else {
+        return Ok(());
+    };
+    let text = host_text(&host);
+    let policy = policy.read().unwrap_or_else(|p| p.into_inner());
+    if policy.permits(&text) {
+        Ok(())
+    } else {
+        Err(AttemptError::Policy {
+            host: text,
+            mode: policy.mode().as_str(),
+        })
+    }
+}
+
+/// The request being sent on a task: told when its connection is made,
+/// and the policy check that connection must pass before the request is
+/// written on it.
+#[derive(Clone)]
+struct Connecting {
+    /// Notified once the connection is made.
+    made: Arc<tokio::sync::Notify>,
+    /// The policy in force and the hop.
+    policy: Arc<RwLock<Policy>>,
+    hop: Url,
+}
+
 tokio::task_local! {
-    /// Told when the connection of the request being sent is made.
-    static CONNECTED: Arc<tokio::sync::Notify>;
+    /// The request being sent on this task, if any.
+    static CONNECTING: Connecting;
 }
 
 /// Says that the request being sent on this task has its connection (the
-/// connector and the tunnel call it).
-pub(crate) fn mark_connected() {
-    let _ = CONNECTED.try_with(|n| n.notify_one());
+/// connector and the tunnel call it) and checks the policy once more
+/// before the request is written on it.
+pub(crate) fn mark_connected() -> Result<(), AttemptError> {
+    CONNECTING
+        .try_with(|c| {
+            c.made.notify_one();
+            permitted(&c.policy, &c.hop)
+        })
+        .unwrap_or(Ok(()))
 }
 
 /// Tells the transfer each connection the HTTP client makes for it
@@ -817,6 +845,7 @@ impl<S, R> tower_service::Service<R> for Reported<S>
 where
     S: tower_service::Service<R>,
     S::Future: Send + 'static,
+    S::Error: From<AttemptError>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -834,7 +863,8 @@ where
         let connecting = self.0.call(request);
         Box::pin(async move {
             let connection = connecting.await?;
-            mark_connected();
+            // A policy change during connect or TLS: no request on it.
+            mark_connected()?;
             Ok(connection)
         })
     }
@@ -1040,6 +1070,9 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
         }
         if let Some(blocked) = s.downcast_ref::<Blocked>() {
             return AttemptError::Address(blocked.clone());
+        }
+        if let Some(refused @ AttemptError::Policy { .. }) = s.downcast_ref::<AttemptError>() {
+            return refused.clone();
         }
         source = s.source();
     }

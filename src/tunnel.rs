@@ -79,7 +79,7 @@ impl Tunnels {
             .connect(host, stream)
             .await
             .map_err(|e| network("TLS handshake with", &crate::fetch::chain(&e)))?;
-        crate::fetch::mark_connected();
+        crate::fetch::mark_connected()?;
         check()?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
