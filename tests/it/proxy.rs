@@ -396,3 +396,31 @@ async fn a_resume_through_the_proxy_asks_for_the_rest_with_if_range() {
         (cut + body.len() - from) as u64
     );
 }
+
+#[tokio::test]
+async fn a_host_blocked_while_the_tunnel_is_set_up_gets_no_request() {
+    let (env, _proxy) = setup("").await;
+    let body = bytes(50_000, 9);
+    let url = env.serve("/t.bin", &body);
+    let gate = Gate::new();
+    env.origin.hold_handshakes(&gate);
+    let config = env.config();
+    let fetcher = Fetcher::new(&config).unwrap();
+    let store = gem_resources::Store::open(&config.store_dir()).unwrap();
+    let task = {
+        let (f, r) = (fetcher.clone(), resource("t", &url, &[], &body));
+        tokio::spawn(async move {
+            gem_resources::download(&f, &store, &r, retries(0), &mut |_| {}).await
+        })
+    };
+    // The proxy opened the tunnel; the TLS handshake inside it waits.
+    wait_until("the tunnel", || env.origin.connections() == 1).await;
+    let blocked =
+        gem_resources::Policy::new(gem_resources::Mode::Blocklist, &["origin.test".to_string()])
+            .unwrap();
+    fetcher.set_policy(blocked);
+    gate.open();
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    assert_eq!(env.origin.hits("/t.bin"), 0, "no request after the change");
+}
