@@ -15,7 +15,7 @@
 //! The body is streamed: each chunk is counted as it arrives (a body that
 //! runs past the declared size is cut off at once) and handed to the sink,
 //! which batches chunks to a writer thread that hashes and writes them
-//! ([`crate::sink`]); the batches are bounded, so memory stays constant
+//! (`sink`); the batches are bounded, so memory stays constant
 //! whatever the size.
 //!
 //! The user's policy is live for the whole transfer: the policy version is

@@ -26,7 +26,7 @@
 //! server that starts over) counts like any other failure. Forgiveness is
 //! bounded: once the tries of an address together keep fewer than
 //! `network.min_bytes_per_min` in a minute, stalls and backoff included,
-//! the next address is tried ([`crate::download`]).
+//! the next address is tried ([`download`](mod@crate::download)).
 
 use std::time::Duration;
 
