@@ -1,5 +1,6 @@
 //! Parsers for the response headers a server controls (Content-Range,
-//! Retry-After, ETag, Last-Modified, Location).
+//! Retry-After, ETag, Last-Modified, Location) and for a proxy's answer to
+//! `CONNECT`.
 //!
 //! A server is as untrusted as a manifest: every parser here takes the raw
 //! header bytes, accepts only what RFC 9110 allows (optional whitespace
@@ -152,9 +153,28 @@ pub fn join_location(base: &Url, value: &[u8]) -> Result<Url, String> {
         .map_err(|e| format!("invalid Location {}: {e}", quoted(text)))
 }
 
+/// The status of a proxy's answer to `CONNECT`: the code of its first
+/// line, `HTTP/1.x NNN [reason]`; `None` for anything else (not HTTP/1.x,
+/// not three ASCII digits, not text).
+pub fn parse_connect_status(head: &[u8]) -> Option<u16> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end();
+    let mut parts = line.split(' ');
+    let version = parts.next()?;
+    let status = parts.next()?;
+    if !version.starts_with("HTTP/1.")
+        || status.len() != 3
+        || !status.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    status.parse().ok()
+}
+
 /// `text` quoted and escaped, cut to at most [`MAX_SHOWN_CHARS`] characters
-/// of escaped text (never inside an escape), with `…` when cut. The cut
-/// comes after escaping, since escaping can double the length.
+/// of escaped text (never inside an escape), with `…` and the whole
+/// length in characters when cut. The cut comes after escaping, since
+/// escaping can double the length.
 fn quoted(text: &str) -> String {
     let mut out = String::from("\"");
     let mut shown = 0;
@@ -162,8 +182,8 @@ fn quoted(text: &str) -> String {
         let piece: String = c.escape_debug().collect();
         shown += piece.chars().count();
         if shown > MAX_SHOWN_CHARS {
-            out.push('…');
-            break;
+            out.push_str(&format!("…\" ({} characters)", text.chars().count()));
+            return out;
         }
         out.push_str(&piece);
     }
@@ -324,6 +344,27 @@ mod tests {
     }
 
     #[test]
+    fn connect_answers_need_an_http_1_line_and_three_digits() {
+        let status = |text: &[u8]| parse_connect_status(text);
+        assert_eq!(
+            status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Some(200)
+        );
+        assert_eq!(status(b"HTTP/1.0 407\r\n\r\n"), Some(407));
+        for bad in [
+            &b"HTTP/1.1 +20 x\r\n\r\n"[..],
+            b"HTTP/1.1 20 x\r\n\r\n",
+            b"HTTP/1.1 2000 x\r\n\r\n",
+            b"HTTP/2 200\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+            b"HTTP/1.1 \xff00\r\n\r\n",
+            b"",
+        ] {
+            assert_eq!(status(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn location_joins_against_the_current_url() {
         let base = Url::parse("https://cdn.example.com/a/b/file.bin?x=1").unwrap();
         let join = |text: &[u8]| join_location(&base, text).map(String::from);
@@ -355,7 +396,7 @@ mod tests {
         let long = format!("https://[{}", "a".repeat(5000));
         let err = join(long.as_bytes()).unwrap_err();
         assert!(err.len() < 400, "{}", err.len());
-        assert!(err.contains('…'), "{err}");
+        assert!(err.contains("…\" (5009 characters)"), "{err}");
         // Escaping doubles backslashes; the cut comes after it, between escapes.
         let escaped = format!("https://[{}", "\\".repeat(5000));
         let err = join(escaped.as_bytes()).unwrap_err();

@@ -33,16 +33,7 @@ impl HostSlots {
 
     /// Waits for a connection slot of `host`.
     pub(crate) async fn enter(&self, host: &str) -> HostPermit {
-        let key = host.trim_end_matches('.').to_ascii_lowercase();
-        let semaphore = {
-            let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-            // Forget hosts nobody is connected to, so the map stays small.
-            hosts.retain(|_, s| s.available_permits() < self.per_host);
-            hosts
-                .entry(key)
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
-                .clone()
-        };
+        let semaphore = self.reserve(host);
         match semaphore.acquire_owned().await {
             Ok(permit) => HostPermit { _permit: permit },
             // Never closed; a fresh semaphore keeps the type total.
@@ -52,6 +43,23 @@ impl HostSlots {
                     .unwrap_or_else(|_| unreachable!("a fresh semaphore has a permit")),
             },
         }
+    }
+
+    /// The semaphore of `host`, found or created under the map lock. The
+    /// clone returned (and then the permit, which holds it) keeps the entry
+    /// in the map: an entry is forgotten only when nobody waits on it or
+    /// holds one of its permits, so every task of one host counts on the
+    /// same semaphore.
+    fn reserve(&self, host: &str) -> Arc<Semaphore> {
+        let key = crate::net::guard::normalise_host(host);
+        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget the hosts nobody waits for or is connected to, so the map
+        // stays small; only the map holds those.
+        hosts.retain(|_, s| Arc::strong_count(s) > 1);
+        hosts
+            .entry(key)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
+            .clone()
     }
 }
 
@@ -82,5 +90,30 @@ mod tests {
         )
         .await
         .expect("a freed slot is reused");
+    }
+
+    #[tokio::test]
+    async fn a_task_between_reserving_and_acquiring_shares_the_hosts_slots() {
+        let slots = HostSlots::new(1);
+        // One task took its semaphore and has not acquired it yet...
+        let reserved = slots.reserve("cdn.test");
+        // ...while another enters: the entry must not be forgotten and
+        // replaced, or both would hold a slot of one host.
+        let _held = slots.enter("cdn.test").await;
+        let second = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            reserved.acquire_owned(),
+        );
+        assert!(second.await.is_err(), "two slots of a one-slot host");
+        assert_eq!(slots.hosts.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn hosts_nobody_uses_are_forgotten() {
+        let slots = HostSlots::new(2);
+        drop(slots.enter("a.test").await);
+        let _b = slots.enter("b.test").await;
+        let names: Vec<String> = slots.hosts.lock().unwrap().keys().cloned().collect();
+        assert_eq!(names, ["b.test"]);
     }
 }

@@ -11,6 +11,7 @@
 //! Uses only [`crate::error`]; knows nothing of files, the store or the
 //! service.
 
+pub(crate) mod connecting;
 pub mod guard;
 pub mod headers;
 pub(crate) mod hosts;

@@ -57,15 +57,19 @@ impl Tunnels {
     }
 
     /// Sends `request` for `url` through `proxy`, tunnelling to `target`
-    /// (`ip:port`, or `name:port` when the proxy resolves names).
+    /// (`ip:port`, or `name:port` when the proxy resolves names). `check`
+    /// (the live policy) runs again after each step of the connection and
+    /// right before the request is written; its failure stops the request.
     pub(crate) async fn send(
         &self,
         proxy: &ProxyUrl,
         target: &str,
         url: &Url,
         request: http::Request<Empty<Bytes>>,
+        check: &(dyn Fn() -> Result<(), AttemptError> + Sync),
     ) -> Result<http::Response<Incoming>, AttemptError> {
         let stream = self.open(proxy, target).await?;
+        check()?;
         let host = server_name(url)?;
         let network = |what: &str, e: &dyn std::fmt::Display| AttemptError::Network {
             reason: format!("{what} {target} through the proxy {proxy}: {e}"),
@@ -75,6 +79,8 @@ impl Tunnels {
             .connect(host, stream)
             .await
             .map_err(|e| network("TLS handshake with", &crate::net::reason::chain(&e)))?;
+        crate::net::connecting::mark_connected()?;
+        check()?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| network("HTTP handshake with", &e))?;
@@ -83,6 +89,7 @@ impl Tunnels {
                 tracing::debug!("proxied connection ended: {e}");
             }
         });
+        check()?;
         sender
             .send_request(request)
             .await
@@ -145,7 +152,7 @@ fn server_name(url: &Url) -> Result<ServerName<'static>, AttemptError> {
     };
     match url.host() {
         Some(Host::Domain(d)) => {
-            ServerName::try_from(d.trim_end_matches('.').to_string()).map_err(|e| invalid(&e))
+            ServerName::try_from(crate::net::guard::normalise_host(d)).map_err(|e| invalid(&e))
         }
         Some(Host::Ipv4(ip)) => Ok(ServerName::IpAddress(std::net::IpAddr::V4(ip).into())),
         Some(Host::Ipv6(ip)) => Ok(ServerName::IpAddress(std::net::IpAddr::V6(ip).into())),
@@ -200,18 +207,7 @@ async fn read_connect_answer(stream: &mut Box<dyn Stream>) -> Result<u16, String
     parse_status(&head).ok_or_else(|| "the proxy's answer is not HTTP".into())
 }
 
-/// The status of an HTTP/1.x status line.
-fn parse_status(head: &[u8]) -> Option<u16> {
-    let line = head.split(|&b| b == b'\n').next()?;
-    let line = std::str::from_utf8(line).ok()?.trim_end();
-    let mut parts = line.split(' ');
-    let version = parts.next()?;
-    let status = parts.next()?;
-    if !version.starts_with("HTTP/1.") || status.len() != 3 {
-        return None;
-    }
-    status.parse().ok()
-}
+use crate::net::headers::parse_connect_status as parse_status;
 
 #[cfg(test)]
 mod tests {

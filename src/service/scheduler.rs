@@ -156,7 +156,8 @@ pub(crate) struct Deps {
     pub store: Store,
     /// Failure records.
     pub registry: Registry,
-    /// Rounds over the address list after transient failures.
+    /// Retries of each address after its transient failures, before the
+    /// next address is tried.
     pub retry: RetryPolicy,
     /// Event channel.
     pub events: broadcast::Sender<Event>,
@@ -329,13 +330,6 @@ impl Scheduler {
             permit = self.slots.acquire(gem, &host, &job.urgent) => permit,
             () = job.cancel.cancelled() => return Err(self.cancelled(resource, job)),
         };
-        job.started.store(true, Ordering::Relaxed);
-        self.each(job, |w| Event::Started {
-            gem: w.gem.clone(),
-            resource: w.resource.clone(),
-            sha256: sha256.clone(),
-            size,
-        });
         let mut progress = JobProgress {
             job,
             scheduler: self,
@@ -519,6 +513,19 @@ struct JobProgress<'a> {
 }
 
 impl crate::transfer::fetch::Reporter for JobProgress<'_> {
+    /// `Started` goes out with the job's first connection: a try refused
+    /// before connecting (policy, address rule) announces nothing.
+    fn connected(&mut self) {
+        if !self.job.started.swap(true, Ordering::Relaxed) {
+            self.scheduler.each(self.job, |w| Event::Started {
+                gem: w.gem.clone(),
+                resource: w.resource.clone(),
+                sha256: self.sha256.to_string(),
+                size: self.size,
+            });
+        }
+    }
+
     fn resumed(&mut self, offset: u64) {
         self.job.bytes.store(offset, Ordering::Relaxed);
         self.scheduler.each(self.job, |w| Event::Resumed {

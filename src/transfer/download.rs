@@ -7,6 +7,15 @@
 //! `Retry-After`), continuing the bytes already received with `Range`;
 //! permanent ones move on at once.
 //!
+//! Patience with one address: a failed try that moved the kept (durable)
+//! bytes past every earlier try of that address gives back the retries
+//! used so far; one that kept nothing new uses one up, however many bytes
+//! it received. Forgiveness is
+//! bounded: once the address's tries together, stalls and backoff
+//! included, keep fewer than `network.min_bytes_per_min` bytes over a
+//! minute, the next address is tried, so a source that drips a little per
+//! try cannot hold the download.
+//!
 //! Resume rules:
 //! - the partial file is continued only with the address it came from
 //!   (a validator belongs to one server), and only once that address is the
@@ -16,6 +25,9 @@
 //!   zero before moving on.
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -181,18 +193,17 @@ impl Job<'_> {
         };
         let mut retries = 0;
         let mut fresh_retry_used = false;
+        let mut patience = Patience::new(
+            self.durable_from(address).await,
+            self.fetcher.progress_floor(),
+        );
         loop {
-            let resume = self.resume_from(address);
+            let resume = self.resume_from(address).await;
             let resumed_from = resume.as_ref().map_or(0, |r| r.offset);
             tracing::debug!(resource = %self.resource.id, %address, resumed_from, "trying");
-            let mut received = 0u64;
-            let mut tracker = Tracker {
-                inner: &mut *progress,
-                last: &mut received,
-            };
             let control = Control {
                 cancel: self.cancel,
-                reporter: &mut tracker,
+                reporter: &mut *progress,
             };
             let output = Output::Partial {
                 paths: self.paths,
@@ -213,7 +224,8 @@ impl Job<'_> {
             );
             if bad_bytes {
                 // Whatever is in the partial file is not the declared file.
-                self.paths.remove();
+                self.on_disk(PartialPaths::remove).await;
+                patience.discarded();
                 if resumed_from > 0 && !fresh_retry_used {
                     // The fault may be in the kept bytes: once from zero.
                     fresh_retry_used = true;
@@ -222,9 +234,17 @@ impl Job<'_> {
                 }
                 return Err(TransferError::Attempt(attempt));
             }
-            let progressed = received > resumed_from;
-            if progressed {
-                retries = 0;
+            match patience.after_try(self.durable_from(address).await) {
+                Progress::None => {}
+                // Moved the kept bytes past every earlier try: the retries
+                // used so far are given back.
+                Progress::Forgiven => retries = 0,
+                Progress::TooSlow(why) => {
+                    tracing::info!(resource = %self.resource.id, %address, "{attempt}; {why}: next address");
+                    let reason = format!("{why}; the last try: {}", attempt.error);
+                    let error = AttemptError::Network { reason };
+                    return Err(TransferError::Attempt(Attempt { error, ..attempt }));
+                }
             }
             match self.retry.decide(&attempt.error, retries) {
                 Decision::NextAddress => return Err(TransferError::Attempt(attempt)),
@@ -237,16 +257,48 @@ impl Job<'_> {
         }
     }
 
-    /// The kept bytes, when they came from `address` and can be continued.
-    fn resume_from(&self, address: &Url) -> Option<Resume> {
-        let (meta, offset) = self.paths.kept()?;
-        if meta.address != address.as_str() || offset >= self.resource.size {
-            return None;
-        }
-        Some(Resume {
-            offset,
-            validator: meta.validator?,
+    /// The trusted bytes kept in the partial file when `address` wrote
+    /// them (what a resume of `address` would continue), else 0.
+    async fn durable_from(&self, address: &Url) -> u64 {
+        let address = address.to_string();
+        self.on_disk(move |paths| match paths.kept() {
+            Some((meta, offset)) if meta.address == address => offset,
+            _ => 0,
         })
+        .await
+        .unwrap_or(0)
+    }
+
+    /// The kept bytes, when they came from `address` and can be continued.
+    async fn resume_from(&self, address: &Url) -> Option<Resume> {
+        let (address, size) = (address.to_string(), self.resource.size);
+        self.on_disk(move |paths| {
+            let (meta, offset) = paths.kept()?;
+            if meta.address != address || offset >= size {
+                return None;
+            }
+            Some(Resume {
+                offset,
+                validator: meta.validator?,
+            })
+        })
+        .await
+        .flatten()
+    }
+
+    /// Runs `work` on the partial file's paths on the blocking threads: a
+    /// slow disk must not stall the transfers on the runtime's workers.
+    /// `None` when the runtime shut down before it ran.
+    async fn on_disk<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&PartialPaths) -> T + Send + 'static,
+    ) -> Option<T> {
+        let paths = self.paths.clone();
+        match tokio::task::spawn_blocking(move || work(&paths)).await {
+            Ok(out) => Some(out),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
     }
 
     async fn sleep(&self, wait: std::time::Duration) -> Result<(), TransferError> {
@@ -263,20 +315,106 @@ impl Job<'_> {
     }
 }
 
-/// Passes progress on and remembers how far this attempt got.
-struct Tracker<'a> {
-    inner: &'a mut dyn Reporter,
-    last: &'a mut u64,
+/// How a failed try of an address counts.
+#[derive(Debug, PartialEq, Eq)]
+enum Progress {
+    /// No new kept bytes: the try uses up a retry.
+    None,
+    /// The kept bytes moved past the best of the earlier tries: the try is
+    /// forgiven.
+    Forgiven,
+    /// The tries together moved too little in the last window: leave the
+    /// address.
+    TooSlow(String),
 }
 
-impl Reporter for Tracker<'_> {
-    fn resumed(&mut self, offset: u64) {
-        *self.last = offset;
-        self.inner.resumed(offset);
+/// The progress rule across the tries of one address: a try is forgiven
+/// only when it moved the durable offset past the best of the earlier
+/// tries, and forgiveness ends once the tries together, stalls and backoff
+/// included, kept fewer than `network.min_bytes_per_min` bytes in a window.
+struct Patience {
+    /// The best durable offset so far.
+    best: u64,
+    /// `network.min_bytes_per_min` (0: no floor) and the window it covers.
+    floor: (u64, Duration),
+    /// When the current window began, and `best` then.
+    since: (Instant, u64),
+    /// Tries in the current window.
+    tries: u32,
+}
+
+impl Patience {
+    fn new(best: u64, floor: (u64, Duration)) -> Patience {
+        Patience {
+            best,
+            floor,
+            since: (Instant::now(), best),
+            tries: 0,
+        }
     }
 
-    fn bytes(&mut self, total: u64) {
-        *self.last = total;
-        self.inner.bytes(total);
+    /// The kept bytes were thrown away: the next bytes count from zero.
+    fn discarded(&mut self) {
+        self.best = 0;
+        self.since.1 = 0;
+    }
+
+    /// Classifies a failed try that left `durable` trusted bytes of this
+    /// address.
+    fn after_try(&mut self, durable: u64) -> Progress {
+        self.tries += 1;
+        let moved = durable > self.best;
+        if moved {
+            self.best = durable;
+        }
+        let (floor, window) = self.floor;
+        let (start, at_start) = self.since;
+        if start.elapsed() >= window {
+            let kept = self.best.saturating_sub(at_start);
+            if floor > 0 && kept < floor {
+                return Progress::TooSlow(format!(
+                    "too slow: {kept} bytes kept in {:.0}s over {} tries (minimum {floor} bytes per minute)",
+                    start.elapsed().as_secs_f64(),
+                    self.tries
+                ));
+            }
+            self.since = (Instant::now(), self.best);
+            self.tries = 0;
+        }
+        if moved {
+            Progress::Forgiven
+        } else {
+            Progress::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_forgives_only_new_bytes_and_only_above_the_floor() {
+        let mut p = Patience::new(0, (1000, Duration::from_secs(60)));
+        assert_eq!(p.after_try(0), Progress::None);
+        assert_eq!(p.after_try(100), Progress::Forgiven);
+        // Back at an offset already reached: nothing new.
+        assert_eq!(p.after_try(100), Progress::None);
+        assert_eq!(p.after_try(50), Progress::None);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // 200 bytes in a minute is under the floor, progress or not.
+        assert!(matches!(p.after_try(200), Progress::TooSlow(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_above_the_floor_keeps_its_forgiveness() {
+        let mut p = Patience::new(0, (1000, Duration::from_secs(60)));
+        for minute in 1..=10u64 {
+            tokio::time::advance(Duration::from_secs(61)).await;
+            assert_eq!(p.after_try(minute * 5000), Progress::Forgiven);
+        }
+        let mut none = Patience::new(0, (0, Duration::from_secs(60)));
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(none.after_try(1), Progress::Forgiven);
     }
 }

@@ -12,9 +12,17 @@
 //! never to the name (`tunnel`); only `[network] proxy_resolves`
 //! hands the name over.
 //!
-//! The body is streamed: each chunk is counted, hashed and written before the
-//! next is read, so memory stays constant whatever the size, and a body that
-//! runs past the declared size is cut off at once.
+//! The body is streamed: each chunk is counted as it arrives (a body that
+//! runs past the declared size is cut off at once) and handed to the sink,
+//! which batches chunks to a writer thread that hashes and writes them
+//! (`sink`); the batches are bounded, so memory stays constant
+//! whatever the size.
+//!
+//! The user's policy is live for the whole transfer: the policy version is
+//! taken before the first hop is checked, and the current hop is checked
+//! again after every wait (a host slot, connect and TLS, the response head),
+//! right before the request is written and on every change while the body
+//! arrives.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -32,7 +40,8 @@ use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::net::guard::{AddressGuard, Blocked};
+use crate::net::connecting::{permitted, Connecting, ReportConnections, CONNECTING};
+use crate::net::guard::{normalise_host, AddressGuard, Blocked};
 use crate::net::headers;
 use crate::net::hosts::{HostPermit, HostSlots};
 use crate::net::policy::Policy;
@@ -84,6 +93,10 @@ pub(crate) enum TransferError {
 
 /// Receives a transfer's progress.
 pub trait Reporter: Send {
+    /// A connection to the address (or a redirect target, or a tunnel
+    /// through the proxy) was made: every rule refusing it before any
+    /// connection (scheme, policy, address) passed.
+    fn connected(&mut self) {}
     /// The server agreed to continue a kept partial file at `offset`.
     fn resumed(&mut self, offset: u64) {
         let _ = offset;
@@ -148,6 +161,8 @@ pub struct Fetcher {
     connect: Duration,
     /// Fewer bytes than this in a minute abandons a transfer (0: no floor).
     min_per_minute: u64,
+    /// How long the minimum-progress rule looks back.
+    progress_window: Duration,
     /// The process-wide bandwidth cap.
     throttle: Throttle,
     /// Connections per host (`service.max_per_host`), counted on the host
@@ -225,7 +240,8 @@ impl Fetcher {
             .referer(false)
             .connect_timeout(settings.connect_timeout)
             .tcp_nodelay(true)
-            .dns_resolver(resolver.clone());
+            .dns_resolver(resolver.clone())
+            .connector_layer(ReportConnections);
         if !certs.is_empty() {
             builder = builder.tls_backend_preconfigured(crate::net::tls::client_config(certs)?);
         }
@@ -240,11 +256,27 @@ impl Fetcher {
             stall: settings.stall_timeout,
             connect: settings.connect_timeout,
             min_per_minute: settings.min_bytes_per_min,
+            progress_window: PROGRESS_WINDOW,
             throttle: Throttle::new(settings.max_bytes_per_sec),
             hosts: HostSlots::new(settings.max_per_host),
             proxy: Arc::new(proxy),
             tunnels,
         })
+    }
+
+    /// The same fetcher with the minimum-progress rule
+    /// (`network.min_bytes_per_min`) measured over `window` instead of
+    /// [`PROGRESS_WINDOW`], within one try and across the tries of one
+    /// address.
+    pub fn with_progress_window(mut self, window: Duration) -> Fetcher {
+        self.progress_window = window;
+        self
+    }
+
+    /// `network.min_bytes_per_min` (0: no floor) and the window it is
+    /// measured over.
+    pub(crate) fn progress_floor(&self) -> (u64, Duration) {
+        (self.min_per_minute, self.progress_window)
     }
 
     /// The network policy in force.
@@ -255,10 +287,15 @@ impl Fetcher {
             .clone()
     }
 
-    /// Replaces the network policy. It applies to every connection and
-    /// redirect hop from now on, and transfers in flight whose current host
-    /// it no longer permits stop within a second with `E_RESOURCE_POLICY`
-    /// (their bytes kept for resume).
+    /// Replaces the network policy. Once this returns, no new request goes
+    /// to a host it does not permit: it applies to every connection and
+    /// redirect hop from now on, and a transfer in flight whose current hop
+    /// it no longer permits (waiting for a host slot, connecting, waiting
+    /// for the response head or receiving the body) stops within a second,
+    /// its bytes kept for resume. That try fails with an attempt of code
+    /// `E_RESOURCE_POLICY`, which moves on to the next address; a download
+    /// whose every address failed ends with `E_RESOURCE_UNAVAILABLE`, whose
+    /// [`Error::primary_cause`] is then `E_RESOURCE_POLICY`.
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
         self.policy_version.send_modify(|v| *v += 1);
@@ -298,19 +335,7 @@ impl Fetcher {
 
     /// The policy part of [`Fetcher::check_hop`], re-run on a live change.
     fn check_policy(&self, url: &Url) -> Result<(), AttemptError> {
-        let Some(host) = url.host() else {
-            return Ok(());
-        };
-        let text = host_text(&host);
-        let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
-        if policy.permits(&text) {
-            Ok(())
-        } else {
-            Err(AttemptError::Policy {
-                host: text,
-                mode: policy.mode().as_str(),
-            })
-        }
+        permitted(&self.policy, url)
     }
 
     /// Applies the address rules to `url`, resolving its name (connecting to
@@ -351,7 +376,7 @@ impl Fetcher {
         let port = url.port_or_known_default().unwrap_or(443);
         let addresses = match url.host() {
             Some(Host::Domain(name)) if self.proxy.proxy_resolves() => {
-                return Ok((format!("{}:{port}", name.trim_end_matches('.')), Vec::new()));
+                return Ok((format!("{}:{port}", normalise_host(name)), Vec::new()));
             }
             Some(Host::Domain(name)) => self.resolver.lookup(name).await?,
             Some(Host::Ipv4(ip)) => vec![IpAddr::V4(ip)],
@@ -430,9 +455,12 @@ impl Fetcher {
             }
         };
         tokio::pin!(cancelled);
+        // Taken before the first hop is checked: a change from here on is
+        // seen, whatever the transfer is waiting for.
+        let mut policy_changes = self.policy_version.subscribe();
         let (hop, mut response, offset, _host_permit) = loop {
             let head = tokio::select! {
-                head = self.response_head(address, resume.as_ref(), limit) => head,
+                head = self.response_head(address, resume.as_ref(), limit, &mut policy_changes, &mut *control.reporter) => head,
                 () = &mut cancelled => return Err(TransferError::Cancelled),
             };
             match head {
@@ -442,23 +470,15 @@ impl Fetcher {
                     // The kept bytes cannot be continued: start afresh.
                     tracing::debug!(%hop, "resume refused: {why}; starting from zero");
                     if let Some(paths) = paths {
-                        paths.remove();
+                        let paths = paths.clone();
+                        let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
                     }
                     resume = None;
                 }
             }
         };
-        if let Some(announced) = response.content_length() {
-            let rest = limit - offset;
-            let exact = expected.is_some() || offset > 0;
-            if announced > rest || (exact && announced != rest) {
-                let detail = format!("the server announced {announced} bytes");
-                let detail = match offset {
-                    0 => detail,
-                    _ => format!("{detail} for the rest after byte {offset}"),
-                };
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
+        if let Some(detail) = announced_mismatch(&response, expected, limit, offset) {
+            return Err(fail(&hop, size_error(expected, limit, detail)));
         }
         if offset > 0 {
             control.reporter.resumed(offset);
@@ -470,77 +490,30 @@ impl Fetcher {
                     (1.., Some(r)) => Some(r.validator.clone()),
                     _ => validator(&response),
                 };
-                let file = paths.open_data().map_err(|e| local_write(&paths.data, e))?;
-                Sink::to_file(Target {
-                    file,
-                    offset,
-                    checkpoints: Checkpointer::new(paths, address.as_str(), validator),
-                })
+                open_sink(paths, address, offset, validator).await?
             }
         };
         let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
-        let mut policy_changes = self.policy_version.subscribe();
-        let mut received = offset;
-        let mut window = (Instant::now(), received);
-        let mut checkpoints = tokio::time::interval(crate::transfer::sink::CHECKPOINT_EVERY);
-        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        checkpoints.reset();
-        // The stall timer runs from the last byte, whatever else wakes the
-        // loop.
-        let mut stall_at = Instant::now() + self.stall;
+        let body = Body {
+            hop: &hop,
+            response: &mut response,
+            sink: &mut sink,
+            sink_path: &sink_path,
+            received: offset,
+            expected,
+            limit,
+        };
         // Every way out before `finish` closes the sink first, so the kept
         // bytes are flushed and recorded before anyone looks at them.
-        let failure: Option<TransferError> = loop {
-            let next = tokio::select! {
-                biased;
-                () = &mut cancelled => break Some(TransferError::Cancelled),
-                Ok(()) = policy_changes.changed() => {
-                    match self.check_policy(&hop) {
-                        Ok(()) => continue,
-                        Err(e) => break Some(fail(&hop, e)),
-                    }
-                }
-                _ = checkpoints.tick() => {
-                    if let Err(e) = sink.checkpoint().await {
-                        return Err(local_write(&sink_path, e));
-                    }
-                    continue;
-                }
-                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
-            };
-            let chunk = match next {
-                Err(_) => {
-                    let reason = format!(
-                        "stalled: no data for {}s after {received} bytes",
-                        self.stall.as_secs_f64()
-                    );
-                    break Some(fail(&hop, AttemptError::Network { reason }));
-                }
-                Ok(Err(e)) => break Some(fail(&hop, body_error(&e, received, expected, limit))),
-                Ok(Ok(None)) => break None,
-                Ok(Ok(Some(chunk))) => chunk,
-            };
-            stall_at = Instant::now() + self.stall;
-            let len = chunk.len();
-            received += len as u64;
-            if received > limit {
-                let detail = format!("received more than {limit} bytes");
-                break Some(fail(&hop, size_error(expected, limit, detail)));
-            }
-            if let Err(e) = sink.write(chunk).await {
-                return Err(local_write(&sink_path, e));
-            }
-            control.reporter.bytes(received);
-            if let Err(reason) = self.check_progress(&mut window, received) {
-                break Some(fail(&hop, AttemptError::Network { reason }));
-            }
-            if self.throttle.is_limited() {
-                tokio::select! {
-                    () = self.throttle.take(len) => {}
-                    () = &mut cancelled => break Some(TransferError::Cancelled),
-                }
-            }
-        };
+        let failure = self
+            .receive(
+                body,
+                cancelled.as_mut(),
+                &mut policy_changes,
+                control.reporter,
+                &fail,
+            )
+            .await?;
         if let Some(failure) = failure {
             sink.close().await;
             return Err(failure);
@@ -569,6 +542,88 @@ impl Fetcher {
         })
     }
 
+    /// Reads the body into its sink until it ends (`Ok(None)`) or the try
+    /// fails (`Ok(Some(failure))`, the sink still to be closed): the
+    /// cancellation, the live policy, checkpoints, the stall timer, the
+    /// size limit, the progress floor and the bandwidth cap. `Err` is a
+    /// local failure.
+    async fn receive<C: std::future::Future<Output = ()>>(
+        &self,
+        body: Body<'_>,
+        mut cancelled: std::pin::Pin<&mut C>,
+        policy: &mut watch::Receiver<u64>,
+        reporter: &mut dyn Reporter,
+        fail: &(dyn Fn(&Url, AttemptError) -> TransferError + Sync),
+    ) -> Result<Option<TransferError>, TransferError> {
+        let Body {
+            hop,
+            response,
+            sink,
+            sink_path,
+            mut received,
+            expected,
+            limit,
+        } = body;
+        let mut window = (Instant::now(), received);
+        let mut checkpoints = tokio::time::interval(crate::transfer::sink::CHECKPOINT_EVERY);
+        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checkpoints.reset();
+        // The stall timer runs from the last byte, whatever else wakes the
+        // loop.
+        let mut stall_at = Instant::now() + self.stall;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
+                Ok(()) = policy.changed() => {
+                    match self.check_policy(hop) {
+                        Ok(()) => continue,
+                        Err(e) => return Ok(Some(fail(hop, e))),
+                    }
+                }
+                _ = checkpoints.tick() => {
+                    sink.checkpoint().await.map_err(|e| local_write(sink_path, e))?;
+                    continue;
+                }
+                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
+            };
+            let chunk = match next {
+                Err(_) => {
+                    let reason = format!(
+                        "stalled: no data for {}s after {received} bytes",
+                        self.stall.as_secs_f64()
+                    );
+                    return Ok(Some(fail(hop, AttemptError::Network { reason })));
+                }
+                Ok(Err(e)) => {
+                    return Ok(Some(fail(hop, body_error(&e, received, expected, limit))))
+                }
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            stall_at = Instant::now() + self.stall;
+            let len = chunk.len();
+            received += len as u64;
+            if received > limit {
+                let detail = format!("received more than {limit} bytes");
+                return Ok(Some(fail(hop, size_error(expected, limit, detail))));
+            }
+            sink.write(chunk)
+                .await
+                .map_err(|e| local_write(sink_path, e))?;
+            reporter.bytes(received);
+            if let Err(reason) = self.check_progress(&mut window, received) {
+                return Ok(Some(fail(hop, AttemptError::Network { reason })));
+            }
+            if self.throttle.is_limited() {
+                tokio::select! {
+                    () = self.throttle.take(len) => {}
+                    () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
+                }
+            }
+        }
+    }
+
     /// The minimum-progress rule: fewer than `network.min_bytes_per_min`
     /// bytes in a window of [`PROGRESS_WINDOW`] abandons the transfer, so a
     /// server dripping a byte just under the stall timeout cannot hold a
@@ -576,7 +631,7 @@ impl Fetcher {
     /// floor is never cut, however long it takes.
     fn check_progress(&self, window: &mut (Instant, u64), received: u64) -> Result<(), String> {
         let (since, at_start) = *window;
-        if since.elapsed() < PROGRESS_WINDOW {
+        if since.elapsed() < self.progress_window {
             return Ok(());
         }
         let moved = received - at_start;
@@ -594,72 +649,85 @@ impl Fetcher {
     /// follows redirects until a response whose body can be read: a `200`,
     /// or a `206` that continues exactly the kept bytes. Returns the final
     /// hop, the response and the offset its body starts at.
+    ///
+    /// Every wait (the host slot, the connection, the head) watches
+    /// `policy` and stops when the hop is no longer permitted; the hop is
+    /// checked again right before its request is sent.
     async fn response_head(
         &self,
         address: &Url,
         resume: Option<&Resume>,
         limit: u64,
+        policy: &mut watch::Receiver<u64>,
+        reporter: &mut dyn Reporter,
     ) -> Result<(Url, Response, u64, HostPermit), HeadError> {
         let mut hop = address.clone();
         let mut redirects = 0;
         loop {
-            self.check_hop(&hop)
-                .map_err(|e| HeadError::Attempt(hop.clone(), e))?;
-            let permit = self.hosts.enter(hop.host_str().unwrap_or_default()).await;
-            let response = self
-                .send(&hop, resume)
+            let attempt = |hop: &Url, error| HeadError::Attempt(hop.clone(), error);
+            self.check_hop(&hop).map_err(|e| attempt(&hop, e))?;
+            let host = hop.host_str().unwrap_or_default();
+            let permit = self
+                .live(&hop, policy, None, self.hosts.enter(host))
                 .await
-                .map_err(|e| HeadError::Attempt(hop.clone(), e))?;
+                .map_err(|e| attempt(&hop, e))?;
+            self.check_policy(&hop).map_err(|e| attempt(&hop, e))?;
+            let response = self
+                .live(&hop, policy, Some(&mut *reporter), self.send(&hop, resume))
+                .await
+                .and_then(|sent| sent)
+                .and_then(|response| self.check_policy(&hop).map(|()| response))
+                .map_err(|e| attempt(&hop, e))?;
             let status = response.status().as_u16();
-            let attempt = |error| HeadError::Attempt(hop.clone(), error);
             if matches!(status, 301 | 302 | 303 | 307 | 308) {
                 if redirects == MAX_REDIRECTS {
-                    return Err(attempt(AttemptError::Redirects {
-                        limit: MAX_REDIRECTS,
-                    }));
+                    return Err(attempt(
+                        &hop,
+                        AttemptError::Redirects {
+                            limit: MAX_REDIRECTS,
+                        },
+                    ));
                 }
-                let next = next_hop(&hop, &response).map_err(attempt)?;
+                let next = next_hop(&hop, &response).map_err(|e| attempt(&hop, e))?;
                 tracing::debug!(from = %hop, to = %next, "redirect");
                 redirects += 1;
                 hop = next;
                 continue;
             }
-            let offset = match (status, resume) {
-                (200, _) => 0,
-                (206, Some(r)) => {
-                    let range = response
-                        .headers()
-                        .get(CONTENT_RANGE)
-                        .and_then(|v| headers::parse_content_range(v.as_bytes()));
-                    match range {
-                        Some(cr)
-                            if cr.start == r.offset
-                                && cr.total == Some(limit)
-                                && cr.end.checked_add(1) == Some(limit) =>
-                        {
-                            r.offset
-                        }
-                        other => {
-                            let why = format!("206 with Content-Range {other:?}");
-                            return Err(HeadError::RangeRefused(hop, why));
-                        }
+            let offset = head_offset(&hop, &response, resume, limit).map_err(|e| *e)?;
+            return Ok((hop, response, offset, permit));
+        }
+    }
+
+    /// Runs `wait` for `hop` while watching the policy: a change that no
+    /// longer permits the hop stops the wait with the policy failure. With
+    /// a `reporter`, a connection made while waiting is reported.
+    async fn live<T>(
+        &self,
+        hop: &Url,
+        policy: &mut watch::Receiver<u64>,
+        mut reporter: Option<&mut dyn Reporter>,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Result<T, AttemptError> {
+        let connected = Arc::new(tokio::sync::Notify::new());
+        let connecting = Connecting {
+            made: connected.clone(),
+            policy: self.policy.clone(),
+            hop: hop.clone(),
+        };
+        let wait = CONNECTING.scope(connecting, wait);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                biased;
+                Ok(()) = policy.changed() => self.check_policy(hop)?,
+                () = connected.notified(), if reporter.is_some() => {
+                    if let Some(r) = reporter.take() {
+                        r.connected();
                     }
                 }
-                (416, Some(_)) => {
-                    return Err(HeadError::RangeRefused(hop, "416".into()));
-                }
-                _ => {
-                    let retry_after = response
-                        .headers()
-                        .get(RETRY_AFTER)
-                        .and_then(|v| headers::parse_retry_after(v.as_bytes(), SystemTime::now()));
-                    return Err(attempt(AttemptError::Http {
-                        status,
-                        retry_after,
-                    }));
-                }
-            };
-            return Ok((hop, response, offset, permit));
+                out = &mut wait => return Ok(out),
+            }
         }
     }
 
@@ -683,7 +751,8 @@ impl Fetcher {
     }
 
     /// [`Fetcher::send`] through `proxy`: the same request headers, over a
-    /// tunnel to the vetted address.
+    /// tunnel to the vetted address. The hop is checked against the policy
+    /// again once the tunnel is open, right before the request is written.
     async fn send_proxied(
         &self,
         proxy: &ProxyUrl,
@@ -697,20 +766,16 @@ impl Fetcher {
                     reqwest::header::HOST,
                     &url[url::Position::BeforeHost..url::Position::AfterPort],
                 )
-                .header(USER_AGENT, user_agent())
-                .header(ACCEPT_ENCODING, "identity");
-        if let Some(r) = resume {
-            request = request
-                .header(RANGE, format!("bytes={}-", r.offset))
-                .header(IF_RANGE, r.validator.as_str());
-        }
-        let request =
-            request
                 .body(http_body_util::Empty::new())
                 .map_err(|e| AttemptError::Network {
                     reason: format!("cannot build the request: {e}"),
                 })?;
-        let response = self.tunnels.send(proxy, &target, url, request).await?;
+        request.headers_mut().extend(request_headers(resume));
+        let check = || self.check_policy(url);
+        let response = self
+            .tunnels
+            .send(proxy, &target, url, request, &check)
+            .await?;
         Ok(Response::Proxied(response))
     }
 
@@ -719,23 +784,144 @@ impl Fetcher {
         url: &Url,
         resume: Option<&Resume>,
     ) -> Result<reqwest::Response, AttemptError> {
-        let mut request = self
-            .client
+        self.client
             .get(url.clone())
-            .header(USER_AGENT, user_agent())
-            .header(ACCEPT_ENCODING, "identity");
-        if let Some(r) = resume {
-            request = request
-                .header(RANGE, format!("bytes={}-", r.offset))
-                .header(IF_RANGE, r.validator.as_str());
+            .headers(request_headers(resume))
+            .send()
+            .await
+            .map_err(|e| request_error(&e))
+    }
+}
+
+/// The headers of every request, direct or through a proxy: no
+/// compression, and `Range` with `If-Range` when resuming.
+fn request_headers(resume: Option<&Resume>) -> reqwest::header::HeaderMap {
+    use reqwest::header::HeaderValue;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(USER_AGENT, HeaderValue::from_static(user_agent()));
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    if let Some(r) = resume {
+        let range = HeaderValue::from_str(&format!("bytes={}-", r.offset));
+        // The validator was checked when it was kept (visible ASCII).
+        let validator = HeaderValue::from_str(&r.validator);
+        if let (Ok(range), Ok(validator)) = (range, validator) {
+            headers.insert(RANGE, range);
+            headers.insert(IF_RANGE, validator);
         }
-        request.send().await.map_err(|e| request_error(&e))
+    }
+    headers
+}
+
+/// Where the body of an accepted response head starts: 0 for a `200`, the
+/// kept offset for a `206` that continues exactly the kept bytes (its
+/// start, end and total checked); anything else is refused.
+fn head_offset(
+    hop: &Url,
+    response: &Response,
+    resume: Option<&Resume>,
+    limit: u64,
+) -> Result<u64, Box<HeadError>> {
+    let status = response.status().as_u16();
+    match (status, resume) {
+        (200, _) => Ok(0),
+        (206, Some(r)) => {
+            let range = response
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| headers::parse_content_range(v.as_bytes()));
+            match range {
+                Some(cr)
+                    if cr.start == r.offset
+                        && cr.total == Some(limit)
+                        && cr.end.checked_add(1) == Some(limit) =>
+                {
+                    Ok(r.offset)
+                }
+                other => {
+                    let why = format!("206 with Content-Range {other:?}");
+                    Err(Box::new(HeadError::RangeRefused(hop.clone(), why)))
+                }
+            }
+        }
+        (416, Some(_)) => Err(Box::new(HeadError::RangeRefused(hop.clone(), "416".into()))),
+        _ => {
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| headers::parse_retry_after(v.as_bytes(), SystemTime::now()));
+            Err(Box::new(HeadError::Attempt(
+                hop.clone(),
+                AttemptError::Http {
+                    status,
+                    retry_after,
+                },
+            )))
+        }
     }
 }
 
 /// The `User-Agent` of every request.
 fn user_agent() -> &'static str {
     concat!("gem-resources/", env!("CARGO_PKG_VERSION"))
+}
+
+/// One response body being read into its sink ([`Fetcher::receive`]).
+struct Body<'a> {
+    /// The hop that answered.
+    hop: &'a Url,
+    /// Its response.
+    response: &'a mut Response,
+    /// Where the bytes go.
+    sink: &'a mut Sink,
+    /// The partial file, for error messages (empty when discarding).
+    sink_path: &'a std::path::Path,
+    /// Bytes of the file present before the body (the resumed offset).
+    received: u64,
+    /// What the bytes must be.
+    expected: Option<Expected<'a>>,
+    /// The most bytes the file may have.
+    limit: u64,
+}
+
+/// Why a response's announced length cannot be the rest of the file
+/// after `offset`, if it cannot.
+fn announced_mismatch(
+    response: &Response,
+    expected: Option<Expected<'_>>,
+    limit: u64,
+    offset: u64,
+) -> Option<String> {
+    let announced = response.content_length()?;
+    let rest = limit - offset;
+    let exact = expected.is_some() || offset > 0;
+    if announced <= rest && !(exact && announced != rest) {
+        return None;
+    }
+    let detail = format!("the server announced {announced} bytes");
+    Some(match offset {
+        0 => detail,
+        _ => format!("{detail} for the rest after byte {offset}"),
+    })
+}
+
+/// Opens the partial file (on the blocking threads) and a sink writing to
+/// it from `offset`, its records naming `address` and `validator`.
+async fn open_sink(
+    paths: &PartialPaths,
+    address: &Url,
+    offset: u64,
+    validator: Option<String>,
+) -> Result<Sink, TransferError> {
+    let opening = paths.clone();
+    let file = tokio::task::spawn_blocking(move || opening.open_data())
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|e| local_write(&paths.data, e))?;
+    Ok(Sink::to_file(Target {
+        file,
+        offset,
+        checkpoints: Checkpointer::new(paths, address.as_str(), validator),
+    }))
 }
 
 /// Why no readable response head came.
@@ -782,29 +968,19 @@ fn size_error(expected: Option<Expected<'_>>, limit: u64, detail: String) -> Att
     }
 }
 
+/// The next hop of a redirect: its `Location` resolved against the
+/// current hop by [`headers::join_location`] (the parser the fuzz target
+/// runs). A missing, empty or unparsable `Location` is one failure with a
+/// short reason, never a redirect to the current hop.
 fn next_hop(current: &Url, response: &Response) -> Result<Url, AttemptError> {
     let status = response.status().as_u16();
     let location = response.headers().get(LOCATION).ok_or(AttemptError::Http {
         status,
         retry_after: None,
     })?;
-    let text = location.to_str().map_err(|_| AttemptError::Network {
-        reason: format!("redirect ({status}) with a Location that is not text"),
-    })?;
-    current.join(text).map_err(|e| AttemptError::Network {
-        reason: format!(
-            "redirect ({status}) to an invalid Location {:?}: {e}",
-            crate::error::shorten(text)
-        ),
+    headers::join_location(current, location.as_bytes()).map_err(|why| AttemptError::Network {
+        reason: format!("redirect ({status}): {why}"),
     })
-}
-
-fn host_text(host: &Host<&str>) -> String {
-    match host {
-        Host::Domain(d) => d.to_string(),
-        Host::Ipv4(ip) => ip.to_string(),
-        Host::Ipv6(ip) => ip.to_string(),
-    }
 }
 
 /// Maps a request error, recovering a refused lookup from the chain.
@@ -816,6 +992,9 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
         }
         if let Some(blocked) = s.downcast_ref::<Blocked>() {
             return AttemptError::Address(blocked.clone());
+        }
+        if let Some(refused @ AttemptError::Policy { .. }) = s.downcast_ref::<AttemptError>() {
+            return refused.clone();
         }
         source = s.source();
     }

@@ -18,9 +18,15 @@
 //! `503` replaces the backoff when it is at most `network.retry_after_max_secs`;
 //! a longer one means "not this address, not now": move on.
 //!
-//! An attempt that received bytes before it failed made progress, so it
-//! does not use up a retry: a link that drops every few hundred megabytes
-//! still finishes a multi-gigabyte file.
+//! An attempt that moved the kept (durable) bytes of its address past every
+//! earlier try made progress, so the retries used before it are given back
+//! (`retries = 0` still means one try per address): a link that
+//! drops every few hundred megabytes still finishes a multi-gigabyte file.
+//! A try that received bytes but kept nothing new (no validator, or a
+//! server that starts over) counts like any other failure. Forgiveness is
+//! bounded: once the tries of an address together keep fewer than
+//! `network.min_bytes_per_min` in a minute, stalls and backoff included,
+//! the next address is tried ([`download`](mod@crate::transfer::download)).
 
 use std::time::Duration;
 
@@ -54,7 +60,7 @@ pub fn is_transient(error: &AttemptError) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
     /// Tries of one address after the first, counting only failed tries
-    /// that received nothing.
+    /// that kept no new bytes.
     pub retries: u32,
     /// Backoff base: the first retry waits up to this long, doubling.
     pub backoff: Duration,

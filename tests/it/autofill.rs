@@ -251,3 +251,23 @@ async fn autofill_stops_at_its_size_limit() {
     let out = env.run(&["autofill", fits.as_str()]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+#[tokio::test]
+async fn autofill_reads_at_most_its_limit_not_one_byte_more() {
+    let env = Env::new().await;
+    let fetcher = gem_resources::Fetcher::new(&env.config()).unwrap();
+    let max = 1000u64;
+    env.origin
+        .route("/over.bin", Behaviour::BodyNoLength(bytes(1001, 8)));
+    env.origin
+        .route("/over-cl.bin", Behaviour::Body(bytes(1001, 8)));
+    for path in ["/over.bin", "/over-cl.bin"] {
+        let url = env.url("origin.test", path);
+        let err = fetcher.autofill(&url, max).await.unwrap_err();
+        assert!(err.to_string().contains("size"), "{path}: {err}");
+    }
+    let exact = env.serve("/exact.bin", &bytes(1000, 8));
+    let filled = fetcher.autofill(&exact, max).await.unwrap();
+    assert_eq!(filled.size, 1000);
+    assert_eq!(filled.sha256, sha256_hex(&bytes(1000, 8)));
+}

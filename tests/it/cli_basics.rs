@@ -231,8 +231,10 @@ async fn an_unknown_configuration_key_is_an_error_naming_it() {
     assert!(err.contains("config.toml"), "{err}");
 }
 
+/// `network.retries` asks the same address again after a transient
+/// failure: one retry, two requests to the one address.
 #[tokio::test]
-async fn configured_retries_go_over_the_addresses_again() {
+async fn configured_retries_ask_the_same_address_again() {
     let env = Env::new().await;
     let config = env.dir.path().join("config.toml");
     let text = std::fs::read_to_string(&config)

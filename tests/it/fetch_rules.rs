@@ -578,19 +578,51 @@ async fn a_host_with_an_empty_label_cannot_slip_past_the_blocklist() {
     env.origin
         .route("/target.bin", Behaviour::Body(body.clone()));
     let port = env.origin.port();
-    for location in [
-        format!("https://blocked.test..:{port}/target.bin"),
-        format!("https://blocked.test.:{port}/target.bin"),
-        format!("https://BLOCKED.test:{port}/target.bin"),
+    for (location, code) in [
+        // Two trailing dots are a malformed name, refused before the policy.
+        (
+            format!("https://blocked.test..:{port}/target.bin"),
+            "E_RESOURCE_ADDRESS",
+        ),
+        (
+            format!("https://blocked.test.:{port}/target.bin"),
+            "E_RESOURCE_POLICY",
+        ),
+        (
+            format!("https://BLOCKED.test:{port}/target.bin"),
+            "E_RESOURCE_POLICY",
+        ),
     ] {
         redirect(&env, "/to-blocked", 302, &location);
         let r = resource("b", &env.url("origin.test", "/to-blocked"), &[], &body);
         let err = fetch(&env, &r).await.unwrap_err();
-        let code = only_attempt(&err).code();
-        assert!(
-            code == "E_RESOURCE_POLICY" || code == "E_RESOURCE_ADDRESS",
-            "{location}: {err}"
-        );
+        assert_eq!(only_attempt(&err).code(), code, "{location}: {err}");
     }
     assert_eq!(env.origin.hits("/target.bin"), 0);
+}
+
+#[tokio::test]
+async fn an_empty_or_unparsable_location_is_one_failure_with_a_short_reason() {
+    let env = Env::new().await;
+    let body = bytes(100, 32);
+    let long = format!("https://[{}", "a".repeat(5000));
+    for (path, location, says) in [
+        ("/empty", String::new(), "Location is empty"),
+        ("/blank", "   ".to_string(), "Location is empty"),
+        ("/long", long, "invalid Location"),
+    ] {
+        redirect(&env, path, 302, &location);
+        let r = resource("l", &env.url("origin.test", path), &[], &body);
+        let err = fetch(&env, &r).await.unwrap_err();
+        let a = only_attempt(&err);
+        let reason = a.error.to_string();
+        assert!(reason.contains(says), "{path}: {reason}");
+        assert!(
+            reason.chars().count() < 400,
+            "{path}: {} chars",
+            reason.len()
+        );
+        // Not a redirect to itself: one request.
+        assert_eq!(env.origin.hits(path), 1, "{path}: {err}");
+    }
 }

@@ -201,3 +201,148 @@ async fn a_redirect_hop_to_a_host_blocked_after_start_is_refused() {
         .await
         .unwrap();
 }
+
+/// A fetcher and store for the env, and a task downloading `r` with them
+/// (no retries).
+fn spawn_download(
+    env: &Env,
+    r: Resource,
+) -> (
+    Fetcher,
+    tokio::task::JoinHandle<gem_resources::Result<std::path::PathBuf>>,
+) {
+    let config = env.config();
+    let fetcher = Fetcher::new(&config).unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    let f = fetcher.clone();
+    let task = tokio::spawn(async move { download(&f, &store, &r, no_retry(), &mut |_| {}).await });
+    (fetcher, task)
+}
+
+#[tokio::test]
+async fn a_host_blocked_during_the_tls_handshake_gets_no_request() {
+    let env = Env::new().await;
+    let body = bytes(50_000, 125);
+    let url = env.serve("/tls.bin", &body);
+    let gate = Gate::new();
+    env.origin.hold_handshakes(&gate);
+    let (fetcher, task) = spawn_download(&env, resource("t", &url, &[], &body));
+    wait_until("the TCP connection", || env.origin.connections() == 1).await;
+    fetcher.set_policy(policy(Mode::Blocklist, &["origin.test"]));
+    gate.open();
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    assert_eq!(
+        env.origin.hits("/tls.bin"),
+        0,
+        "no request after the change"
+    );
+    assert!(stored_files(&env, &body).is_empty());
+}
+
+#[tokio::test]
+async fn a_host_blocked_while_its_response_head_is_held_stops_the_transfer() {
+    let env = Env::new().await;
+    let body = bytes(50_000, 126);
+    let gate = Gate::new();
+    env.origin.route(
+        "/held.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/held.bin");
+    let (fetcher, task) = spawn_download(&env, resource("h", &url, &[], &body));
+    wait_until("the request", || env.origin.hits("/held.bin") == 1).await;
+    let changed = Instant::now();
+    fetcher.set_policy(policy(Mode::Blocklist, &["origin.test"]));
+    // The head never comes: the change alone stops the wait for it.
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert!(
+        changed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        changed.elapsed()
+    );
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    gate.open();
+    assert!(stored_files(&env, &body).is_empty());
+}
+
+#[tokio::test]
+async fn the_live_check_applies_to_the_redirect_target_being_read() {
+    let env = Env::new().await;
+    let body = bytes(1_000_000, 127);
+    slow_route(&env, "/slow.bin", &body);
+    env.origin.route(
+        "/start.bin",
+        Behaviour::Redirect {
+            status: 302,
+            location: env.url("cdn.test", "/slow.bin").to_string(),
+        },
+    );
+    let config = env.config();
+    let fetcher = Fetcher::new(&config).unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    let r = resource("s", &env.url("origin.test", "/start.bin"), &[], &body);
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let task = {
+        let (f, seen) = (fetcher.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut progress = |n: u64| seen.store(n, std::sync::atomic::Ordering::Relaxed);
+            download(&f, &store, &r, no_retry(), &mut progress).await
+        })
+    };
+    wait_until("bytes from the redirect target", || {
+        seen.load(std::sync::atomic::Ordering::Relaxed) > 20_000
+    })
+    .await;
+    // The declared url's host stays permitted; the host being read is not.
+    fetcher.set_policy(policy(Mode::Blocklist, &["cdn.test"]));
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    assert!(err.to_string().contains("cdn.test"), "{err}");
+    assert!(stored_files(&env, &body).is_empty());
+}
+
+#[tokio::test]
+async fn a_download_refused_before_connecting_announces_no_start() {
+    let env = Env::new().await;
+    let dev = Env::dev_section().replace(
+        "resolve = { ",
+        "resolve = { \"private.test\" = [\"10.0.0.5\"], ",
+    );
+    let text = format!(
+        "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nretries = 0\nmode = \"blocklist\"\nhosts = [\"blocked.test\"]\n{dev}\n"
+    );
+    std::fs::write(env.dir.path().join("config.toml"), text).unwrap();
+    let (a, b, c) = (bytes(1000, 128), bytes(1000, 129), bytes(1000, 130));
+    env.serve("/a.bin", &a);
+    env.serve("/c.bin", &c);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    let entries = json!([
+        required_entry("policy", &env.url("blocked.test", "/a.bin"), &a),
+        required_entry("address", &env.url("private.test", "/b.bin"), &b),
+        required_entry("fine", &env.url("origin.test", "/c.bin"), &c),
+    ]);
+    service.install("g", &manifest(entries)).await.unwrap();
+    within("the downloads", service.wait_idle()).await;
+    let mut started = Vec::new();
+    let mut failed = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        match event {
+            Event::Started { resource, .. } => started.push(resource),
+            Event::Failed { resource, .. } => failed.push(resource),
+            _ => {}
+        }
+    }
+    failed.sort();
+    assert_eq!(failed, ["address", "policy"]);
+    assert_eq!(
+        started,
+        ["fine"],
+        "only the download that connected started"
+    );
+    service.shutdown().await;
+}

@@ -357,3 +357,70 @@ async fn check_url_says_whether_and_where_the_proxy_connects() {
     let value: serde_json::Value = serde_json::from_slice(&direct.stdout).unwrap();
     assert!(value["proxy"].is_null(), "{value}");
 }
+
+#[tokio::test]
+async fn a_resume_through_the_proxy_asks_for_the_rest_with_if_range() {
+    let (env, proxy) = setup("").await;
+    let body = bytes(1_000_000, 7);
+    let cut = body.len() / 2;
+    env.origin.route(
+        "/r.bin",
+        Behaviour::Sequence(vec![
+            // Silent after `cut` (the stall timeout here is 2 s): through
+            // the proxy a reset would look like an early end.
+            Behaviour::ranged_held(&body, "\"v1\"", cut),
+            Behaviour::ranged(&body, "\"v1\""),
+        ]),
+    );
+    let url = env.url("origin.test", "/r.bin");
+    let path = fetch(&env, &resource("r", &url, &[], &body), retries(1))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(proxy.targets().len(), 2, "both requests through the proxy");
+    let headers = env.origin.last_headers("/r.bin").unwrap();
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("if-range"), Some("\"v1\""), "{headers:?}");
+    let from: usize = get("range")
+        .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
+        .expect("a Range");
+    assert_eq!(from, cut);
+    // Only the rest was sent the second time.
+    assert_eq!(
+        env.origin.served("/r.bin"),
+        (cut + body.len() - from) as u64
+    );
+}
+
+#[tokio::test]
+async fn a_host_blocked_while_the_tunnel_is_set_up_gets_no_request() {
+    let (env, _proxy) = setup("").await;
+    let body = bytes(50_000, 9);
+    let url = env.serve("/t.bin", &body);
+    let gate = Gate::new();
+    env.origin.hold_handshakes(&gate);
+    let config = env.config();
+    let fetcher = Fetcher::new(&config).unwrap();
+    let store = gem_resources::Store::open(&config.store_dir()).unwrap();
+    let task = {
+        let (f, r) = (fetcher.clone(), resource("t", &url, &[], &body));
+        tokio::spawn(async move {
+            gem_resources::download(&f, &store, &r, retries(0), &mut |_| {}).await
+        })
+    };
+    // The proxy opened the tunnel; the TLS handshake inside it waits.
+    wait_until("the tunnel", || env.origin.connections() == 1).await;
+    let blocked =
+        gem_resources::Policy::new(gem_resources::Mode::Blocklist, &["origin.test".to_string()])
+            .unwrap();
+    fetcher.set_policy(blocked);
+    gate.open();
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    assert_eq!(env.origin.hits("/t.bin"), 0, "no request after the change");
+}

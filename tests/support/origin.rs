@@ -141,6 +141,26 @@ pub enum Behaviour {
     /// The n-th request of the path gets the n-th behaviour; the last one
     /// answers every later request.
     Sequence(Vec<Behaviour>),
+    /// A resumable server that drips: like [`Behaviour::Ranged`] (`ETag`,
+    /// `206` for a matching `Range` and `If-Range`), but each response
+    /// sends only `per_try` bytes of what it announced, then holds the
+    /// connection open, silent.
+    Drip {
+        /// The whole body.
+        body: Vec<u8>,
+        /// The entity tag, quotes included.
+        etag: String,
+        /// Bytes sent per response.
+        per_try: usize,
+    },
+    /// `head` sent verbatim (status line and headers, without the blank
+    /// line that ends them), then `body`, then the connection closes.
+    Raw {
+        /// The head, lines separated by `\r\n`.
+        head: String,
+        /// The bytes after it.
+        body: Vec<u8>,
+    },
     /// Body sent in `chunk`-byte pieces with `delay` between them, correct
     /// Content-Length.
     Slow {
@@ -233,6 +253,10 @@ struct Shared {
     last_headers: Mutex<HashMap<String, Vec<(String, String)>>>,
     /// Body bytes written per path.
     served: Mutex<HashMap<String, u64>>,
+    /// TCP connections accepted.
+    connections: AtomicUsize,
+    /// While set, TLS handshakes wait for this gate.
+    hold_handshakes: Mutex<Option<Gate>>,
 }
 
 /// Connection tasks, and whether the origin has been dropped.
@@ -344,6 +368,17 @@ impl Origin {
     /// How many body bytes were written for `path`, over every response.
     pub fn served(&self, path: &str) -> u64 {
         lock(&self.shared.served).get(path).copied().unwrap_or(0)
+    }
+
+    /// How many TCP connections were accepted (before their TLS handshake).
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// Holds every TLS handshake from now on (the TCP connection is
+    /// accepted and counted) until `gate` opens.
+    pub fn hold_handshakes(&self, gate: &Gate) {
+        *lock(&self.shared.hold_handshakes) = Some(gate.clone());
     }
 
     /// How many well-formed request heads arrived, for any path.
@@ -459,6 +494,11 @@ async fn accept_loop(
 /// Serves one request on one connection, then closes it.
 async fn connection(tcp: TcpStream, acceptor: TlsAcceptor, shared: Arc<Shared>) {
     let _ = tcp.set_nodelay(true);
+    shared.connections.fetch_add(1, Ordering::SeqCst);
+    let hold = lock(&shared.hold_handshakes).clone();
+    if let Some(gate) = hold {
+        gate.wait().await;
+    }
     // A failed handshake or a vanished client just ends the connection.
     let Ok(mut tls) = acceptor.accept(tcp).await else {
         return;
@@ -639,6 +679,41 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
                 return Ok(());
             }
         }
+        Behaviour::Drip {
+            body,
+            etag,
+            per_try,
+        } => {
+            let start = range_start(&request.headers, etag, body.len());
+            let status = if start > 0 {
+                format!(
+                    "206 Partial Content\r\nContent-Range: bytes {start}-{}/{}",
+                    body.len() - 1,
+                    body.len()
+                )
+            } else {
+                "200 OK".to_string()
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len() - start
+            );
+            tls.write_all(head.as_bytes()).await?;
+            let end = (start + per_try).min(body.len());
+            if !head_only {
+                write_body(tls, &body[start..end]).await?;
+                *lock(&shared.served).entry(key.clone()).or_default() += (end - start) as u64;
+            }
+            if end < body.len() {
+                std::future::pending::<()>().await;
+            }
+        }
+        Behaviour::Raw { head, body } => {
+            tls.write_all(format!("{head}\r\n\r\n").as_bytes()).await?;
+            if !head_only {
+                write_body(tls, body).await?;
+            }
+        }
         Behaviour::RetryAfter { status, value } => {
             let head = format!(
                 "HTTP/1.1 {status} {}\r\nRetry-After: {value}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -719,6 +794,22 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         }
     }
     close(tls).await
+}
+
+/// Where a resumable response starts: the `Range: bytes=N-` asked for when
+/// its `If-Range` (if any) is `etag` and `N` is inside the body, else 0.
+fn range_start(headers: &[(String, String)], etag: &str, len: usize) -> usize {
+    let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    header("range")
+        .and_then(|r| {
+            r.strip_prefix("bytes=")?
+                .strip_suffix('-')?
+                .parse::<usize>()
+                .ok()
+        })
+        .filter(|_| header("if-range").is_none_or(|v| v == etag))
+        .filter(|n| *n < len)
+        .unwrap_or(0)
 }
 
 /// Writes a 200 head for an octet-stream body, with or without a length.
