@@ -7,9 +7,10 @@
 //! runtime Tokio refuses (panics) rather than deadlock. From async code,
 //! use [`Resources`] itself.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::Result;
+use crate::import::ImportOutcome;
 use crate::manifest::Manifest;
 use crate::service::{GemStatus, InstallReport, Resources, UninstallReport, VerifyReport};
 
@@ -66,6 +67,11 @@ impl Blocking {
     /// [`Resources::retry`], blocking.
     pub fn retry(&self, gem: &str, resource_id: &str) -> Result<bool> {
         self.wait(self.service.retry(gem, resource_id))
+    }
+
+    /// [`Resources::import`], blocking: the file is hashed and copied first.
+    pub fn import(&self, path: &Path) -> Result<ImportOutcome> {
+        self.wait(self.service.import(path))
     }
 
     /// [`Resources::verify`], blocking.

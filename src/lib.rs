@@ -64,8 +64,9 @@
 //! 5. **Settings.** [`Resources::set_policy`] applies a new network policy
 //!    at once; [`Resources::policy`] reads it.
 //! 6. **Quit.** [`Resources::shutdown`] stops downloads (their bytes kept
-//!    for resume) and waits for them; afterwards every call returns
-//!    `E_RESOURCE_SHUTDOWN`.
+//!    for resume), waits for them, and ends every event subscription
+//!    (`Closed`, after the events still buffered); afterwards every call,
+//!    [`Resources::import`] included, returns `E_RESOURCE_SHUTDOWN`.
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] is cheap to
 //! clone and has a typed [`ErrorCode`]; [`PolicyError`] and

@@ -160,6 +160,27 @@ async fn after_shutdown_every_call_fails_with_the_shutdown_code() {
     shut(clone.download_now("g", "r").map(drop));
     shut(clone.subscribe_with_status(None).map(drop));
     shut(clone.set_policy(Policy::default()).map(drop));
+    let user_file = env.dir.path().join("user-copy.bin");
+    std::fs::write(&user_file, &body).unwrap();
+    shut(clone.import(&user_file).await.map(drop));
+    // The blocking calls, from a thread without a runtime.
+    let blocking = clone.blocking();
+    let (m, user) = (m.clone(), user_file.clone());
+    let results = crate::embed_runtime::on_plain_thread("the blocking calls", move || {
+        [
+            blocking.install("g", &m).map(drop),
+            blocking.path("g", "r").map(drop),
+            blocking.uninstall("g").map(drop),
+            blocking.start().map(drop),
+            blocking.status(None).map(drop),
+            blocking.verify().map(drop),
+            blocking.cancel("g", "r").map(drop),
+            blocking.retry("g", "r").map(drop),
+            blocking.import(&user).map(drop),
+        ]
+    })
+    .await;
+    results.into_iter().for_each(shut);
     // Nothing was requested.
     assert_eq!(env.origin.hits("/r.bin"), 0);
     // Shutting down again is harmless.
