@@ -43,6 +43,9 @@ impl HostSlots {
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
                 .clone()
         };
+        if semaphore.available_permits() == 0 {
+            tracing::debug!(host, "waiting for a connection slot of the host");
+        }
         match semaphore.acquire_owned().await {
             Ok(permit) => HostPermit { _permit: permit },
             // Never closed; a fresh semaphore keeps the type total.
