@@ -364,7 +364,7 @@ impl Scheduler {
             Ok(path) => {
                 for w in job.waiters() {
                     let clear = deps.registry.set_failure(&w.gem, &w.resource, None);
-                    record_outcome(job, clear).await;
+                    record_outcome(job, &w, clear).await;
                 }
                 // Each waiter's own name for the bytes, as `path` gives (a
                 // link or a copy: file work, off the runtime's workers).
@@ -393,7 +393,7 @@ impl Scheduler {
                     let write =
                         deps.registry
                             .set_failure(&w.gem, &w.resource, Some(record.clone()));
-                    record_outcome(job, write).await;
+                    record_outcome(job, &w, write).await;
                 }
                 self.each(job, |w| Event::Failed {
                     gem: w.gem.clone(),
@@ -578,14 +578,24 @@ async fn waiter_paths(
 /// meanwhile. Writing takes the registry lock, and install and uninstall
 /// hold that lock while they cancel a job and wait for it to end: waiting
 /// for the lock regardless would deadlock them.
+///
+/// A record that cannot be written (a full disk) is logged and nothing
+/// more: the download's own outcome still goes to every caller and event,
+/// never replaced by the record's error.
 async fn record_outcome(
     job: &Job,
+    waiter: &Waiter,
     write: impl std::future::Future<Output = crate::error::Result<()>>,
 ) {
     tokio::select! {
         result = write => {
             if let Err(e) = result {
-                tracing::warn!("{}: {e}", e.code());
+                tracing::warn!(
+                    gem = %waiter.gem,
+                    resource = %waiter.resource,
+                    "the outcome of the download could not be recorded, and is reported all the same: {}: {e}",
+                    e.code()
+                );
             }
         }
         () = job.cancel.cancelled() => {}
