@@ -263,9 +263,8 @@ async fn a_failure_whose_record_cannot_be_written_still_reaches_the_caller_and_t
     assert!(err.to_string().contains("404"), "{err}");
     let failed = within("the Failed event", async {
         loop {
-            match events.recv().await.unwrap() {
-                e @ Event::Failed { .. } => return e,
-                _ => {}
+            if let e @ Event::Failed { .. } = events.recv().await.unwrap() {
+                return e;
             }
         }
     })
