@@ -44,7 +44,8 @@
 //!    [`Resources::builder`]). The service is `Clone + Send + Sync` and
 //!    [`Debug`](std::fmt::Debug); keep one and clone it. Its calls can then
 //!    be awaited from any executor, and [`Resources::blocking`] serves code
-//!    without one. [`Resources::start`] at app start cleans up after a
+//!    without one (on a Tokio runtime's threads its waiting calls return
+//!    `E_RESOURCE_RUNTIME`: await the async method there). [`Resources::start`] at app start cleans up after a
 //!    crash and queues missing required files.
 //! 2. **Install from the manifest.** [`parse_manifest`], then
 //!    [`Resources::install`]; it returns once the registration is durable,

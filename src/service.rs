@@ -406,8 +406,9 @@ impl Resources {
     }
 
     /// Blocking versions of the service's calls, for code without an
-    /// executor. Never call them from inside an async task (they block the
-    /// thread, and panic on the service's own runtime).
+    /// executor. On a thread of a Tokio runtime (inside an async task, for
+    /// one) those that wait return `E_RESOURCE_RUNTIME` instead: await the
+    /// methods here there (see [`crate::blocking`]).
     pub fn blocking(&self) -> Blocking {
         Blocking::new(self.clone())
     }

@@ -76,7 +76,7 @@ async fn outside_a_runtime_open_fails_with_its_own_code_and_a_handle_makes_it_wo
             let report = blocking.install("g", &m).unwrap();
             let path = blocking.path("g", "b").unwrap();
             let status = blocking.status(Some("g")).unwrap();
-            blocking.shutdown();
+            blocking.shutdown().unwrap();
             (report, std::fs::read(path).unwrap(), status, body)
         })
         .join()
@@ -199,4 +199,61 @@ async fn every_public_call_works_when_awaited_from_a_plain_thread_outside_tokio(
         "imported, never downloaded"
     );
     assert!(service.is_shut_down());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_call_inside_an_async_task_is_refused_with_the_runtime_code() {
+    let env = Env::new().await;
+    let body = bytes(20_000, 67);
+    let url = env.serve("/r.bin", &body);
+    let user_file = env.dir.path().join("user-copy.bin");
+    std::fs::write(&user_file, &body).unwrap();
+    let service = Resources::open(&env.config()).unwrap();
+    let m = manifest(json!([entry("r", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    let blocking = service.blocking();
+    let refused = |what: &str, r: Result<(), Error>| {
+        let err = r.expect_err(what);
+        assert_eq!(err.code(), ErrorCode::Runtime, "{what}: {err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("await Resources::{what} there instead")),
+            "{err}"
+        );
+    };
+    // In the test's own task, and in a task spawned on the runtime.
+    refused("path", blocking.path("g", "r").map(drop));
+    refused("install", blocking.install("g", &m).map(drop));
+    refused("import", blocking.import(&user_file).map(drop));
+    refused("wait_idle", blocking.wait_idle());
+    refused("shutdown", blocking.shutdown());
+    let in_task = {
+        let blocking = blocking.clone();
+        tokio::spawn(async move {
+            (
+                blocking.uninstall("g").map(drop),
+                blocking.start().map(drop),
+                blocking.verify().map(drop),
+                blocking.cancel("g", "r").map(drop),
+                blocking.retry("g", "r").map(drop),
+            )
+        })
+    };
+    let (uninstall, start, verify, cancel, retry) = within("the task", in_task).await.unwrap();
+    refused("uninstall", uninstall);
+    refused("start", start);
+    refused("verify", verify);
+    refused("cancel", cancel);
+    refused("retry", retry);
+    // What never waits works anywhere.
+    assert_eq!(blocking.status(Some("g")).unwrap().len(), 1);
+    // Nothing was done; the service still serves, and from a thread of its
+    // own the same calls work.
+    assert_eq!(env.origin.hits("/r.bin"), 0);
+    let path = on_plain_thread("the blocking path", move || blocking.path("g", "r"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(!service.is_shut_down());
+    service.shutdown().await;
 }
