@@ -46,7 +46,8 @@
 //!    [`Resources::builder`]). The service is `Clone + Send + Sync` and
 //!    [`Debug`](std::fmt::Debug); keep one and clone it. Its calls can then
 //!    be awaited from any executor, and [`Resources::blocking`] serves code
-//!    without one. [`Resources::start`] at app start cleans up after a
+//!    without one (on a Tokio runtime's threads its waiting calls return
+//!    `E_RESOURCE_RUNTIME`: await the async method there). [`Resources::start`] at app start cleans up after a
 //!    crash and queues missing required files.
 //! 2. **Install from the manifest.** [`parse_manifest`], then
 //!    [`Resources::install`]; it returns once the registration is durable,
@@ -66,8 +67,9 @@
 //! 5. **Settings.** [`Resources::set_policy`] applies a new network policy
 //!    at once; [`Resources::policy`] reads it.
 //! 6. **Quit.** [`Resources::shutdown`] stops downloads (their bytes kept
-//!    for resume) and waits for them; afterwards every call returns
-//!    `E_RESOURCE_SHUTDOWN`.
+//!    for resume), waits for them, and ends every event subscription
+//!    (`Closed`, after the events still buffered); afterwards every call,
+//!    [`Resources::import`] included, returns `E_RESOURCE_SHUTDOWN`.
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] is cheap to
 //! clone and has a typed [`ErrorCode`]; [`PolicyError`] and

@@ -288,6 +288,14 @@ pub enum Error {
     /// [`crate::Resources::open`] was called outside a Tokio runtime.
     #[error("the resource service needs a Tokio runtime for its downloads: open it inside one, or pass one with Resources::open_with_handle")]
     NoRuntime,
+    /// A [`crate::Blocking`] call was made on a thread of a Tokio runtime
+    /// (inside an async task, or a runtime's `block_on` or blocking
+    /// thread), where blocking would stall or deadlock the runtime.
+    #[error("Blocking::{call} was called on a thread of a Tokio runtime, where waiting would stall it: await Resources::{call} there instead, or call Blocking::{call} from a thread of your own")]
+    BlockingInRuntime {
+        /// The method called (`path`, `install`, …).
+        call: &'static str,
+    },
 }
 
 impl From<Attempt> for Error {
@@ -349,6 +357,7 @@ impl Error {
             Error::Cancelled { .. } => ErrorCode::Cancelled,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NoRuntime => ErrorCode::Runtime,
+            Error::BlockingInRuntime { .. } => ErrorCode::Runtime,
         }
     }
 
@@ -507,6 +516,7 @@ mod tests {
             },
             Error::Shutdown,
             Error::NoRuntime,
+            Error::BlockingInRuntime { call: "path" },
         ];
         for err in &errors {
             let text = err.to_string();

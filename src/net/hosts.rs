@@ -34,6 +34,9 @@ impl HostSlots {
     /// Waits for a connection slot of `host`.
     pub(crate) async fn enter(&self, host: &str) -> HostPermit {
         let semaphore = self.reserve(host);
+        if semaphore.available_permits() == 0 {
+            tracing::debug!(host, "waiting for a connection slot of the host");
+        }
         match semaphore.acquire_owned().await {
             Ok(permit) => HostPermit { _permit: permit },
             // Never closed; a fresh semaphore keeps the type total.

@@ -19,15 +19,25 @@
 //!   its own gem and id.
 //! - A download ends with exactly one of [`Event::Verified`],
 //!   [`Event::Failed`] or [`Event::Cancelled`] for each waiter. A download
-//!   stopped by a policy change ends with `Failed` (`E_RESOURCE_POLICY`);
-//!   one stopped by [`crate::Resources::cancel`], an uninstall, an upgrade
-//!   that drops it, or shutdown ends with `Cancelled`.
+//!   stopped by a policy change ends with `Failed` whose `code` is
+//!   `E_RESOURCE_UNAVAILABLE` (no address delivered the file) and whose
+//!   `primary_cause` is `E_RESOURCE_POLICY`; in its `message`, the line of
+//!   the address that was stopped carries `E_RESOURCE_POLICY`. One stopped by
+//!   [`crate::Resources::cancel`], an uninstall, an upgrade that drops it,
+//!   or shutdown ends with `Cancelled`.
 //! - [`Event::Installed`] comes before the `Deleted`, `Queued` and
 //!   `Started` events its install causes.
+//! - [`crate::Resources::shutdown`] ends every subscription: once the
+//!   downloads it stopped have sent their last events, each receiver gets
+//!   what is still in its buffer and then
+//!   [`RecvError::Closed`](tokio::sync::broadcast::error::RecvError::Closed).
+//!   A subscription taken after shutdown is closed from the start.
 
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
+use tokio::sync::broadcast;
 
 use crate::error::ErrorCode;
 
@@ -121,7 +131,8 @@ pub enum Event {
         /// Its local path.
         path: PathBuf,
     },
-    /// Every address failed.
+    /// Every address failed, or a policy change stopped the download (see
+    /// the module documentation for its codes).
     Failed {
         /// The gem that asked for it.
         gem: String,
@@ -129,10 +140,13 @@ pub enum Event {
         resource: String,
         /// Its SHA-256.
         sha256: String,
-        /// The error code.
+        /// The error code: `E_RESOURCE_UNAVAILABLE` when the addresses
+        /// were tried (a policy change included), another code for a
+        /// failure of this machine (`E_RESOURCE_DISK_SPACE`, `E_RESOURCE_IO`).
         code: ErrorCode,
         /// The most specific code among the addresses' failures
-        /// ([`crate::Error::primary_cause`]).
+        /// ([`crate::Error::primary_cause`]): `E_RESOURCE_POLICY` when
+        /// the network policy refused or stopped an address.
         primary_cause: ErrorCode,
         /// The full message, with the reason for each address.
         message: String,
@@ -157,4 +171,86 @@ pub enum Event {
         /// Its SHA-256.
         sha256: String,
     },
+}
+
+/// The service's event channel, shared by everything that publishes:
+/// open until [`Events::close`], after which nothing is published and
+/// every receiver, old or new, sees `Closed`.
+#[derive(Debug, Clone)]
+pub(crate) struct Events {
+    sender: Arc<RwLock<Option<broadcast::Sender<Event>>>>,
+}
+
+impl Events {
+    /// A channel whose subscribers each buffer `buffer` events (at least 1).
+    pub(crate) fn new(buffer: usize) -> Events {
+        let (sender, _) = broadcast::channel(buffer.max(1));
+        Events {
+            sender: Arc::new(RwLock::new(Some(sender))),
+        }
+    }
+
+    fn sender(&self) -> Option<broadcast::Sender<Event>> {
+        self.sender
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Publishes `event` to every subscriber; nothing once closed.
+    pub(crate) fn send(&self, event: Event) {
+        let sender = self.sender.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(sender) = sender.as_ref() {
+            // No subscriber is not an error.
+            let _ = sender.send(event);
+        }
+    }
+
+    /// A new subscription; closed from the start once the channel is.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Event> {
+        match self.sender() {
+            Some(sender) => sender.subscribe(),
+            None => broadcast::channel(1).1,
+        }
+    }
+
+    /// How many subscriptions are open.
+    pub(crate) fn receiver_count(&self) -> usize {
+        self.sender().map_or(0, |s| s.receiver_count())
+    }
+
+    /// Ends every subscription: each receiver gets what its buffer still
+    /// holds, then `Closed`.
+    pub(crate) fn close(&self) {
+        self.sender
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::broadcast::error::RecvError;
+
+    fn deleted() -> Event {
+        Event::Deleted {
+            sha256: "a".repeat(64),
+        }
+    }
+
+    #[tokio::test]
+    async fn close_ends_old_subscriptions_after_their_buffer_and_new_ones_at_once() {
+        let events = Events::new(4);
+        let mut old = events.subscribe();
+        events.send(deleted());
+        events.close();
+        events.send(deleted());
+        assert_eq!(old.recv().await, Ok(deleted()));
+        assert_eq!(old.recv().await, Err(RecvError::Closed));
+        let mut new = events.subscribe();
+        assert_eq!(new.recv().await, Err(RecvError::Closed));
+        assert_eq!(events.receiver_count(), 0);
+    }
 }

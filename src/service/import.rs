@@ -66,7 +66,15 @@ impl Resources {
     /// and SHA-256, copies it into the store (the user's file is left as
     /// it was) and clears the failure records of the resources it
     /// satisfies. Afterwards [`Resources::path`] answers without a request.
+    /// Like every call, it can be awaited from any executor, and returns
+    /// `E_RESOURCE_SHUTDOWN` after [`Resources::shutdown`].
     pub async fn import(&self, path: &Path) -> Result<ImportOutcome> {
+        let (this, path) = (self.clone(), path.to_path_buf());
+        self.on_runtime(async move { this.import_here(&path).await })
+            .await
+    }
+
+    async fn import_here(&self, path: &Path) -> Result<ImportOutcome> {
         let store = self.store().clone();
         let registry = Registry::new(&store);
         let source = path.to_path_buf();

@@ -342,7 +342,17 @@ mod tests {
         Arc::new(AtomicBool::new(v))
     }
 
-    #[tokio::test]
+    /// `work` (an acquire that must succeed, a task holding one), bounded:
+    /// on the paused clock of these tests the minute passes at once when
+    /// every task waits, so a slot never handed out fails the test with
+    /// `what` instead of hanging it.
+    async fn soon<T>(what: &str, work: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(60), work)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: still waiting, no slot was handed out"))
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn never_more_than_the_slots() {
         let limiter = Limiter::new(2, 2);
         let a = limiter.acquire("g", "h", &flag(false)).await;
@@ -355,7 +365,9 @@ mod tests {
         }
         assert!(!third.is_finished());
         drop(a);
-        third.await.unwrap();
+        soon("the third acquire after a slot was released", third)
+            .await
+            .unwrap();
     }
 
     async fn order_of_service(waiters: Vec<(&'static str, bool)>) -> Vec<&'static str> {
@@ -379,18 +391,18 @@ mod tests {
         drop(held);
         let mut out = Vec::new();
         for _ in 0..waiters.len() {
-            out.push(rx.recv().await.unwrap());
+            out.push(soon("the next waiter served", rx.recv()).await.unwrap());
         }
         out
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn urgent_waiters_go_first() {
         let order = order_of_service(vec![("bg1", false), ("bg2", false), ("now", true)]).await;
         assert_eq!(order[0], "now");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn gems_share_slots_fairly() {
         let order = order_of_service(vec![
             ("many", false),
@@ -404,7 +416,7 @@ mod tests {
         assert!(one <= 1, "{order:?}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_abandoned_acquire_does_not_leak_a_slot() {
         let limiter = Limiter::new(1, 1);
         let held = limiter.acquire("g", "h", &flag(false)).await;
@@ -416,10 +428,14 @@ mod tests {
         waiting.abort();
         let _ = waiting.await;
         drop(held);
-        let _again = limiter.acquire("g", "h", &flag(false)).await;
+        let _again = soon(
+            "an acquire after an abandoned one",
+            limiter.acquire("g", "h", &flag(false)),
+        )
+        .await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_full_key_does_not_hold_back_other_keys() {
         let limiter = Limiter::new(2, 1);
         let _a = limiter.acquire("g", "busy", &flag(false)).await;
@@ -433,7 +449,7 @@ mod tests {
         assert!(!same.is_finished());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn no_gem_holds_every_slot_while_another_gem_waits() {
         // Two slots, each host may use both: gem "many" gets one, and its
         // second file (on another host) waits although a slot is free, so
@@ -447,7 +463,11 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(limiter.held_by("many"), 1);
-        let other = limiter.acquire("one", "c.test", &flag(false)).await;
+        let other = soon(
+            "the other gem's first slot",
+            limiter.acquire("one", "c.test", &flag(false)),
+        )
+        .await;
         assert_eq!(limiter.held_by("one"), 1);
         assert!(!second.is_finished());
         // When the other gem is done, the waiting file of "many" still
@@ -455,20 +475,30 @@ mod tests {
         drop(other);
         assert_eq!(limiter.waiting(), 1);
         drop(first);
-        let _second = second.await.unwrap();
+        let _second = soon("the gem's own slot, given back", second)
+            .await
+            .unwrap();
         assert_eq!(limiter.held_by("many"), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_single_slot_is_a_gem_share_of_one() {
         let limiter = Limiter::new(1, 1);
-        let held = limiter.acquire("g", "h", &flag(false)).await;
+        let held = soon(
+            "the only slot, free",
+            limiter.acquire("g", "h", &flag(false)),
+        )
+        .await;
         assert_eq!(limiter.held_by("g"), 1);
         drop(held);
-        let _again = limiter.acquire("g", "h", &flag(false)).await;
+        let _again = soon(
+            "the only slot, given back",
+            limiter.acquire("g", "h", &flag(false)),
+        )
+        .await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_flagged_urgent_while_waiting_keeps_its_turn_while_its_key_is_busy() {
         // Two slots, one per key: A holds "h", X holds "k". E then C wait for
         // "h", B for "k"; C is flagged urgent while waiting. X's slot goes to
@@ -498,13 +528,13 @@ mod tests {
         c_flag.store(true, Ordering::Relaxed);
         limiter.urgent_flagged();
         drop(x);
-        assert_eq!(rx.recv().await.unwrap(), "b");
+        assert_eq!(soon("B served", rx.recv()).await.unwrap(), "b");
         drop(a);
-        assert_eq!(rx.recv().await.unwrap(), "c");
+        assert_eq!(soon("C served", rx.recv()).await.unwrap(), "c");
         drop(permits);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_urgent_waiter_for_a_busy_key_goes_ahead_of_background_waiters() {
         // One global slot, two per key: A runs; B (background) and C
         // (urgent), both for A's key, wait. C must get the slot A frees.
@@ -524,7 +554,7 @@ mod tests {
             }
         }
         drop(a);
-        assert_eq!(rx.recv().await.unwrap(), "c");
-        assert_eq!(rx.recv().await.unwrap(), "b");
+        assert_eq!(soon("C served", rx.recv()).await.unwrap(), "c");
+        assert_eq!(soon("B served", rx.recv()).await.unwrap(), "b");
     }
 }

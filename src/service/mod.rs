@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorCode, Result};
 use crate::manifest::{Manifest, Resource};
 use crate::net::policy::Policy;
-use crate::service::events::{Event, DEFAULT_EVENT_BUFFER};
+use crate::service::events::{Event, Events, DEFAULT_EVENT_BUFFER};
 use crate::service::scheduler::{Deps, JobResult, JobState, Scheduler};
 use crate::store::registry::{check_gem_id, FailureRecord, Registration, Registry};
 use crate::store::Store;
@@ -59,7 +59,8 @@ const DELETE_WORKERS: usize = 16;
 ///
 /// # After shutdown
 /// [`Resources::shutdown`] ends the service for every clone: each later
-/// call returns [`Error::Shutdown`] (`E_RESOURCE_SHUTDOWN`), and
+/// call returns [`Error::Shutdown`] (`E_RESOURCE_SHUTDOWN`),
+/// [`Resources::import`] included, every event subscription ends, and
 /// [`Resources::is_shut_down`] says so.
 #[derive(Clone)]
 pub struct Resources {
@@ -121,7 +122,7 @@ struct Inner {
     store: Store,
     registry: Registry,
     scheduler: Arc<Scheduler>,
-    events: broadcast::Sender<Event>,
+    events: Events,
     /// How long an interrupted download is kept for resume.
     partial_max_age: std::time::Duration,
 }
@@ -283,7 +284,7 @@ impl Resources {
     fn build(config: &Config, dir: &Path, handle: Handle, buffer: usize) -> Result<Resources> {
         let store = Store::open(dir)?;
         let registry = Registry::new(&store);
-        let (events, _) = broadcast::channel(buffer);
+        let events = Events::new(buffer);
         let deps = Deps {
             fetcher: Fetcher::new(config)?,
             store: store.clone(),
@@ -321,7 +322,8 @@ impl Resources {
     }
 
     /// Subscribes to progress events (see [`crate::service::events`] for what they
-    /// promise, and for the buffer).
+    /// promise, and for the buffer). [`Resources::shutdown`] ends every
+    /// subscription (`Closed`); after it, the receiver is closed at once.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.inner.events.subscribe()
     }
@@ -341,7 +343,7 @@ impl Resources {
     }
 
     fn emit(&self, event: Event) {
-        let _ = self.inner.events.send(event);
+        self.inner.events.send(event);
     }
 
     /// Whether [`Resources::shutdown`] was called (on any clone).
@@ -359,8 +361,8 @@ impl Resources {
     }
 
     /// Runs `work` on the service's runtime and waits for it from any
-    /// executor.
-    async fn on_runtime<T: Send + 'static>(
+    /// executor; `E_RESOURCE_SHUTDOWN` once the service is shut down.
+    pub(crate) async fn on_runtime<T: Send + 'static>(
         &self,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
@@ -371,6 +373,42 @@ impl Resources {
             // The runtime itself is shutting down.
             Err(_) => Err(Error::Shutdown),
         }
+    }
+
+    /// Runs blocking file work (writes, fsyncs, deletions, copies) on the
+    /// service runtime's blocking threads, from any executor: a slow disk
+    /// then holds up only the call that waits for it, never the transfers
+    /// running on the runtime's workers.
+    async fn on_blocking<T: Send + 'static>(
+        &self,
+        path: &Path,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        match self.handle().spawn_blocking(work).await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::io(
+                "the file work stopped:",
+                path,
+                std::io::Error::other(e),
+            )),
+        }
+    }
+
+    /// The stored file of `resource` under its own name, made on a
+    /// blocking thread when it needs a link or a copy.
+    async fn find(&self, resource: &Resource) -> Result<Option<PathBuf>> {
+        let store = self.inner.store.clone();
+        let (sha256, name) = (resource.sha256.clone(), resource.file_name());
+        let wanted = store.blob_path(&sha256, &name);
+        if wanted.is_file() {
+            return Ok(Some(wanted));
+        }
+        if !store.has(&sha256) {
+            return Ok(None);
+        }
+        self.on_blocking(&wanted, move || store.find(&sha256, &name))
+            .await
     }
 
     /// The runtime the service runs on.
@@ -400,7 +438,9 @@ impl Resources {
             gem: gem.to_string(),
             resources: manifest.resources.clone(),
         };
-        inner.registry.put(&registration)?;
+        let registry = inner.registry.clone();
+        self.on_blocking(inner.store.root(), move || registry.put(&registration))
+            .await?;
         self.emit(Event::Installed {
             gem: gem.to_string(),
             resources: manifest.resources.len(),
@@ -451,7 +491,9 @@ impl Resources {
         let Some(old) = inner.registry.get(gem)? else {
             return Err(Error::NotFound(format!("gem {gem:?} is not installed")));
         };
-        inner.registry.remove(gem)?;
+        let (registry, owner) = (inner.registry.clone(), gem.to_string());
+        self.on_blocking(inner.store.root(), move || registry.remove(&owner))
+            .await?;
         let (deleted, kept) = self.delete_unclaimed(shas(&old.resources)).await?;
         drop(lock);
         self.emit(Event::Uninstalled {
@@ -475,7 +517,7 @@ impl Resources {
         for reg in inner.registry.list()? {
             claimed.extend(shas(&reg.resources));
         }
-        let (mut doomed, mut kept) = (Vec::new(), Vec::new());
+        let (mut unclaimed, mut kept) = (Vec::new(), Vec::new());
         for sha in candidates {
             if claimed.contains(&sha) {
                 kept.push(sha);
@@ -485,17 +527,18 @@ impl Resources {
                 .scheduler
                 .cancel(&sha, "no installed gem declares it any more")
                 .await;
-            inner.store.remove_partials(&sha);
-            if inner.store.has(&sha) {
-                doomed.push(sha);
-            }
+            unclaimed.push(sha);
         }
         let store = inner.store.clone();
-        let removal = tokio::task::spawn_blocking(move || remove_blobs(&store, &doomed));
+        let removal = move || {
+            for sha in &unclaimed {
+                store.remove_partials(sha);
+            }
+            unclaimed.retain(|sha| store.has(sha));
+            remove_blobs(&store, &unclaimed)
+        };
         let blobs = inner.store.root().join("blobs");
-        let deleted = removal
-            .await
-            .map_err(|e| Error::io("cannot delete files in", blobs, std::io::Error::other(e)))??;
+        let deleted = self.on_blocking(&blobs, removal).await?;
         for sha in &deleted {
             self.emit(Event::Deleted {
                 sha256: sha.clone(),
@@ -512,9 +555,7 @@ impl Resources {
     pub async fn path(&self, gem: &str, resource_id: &str) -> Result<PathBuf> {
         self.live()?;
         let resource = self.resource(gem, resource_id)?;
-        let name = resource.file_name();
-        let store = &self.inner.store;
-        if let Some(path) = store.find(&resource.sha256, &name)? {
+        if let Some(path) = self.find(&resource).await? {
             return Ok(path);
         }
         let mut done = self.inner.scheduler.ensure(gem, &resource, true);
@@ -529,7 +570,7 @@ impl Resources {
         };
         // The job stored the bytes under its own resource's file name; this
         // caller gets its own name for the same bytes.
-        match store.find(&resource.sha256, &name)? {
+        match self.find(&resource).await? {
             Some(path) => Ok(path),
             None => Err(Error::NotFound(format!(
                 "resource {resource_id:?} of gem {gem:?} was deleted while it downloaded"
@@ -618,13 +659,16 @@ impl Resources {
         let inner = &self.inner;
         let removed = {
             let _lock = inner.registry.lock().await?;
-            let mut declared = BTreeSet::new();
-            for reg in inner.registry.list()? {
-                declared.extend(shas(&reg.resources));
-            }
-            inner.store.clean_tmp(inner.partial_max_age)?
-                + inner.store.prune_partials(&declared)
-                + inner.registry.clean()
+            let (store, registry) = (inner.store.clone(), inner.registry.clone());
+            let max_age = inner.partial_max_age;
+            let clean = move || {
+                let mut declared = BTreeSet::new();
+                for reg in registry.list()? {
+                    declared.extend(shas(&reg.resources));
+                }
+                Ok(store.clean_tmp(max_age)? + store.prune_partials(&declared) + registry.clean())
+            };
+            self.on_blocking(inner.store.root(), clean).await?
         };
         if removed > 0 {
             tracing::info!(
@@ -652,8 +696,11 @@ impl Resources {
     /// Replaces the network policy (the app's "Settings › System"), at any
     /// time. From this moment it applies to every connection and redirect
     /// hop; a download in flight whose current host (url, mirror or
-    /// redirect target) it no longer permits stops within a second with
-    /// `E_RESOURCE_POLICY`, its bytes kept for resume. Required files whose
+    /// redirect target) it no longer permits stops within a second, its
+    /// bytes kept for resume: it fails (caller, [`Event::Failed`], failure
+    /// record) with `code` `E_RESOURCE_UNAVAILABLE` and `primary_cause`
+    /// `E_RESOURCE_POLICY`, the stopped address's line in the message
+    /// carrying `E_RESOURCE_POLICY`. Required files whose
     /// last failure was the policy, and which the new policy lets through,
     /// are queued again at once; lazy ones wait for their next
     /// [`Resources::path`]. Emits [`Event::PolicyChanged`]; returns how many
@@ -693,13 +740,17 @@ impl Resources {
 
     /// Stops every download (each waiting gem gets [`Event::Cancelled`];
     /// kept bytes stay for resume), removes their temporary files, and
-    /// waits until all of them have finished. From then on every call
-    /// returns `E_RESOURCE_SHUTDOWN`. Calling it again does nothing more.
+    /// waits until all of them have finished. Then it ends every event
+    /// subscription: each receiver gets the events still in its buffer
+    /// (the `Cancelled` ones included), then `Closed`. From then on every
+    /// call returns `E_RESOURCE_SHUTDOWN`, and [`Resources::subscribe`]
+    /// gives a closed receiver. Calling it again does nothing more.
     pub async fn shutdown(&self) {
         let this = self.clone();
         let stop = async move { this.inner.scheduler.shutdown().await };
         // Nothing runs any more when the runtime itself has gone away.
         let _ = self.handle().spawn(stop).await;
+        self.inner.events.close();
     }
 
     /// The ids of every installed gem.
@@ -826,7 +877,9 @@ impl Resources {
                         .collect(),
                     declared_by: self.declared_by(&sha)?,
                 });
-                store.remove(&sha)?;
+                let (doomed, sha256) = (store.clone(), sha.clone());
+                self.on_blocking(store.root(), move || doomed.remove(&sha256))
+                    .await?;
                 self.emit(Event::Deleted {
                     sha256: sha.clone(),
                 });

@@ -22,19 +22,19 @@
 //! [`Handle`]), whichever executor the caller uses.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::manifest::Resource;
-use crate::service::events::Event;
+use crate::service::events::{Event, Events};
 use crate::service::limiter::Limiter;
 use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
@@ -160,7 +160,7 @@ pub(crate) struct Deps {
     /// next address is tried.
     pub retry: RetryPolicy,
     /// Event channel.
-    pub events: broadcast::Sender<Event>,
+    pub events: Events,
 }
 
 /// The download scheduler.
@@ -204,7 +204,7 @@ impl Scheduler {
     }
 
     fn emit(&self, event: Event) {
-        let _ = self.deps.events.send(event);
+        self.deps.events.send(event);
     }
 
     /// The fetcher every job uses.
@@ -358,20 +358,19 @@ impl Scheduler {
             Ok(path) => {
                 for w in job.waiters() {
                     let clear = deps.registry.set_failure(&w.gem, &w.resource, None);
-                    record_outcome(job, clear).await;
+                    record_outcome(job, &w, clear).await;
                 }
-                self.each(job, |w| Event::Verified {
-                    gem: w.gem.clone(),
-                    resource: w.resource.clone(),
-                    sha256: sha256.clone(),
-                    // Each waiter's own name for the bytes, as `path` gives.
-                    path: deps
-                        .store
-                        .find(&sha256, &w.file)
-                        .ok()
-                        .flatten()
-                        .unwrap_or_else(|| path.clone()),
-                });
+                // Each waiter's own name for the bytes, as `path` gives (a
+                // link or a copy: file work, off the runtime's workers).
+                let named = waiter_paths(&deps.store, &sha256, job.waiters(), &path).await;
+                for (w, file) in named {
+                    self.emit(Event::Verified {
+                        gem: w.gem,
+                        resource: w.resource,
+                        sha256: sha256.clone(),
+                        path: file,
+                    });
+                }
                 Ok(path)
             }
             // Stopped by our own shutdown (or an uninstall) while the
@@ -388,7 +387,7 @@ impl Scheduler {
                     let write =
                         deps.registry
                             .set_failure(&w.gem, &w.resource, Some(record.clone()));
-                    record_outcome(job, write).await;
+                    record_outcome(job, &w, write).await;
                 }
                 self.each(job, |w| Event::Failed {
                     gem: w.gem.clone(),
@@ -418,7 +417,9 @@ impl Scheduler {
             let _lock = registry.lock().await?;
             let declared = registry.declares(&resource.sha256)?;
             if !declared {
-                self.deps.store.remove(&resource.sha256)?;
+                let (store, sha256) = (self.deps.store.clone(), resource.sha256.clone());
+                crate::store::off_runtime(self.deps.store.root(), move || store.remove(&sha256))
+                    .await?;
             }
             Ok::<bool, Error>(declared)
         };
@@ -552,18 +553,56 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 }
 
+/// Each waiter with its own name for the verified bytes of `sha256` at
+/// `path`, made on a blocking thread; `path` itself where no name can be
+/// made.
+async fn waiter_paths(
+    store: &Store,
+    sha256: &str,
+    waiters: Vec<Waiter>,
+    path: &Path,
+) -> Vec<(Waiter, PathBuf)> {
+    let (store, sha256) = (store.clone(), sha256.to_string());
+    let files: Vec<String> = waiters.iter().map(|w| w.file.clone()).collect();
+    let name = move || {
+        let named = files.iter().map(|f| store.find(&sha256, f).ok().flatten());
+        Ok(named.collect::<Vec<_>>())
+    };
+    let named = crate::store::off_runtime(path, name)
+        .await
+        .unwrap_or_default();
+    let mut named = named.into_iter();
+    waiters
+        .into_iter()
+        .map(|w| {
+            let file = named.next().flatten();
+            (w, file.unwrap_or_else(|| path.to_path_buf()))
+        })
+        .collect()
+}
+
 /// Writes a job's failure record (or clears it) unless the job is cancelled
 /// meanwhile. Writing takes the registry lock, and install and uninstall
 /// hold that lock while they cancel a job and wait for it to end: waiting
 /// for the lock regardless would deadlock them.
+///
+/// A record that cannot be written (a full disk) is logged and nothing
+/// more: the download's own outcome still goes to every caller and event,
+/// never replaced by the record's error.
 async fn record_outcome(
     job: &Job,
+    waiter: &Waiter,
     write: impl std::future::Future<Output = crate::error::Result<()>>,
 ) {
     tokio::select! {
         result = write => {
             if let Err(e) = result {
-                tracing::warn!("{}: {e}", e.code());
+                tracing::warn!(
+                    gem = %waiter.gem,
+                    resource = %waiter.resource,
+                    "the outcome of the download could not be recorded, and is reported all the same: {}: {e}",
+                    e.code()
+                );
             }
         }
         () = job.cancel.cancelled() => {}

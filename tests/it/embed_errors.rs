@@ -160,6 +160,27 @@ async fn after_shutdown_every_call_fails_with_the_shutdown_code() {
     shut(clone.download_now("g", "r").map(drop));
     shut(clone.subscribe_with_status(None).map(drop));
     shut(clone.set_policy(Policy::default()).map(drop));
+    let user_file = env.dir.path().join("user-copy.bin");
+    std::fs::write(&user_file, &body).unwrap();
+    shut(clone.import(&user_file).await.map(drop));
+    // The blocking calls, from a thread without a runtime.
+    let blocking = clone.blocking();
+    let (m, user) = (m.clone(), user_file.clone());
+    let results = crate::embed_runtime::on_plain_thread("the blocking calls", move || {
+        [
+            blocking.install("g", &m).map(drop),
+            blocking.path("g", "r").map(drop),
+            blocking.uninstall("g").map(drop),
+            blocking.start().map(drop),
+            blocking.status(None).map(drop),
+            blocking.verify().map(drop),
+            blocking.cancel("g", "r").map(drop),
+            blocking.retry("g", "r").map(drop),
+            blocking.import(&user).map(drop),
+        ]
+    })
+    .await;
+    results.into_iter().for_each(shut);
     // Nothing was requested.
     assert_eq!(env.origin.hits("/r.bin"), 0);
     // Shutting down again is harmless.
@@ -214,4 +235,62 @@ async fn a_library_error_reads_as_a_sentence_with_its_code_kept_apart() {
         assert!(!text.starts_with(code.as_str()), "{text}");
         assert!(text.contains(names), "{text}");
     }
+}
+
+#[tokio::test]
+async fn a_failure_whose_record_cannot_be_written_still_reaches_the_caller_and_the_events() {
+    // A failure log that cannot be written (here a folder where the file
+    // goes, as a full disk would refuse it): the download's own error is
+    // what the caller and the `Failed` event get, not the record's.
+    let logs = Logs::capture();
+    let env = Env::new().await;
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let url = env.url("origin.test", "/gone.bin");
+    let body = bytes(5000, 74);
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("r", &url, &body)])))
+        .await
+        .unwrap();
+    let log = store_root(&env).join("failures").join("g.jsonl");
+    std::fs::create_dir_all(log.join("in-the-way")).unwrap();
+    let mut events = service.subscribe();
+    let err = within("the lookup", service.path("g", "r"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.primary_cause(), ErrorCode::Http, "{err}");
+    assert!(err.to_string().contains("404"), "{err}");
+    let failed = within("the Failed event", async {
+        loop {
+            if let e @ Event::Failed { .. } = events.recv().await.unwrap() {
+                return e;
+            }
+        }
+    })
+    .await;
+    let Event::Failed {
+        gem,
+        code,
+        primary_cause,
+        message,
+        ..
+    } = failed
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (gem.as_str(), code, primary_cause),
+        ("g", ErrorCode::Unavailable, ErrorCode::Http)
+    );
+    assert_eq!(message, err.to_string());
+    assert!(log.is_dir(), "the record was not written in its place");
+    assert!(
+        logs.text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("g.jsonl")),
+        "the record's own failure is logged:\n{}",
+        logs.text()
+    );
+    service.shutdown().await;
 }

@@ -255,3 +255,122 @@ async fn the_event_buffer_is_configurable_and_status_rebuilds_a_lagged_view() {
     ));
     assert!(format!("{service:?}").contains("Resources"));
 }
+
+#[tokio::test]
+async fn shutdown_ends_every_subscription_and_a_later_one_is_closed_at_once() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let (body, url) = stalled_route(&env, "/stall.bin", 300_000, 100_000, 83);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    // A task that only waits on its subscription, as a gem page does.
+    let waiter = {
+        let mut events = service.subscribe();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                match events.recv().await {
+                    Ok(e) => seen.push(e),
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return seen,
+                }
+            }
+        })
+    };
+    service
+        .install("g", &manifest(json!([required_entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    until(&mut events, |e| matches!(e, Event::Started { .. })).await;
+    service.shutdown().await;
+    // The waiting task ends, and what it saw ends with the download's end.
+    let seen = within("the subscriber's end after shutdown", waiter)
+        .await
+        .unwrap();
+    assert!(
+        matches!(seen.last(), Some(Event::Cancelled { gem, .. }) if gem == "g"),
+        "{seen:?}"
+    );
+    // The other receiver gets its buffer, then `Closed`.
+    let rest = until(&mut events, |e| matches!(e, Event::Cancelled { .. })).await;
+    assert!(!rest.is_empty());
+    assert_eq!(
+        within("Closed", events.recv()).await,
+        Err(RecvError::Closed)
+    );
+    // A subscription taken after shutdown is closed from the start.
+    let mut late = service.subscribe();
+    assert_eq!(
+        late.try_recv(),
+        Err(tokio::sync::broadcast::error::TryRecvError::Closed)
+    );
+    assert_eq!(
+        within("late Closed", late.recv()).await,
+        Err(RecvError::Closed)
+    );
+    let err = service.subscribe_with_status(None).unwrap_err();
+    assert_eq!(err.code(), gem_resources::ErrorCode::Shutdown, "{err}");
+}
+
+#[tokio::test]
+async fn a_download_a_policy_change_stops_fails_as_unavailable_caused_by_the_policy() {
+    // What the docs of `set_policy`, the events and the README say: `code`
+    // E_RESOURCE_UNAVAILABLE, `primary_cause` E_RESOURCE_POLICY, for the
+    // event, the caller and the failure record alike.
+    use gem_resources::policy::{Mode, Policy};
+    use gem_resources::ErrorCode;
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    // Resumable and slow (10 KiB every 50 ms): in flight for seconds.
+    let body = bytes(2_000_000, 84);
+    env.origin.route(
+        "/slow.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"v1\"".into(),
+            ignore_range: false,
+            cut_at: None,
+            hold: false,
+            pace: Some((10_240, std::time::Duration::from_millis(50))),
+        },
+    );
+    let url = env.url("origin.test", "/slow.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install("g", &manifest(json!([entry("s", &url, &body)])))
+        .await
+        .unwrap();
+    let caller = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("g", "s").await })
+    };
+    until(&mut events, |e| matches!(e, Event::Progress { .. })).await;
+    let blocked = Policy::new(Mode::Blocklist, &["origin.test".to_string()]).unwrap();
+    service.set_policy(blocked).unwrap();
+    let seen = until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
+    let Some(Event::Failed {
+        code,
+        primary_cause,
+        message,
+        ..
+    }) = seen.last()
+    else {
+        unreachable!()
+    };
+    assert_eq!(*code, ErrorCode::Unavailable, "{message}");
+    assert_eq!(*primary_cause, ErrorCode::Policy, "{message}");
+    assert!(message.contains("E_RESOURCE_POLICY"), "{message}");
+    let err = within("the caller", caller).await.unwrap().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
+    let state = service.status(Some("g")).unwrap()[0].resources[0]
+        .state
+        .clone();
+    let ResourceState::Failed { failure } = state else {
+        panic!("{state:?}")
+    };
+    assert_eq!(failure.code, ErrorCode::Unavailable);
+    assert_eq!(failure.primary_cause, ErrorCode::Policy);
+    service.shutdown().await;
+}

@@ -166,10 +166,11 @@ async fn a_global_limit_of_one_runs_one_download_at_a_time() {
     assert_eq!(env.origin.total_hits(), 2);
 }
 
-/// Waits until every job in `ids` was queued, then checks that exactly
-/// `started` of them took a slot. On the test's single-threaded runtime a
-/// job that finds a free slot announces `Started` in the same poll as
-/// `Queued`, so a job still without `Started` here is waiting in the limiter.
+/// Waits until every job in `ids` was queued and `started` of them
+/// announced `Started` (which comes with a job's first connection), then
+/// checks that no other had by then. The jobs' servers hold every response,
+/// so a job with a slot has connected by the time the others are queued
+/// and waiting for one.
 async fn assert_not_started_after_queued(
     events: &mut tokio::sync::broadcast::Receiver<gem_resources::Event>,
     ids: &[&str],
@@ -177,13 +178,15 @@ async fn assert_not_started_after_queued(
 ) {
     use gem_resources::Event;
     let (mut queued, mut running) = (Vec::new(), Vec::new());
-    within("every job is queued", async {
-        while queued.len() < ids.len() {
+    within("every job is queued and the expected ones started", async {
+        while queued.len() < ids.len() || running.len() < started {
             match events.recv().await.unwrap() {
                 Event::Queued { resource, .. } if ids.contains(&resource.as_str()) => {
                     queued.push(resource)
                 }
-                Event::Started { resource, .. } => running.push(resource),
+                Event::Started { resource, .. } if ids.contains(&resource.as_str()) => {
+                    running.push(resource)
+                }
                 _ => {}
             }
         }
@@ -281,6 +284,7 @@ async fn an_on_demand_path_goes_ahead_of_queued_background_downloads_from_the_sa
 async fn the_per_host_limit_counts_the_host_actually_connected_to() {
     // Two files declared on two hosts both redirect to one mirror host: with
     // one connection per host, the mirror serves them one after the other.
+    let logs = Logs::capture();
     let env = Env::new().await;
     write_patient_config(&env, "[service]\nmax_per_host = 1");
     let (one, two) = (bytes(1000, 140), bytes(1000, 141));
@@ -300,26 +304,80 @@ async fn the_per_host_limit_counts_the_host_actually_connected_to() {
         required_entry("two", &env.url("b.origin.test", "/r2"), &two),
     ]);
     service.install("g", &manifest(entries)).await.unwrap();
-    wait_until("one mirror request", || {
-        env.origin.hits("/one.bin") + env.origin.hits("/two.bin") == 1
-    })
-    .await;
-    // Both redirects were followed; the second waits for the mirror host.
+    let mirror_hits = || env.origin.hits("/one.bin") + env.origin.hits("/two.bin");
+    wait_until("a mirror request", || mirror_hits() >= 1).await;
+    // Both redirects were followed; the second transfer waits for the
+    // mirror host's only slot (it says so before it waits), while the
+    // first holds it.
     wait_until("both redirects", || {
         env.origin.hits("/r1") == 1 && env.origin.hits("/r2") == 1
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(
-        env.origin.hits("/one.bin") + env.origin.hits("/two.bin"),
-        1,
-        "a second connection to the mirror host"
-    );
+    wait_until(
+        "a transfer waits for the mirror host, or connects to it",
+        || logs.count(WAITING_FOR_HOST) == 1 || mirror_hits() == 2,
+    )
+    .await;
+    assert_eq!(mirror_hits(), 1, "a second connection to the mirror host");
     for gate in &gates {
         gate.open();
     }
     within("both downloads", service.wait_idle()).await;
     assert_eq!(stored_files(&env, &one).len(), 1);
     assert_eq!(stored_files(&env, &two).len(), 1);
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_gem_with_many_required_files_leaves_a_slot_for_a_gem_with_one() {
+    // Three slots, a gem declaring four files (each on a host of its own,
+    // so the per-host bound plays no part) whose servers hold every
+    // response: it may take two slots, never the third, so the gem that
+    // declares one file starts while all four are still in flight.
+    let env = Env::new().await;
+    write_patient_config(&env, "[service]\nmax_concurrent_downloads = 3");
+    let service = Resources::open(&env.config()).unwrap();
+    let mut gates = Vec::new();
+    let mut many = Vec::new();
+    let hosts = ["origin.test", "mirror.test", "cdn.test", "other.test"];
+    for (i, host) in (0..4u8).zip(hosts) {
+        let (path, body) = (format!("/many-{i}.bin"), bytes(4000, 150 + i));
+        gates.push(gated(&env, &path, &body));
+        let url = env.url(host, &path);
+        many.push(required_entry(&format!("m{i}"), &url, &body));
+    }
+    service
+        .install("many", &manifest(serde_json::Value::Array(many)))
+        .await
+        .unwrap();
+    let many_hits = || {
+        (0..4)
+            .map(|i| env.origin.hits(&format!("/many-{i}.bin")))
+            .sum::<usize>()
+    };
+    wait_until("two of the four files are requested", || many_hits() == 2).await;
+    let one = bytes(4000, 160);
+    let one_gate = gated(&env, "/one.bin", &one);
+    let one_url = env.url("a.origin.test", "/one.bin");
+    service
+        .install(
+            "one",
+            &manifest(json!([required_entry("o", &one_url, &one)])),
+        )
+        .await
+        .unwrap();
+    wait_until("the gem with one file is requested", || {
+        env.origin.hits("/one.bin") == 1
+    })
+    .await;
+    // Three slots in use (two of the first gem's, the second gem's one):
+    // the first gem never had a third.
+    assert_eq!(many_hits(), 2);
+    one_gate.open();
+    for gate in &gates {
+        gate.open();
+    }
+    within("every download", service.wait_idle()).await;
+    assert_eq!(stored_files(&env, &one).len(), 1);
     service.shutdown().await;
 }

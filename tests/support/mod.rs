@@ -340,6 +340,10 @@ impl std::io::Write for LogWriter {
 /// another task or process downloading the same file.
 pub const WAITING_FOR_LOCK: &str = "waiting for another download of the same file";
 
+/// The line the library logs (at debug level) when a transfer waits for a
+/// connection slot of the host it is about to connect to.
+pub const WAITING_FOR_HOST: &str = "waiting for a connection slot of the host";
+
 /// The line the library logs (at debug level) when a lookup joins a
 /// download already scheduled.
 pub const JOINING: &str = "joining the download in progress";
