@@ -76,6 +76,8 @@
 //! [`ConfigError`] convert into it, so `?` works throughout an app.
 
 #![warn(missing_docs)]
+// No function longer than one screen (clippy.toml sets 120 lines).
+#![warn(clippy::too_many_lines)]
 
 pub mod config;
 pub mod error;

@@ -5,6 +5,9 @@
 //! success, 1 when the operation failed (error codes are printed), 2 for
 //! usage errors.
 
+// No function longer than one screen (clippy.toml sets 120 lines).
+#![warn(clippy::too_many_lines)]
+
 mod cli;
 mod commands;
 mod context;
