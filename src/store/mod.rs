@@ -38,6 +38,7 @@
 //! following symbolic links and checked to be regular files of the user;
 //! a verified file is one of the user's regular files, `0400`.
 
+pub(crate) mod atomic;
 mod group_sync;
 mod shared_failure;
 mod space;

@@ -180,17 +180,18 @@ impl Checkpointer {
             };
         }
         let bytes = serde_json::to_vec(&self.meta).map_err(io::Error::other)?;
-        let dir = self.path.parent().unwrap_or(Path::new("."));
         // Named after the SHA-256 like the rest, so a cleanup in another
         // process leaves it alone while the lock is held.
         let prefix = match self.path.file_name() {
             Some(name) => format!("{}.tmp.", name.to_string_lossy()),
             None => ".tmp.".into(),
         };
-        let mut tmp = tempfile::Builder::new().prefix(&prefix).tempfile_in(dir)?;
-        io::Write::write_all(&mut tmp, &bytes)?;
-        tmp.as_file().sync_data()?;
-        tmp.persist(&self.path).map_err(|e| e.error)?;
+        crate::store::atomic::replace(
+            &self.path,
+            &prefix,
+            &bytes,
+            crate::store::atomic::Durability::Data,
+        )?;
         Ok(())
     }
 }

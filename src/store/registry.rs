@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{shorten_to, Error, ErrorCode, Result};
 use crate::manifest::Resource;
+use crate::store::atomic::{replace, Durability};
 use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
 /// A gem's registration: its validated resources.
@@ -345,18 +346,14 @@ impl Registry {
     /// Not fsynced: it only tells running processes that their cached
     /// records are out of date, and a system crash ends those processes.
     fn bump_generation(&self) -> Result<()> {
-        let next = self.generation().wrapping_add(1);
-        let dir = &self.gems;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".")
-            .suffix(".tmp")
-            .tempfile_in(dir)
-            .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
-        let path = self.generation_path();
-        tmp.write_all(next.to_string().as_bytes())
-            .map_err(|e| Error::io("cannot write", tmp.path(), e))?;
-        tmp.persist(&path)
-            .map_err(|e| Error::io("cannot replace", &path, e.error))?;
+        let next = self.generation().wrapping_add(1).to_string();
+        replace(
+            &self.generation_path(),
+            ".",
+            next.as_bytes(),
+            Durability::Hint,
+        )
+        .map_err(|e| registry_error(e, next.len()))?;
         Ok(())
     }
 
@@ -874,21 +871,16 @@ fn sync_parent(path: &Path) {
 
 /// Writes `bytes` to `path` atomically and durably.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io("cannot create temporary file in", dir, e))?;
-    tmp.write_all(bytes)
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| {
-            crate::store::write_failed("cannot write", tmp.path(), e, bytes.len() as u64)
-        })?;
-    tmp.persist(path)
-        .map_err(|e| Error::io("cannot replace", path, e.error))?;
-    crate::platform::sync_dir(dir);
-    Ok(())
+    replace(path, ".", bytes, Durability::Full).map_err(|e| registry_error(e, bytes.len()))
+}
+
+/// A failed replacement as the registry reports it: a full disk says how
+/// much was needed.
+fn registry_error(e: crate::store::atomic::ReplaceError, needed: usize) -> Error {
+    match e.step {
+        "cannot write" => crate::store::write_failed(e.step, &e.path, e.error, needed as u64),
+        step => Error::io(step, &e.path, e.error),
+    }
 }
 
 #[cfg(test)]

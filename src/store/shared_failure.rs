@@ -51,16 +51,13 @@ impl Store {
         let Ok(bytes) = serde_json::to_vec(&record) else {
             return;
         };
-        let locks = self.root.join("locks");
-        if let Ok(mut file) = tempfile::Builder::new()
-            .prefix(&format!(".{sha256}.failed."))
-            .tempfile_in(&locks)
-        {
-            use std::io::Write;
-            if file.write_all(&bytes).is_ok() {
-                let _ = file.persist(self.failure_path(sha256));
-            }
-        }
+        // Best effort: only callers waiting in other processes read it.
+        let _ = crate::store::atomic::replace(
+            &self.failure_path(sha256),
+            &format!(".{sha256}.failed."),
+            &bytes,
+            crate::store::atomic::Durability::Hint,
+        );
     }
 
     /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
