@@ -134,10 +134,10 @@ fn default_stall() -> f64 {
     30.0
 }
 fn default_retries() -> u32 {
-    5
+    RetryPolicy::default().retries
 }
 fn default_retry_after_max() -> f64 {
-    120.0
+    RetryPolicy::default().retry_after_max.as_secs_f64()
 }
 fn default_min_per_min() -> u64 {
     64 << 10
@@ -146,7 +146,7 @@ fn default_partial_max_age() -> f64 {
     7.0
 }
 fn default_backoff() -> f64 {
-    1.0
+    RetryPolicy::default().backoff.as_secs_f64()
 }
 fn default_autofill_max() -> u64 {
     64 << 30

@@ -68,10 +68,12 @@ pub struct RetryPolicy {
     pub retry_after_max: Duration,
 }
 
+/// The defaults of `[network] retries`, `retry_backoff_secs` and
+/// `retry_after_max_secs` (the configuration takes them from here).
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            retries: 3,
+            retries: 5,
             backoff: Duration::from_secs(1),
             retry_after_max: Duration::from_secs(120),
         }
@@ -202,6 +204,9 @@ mod tests {
         );
         assert_eq!(p.decide(&http(429, Some(121)), 0), Decision::NextAddress);
         assert_eq!(p.decide(&http(404, Some(1)), 0), Decision::NextAddress);
-        assert_eq!(p.decide(&http(503, Some(1)), 3), Decision::NextAddress);
+        assert_eq!(
+            p.decide(&http(503, Some(1)), p.retries),
+            Decision::NextAddress
+        );
     }
 }
