@@ -164,12 +164,14 @@ fn rows_of(status: &[GemStatus]) -> BTreeMap<String, (String, u64)> {
         for r in &gem.resources {
             let row = match &r.state {
                 ResourceState::Present { .. } => ("present".into(), 100),
-                ResourceState::Downloading { bytes } => {
+                ResourceState::Downloading { bytes, .. } => {
                     ("downloading".into(), bytes * 100 / r.size.max(1))
                 }
-                ResourceState::Failed { failure } => (format!("failed ({})", failure.code), 0),
+                ResourceState::Failed { failure, .. } => (format!("failed ({})", failure.code), 0),
                 ResourceState::Queued => ("queued".into(), 0),
                 ResourceState::Missing => ("not downloaded".into(), 0),
+                // A state added by a later version.
+                _ => ("unknown".into(), 0),
             };
             println!("  page: {}/{} ({}) {}", gem.gem, r.id, r.label, row.0);
             rows.insert(format!("{}/{}", gem.gem, r.id), row);

@@ -40,6 +40,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// Where verified files and the service's records live.
     #[serde(default)]
@@ -61,6 +62,7 @@ pub struct Config {
 /// `[network]`: the user's network policy and the timeouts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct NetworkConfig {
     /// `allowlist`: only `hosts` may be reached; `blocklist`: `hosts` may not.
     #[serde(default = "default_mode", with = "mode_serde")]
@@ -115,6 +117,7 @@ pub struct NetworkConfig {
 /// `[service]`: bounds on concurrent downloads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ServiceConfig {
     /// Downloads running at once, across all hosts.
     #[serde(default = "default_max_downloads")]

@@ -12,6 +12,7 @@ use serde::Deserialize;
 /// origin. Production configurations leave this empty.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DevConfig {
     /// PEM files whose certificates are trusted in addition to the system roots.
     #[serde(default)]

@@ -40,6 +40,7 @@ pub use crate::error::refusal::{Blocked, PolicyError};
 
 /// Why one address failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AttemptError {
     /// The address (or a redirect) is not `https://`.
     #[error("only https:// is allowed, got {scheme}://")]
@@ -169,6 +170,7 @@ impl Attempt {
 
 /// Everything the library can fail with. Cheap to clone.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The manifest was rejected; nothing of it is used. One line per
     /// problem, `path: message` (the [`ManifestError`] itself keeps the code

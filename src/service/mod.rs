@@ -129,6 +129,7 @@ struct Inner {
 
 /// What [`Resources::install`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct InstallReport {
     /// The gem.
     pub gem: String,
@@ -148,6 +149,7 @@ pub struct InstallReport {
 
 /// What [`Resources::uninstall`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct UninstallReport {
     /// The gem.
     pub gem: String,
@@ -160,8 +162,10 @@ pub struct UninstallReport {
 /// The state of one resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ResourceState {
     /// Verified and in the store.
+    #[non_exhaustive]
     Present {
         /// Its local path.
         path: PathBuf,
@@ -171,11 +175,13 @@ pub enum ResourceState {
     /// Waiting for a download slot.
     Queued,
     /// Being downloaded (here or by another process sharing the store).
+    #[non_exhaustive]
     Downloading {
         /// Bytes received so far.
         bytes: u64,
     },
     /// The last download failed (and nothing is running now).
+    #[non_exhaustive]
     Failed {
         /// The failure.
         #[serde(flatten)]
@@ -185,6 +191,7 @@ pub enum ResourceState {
 
 /// One resource in [`Resources::status`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ResourceStatus {
     /// The resource id.
     pub id: String,
@@ -220,6 +227,7 @@ pub struct ResourceStatus {
 
 /// One gem in [`Resources::status`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GemStatus {
     /// The gem.
     pub gem: String,
@@ -229,6 +237,7 @@ pub struct GemStatus {
 
 /// What [`Resources::verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// Stored files checked (every name of every stored file).
     pub checked: usize,
@@ -242,6 +251,7 @@ pub struct VerifyReport {
 
 /// A stored file [`Resources::verify`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RemovedFile {
     /// Its SHA-256.
     pub sha256: String,
@@ -710,9 +720,9 @@ impl Resources {
         let inner = &self.inner;
         let old = self.policy();
         self.emit(Event::PolicyChanged {
-            old_mode: old.mode().as_str().into(),
+            old_mode: old.mode(),
             old_hosts: old.host_count(),
-            new_mode: policy.mode().as_str().into(),
+            new_mode: policy.mode(),
             new_hosts: policy.host_count(),
         });
         inner.scheduler.fetcher().set_policy(policy.clone());
