@@ -103,7 +103,7 @@ pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    Blocking, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
+    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
     UninstallReport, VerifyReport,
 };
 pub use store::Store;

@@ -15,6 +15,7 @@
 
 pub mod blocking;
 pub mod events;
+pub mod gem;
 pub mod import;
 pub(crate) mod limiter;
 pub(crate) mod scheduler;
@@ -42,6 +43,7 @@ use crate::store::Store;
 use crate::transfer::fetch::Fetcher;
 
 pub use crate::service::blocking::Blocking;
+pub use crate::service::gem::{BlockingGem, GemResources};
 
 /// Files deleted at once by an uninstall or upgrade.
 const DELETE_WORKERS: usize = 16;

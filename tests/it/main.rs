@@ -13,6 +13,7 @@ mod embed_controls;
 mod embed_errors;
 mod embed_events;
 mod embed_runtime;
+mod embed_scoped;
 mod fetch_rules;
 mod fuzz_regressions;
 mod hostile_input;
