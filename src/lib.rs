@@ -94,7 +94,7 @@ pub use service::{blocking, events, import};
 pub use store::{partial, registry};
 pub use transfer::{download, fetch, retry};
 
-pub use config::Config;
+pub use config::{Config, IpNet};
 pub use download::{download, download_with, RetryPolicy};
 pub use error::{Attempt, AttemptError, ConfigError, Error, ErrorCode, Result, CODES};
 pub use events::{Event, DEFAULT_EVENT_BUFFER};
@@ -103,8 +103,8 @@ pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
-    UninstallReport, VerifyReport,
+    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, ResourceState, ResourceStatus,
+    Resources, ResourcesBuilder, UninstallReport, VerifyReport,
 };
 pub use store::Store;
 

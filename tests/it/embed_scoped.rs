@@ -111,7 +111,11 @@ async fn a_gem_handle_cancels_and_retries() {
     assert!(g.download_now("slow").unwrap());
     next(&mut events, |e| matches!(e, Event::Progress { .. })).await;
     assert!(g.cancel("slow").await.unwrap(), "a download was running");
-    next(&mut events, |e| matches!(e, Event::Cancelled { gem, .. } if gem == "g")).await;
+    next(
+        &mut events,
+        |e| matches!(e, Event::Cancelled { gem, .. } if gem == "g"),
+    )
+    .await;
     assert!(matches!(state(&g), ResourceState::Missing));
 
     service
@@ -124,7 +128,11 @@ async fn a_gem_handle_cancels_and_retries() {
     service.wait_idle().await;
     assert!(matches!(state(&g), ResourceState::Failed { .. }));
     assert!(g.retry("flaky").await.unwrap());
-    next(&mut events, |e| matches!(e, Event::Verified { gem, .. } if gem == "g")).await;
+    next(
+        &mut events,
+        |e| matches!(e, Event::Verified { gem, .. } if gem == "g"),
+    )
+    .await;
     assert!(matches!(state(&g), ResourceState::Present { .. }));
 }
 

@@ -9,6 +9,7 @@ mod autofill;
 mod cli_basics;
 mod cli_newcomer;
 mod cli_terminal;
+mod embed_config;
 mod embed_controls;
 mod embed_errors;
 mod embed_events;
