@@ -275,7 +275,12 @@ pub enum Error {
     /// No such gem or resource is installed.
     #[error("{0}")]
     NotFound(String),
-    /// The download was stopped (uninstall or shutdown).
+    /// The download was stopped before it finished, by
+    /// [`crate::Resources::cancel`] or by an uninstall or upgrade after
+    /// which no gem declares the file (`E_RESOURCE_CANCELLED`). A call
+    /// waiting for a download that [`crate::Resources::shutdown`] stopped
+    /// gets [`Error::Shutdown`] instead; the download module's own
+    /// [`crate::download_with`] returns this when its token is cancelled.
     #[error("resource {resource:?}: {reason}")]
     Cancelled {
         /// The resource id.

@@ -25,8 +25,14 @@
 //!   the address that was stopped carries `E_RESOURCE_POLICY`. One stopped by
 //!   [`crate::Resources::cancel`], an uninstall, an upgrade that drops it,
 //!   or shutdown ends with `Cancelled`.
-//! - [`Event::Installed`] comes before the `Deleted`, `Queued` and
-//!   `Started` events its install causes.
+//! - The order around an install or upgrade: [`Event::Installed`] first,
+//!   once the registration is written, then the `Cancelled` and `Deleted`
+//!   events of files the new version no longer declares, then the
+//!   `Queued` (and later `Started`) events of its required files.
+//! - The order around an uninstall: the `Cancelled` events of the gem's
+//!   downloads, the `Deleted` events of its files that no gem declares any
+//!   more, then [`Event::Uninstalled`], last. An uninstall of a gem that
+//!   is not installed publishes nothing.
 //! - [`crate::Resources::shutdown`] ends every subscription: once the
 //!   downloads it stopped have sent their last events, each receiver gets
 //!   what is still in its buffer and then
