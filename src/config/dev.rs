@@ -227,6 +227,36 @@ mod tests {
     }
 
     #[test]
+    fn pem_text_and_addresses_can_be_given_in_code_or_in_the_file() {
+        let c =
+            Config::parse("[dev]\nextra_root_pems = [\"-----BEGIN CERTIFICATE-----\"]").unwrap();
+        assert_eq!(c.active_dev_keys(), vec!["extra_root_pems"]);
+        let mut dev = DevConfig::default();
+        dev.allow_address("127.0.0.1")
+            .unwrap()
+            .allow_address("fd00::/8")
+            .unwrap();
+        assert_eq!(
+            dev.allow_addresses,
+            vec![
+                parse_net("127.0.0.1/32").unwrap(),
+                parse_net("fd00::/8").unwrap()
+            ]
+        );
+        let e = dev.allow_address("cdn.test").unwrap_err().to_string();
+        assert!(
+            e.starts_with("dev.allow_addresses: \"cdn.test\" is neither"),
+            "{e}"
+        );
+        assert_eq!(dev.allow_addresses.len(), 2, "nothing added");
+        dev.trust_pem("pem");
+        assert_eq!(
+            dev.active_keys(),
+            vec!["extra_root_pems", "allow_addresses"]
+        );
+    }
+
+    #[test]
     fn active_dev_keys_name_what_is_set() {
         assert!(Config::parse("").unwrap().active_dev_keys().is_empty());
         let c = Config::parse("[dev]\nallow_public_addresses = false").unwrap();
