@@ -207,8 +207,9 @@ fn status(service: &Resources) -> Result<(), Error> {
                 ResourceState::Present { .. } => "present".to_string(),
                 ResourceState::Missing => "missing".to_string(),
                 ResourceState::Queued => "queued".to_string(),
-                ResourceState::Downloading { bytes } => format!("downloading ({bytes} bytes)"),
-                ResourceState::Failed { failure } => format!("failed ({})", failure.code),
+                ResourceState::Downloading { bytes, .. } => format!("downloading ({bytes} bytes)"),
+                ResourceState::Failed { failure, .. } => format!("failed ({})", failure.code),
+                _ => "unknown".to_string(),
             };
             let when = if r.required { "eager" } else { "lazy" };
             println!(
@@ -266,7 +267,7 @@ fn print_event(event: Event) {
             }
             Event::Verified { resource, .. } => println!("   verified {resource}"),
             Event::Failed { message, .. } => println!("   {message}"),
-            Event::Deleted { sha256 } => println!("   deleted {}…", &sha256[..12]),
+            Event::Deleted { sha256, .. } => println!("   deleted {}…", &sha256[..12]),
             _ => {}
         }
     }

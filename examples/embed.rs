@@ -5,7 +5,7 @@
 //!
 //! It runs offline: the gem's file comes from an embedded local HTTPS
 //! origin (its own throwaway CA), reached only through `[dev]` settings
-//! written for this run, as in `examples/demo.rs`.
+//! built in code for this run (no configuration file).
 //!
 //! Run with `cargo run --example embed`.
 
@@ -13,12 +13,14 @@
 mod origin;
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gem_resources::policy::{Mode, Policy};
 use gem_resources::{
-    parse_manifest, Config, ErrorCode, Event, GemStatus, ResourceState, Resources, Result,
+    parse_manifest, Config, ErrorCode, Event, GemResources, GemStatus, ResourceState, Resources,
+    Result,
 };
 use origin::{Behaviour, Origin};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -37,7 +39,7 @@ async fn main() -> Result<()> {
         },
     );
     let dir = tempfile::tempdir().map_err(|e| gem_resources::Error::io("tempdir", ".", e))?;
-    let config = write_config(dir.path(), &origin)?;
+    let config = dev_config(dir.path(), &origin)?;
 
     // 1. Open the service once, inside the app's runtime, and start it:
     //    it cleans up after a crash and queues missing required files.
@@ -58,15 +60,17 @@ async fn main() -> Result<()> {
     let report = service.install("notes", &manifest).await?;
     println!("installed {}: {} file(s) queued", report.gem, report.queued);
 
-    // 4. A tool asks for its file: `ctx.resources` is `path`.
-    let path = tool_call(&service, "notes", "ocr").await?;
+    // 4. A tool of the gem asks for its file: its `ctx.resources` is the
+    //    service scoped to the gem, and `path` waits for a missing file.
+    let ctx_resources = service.gem("notes");
+    let path = tool_call(&ctx_resources, "ocr").await?;
     println!("tool got {}", path.display());
 
     // 5. The user blocks the CDN in "Settings › System": a lazy file from
     //    there now fails, and the page can say why.
     let hosts = vec!["cdn.test".to_string()];
     service.set_policy(Policy::new(Mode::Blocklist, &hosts)?)?;
-    match tool_call(&service, "notes", "dictionary").await {
+    match tool_call(&ctx_resources, "dictionary").await {
         Ok(path) => println!("unexpected: {}", path.display()),
         Err(e) if e.primary_cause() == ErrorCode::Policy => {
             println!("dictionary: blocked by your network policy")
@@ -88,8 +92,8 @@ async fn main() -> Result<()> {
 }
 
 /// What a tool's `ctx.resources.path(id)` does in the app.
-async fn tool_call(service: &Resources, gem: &str, id: &str) -> Result<PathBuf> {
-    service.path(gem, id).await
+async fn tool_call(ctx_resources: &GemResources, id: &str) -> Result<PathBuf> {
+    ctx_resources.path(id).await
 }
 
 /// The gem page: drawn from `status`, kept current from events. After a
@@ -164,12 +168,14 @@ fn rows_of(status: &[GemStatus]) -> BTreeMap<String, (String, u64)> {
         for r in &gem.resources {
             let row = match &r.state {
                 ResourceState::Present { .. } => ("present".into(), 100),
-                ResourceState::Downloading { bytes } => {
+                ResourceState::Downloading { bytes, .. } => {
                     ("downloading".into(), bytes * 100 / r.size.max(1))
                 }
-                ResourceState::Failed { failure } => (format!("failed ({})", failure.code), 0),
+                ResourceState::Failed { failure, .. } => (format!("failed ({})", failure.code), 0),
                 ResourceState::Queued => ("queued".into(), 0),
                 ResourceState::Missing => ("not downloaded".into(), 0),
+                // A state added by a later version.
+                _ => ("unknown".into(), 0),
             };
             println!("  page: {}/{} ({}) {}", gem.gem, r.id, r.label, row.0);
             rows.insert(format!("{}/{}", gem.gem, r.id), row);
@@ -194,12 +200,16 @@ fn manifest_json(origin: &Origin, model: &[u8]) -> String {
     )
 }
 
-/// A configuration that trusts the local origin through `[dev]` only.
-fn write_config(dir: &Path, origin: &Origin) -> Result<Config> {
-    let io = |e| gem_resources::Error::io("cannot write", dir, e);
-    std::fs::write(dir.join("ca.pem"), origin.ca_pem()).map_err(io)?;
-    let text = "store = \"store\"\n[network]\nretries = 0\n[dev]\nextra_root_certs = [\"ca.pem\"]\nresolve = { \"cdn.test\" = [\"127.0.0.1\"] }\nallow_addresses = [\"127.0.0.1/32\"]\n";
-    let path = dir.join("config.toml");
-    std::fs::write(&path, text).map_err(io)?;
-    Config::load(&path)
+/// A configuration built in code that trusts the local origin through
+/// `[dev]` only: its CA as PEM text, `cdn.test` answered with loopback.
+fn dev_config(dir: &Path, origin: &Origin) -> Result<Config> {
+    let mut config = Config::default();
+    config.store = Some(dir.join("store"));
+    config.network.retries = 0;
+    config.dev.trust_pem(origin.ca_pem());
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    config.dev.resolve.insert("cdn.test".into(), vec![loopback]);
+    config.dev.allow_address("127.0.0.1")?;
+    config.validate()?;
+    Ok(config)
 }

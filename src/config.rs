@@ -33,6 +33,8 @@ use crate::transfer::retry::RetryPolicy;
 
 mod dev;
 pub use dev::DevConfig;
+/// Address ranges, as `[dev] allow_addresses` holds them.
+pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// The largest configuration file read.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -40,6 +42,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// Where verified files and the service's records live.
     #[serde(default)]
@@ -61,6 +64,7 @@ pub struct Config {
 /// `[network]`: the user's network policy and the timeouts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct NetworkConfig {
     /// `allowlist`: only `hosts` may be reached; `blocklist`: `hosts` may not.
     #[serde(default = "default_mode", with = "mode_serde")]
@@ -115,6 +119,7 @@ pub struct NetworkConfig {
 /// `[service]`: bounds on concurrent downloads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ServiceConfig {
     /// Downloads running at once, across all hosts.
     #[serde(default = "default_max_downloads")]
@@ -278,8 +283,18 @@ impl Config {
         self.store.clone().unwrap_or_else(Config::default_store)
     }
 
-    /// What the network side needs from this configuration.
+    /// Checks a configuration as [`Config::parse`] does (timeouts, limits,
+    /// host patterns, the `[dev]` ranges): for one built in code.
+    /// [`Config::net_settings`], and so opening the service or a
+    /// [`Fetcher`](crate::Fetcher), runs the same checks.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map_err(|e| Error::Config(redact_userinfo(&e)))
+    }
+
+    /// What the network side needs from this configuration, once it passes
+    /// [`Config::validate`].
     pub fn net_settings(&self) -> Result<NetSettings> {
+        self.validate()?;
         Ok(NetSettings {
             policy: self.policy()?,
             connect_timeout: self.connect_timeout(),
@@ -292,6 +307,7 @@ impl Config {
             resolve: self.dev.resolve.clone(),
             allow_addresses: self.dev.allow_addresses.clone(),
             extra_root_certs: self.dev.extra_root_certs.clone(),
+            extra_root_pems: self.dev.extra_root_pems.clone(),
         })
     }
 

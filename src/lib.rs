@@ -41,39 +41,113 @@
 //! a complete, offline version of the steps below
 //! (`cargo run --example embed`).
 //!
-//! 1. **Open once, start once.** [`Resources::open`] inside the app's Tokio
+//! 1. **Configure.** [`Config::load`] reads the user's TOML file; an app
+//!    can equally build one in code, touching no disk (see
+//!    [Configuration from code](#configuration-from-code) below).
+//! 2. **Open once, start once.** [`Resources::open`] inside the app's Tokio
 //!    runtime (or [`Resources::open_with_handle`] from anywhere; options in
-//!    [`Resources::builder`]). The service is `Clone + Send + Sync` and
-//!    [`Debug`](std::fmt::Debug); keep one and clone it. Its calls can then
-//!    be awaited from any executor, and [`Resources::blocking`] serves code
-//!    without one (on a Tokio runtime's threads its waiting calls return
-//!    `E_RESOURCE_RUNTIME`: await the async method there). [`Resources::start`] at app start cleans up after a
-//!    crash and queues missing required files.
-//! 2. **Install from the manifest.** [`parse_manifest`], then
+//!    [`Resources::builder`]). Opening does a few milliseconds of file
+//!    work on the calling thread (see [`Resources::open`]). The service is
+//!    `Clone + Send + Sync` and [`Debug`](std::fmt::Debug); keep one and
+//!    clone it. Its calls can then be awaited from any executor, and
+//!    [`Resources::blocking`] serves code without one (on a Tokio
+//!    runtime's threads its waiting calls return `E_RESOURCE_RUNTIME`:
+//!    await the async method there). [`Resources::start`] at app start
+//!    cleans up after a crash and queues missing required files.
+//! 3. **Install from the manifest.** [`parse_manifest`], then
 //!    [`Resources::install`]; it returns once the registration is durable,
-//!    never waiting for a download. [`Resources::uninstall`] removes a gem.
-//! 3. **Serve tools.** `ctx.resources` is [`Resources::path`]: a present
-//!    file at once, a missing one downloaded first (one download however
-//!    many tools ask).
-//! 4. **Draw the gem page.** [`Resources::subscribe_with_status`] gives the
+//!    never waiting for a download. [`Resources::uninstall`] removes a gem;
+//!    one that is not installed is `E_RESOURCE_NOT_FOUND` there, and
+//!    `Ok(None)` from [`Resources::uninstall_if_installed`].
+//! 4. **Serve tools.** A tool's `ctx.resources` is the service scoped to its
+//!    gem, [`Resources::gem`]: a cheap-to-clone [`GemResources`] whose
+//!    [`path`](GemResources::path) gives a present file at once and
+//!    downloads a missing one first (one download however many tools
+//!    ask), with [`status`](GemResources::status),
+//!    [`download_now`](GemResources::download_now),
+//!    [`cancel`](GemResources::cancel) and [`retry`](GemResources::retry)
+//!    for that gem only. [`Blocking::gem`] is the same for code without an
+//!    executor.
+//! 5. **Draw the gem page.** [`Resources::subscribe_with_status`] gives the
 //!    page's starting state and the [`Event`]s that follow; after a
-//!    `Lagged`, call it again and redraw (see [`events`] for the buffer and
-//!    what each event promises). [`ResourceStatus`] has each file's
-//!    description, size, hosts and state; a failure's
+//!    `Lagged`, call it again and redraw (see [`events`] for the buffer,
+//!    what each event promises and their order). [`ResourceStatus`] has
+//!    each file's description, size, hosts and state; a failure's
 //!    [`primary_cause`](registry::FailureRecord::primary_cause) says, for
 //!    example, "blocked by your network policy". The page's buttons are
 //!    [`Resources::cancel`], [`Resources::retry`] and
 //!    [`Resources::download_now`].
-//! 5. **Settings.** [`Resources::set_policy`] applies a new network policy
-//!    at once; [`Resources::policy`] reads it.
-//! 6. **Quit.** [`Resources::shutdown`] stops downloads (their bytes kept
-//!    for resume), waits for them, and ends every event subscription
-//!    (`Closed`, after the events still buffered); afterwards every call,
-//!    [`Resources::import`] included, returns `E_RESOURCE_SHUTDOWN`.
+//! 6. **Settings.** [`Resources::set_policy`] applies a new network policy
+//!    at once; [`Resources::policy`] reads it ([`Policy::mode`],
+//!    [`Policy::hosts`]), and [`Event::PolicyChanged`] says when it changed.
+//! 7. **Quit.** [`Resources::shutdown`] stops downloads, keeping their
+//!    resumable bytes for the next run, waits for them, and ends every
+//!    event subscription (`Closed`, after the events still buffered);
+//!    afterwards every call, [`Resources::import`] included, returns
+//!    `E_RESOURCE_SHUTDOWN`.
+//!
+//! ```no_run
+//! # async fn run(config: gem_resources::Config, manifest: gem_resources::Manifest)
+//! #     -> gem_resources::Result<()> {
+//! use gem_resources::Resources;
+//!
+//! let service = Resources::open(&config)?;
+//! service.start().await?;
+//! service.install("notes", &manifest).await?;
+//! // What the tools of gem "notes" get as ctx.resources:
+//! let ctx_resources = service.gem("notes");
+//! let model = ctx_resources.path("ocr").await?;
+//! # let _ = model;
+//! service.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] is cheap to
 //! clone and has a typed [`ErrorCode`]; [`PolicyError`] and
 //! [`ConfigError`] convert into it, so `?` works throughout an app.
+//!
+//! ## Configuration from code
+//! [`Config`] and its sections are plain structs with public fields and
+//! defaults: start from [`Config::default`] and set what differs.
+//! `[dev]` settings (tests and development only) take a CA as PEM text
+//! ([`DevConfig::trust_pem`](config::DevConfig::trust_pem), or files in
+//! `extra_root_certs`), addresses and ranges as text
+//! ([`DevConfig::allow_address`](config::DevConfig::allow_address)) or as
+//! [`IpNet`] values. [`Config::validate`] runs the checks a file gets, and
+//! opening the service runs them again.
+//!
+//! ```
+//! use std::net::{IpAddr, Ipv4Addr};
+//! use gem_resources::{Config, Mode};
+//!
+//! # fn main() -> gem_resources::Result<()> {
+//! # let test_ca_pem = String::new();
+//! let mut config = Config::default();
+//! config.store = Some(std::env::temp_dir().join("my-app-resources"));
+//! config.network.mode = Mode::Allowlist;
+//! config.network.hosts = vec!["cdn.example.com".into(), "*.example.org".into()];
+//! config.service.max_concurrent_downloads = 2;
+//! // A test setup: a local origin under a throwaway CA.
+//! # if !test_ca_pem.is_empty() {
+//! config.dev.trust_pem(test_ca_pem);
+//! # }
+//! let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+//! config.dev.resolve.insert("cdn.example.com".into(), vec![loopback]);
+//! config.dev.allow_address("127.0.0.1")?;
+//! config.validate()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Stability
+//! The crate follows semantic versioning, and `CHANGELOG.md` lists every
+//! change with a migration note for each breaking one. Enums and structs
+//! that grow ([`Event`] and its variants, [`Error`], [`ErrorCode`],
+//! [`ResourceState`], the reports and status rows, the configuration
+//! sections) are `#[non_exhaustive]`: match them with a `_` arm and `..`,
+//! and build the configuration from its defaults, so that a new variant
+//! or field is not a breaking change.
 
 #![warn(missing_docs)]
 // No function longer than one screen (clippy.toml sets 120 lines).
@@ -96,7 +170,7 @@ pub use service::{blocking, events, import};
 pub use store::{partial, registry};
 pub use transfer::{download, fetch, retry};
 
-pub use config::Config;
+pub use config::{Config, IpNet};
 pub use download::{download, download_with, RetryPolicy};
 pub use error::{Attempt, AttemptError, ConfigError, Error, ErrorCode, Result, CODES};
 pub use events::{Event, DEFAULT_EVENT_BUFFER};
@@ -105,8 +179,8 @@ pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    Blocking, GemStatus, InstallReport, ResourceState, ResourceStatus, Resources, ResourcesBuilder,
-    UninstallReport, VerifyReport,
+    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, ResourceState, ResourceStatus,
+    Resources, ResourcesBuilder, UninstallReport, VerifyReport,
 };
 pub use store::Store;
 

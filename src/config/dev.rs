@@ -8,14 +8,22 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::error::ConfigError;
+
 /// `[dev]`: settings that let development setups and tests reach a local
 /// origin. Production configurations leave this empty.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DevConfig {
     /// PEM files whose certificates are trusted in addition to the system roots.
     #[serde(default)]
     pub extra_root_certs: Vec<PathBuf>,
+    /// PEM text (`-----BEGIN CERTIFICATE-----…`) trusted like the files of
+    /// `extra_root_certs`: for a configuration built in code, with no file
+    /// on disk. Each entry holds one certificate or more.
+    #[serde(default)]
+    pub extra_root_pems: Vec<String>,
     /// Fixed DNS answers, like `curl --resolve`. The answers still pass the
     /// address guard (so they need `allow_addresses` to be local).
     #[serde(default)]
@@ -34,12 +42,13 @@ pub struct DevConfig {
 
 impl DevConfig {
     /// The `[dev]` keys this configuration sets, by their names in the
-    /// file (`extra_root_certs`, `resolve`, `allow_addresses`,
-    /// `allow_public_addresses`), in that order; empty for a production
-    /// configuration.
+    /// file (`extra_root_certs`, `extra_root_pems`, `resolve`,
+    /// `allow_addresses`, `allow_public_addresses`), in that order; empty
+    /// for a production configuration.
     pub fn active_keys(&self) -> Vec<&'static str> {
         [
             ("extra_root_certs", !self.extra_root_certs.is_empty()),
+            ("extra_root_pems", !self.extra_root_pems.is_empty()),
             ("resolve", !self.resolve.is_empty()),
             ("allow_addresses", !self.allow_addresses.is_empty()),
             ("allow_public_addresses", self.allow_public_addresses),
@@ -47,6 +56,25 @@ impl DevConfig {
         .into_iter()
         .filter_map(|(key, set)| set.then_some(key))
         .collect()
+    }
+
+    /// Adds an address (`127.0.0.1`, `::1`) or a range (`127.0.0.0/8`) to
+    /// `allow_addresses`, read as the file's entries are; for
+    /// configurations built in code. A range beyond the local ones is
+    /// still refused when the service opens, unless
+    /// `allow_public_addresses` is set. `allow_addresses` itself takes
+    /// [`IpNet`] values (`IpNet::from(ip)` for one address).
+    pub fn allow_address(&mut self, text: &str) -> Result<&mut Self, ConfigError> {
+        let net = parse_net(text).map_err(|e| ConfigError(format!("dev.allow_addresses: {e}")))?;
+        self.allow_addresses.push(net);
+        Ok(self)
+    }
+
+    /// Trusts the certificates of `pem` (PEM text) besides the system
+    /// roots: `extra_root_pems`, for configurations built in code.
+    pub fn trust_pem(&mut self, pem: impl Into<String>) -> &mut Self {
+        self.extra_root_pems.push(pem.into());
+        self
     }
 
     /// Refuses an `allow_addresses` range that covers addresses outside
@@ -196,6 +224,36 @@ mod tests {
             let c = Config::parse(&text).unwrap_or_else(|e| panic!("{public}: {e}"));
             assert_eq!(c.dev.allow_addresses.len(), 2);
         }
+    }
+
+    #[test]
+    fn pem_text_and_addresses_can_be_given_in_code_or_in_the_file() {
+        let c =
+            Config::parse("[dev]\nextra_root_pems = [\"-----BEGIN CERTIFICATE-----\"]").unwrap();
+        assert_eq!(c.active_dev_keys(), vec!["extra_root_pems"]);
+        let mut dev = DevConfig::default();
+        dev.allow_address("127.0.0.1")
+            .unwrap()
+            .allow_address("fd00::/8")
+            .unwrap();
+        assert_eq!(
+            dev.allow_addresses,
+            vec![
+                parse_net("127.0.0.1/32").unwrap(),
+                parse_net("fd00::/8").unwrap()
+            ]
+        );
+        let e = dev.allow_address("cdn.test").unwrap_err().to_string();
+        assert!(
+            e.starts_with("dev.allow_addresses: \"cdn.test\" is neither"),
+            "{e}"
+        );
+        assert_eq!(dev.allow_addresses.len(), 2, "nothing added");
+        dev.trust_pem("pem");
+        assert_eq!(
+            dev.active_keys(),
+            vec!["extra_root_pems", "allow_addresses"]
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// A stable error code. Serialised as its `E_…` text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// `E_PERM_INVALID`: a manifest or another input is not acceptable.
     #[serde(rename = "E_PERM_INVALID")]

@@ -40,6 +40,7 @@ pub use crate::error::refusal::{Blocked, PolicyError};
 
 /// Why one address failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AttemptError {
     /// The address (or a redirect) is not `https://`.
     #[error("only https:// is allowed, got {scheme}://")]
@@ -169,6 +170,7 @@ impl Attempt {
 
 /// Everything the library can fail with. Cheap to clone.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The manifest was rejected; nothing of it is used. One line per
     /// problem, `path: message` (the [`ManifestError`] itself keeps the code
@@ -273,7 +275,12 @@ pub enum Error {
     /// No such gem or resource is installed.
     #[error("{0}")]
     NotFound(String),
-    /// The download was stopped (uninstall or shutdown).
+    /// The download was stopped before it finished, by
+    /// [`crate::Resources::cancel`] or by an uninstall or upgrade after
+    /// which no gem declares the file (`E_RESOURCE_CANCELLED`). A call
+    /// waiting for a download that [`crate::Resources::shutdown`] stopped
+    /// gets [`Error::Shutdown`] instead; the download module's own
+    /// [`crate::download_with`] returns this when its token is cancelled.
     #[error("resource {resource:?}: {reason}")]
     Cancelled {
         /// The resource id.

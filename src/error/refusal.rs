@@ -29,6 +29,7 @@ impl Blocked {
 
 /// Why a policy could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// A host pattern is not an exact host or a `*.domain` wildcard.
     #[error("invalid host pattern {pattern:?}: {reason}")]

@@ -20,7 +20,8 @@ use url::Host;
 
 /// Allowlist: only listed hosts may be reached. Blocklist: listed hosts may
 /// not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Only hosts matching a pattern may be reached.
     Allowlist,
@@ -151,6 +152,8 @@ fn parse_pattern(raw: &str) -> Result<Pattern, &'static str> {
 pub struct Policy {
     mode: Mode,
     patterns: Vec<Pattern>,
+    /// The patterns as given, in order.
+    hosts: Vec<String>,
 }
 
 impl Policy {
@@ -172,7 +175,12 @@ impl Policy {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { mode, patterns })
+        let hosts = hosts.to_vec();
+        Ok(Self {
+            mode,
+            patterns,
+            hosts,
+        })
     }
 
     /// The policy's mode.
@@ -183,6 +191,11 @@ impl Policy {
     /// How many host patterns it lists.
     pub fn host_count(&self) -> usize {
         self.patterns.len()
+    }
+
+    /// The host patterns it lists, as given, in order: what a settings page shows next to [`Policy::mode`].
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
     }
 
     /// True when the policy lets us reach `host` (a URL host as text: a name,

@@ -12,8 +12,11 @@ use ipnet::IpNet;
 use crate::net::policy::Policy;
 use crate::net::proxy::ProxyConfig;
 
-/// The network settings of a [`Fetcher`](crate::Fetcher).
+/// The network settings of a [`Fetcher`](crate::Fetcher): from
+/// [`Config::net_settings`](crate::Config::net_settings), whose fields can
+/// then be changed.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NetSettings {
     /// The user's allowlist or blocklist at start (replaceable live).
     pub policy: Policy,
@@ -40,4 +43,7 @@ pub struct NetSettings {
     /// Development only: PEM files trusted besides the system roots
     /// (`[dev] extra_root_certs`).
     pub extra_root_certs: Vec<PathBuf>,
+    /// Development only: PEM text trusted besides the system roots
+    /// (`[dev] extra_root_pems`).
+    pub extra_root_pems: Vec<String>,
 }

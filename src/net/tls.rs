@@ -1,4 +1,4 @@
-//! TLS trust when `[dev] extra_root_certs` is set.
+//! TLS trust when `[dev] extra_root_certs` or `extra_root_pems` is set.
 //!
 //! Production uses the HTTP client's own setup: the platform's roots. With
 //! extra roots (development and tests only), certificates are verified
@@ -21,17 +21,37 @@ use rustls_pki_types::pem::PemObject;
 
 use crate::error::{Error, Result};
 
+/// The certificates of `[dev] extra_root_certs` (files) and
+/// `extra_root_pems` (text), in that order.
+pub(crate) fn extra_roots(
+    files: &[std::path::PathBuf],
+    pems: &[String],
+) -> Result<Vec<CertificateDer<'static>>> {
+    let mut certs = Vec::new();
+    for path in files {
+        certs.extend(read_pem_certs(path)?);
+    }
+    for (index, pem) in pems.iter().enumerate() {
+        let source = format!("dev.extra_root_pems[{index}]");
+        certs.extend(parse_pem_certs(pem.as_bytes(), &source, "extra_root_pems")?);
+    }
+    Ok(certs)
+}
+
 /// Reads every certificate of a PEM file.
 pub(crate) fn read_pem_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>> {
     let pem = std::fs::read(path).map_err(|e| Error::io("cannot read certificate", path, e))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+    parse_pem_certs(&pem, &path.display().to_string(), "extra_root_certs")
+}
+
+/// Every certificate of PEM text from `source` (a file, or the entry of
+/// `[dev] key`), each valid now.
+fn parse_pem_certs(pem: &[u8], source: &str, key: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Config(format!("{}: not a PEM certificate: {e}", path.display())))?;
+        .map_err(|e| Error::Config(format!("{source}: not a PEM certificate: {e}")))?;
     if certs.is_empty() {
-        return Err(Error::Config(format!(
-            "{}: no certificate in file",
-            path.display()
-        )));
+        return Err(Error::Config(format!("{source}: no certificate in it")));
     }
     let now = SystemTime::now();
     for (index, cert) in certs.iter().enumerate() {
@@ -44,9 +64,8 @@ pub(crate) fn read_pem_certs(path: &std::path::Path) -> Result<Vec<CertificateDe
             },
         };
         return Err(Error::Config(format!(
-            "{}: {problem}; a certificate in [dev] extra_root_certs must be valid now \
-             (make a new one, or remove the file from the list)",
-            path.display()
+            "{source}: {problem}; a certificate in [dev] {key} must be valid now \
+             (make a new one, or remove it from the list)"
         )));
     }
     Ok(certs)

@@ -25,8 +25,14 @@
 //!   the address that was stopped carries `E_RESOURCE_POLICY`. One stopped by
 //!   [`crate::Resources::cancel`], an uninstall, an upgrade that drops it,
 //!   or shutdown ends with `Cancelled`.
-//! - [`Event::Installed`] comes before the `Deleted`, `Queued` and
-//!   `Started` events its install causes.
+//! - The order around an install or upgrade: [`Event::Installed`] first,
+//!   once the registration is written, then the `Cancelled` and `Deleted`
+//!   events of files the new version no longer declares, then the
+//!   `Queued` (and later `Started`) events of its required files.
+//! - The order around an uninstall: the `Cancelled` events of the gem's
+//!   downloads, the `Deleted` events of its files that no gem declares any
+//!   more, then [`Event::Uninstalled`], last. An uninstall of a gem that
+//!   is not installed publishes nothing.
 //! - [`crate::Resources::shutdown`] ends every subscription: once the
 //!   downloads it stopped have sent their last events, each receiver gets
 //!   what is still in its buffer and then
@@ -40,6 +46,7 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::error::ErrorCode;
+use crate::net::policy::Mode;
 
 /// How many events each subscriber's buffer holds by default.
 pub const DEFAULT_EVENT_BUFFER: usize = 1024;
@@ -47,8 +54,10 @@ pub const DEFAULT_EVENT_BUFFER: usize = 1024;
 /// Something that happened to a resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Event {
     /// A gem's resources were registered (install or upgrade).
+    #[non_exhaustive]
     Installed {
         /// The gem.
         gem: String,
@@ -56,22 +65,25 @@ pub enum Event {
         resources: usize,
     },
     /// The network policy was replaced ([`crate::Resources::set_policy`]).
+    #[non_exhaustive]
     PolicyChanged {
-        /// `allowlist` or `blocklist`, before.
-        old_mode: String,
+        /// The mode before (serialised as `allowlist` or `blocklist`).
+        old_mode: Mode,
         /// Host patterns listed before.
         old_hosts: usize,
-        /// `allowlist` or `blocklist`, now.
-        new_mode: String,
+        /// The mode now (serialised as `allowlist` or `blocklist`).
+        new_mode: Mode,
         /// Host patterns listed now.
         new_hosts: usize,
     },
     /// A gem was removed.
+    #[non_exhaustive]
     Uninstalled {
         /// The gem.
         gem: String,
     },
     /// A download is waiting for a free slot.
+    #[non_exhaustive]
     Queued {
         /// The gem that asked for it.
         gem: String,
@@ -83,6 +95,7 @@ pub enum Event {
         size: u64,
     },
     /// A download started.
+    #[non_exhaustive]
     Started {
         /// The gem that asked for it.
         gem: String,
@@ -95,6 +108,7 @@ pub enum Event {
     },
     /// An attempt continues bytes kept from an interrupted one: the
     /// server agreed to send the rest from `offset`.
+    #[non_exhaustive]
     Resumed {
         /// The gem that asked for it.
         gem: String,
@@ -108,6 +122,7 @@ pub enum Event {
         size: u64,
     },
     /// Bytes received so far (throttled).
+    #[non_exhaustive]
     Progress {
         /// The gem that asked for it.
         gem: String,
@@ -121,6 +136,7 @@ pub enum Event {
         size: u64,
     },
     /// The file was verified and is in place.
+    #[non_exhaustive]
     Verified {
         /// The gem that asked for it.
         gem: String,
@@ -133,6 +149,7 @@ pub enum Event {
     },
     /// Every address failed, or a policy change stopped the download (see
     /// the module documentation for its codes).
+    #[non_exhaustive]
     Failed {
         /// The gem that asked for it.
         gem: String,
@@ -155,6 +172,7 @@ pub enum Event {
     /// an uninstall or upgrade that dropped the file, or shutdown. Bytes
     /// received so far are kept for resume when something still declares
     /// the file.
+    #[non_exhaustive]
     Cancelled {
         /// The gem that waited for it.
         gem: String,
@@ -167,6 +185,7 @@ pub enum Event {
     },
     /// A stored file was deleted (no installed gem declares it any more, or
     /// it failed verification).
+    #[non_exhaustive]
     Deleted {
         /// Its SHA-256.
         sha256: String,

@@ -31,6 +31,7 @@ const HASH_BUFFER: usize = 1 << 20;
 /// What importing one file did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ImportOutcome {
     /// The bytes were copied into the store.
     Imported {

@@ -15,6 +15,7 @@
 
 pub mod blocking;
 pub mod events;
+pub mod gem;
 pub mod import;
 pub(crate) mod limiter;
 pub(crate) mod scheduler;
@@ -42,6 +43,7 @@ use crate::store::Store;
 use crate::transfer::fetch::Fetcher;
 
 pub use crate::service::blocking::Blocking;
+pub use crate::service::gem::{BlockingGem, GemResources};
 
 /// Files deleted at once by an uninstall or upgrade.
 const DELETE_WORKERS: usize = 16;
@@ -129,6 +131,7 @@ struct Inner {
 
 /// What [`Resources::install`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct InstallReport {
     /// The gem.
     pub gem: String,
@@ -148,6 +151,7 @@ pub struct InstallReport {
 
 /// What [`Resources::uninstall`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct UninstallReport {
     /// The gem.
     pub gem: String,
@@ -160,8 +164,10 @@ pub struct UninstallReport {
 /// The state of one resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ResourceState {
     /// Verified and in the store.
+    #[non_exhaustive]
     Present {
         /// Its local path.
         path: PathBuf,
@@ -171,11 +177,13 @@ pub enum ResourceState {
     /// Waiting for a download slot.
     Queued,
     /// Being downloaded (here or by another process sharing the store).
+    #[non_exhaustive]
     Downloading {
         /// Bytes received so far.
         bytes: u64,
     },
     /// The last download failed (and nothing is running now).
+    #[non_exhaustive]
     Failed {
         /// The failure.
         #[serde(flatten)]
@@ -185,6 +193,7 @@ pub enum ResourceState {
 
 /// One resource in [`Resources::status`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ResourceStatus {
     /// The resource id.
     pub id: String,
@@ -220,6 +229,7 @@ pub struct ResourceStatus {
 
 /// One gem in [`Resources::status`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GemStatus {
     /// The gem.
     pub gem: String,
@@ -229,6 +239,7 @@ pub struct GemStatus {
 
 /// What [`Resources::verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// Stored files checked (every name of every stored file).
     pub checked: usize,
@@ -242,6 +253,7 @@ pub struct VerifyReport {
 
 /// A stored file [`Resources::verify`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RemovedFile {
     /// Its SHA-256.
     pub sha256: String,
@@ -255,6 +267,16 @@ impl Resources {
     /// Opens the service on the configuration's store, running downloads
     /// on the current Tokio runtime. Fails with `E_RESOURCE_RUNTIME`
     /// outside a runtime: use [`Resources::open_with_handle`] there.
+    ///
+    /// Opening does file work on the calling thread, synchronously: it
+    /// creates the store's folders, checks their owner and mode, reads the
+    /// store's version, and reads any `[dev]` certificate files (a few
+    /// milliseconds on a local disk, more on a slow or network one). It
+    /// does not hash, download or scan stored files; [`Resources::start`]
+    /// does the cleaning, asynchronously. Where a worker thread must not
+    /// block even that long, open on a blocking thread, which still finds
+    /// the runtime: `tokio::task::spawn_blocking(move ||
+    /// Resources::open(&config)).await`.
     pub fn open(config: &Config) -> Result<Resources> {
         Resources::builder(config).open()
     }
@@ -478,11 +500,35 @@ impl Resources {
 
     /// Removes a gem: cancels its downloads and deletes every file of it
     /// that no other installed gem declares.
+    ///
+    /// A gem that is not installed is an error here, `E_RESOURCE_NOT_FOUND`
+    /// ([`Error::NotFound`]), and nothing changes or is published: an app
+    /// that removes a gem it never installed usually has a bug worth
+    /// seeing. [`Resources::uninstall_if_installed`] is the same call for
+    /// callers to whom "already gone" is success (the command line's
+    /// `uninstall` behaves so: it says "nothing to do" and exits 0).
+    ///
+    /// Its events, in order: [`Event::Cancelled`] for each of the gem's
+    /// downloads it stops, [`Event::Deleted`] for each stored file no gem
+    /// declares any more, then [`Event::Uninstalled`], last, once the
+    /// registration and the files are gone.
     pub async fn uninstall(&self, gem: &str) -> Result<UninstallReport> {
         check_gem_id(gem)?;
         let (this, gem) = (self.clone(), gem.to_string());
         self.on_runtime(async move { this.uninstall_here(&gem).await })
             .await
+    }
+
+    /// [`Resources::uninstall`], with a gem that is not installed as
+    /// success: `Ok(None)`, and nothing changes or is published. Other
+    /// errors (an invalid gem id, a file that cannot be deleted) are still
+    /// errors.
+    pub async fn uninstall_if_installed(&self, gem: &str) -> Result<Option<UninstallReport>> {
+        match self.uninstall(gem).await {
+            Ok(report) => Ok(Some(report)),
+            Err(Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn uninstall_here(&self, gem: &str) -> Result<UninstallReport> {
@@ -710,9 +756,9 @@ impl Resources {
         let inner = &self.inner;
         let old = self.policy();
         self.emit(Event::PolicyChanged {
-            old_mode: old.mode().as_str().into(),
+            old_mode: old.mode(),
             old_hosts: old.host_count(),
-            new_mode: policy.mode().as_str().into(),
+            new_mode: policy.mode(),
             new_hosts: policy.host_count(),
         });
         inner.scheduler.fetcher().set_policy(policy.clone());
@@ -738,13 +784,21 @@ impl Resources {
         self.inner.scheduler.idle().await;
     }
 
-    /// Stops every download (each waiting gem gets [`Event::Cancelled`];
-    /// kept bytes stay for resume), removes their temporary files, and
-    /// waits until all of them have finished. Then it ends every event
-    /// subscription: each receiver gets the events still in its buffer
-    /// (the `Cancelled` ones included), then `Closed`. From then on every
-    /// call returns `E_RESOURCE_SHUTDOWN`, and [`Resources::subscribe`]
-    /// gives a closed receiver. Calling it again does nothing more.
+    /// Stops every download and waits until all of them have finished:
+    /// each waiting gem gets [`Event::Cancelled`], and each caller waiting
+    /// in [`Resources::path`] gets `E_RESOURCE_SHUTDOWN`
+    /// ([`Error::Shutdown`]). The bytes a download received stay in the
+    /// store as a partial file, and the next run continues from them, when
+    /// they can be resumed (they reached the disk, and the server named
+    /// the version it sent with an `ETag` or `Last-Modified`); a partial
+    /// file with nothing resumable in it is removed. Nothing unverified is
+    /// ever left at a final path.
+    ///
+    /// Then it ends every event subscription: each receiver gets the
+    /// events still in its buffer (the `Cancelled` ones included), then
+    /// `Closed`. From then on every call returns `E_RESOURCE_SHUTDOWN`,
+    /// and [`Resources::subscribe`] gives a closed receiver. Calling it
+    /// again does nothing more.
     pub async fn shutdown(&self) {
         let this = self.clone();
         let stop = async move { this.inner.scheduler.shutdown().await };

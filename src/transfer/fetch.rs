@@ -226,10 +226,8 @@ impl Fetcher {
             AddressGuard::with_exemptions(settings.allow_addresses.clone(), names)
         };
         let resolver = GuardedResolver::new(guard, settings.resolve.clone());
-        let mut certs = Vec::new();
-        for path in &settings.extra_root_certs {
-            certs.extend(crate::net::tls::read_pem_certs(path)?);
-        }
+        let certs =
+            crate::net::tls::extra_roots(&settings.extra_root_certs, &settings.extra_root_pems)?;
         let tunnels = Tunnels::new(
             crate::net::tls::client_config(certs.clone())?,
             settings.connect_timeout,

@@ -154,7 +154,7 @@ async fn an_upgrade_that_changes_the_addresses_drops_the_old_failure() {
         .await
         .unwrap();
     service.wait_idle().await;
-    let ResourceState::Failed { failure } = state(&service, "g") else {
+    let ResourceState::Failed { failure, .. } = state(&service, "g") else {
         panic!("v1 did not fail");
     };
     assert_eq!(failure.primary_cause, ErrorCode::Http);

@@ -57,7 +57,7 @@ async fn a_failure_blocked_by_the_policy_names_the_policy_as_its_primary_cause()
     assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
     let clone = err.clone();
     assert_eq!(clone.to_string(), err.to_string());
-    let ResourceState::Failed { failure } = service.status(Some("g")).unwrap()[0].resources[0]
+    let ResourceState::Failed { failure, .. } = service.status(Some("g")).unwrap()[0].resources[0]
         .state
         .clone()
     else {

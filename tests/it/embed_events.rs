@@ -367,7 +367,7 @@ async fn a_download_a_policy_change_stops_fails_as_unavailable_caused_by_the_pol
     let state = service.status(Some("g")).unwrap()[0].resources[0]
         .state
         .clone();
-    let ResourceState::Failed { failure } = state else {
+    let ResourceState::Failed { failure, .. } = state else {
         panic!("{state:?}")
     };
     assert_eq!(failure.code, ErrorCode::Unavailable);

@@ -85,7 +85,7 @@ async fn install_succeeds_when_every_address_fails_and_status_shows_each_reason(
 
     assert_eq!(env.origin.hits("/gone.bin"), 1);
     assert_eq!(env.origin.hits("/broken.bin"), 1);
-    let ResourceState::Failed { failure } = state_of(&service, "g", "model") else {
+    let ResourceState::Failed { failure, .. } = state_of(&service, "g", "model") else {
         panic!("expected failed: {:?}", service.status(None));
     };
     assert_eq!(failure.code, "E_RESOURCE_UNAVAILABLE");
@@ -116,13 +116,13 @@ async fn a_failure_record_survives_reopening_the_service() {
             .await
             .unwrap();
         within("the failed download", service.wait_idle()).await;
-        let ResourceState::Failed { failure } = state_of(&service, "g", "model") else {
+        let ResourceState::Failed { failure, .. } = state_of(&service, "g", "model") else {
             panic!("expected failed");
         };
         failure
     };
     let reopened = open(&env);
-    let ResourceState::Failed { failure } = state_of(&reopened, "g", "model") else {
+    let ResourceState::Failed { failure, .. } = state_of(&reopened, "g", "model") else {
         panic!("the failure was forgotten: {:?}", reopened.status(None));
     };
     assert_eq!(failure, first);
@@ -243,7 +243,7 @@ async fn an_upgrade_reuses_unchanged_files_and_deletes_dropped_ones_when_it_retu
     );
     let mut deleted = Vec::new();
     while let Ok(event) = events.try_recv() {
-        if let Event::Deleted { sha256 } = event {
+        if let Event::Deleted { sha256, .. } = event {
             deleted.push(sha256);
         }
     }
@@ -332,7 +332,10 @@ async fn uninstall_cancels_an_in_flight_download_and_leaves_no_partial_file() {
         .await
         .unwrap();
     wait_until("the download is in flight", || {
-        state_of(&service, "g", "s") == ResourceState::Downloading { bytes: 40_000 }
+        matches!(
+            state_of(&service, "g", "s"),
+            ResourceState::Downloading { bytes: 40_000, .. }
+        )
     })
     .await;
     assert_eq!(partial_files(&env).len(), 1);
@@ -414,7 +417,7 @@ async fn status_reports_label_size_host_and_eager_or_lazy() {
     assert_eq!(ocr.host, "origin.test");
     assert!(ocr.required);
     assert_eq!(ocr.sha256, sha256_hex(&a));
-    let ResourceState::Present { path } = &ocr.state else {
+    let ResourceState::Present { path, .. } = &ocr.state else {
         panic!("{ocr:?}");
     };
     assert_eq!(std::fs::read(path).unwrap(), a);
@@ -447,7 +450,10 @@ async fn status_shows_queued_and_downloading_with_the_bytes_so_far() {
         .await
         .unwrap();
     wait_until("50000 bytes are reported", || {
-        state_of(&service, "first", "a") == ResourceState::Downloading { bytes: 50_000 }
+        matches!(
+            state_of(&service, "first", "a"),
+            ResourceState::Downloading { bytes: 50_000, .. }
+        )
     })
     .await;
     service
@@ -489,7 +495,7 @@ async fn events_report_queued_started_progress_and_verified_in_order() {
     };
     let installed = position(
         "installed",
-        &|e| matches!(e, Event::Installed { gem, resources: 1 } if gem == "g"),
+        &|e| matches!(e, Event::Installed { gem, resources: 1, .. } if gem == "g"),
     );
     let queued = position(
         "queued",

@@ -112,6 +112,7 @@ pub fn import_line(file: &std::path::Path, outcome: &gem_resources::ImportOutcom
             format!("already present ({})", resources.join(", "))
         }
         ImportOutcome::NoMatch { .. } => "matches no declared resource".to_string(),
+        _ => "imported".to_string(),
     };
     format!("{}: {what}", file.display())
 }

@@ -33,7 +33,7 @@ impl Outcome {
         for r in status.iter().flat_map(|g| &g.resources) {
             match &r.state {
                 ResourceState::Present { .. } => out.present += 1,
-                ResourceState::Failed { failure } => {
+                ResourceState::Failed { failure, .. } => {
                     out.failed += 1;
                     out.codes.insert(failure.code.to_string());
                 }
@@ -111,7 +111,7 @@ pub fn print_status(status: &[GemStatus]) {
                 when,
                 state(&r.state, r.size, r.partial_bytes)
             );
-            if let ResourceState::Failed { failure } = &r.state {
+            if let ResourceState::Failed { failure, .. } = &r.state {
                 for a in &failure.attempts {
                     crate::outln!(
                         "      {} {}: {}",
@@ -131,14 +131,14 @@ fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
         ResourceState::Present { .. } => "present".to_string(),
         ResourceState::Missing => partial.unwrap_or_else(|| "missing".to_string()),
         ResourceState::Queued => "queued".to_string(),
-        ResourceState::Downloading { bytes } => {
+        ResourceState::Downloading { bytes, .. } => {
             format!(
                 "downloading {}/{}",
                 render::bytes(*bytes),
                 render::bytes(size)
             )
         }
-        ResourceState::Failed { failure } => {
+        ResourceState::Failed { failure, .. } => {
             let failed = format!(
                 "failed ({}) at {}",
                 failure.code,
@@ -149,6 +149,8 @@ fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
                 None => failed,
             }
         }
+        // A state added by a later version of the library.
+        _ => "unknown".to_string(),
     }
 }
 

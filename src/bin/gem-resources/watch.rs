@@ -180,7 +180,7 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
         Event::Failed { code, message, .. } => {
             crate::errln!("{}", render::failure_text(*code, message))
         }
-        Event::Deleted { sha256 } => crate::errln!("deleted {sha256}"),
+        Event::Deleted { sha256, .. } => crate::errln!("deleted {sha256}"),
         _ => {}
     }
 }
