@@ -10,6 +10,8 @@
 //! keep bytes; never the service.
 
 pub mod download;
+mod exchange;
 pub mod fetch;
 pub mod retry;
 pub(crate) mod sink;
+mod stream;
