@@ -22,6 +22,31 @@ use crate::net::resolve::LookupRefused;
 use crate::net::response::Response;
 use crate::transfer::fetch::{Fetcher, Reporter, Resume, MAX_REDIRECTS};
 
+/// The bytes one request asks for: from `start` to `end` (inclusive; to
+/// the end of the file when `None`), under `If-Range: validator` when
+/// there is one. Without a validator only a fresh request asks (the probe
+/// of whether the server answers ranges exactly).
+#[derive(Debug, Clone)]
+pub(super) struct Ask {
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive.
+    pub end: Option<u64>,
+    /// Sent as `If-Range`.
+    pub validator: Option<String>,
+}
+
+impl Ask {
+    /// The rest of the file after the kept bytes of `resume`.
+    pub(super) fn resume(resume: &Resume) -> Ask {
+        Ask {
+            start: resume.offset,
+            end: None,
+            validator: Some(resume.validator.clone()),
+        }
+    }
+}
+
 impl Fetcher {
     /// Sends the request (with `Range` and `If-Range` when resuming) and
     /// follows redirects until a response whose body can be read: a `200`,
@@ -34,7 +59,7 @@ impl Fetcher {
     pub(super) async fn response_head(
         &self,
         address: &Url,
-        resume: Option<&Resume>,
+        ask: Option<&Ask>,
         limit: u64,
         policy: &mut watch::Receiver<u64>,
         reporter: &mut dyn Reporter,
@@ -51,7 +76,7 @@ impl Fetcher {
                 .map_err(|e| attempt(&hop, e))?;
             self.check_policy(&hop).map_err(|e| attempt(&hop, e))?;
             let response = self
-                .live(&hop, policy, Some(&mut *reporter), self.send(&hop, resume))
+                .live(&hop, policy, Some(&mut *reporter), self.send(&hop, ask))
                 .await
                 .and_then(|sent| sent)
                 .and_then(|response| self.check_policy(&hop).map(|()| response))
@@ -72,7 +97,7 @@ impl Fetcher {
                 hop = next;
                 continue;
             }
-            let offset = head_offset(&hop, &response, resume, limit).map_err(|e| *e)?;
+            let offset = head_offset(&hop, &response, ask, limit).map_err(|e| *e)?;
             return Ok((hop, response, offset, permit));
         }
     }
@@ -111,13 +136,13 @@ impl Fetcher {
 
     /// Sends the request for one hop, directly or through the proxy, and
     /// waits for the response head.
-    async fn send(&self, url: &Url, resume: Option<&Resume>) -> Result<Response, AttemptError> {
+    async fn send(&self, url: &Url, ask: Option<&Ask>) -> Result<Response, AttemptError> {
         let wait = self.connect + self.stall;
         let proxy = self.proxy.proxy_for_url(url).cloned();
         let sent = async {
             match &proxy {
-                None => self.send_direct(url, resume).await.map(Response::Direct),
-                Some(proxy) => self.send_proxied(proxy, url, resume).await,
+                None => self.send_direct(url, ask).await.map(Response::Direct),
+                Some(proxy) => self.send_proxied(proxy, url, ask).await,
             }
         };
         match tokio::time::timeout(wait, sent).await {
@@ -135,7 +160,7 @@ impl Fetcher {
         &self,
         proxy: &ProxyUrl,
         url: &Url,
-        resume: Option<&Resume>,
+        ask: Option<&Ask>,
     ) -> Result<Response, AttemptError> {
         let (target, _) = self.connect_target(url).await?;
         let mut request =
@@ -148,7 +173,7 @@ impl Fetcher {
                 .map_err(|e| AttemptError::Network {
                     reason: format!("cannot build the request: {e}"),
                 })?;
-        request.headers_mut().extend(request_headers(resume));
+        request.headers_mut().extend(request_headers(ask));
         let check = || self.check_policy(url);
         let response = self
             .tunnels
@@ -160,11 +185,11 @@ impl Fetcher {
     async fn send_direct(
         &self,
         url: &Url,
-        resume: Option<&Resume>,
+        ask: Option<&Ask>,
     ) -> Result<reqwest::Response, AttemptError> {
         self.client
             .get(url.clone())
-            .headers(request_headers(resume))
+            .headers(request_headers(ask))
             .send()
             .await
             .map_err(|e| request_error(&e))
@@ -172,48 +197,57 @@ impl Fetcher {
 }
 
 /// The headers of every request, direct or through a proxy: no
-/// compression, and `Range` with `If-Range` when resuming.
-fn request_headers(resume: Option<&Resume>) -> reqwest::header::HeaderMap {
+/// compression, and `Range` (with `If-Range` when there is a validator)
+/// when asking for part of the file.
+fn request_headers(ask: Option<&Ask>) -> reqwest::header::HeaderMap {
     use reqwest::header::HeaderValue;
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(USER_AGENT, HeaderValue::from_static(user_agent()));
     headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    if let Some(r) = resume {
-        let range = HeaderValue::from_str(&format!("bytes={}-", r.offset));
+    if let Some(a) = ask {
+        let range = match a.end {
+            Some(end) => format!("bytes={}-{end}", a.start),
+            None => format!("bytes={}-", a.start),
+        };
         // The validator was checked when it was kept (visible ASCII).
-        let validator = HeaderValue::from_str(&r.validator);
-        if let (Ok(range), Ok(validator)) = (range, validator) {
-            headers.insert(RANGE, range);
-            headers.insert(IF_RANGE, validator);
+        let validator = a.validator.as_deref().map(HeaderValue::from_str);
+        match (HeaderValue::from_str(&range), validator) {
+            (Ok(range), Some(Ok(validator))) => {
+                headers.insert(RANGE, range);
+                headers.insert(IF_RANGE, validator);
+            }
+            (Ok(range), None) => {
+                headers.insert(RANGE, range);
+            }
+            _ => {}
         }
     }
     headers
 }
 
 /// Where the body of an accepted response head starts: 0 for a `200`, the
-/// kept offset for a `206` that continues exactly the kept bytes (its
+/// asked start for a `206` that is exactly the bytes asked for (its
 /// start, end and total checked); anything else is refused.
 fn head_offset(
     hop: &Url,
     response: &Response,
-    resume: Option<&Resume>,
+    ask: Option<&Ask>,
     limit: u64,
 ) -> Result<u64, Box<HeadError>> {
     let status = response.status().as_u16();
-    match (status, resume) {
+    match (status, ask) {
         (200, _) => Ok(0),
-        (206, Some(r)) => {
+        (206, Some(a)) => {
             let range = response
                 .headers()
                 .get(CONTENT_RANGE)
                 .and_then(|v| headers::parse_content_range(v.as_bytes()));
+            let last = a.end.or_else(|| limit.checked_sub(1));
             match range {
                 Some(cr)
-                    if cr.start == r.offset
-                        && cr.total == Some(limit)
-                        && cr.end.checked_add(1) == Some(limit) =>
+                    if cr.start == a.start && cr.total == Some(limit) && Some(cr.end) == last =>
                 {
-                    Ok(r.offset)
+                    Ok(a.start)
                 }
                 other => {
                     let why = format!("206 with Content-Range {other:?}");

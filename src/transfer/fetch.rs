@@ -165,6 +165,9 @@ pub struct Fetcher {
     pub(super) proxy: Arc<ProxySettings>,
     /// Opens the tunnels through it.
     pub(super) tunnels: Tunnels,
+    /// Connections one large file is fetched over at once
+    /// (`network.connections_per_file`, at most `service.max_per_host`).
+    pub(super) parts: usize,
 }
 
 /// How a transfer of an address would connect (see [`Fetcher::route`]).
@@ -254,6 +257,10 @@ impl Fetcher {
             hosts: HostSlots::new(settings.max_per_host),
             proxy: Arc::new(proxy),
             tunnels,
+            parts: settings
+                .connections_per_file
+                .min(settings.max_per_host)
+                .max(1),
         })
     }
 

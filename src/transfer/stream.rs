@@ -1,25 +1,47 @@
-//! One address into one sink: the response head accepted, the body read
-//! chunk by chunk under the cancellation, the live policy, the stall timer,
-//! the size limit, the progress floor and the bandwidth cap, then the size
-//! and SHA-256 checked.
+//! One try of one address: the response head accepted, then its body as
+//! one stream into the sink, or, for a large file whose server answers
+//! ranges exactly, in parts.
 
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use url::Url;
 
 use crate::error::{Attempt, AttemptError};
-use crate::net::response::{BodyError, Response};
-use crate::store::partial::{Checkpointer, PartialPaths};
-use crate::transfer::exchange::{validator, HeadError};
-use crate::transfer::fetch::{
-    Control, Expected, Fetcher, Output, Reporter, Transfer, TransferError,
+use crate::store::partial::PartialPaths;
+use crate::transfer::body::{
+    announced_mismatch, check_finished, local_write, open_sink, size_error, Body,
 };
-use crate::transfer::sink::{Sink, Target};
-use url::Url;
+use crate::transfer::exchange::{validator, Ask, HeadError};
+use crate::transfer::fetch::{
+    Control, Expected, Fetcher, Output, Reporter, Resume, Transfer, TransferError,
+};
+use crate::transfer::parts::{FirstPart, PARTS_MIN_BYTES};
+use crate::transfer::sink::Sink;
+
+/// One try of one address, as [`Fetcher::transfer`] runs it.
+pub(super) struct Try<'a> {
+    /// The address (url or mirror).
+    pub address: &'a Url,
+    /// What the bytes must be.
+    pub expected: Option<Expected<'a>>,
+    /// The most bytes the file may have.
+    pub limit: u64,
+    /// The partial file, unless the bytes are only hashed.
+    pub paths: Option<&'a PartialPaths>,
+    /// Kept bytes of this address to continue.
+    pub resume: Option<Resume>,
+    /// Whether the file may be fetched in parts.
+    pub parts: bool,
+}
 
 impl Fetcher {
     /// Fetches one address (following redirects) into `output`, counting
     /// and hashing as bytes arrive. With `expected`, the size and digest
     /// must match; without, at most `max` bytes are read.
+    ///
+    /// A large file whose server answers the first request's `Range`
+    /// exactly is fetched in parts ([`crate::transfer::parts`]); when a
+    /// part is refused, the file is fetched once more as one stream from
+    /// zero.
     pub(crate) async fn transfer(
         &self,
         address: &Url,
@@ -28,6 +50,64 @@ impl Fetcher {
         output: Output<'_>,
         control: Control<'_>,
     ) -> Result<Transfer, TransferError> {
+        let Control { cancel, reporter } = control;
+        let (paths, resume) = match output {
+            Output::Discard => (None, None),
+            Output::Partial { paths, resume } => (Some(paths), resume),
+        };
+        let limit = expected.map_or(max, |e| e.size);
+        let parts = paths.is_some() && self.parts_for(expected);
+        let first = Try {
+            address,
+            expected,
+            limit,
+            paths,
+            resume,
+            parts,
+        };
+        if let Some(done) = self.transfer_once(first, cancel, &mut *reporter).await? {
+            return Ok(done);
+        }
+        if let Some(paths) = paths {
+            let paths = paths.clone();
+            let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
+        }
+        let again = Try {
+            address,
+            expected,
+            limit,
+            paths,
+            resume: None,
+            parts: false,
+        };
+        let done = self.transfer_once(again, cancel, reporter).await?;
+        done.ok_or_else(|| {
+            TransferError::Attempt(Attempt {
+                address: address.clone(),
+                hop: None,
+                error: AttemptError::Network {
+                    reason: "the server refused a ranged part".into(),
+                },
+            })
+        })
+    }
+
+    /// One try: the response head, then the body as one stream or in
+    /// parts. `Ok(None)`: a part was refused, fetch again as one stream.
+    async fn transfer_once(
+        &self,
+        t: Try<'_>,
+        cancel: Option<&CancellationToken>,
+        reporter: &mut dyn Reporter,
+    ) -> Result<Option<Transfer>, TransferError> {
+        let Try {
+            address,
+            expected,
+            limit,
+            paths,
+            mut resume,
+            parts,
+        } = t;
         let fail = |hop: &Url, error: AttemptError| {
             TransferError::Attempt(Attempt {
                 address: address.clone(),
@@ -35,13 +115,8 @@ impl Fetcher {
                 error,
             })
         };
-        let limit = expected.map_or(max, |e| e.size);
-        let (paths, mut resume) = match output {
-            Output::Discard => (None, None),
-            Output::Partial { paths, resume } => (Some(paths), resume),
-        };
         let cancelled = async {
-            match control.cancel {
+            match cancel {
                 Some(token) => token.cancelled().await,
                 None => std::future::pending().await,
             }
@@ -50,9 +125,20 @@ impl Fetcher {
         // Taken before the first hop is checked: a change from here on is
         // seen, whatever the transfer is waiting for.
         let mut policy_changes = self.policy_version.subscribe();
-        let (hop, mut response, offset, _host_permit) = loop {
+        // A fresh large file asks for all of it as a range: the probe of
+        // whether its server answers ranges exactly.
+        let mut ask = match &resume {
+            Some(r) => Some(Ask::resume(r)),
+            None if parts => Some(Ask {
+                start: 0,
+                end: None,
+                validator: None,
+            }),
+            None => None,
+        };
+        let (hop, mut response, offset, host_permit) = loop {
             let head = tokio::select! {
-                head = self.response_head(address, resume.as_ref(), limit, &mut policy_changes, &mut *control.reporter) => head,
+                head = self.response_head(address, ask.as_ref(), limit, &mut policy_changes, &mut *reporter) => head,
                 () = &mut cancelled => return Err(TransferError::Cancelled),
             };
             match head {
@@ -60,12 +146,13 @@ impl Fetcher {
                 Err(HeadError::Attempt(hop, error)) => return Err(fail(&hop, error)),
                 Err(HeadError::RangeRefused(hop, why)) => {
                     // The kept bytes cannot be continued: start afresh.
-                    tracing::debug!(%hop, "resume refused: {why}; starting from zero");
+                    tracing::debug!(%hop, "range refused: {why}; starting from zero");
                     if let Some(paths) = paths {
                         let paths = paths.clone();
                         let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
                     }
                     resume = None;
+                    ask = None;
                 }
             }
         };
@@ -73,17 +160,28 @@ impl Fetcher {
             return Err(fail(&hop, size_error(expected, limit, detail)));
         }
         if offset > 0 {
-            control.reporter.resumed(offset);
+            reporter.resumed(offset);
+        }
+        let kept_validator = match (offset, &resume) {
+            (1.., Some(r)) => Some(r.validator.clone()),
+            _ => validator(&response),
+        };
+        if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
+            if response.status().as_u16() == 206 && limit - offset >= PARTS_MIN_BYTES {
+                let first = FirstPart {
+                    hop,
+                    response,
+                    permit: host_permit,
+                    offset,
+                    validator: v.clone(),
+                    policy: policy_changes.clone(),
+                };
+                return self.parts(address, e, paths, first, cancel, reporter).await;
+            }
         }
         let mut sink = match paths {
             None => Sink::hash_only(),
-            Some(paths) => {
-                let validator = match (offset, &resume) {
-                    (1.., Some(r)) => Some(r.validator.clone()),
-                    _ => validator(&response),
-                };
-                open_sink(paths, address, offset, validator).await?
-            }
+            Some(paths) => open_sink(paths, address, offset, kept_validator).await?,
         };
         let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
         let body = Body {
@@ -102,7 +200,7 @@ impl Fetcher {
                 body,
                 cancelled.as_mut(),
                 &mut policy_changes,
-                control.reporter,
+                reporter,
                 &fail,
             )
             .await?;
@@ -114,295 +212,11 @@ impl Fetcher {
             .finish()
             .await
             .map_err(|e| local_write(&sink_path, e))?;
-        if let Some(e) = expected {
-            if finished.len != e.size {
-                let detail = format!("received only {} bytes", finished.len);
-                return Err(fail(&hop, size_error(expected, limit, detail)));
-            }
-            if finished.sha256 != e.sha256 {
-                let error = AttemptError::Sha256 {
-                    expected: e.sha256.to_string(),
-                    actual: finished.sha256,
-                };
-                return Err(fail(&hop, error));
-            }
-        }
-        Ok(Transfer {
+        check_finished(&finished, expected, limit).map_err(|e| fail(&hop, e))?;
+        Ok(Some(Transfer {
             size: finished.len,
             sha256: finished.sha256,
             final_url: hop,
-        })
-    }
-
-    /// Reads the body into its sink until it ends (`Ok(None)`) or the try
-    /// fails (`Ok(Some(failure))`, the sink still to be closed): the
-    /// cancellation, the live policy, checkpoints, the stall timer, the
-    /// size limit, the progress floor and the bandwidth cap. `Err` is a
-    /// local failure.
-    async fn receive<C: std::future::Future<Output = ()>>(
-        &self,
-        body: Body<'_>,
-        mut cancelled: std::pin::Pin<&mut C>,
-        policy: &mut watch::Receiver<u64>,
-        reporter: &mut dyn Reporter,
-        fail: &(dyn Fn(&Url, AttemptError) -> TransferError + Sync),
-    ) -> Result<Option<TransferError>, TransferError> {
-        let Body {
-            hop,
-            response,
-            sink,
-            sink_path,
-            mut received,
-            expected,
-            limit,
-        } = body;
-        let mut window = (Instant::now(), received);
-        let mut checkpoints = tokio::time::interval(crate::transfer::sink::CHECKPOINT_EVERY);
-        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        checkpoints.reset();
-        // The stall timer runs from the last byte, whatever else wakes the
-        // loop.
-        let mut stall_at = Instant::now() + self.stall;
-        loop {
-            let next = tokio::select! {
-                biased;
-                () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
-                Ok(()) = policy.changed() => {
-                    match self.check_policy(hop) {
-                        Ok(()) => continue,
-                        Err(e) => return Ok(Some(fail(hop, e))),
-                    }
-                }
-                _ = checkpoints.tick() => {
-                    sink.checkpoint().await.map_err(|e| local_write(sink_path, e))?;
-                    continue;
-                }
-                next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
-            };
-            let chunk = match next {
-                Err(_) => {
-                    let reason = format!(
-                        "stalled: no data for {}s after {received} bytes",
-                        self.stall.as_secs_f64()
-                    );
-                    return Ok(Some(fail(hop, AttemptError::Network { reason })));
-                }
-                Ok(Err(e)) => {
-                    return Ok(Some(fail(hop, body_error(&e, received, expected, limit))))
-                }
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Ok(Some(chunk))) => chunk,
-            };
-            stall_at = Instant::now() + self.stall;
-            let len = chunk.len();
-            received += len as u64;
-            if received > limit {
-                let detail = format!("received more than {limit} bytes");
-                return Ok(Some(fail(hop, size_error(expected, limit, detail))));
-            }
-            sink.write(chunk)
-                .await
-                .map_err(|e| local_write(sink_path, e))?;
-            reporter.bytes(received);
-            if let Err(reason) = self.check_progress(&mut window, received) {
-                return Ok(Some(fail(hop, AttemptError::Network { reason })));
-            }
-            if self.throttle.is_limited() {
-                tokio::select! {
-                    () = self.throttle.take(len) => {}
-                    () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
-                }
-            }
-        }
-    }
-
-    /// The minimum-progress rule: fewer than `network.min_bytes_per_min`
-    /// bytes in a window of [`PROGRESS_WINDOW`] abandons the transfer, so a
-    /// server dripping a byte just under the stall timeout cannot hold a
-    /// download slot forever. A transfer that keeps moving faster than the
-    /// floor is never cut, however long it takes.
-    fn check_progress(&self, window: &mut (Instant, u64), received: u64) -> Result<(), String> {
-        let (since, at_start) = *window;
-        if since.elapsed() < self.progress_window {
-            return Ok(());
-        }
-        let moved = received - at_start;
-        if self.min_per_minute > 0 && moved < self.min_per_minute {
-            return Err(format!(
-                "too slow: {moved} bytes in the last minute (minimum {} bytes per minute)",
-                self.min_per_minute
-            ));
-        }
-        *window = (Instant::now(), received);
-        Ok(())
-    }
-}
-
-/// One response body being read into its sink ([`Fetcher::receive`]).
-struct Body<'a> {
-    /// The hop that answered.
-    hop: &'a Url,
-    /// Its response.
-    response: &'a mut Response,
-    /// Where the bytes go.
-    sink: &'a mut Sink,
-    /// The partial file, for error messages (empty when discarding).
-    sink_path: &'a std::path::Path,
-    /// Bytes of the file present before the body (the resumed offset).
-    received: u64,
-    /// What the bytes must be.
-    expected: Option<Expected<'a>>,
-    /// The most bytes the file may have.
-    limit: u64,
-}
-
-/// Why a response's announced length cannot be the rest of the file
-/// after `offset`, if it cannot.
-pub(super) fn announced_mismatch(
-    response: &Response,
-    expected: Option<Expected<'_>>,
-    limit: u64,
-    offset: u64,
-) -> Option<String> {
-    let announced = response.content_length()?;
-    let rest = limit - offset;
-    let exact = expected.is_some() || offset > 0;
-    if announced <= rest && !(exact && announced != rest) {
-        return None;
-    }
-    let detail = format!("the server announced {announced} bytes");
-    Some(match offset {
-        0 => detail,
-        _ => format!("{detail} for the rest after byte {offset}"),
-    })
-}
-
-/// Opens the partial file (on the blocking threads) and a sink writing to
-/// it from `offset`, its records naming `address` and `validator`.
-pub(super) async fn open_sink(
-    paths: &PartialPaths,
-    address: &Url,
-    offset: u64,
-    validator: Option<String>,
-) -> Result<Sink, TransferError> {
-    let opening = paths.clone();
-    let file = tokio::task::spawn_blocking(move || opening.open_data())
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|e| local_write(&paths.data, e))?;
-    Ok(Sink::to_file(Target {
-        file,
-        offset,
-        checkpoints: Checkpointer::new(paths, address.as_str(), validator),
-    }))
-}
-
-/// A write of the partial file at `path` failed: `E_RESOURCE_DISK_SPACE`
-/// (with what was still needed and what is free) when the disk is full,
-/// `E_RESOURCE_IO` otherwise.
-pub(super) fn local_write(path: &std::path::Path, e: std::io::Error) -> TransferError {
-    TransferError::Local(crate::store::partial_write_failed(
-        "cannot write download",
-        path,
-        e,
-    ))
-}
-
-pub(super) fn size_error(
-    expected: Option<Expected<'_>>,
-    limit: u64,
-    detail: String,
-) -> AttemptError {
-    match expected {
-        Some(e) => AttemptError::Size {
-            expected: e.size,
-            detail,
-        },
-        None => AttemptError::Size {
-            expected: limit,
-            detail: format!("{detail} (auto-fill limit)"),
-        },
-    }
-}
-
-/// A body that broke off. A reset or timeout is the network's fault; a
-/// connection closed early is the server sending too few bytes.
-pub(super) fn body_error(
-    e: &BodyError,
-    received: u64,
-    expected: Option<Expected<'_>>,
-    limit: u64,
-) -> AttemptError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            if matches!(
-                io.kind(),
-                ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
-            ) {
-                let why = crate::net::reason::network_reason(e, "");
-                return AttemptError::Network {
-                    reason: format!("{why} after {received} bytes"),
-                };
-            }
-        }
-        source = s.source();
-    }
-    let detail = format!(
-        "the connection closed after {received} bytes ({})",
-        crate::net::reason::network_reason(e, "")
-    );
-    size_error(expected, limit, detail)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-
-    fn fetcher(min_per_minute: u64) -> Fetcher {
-        let mut config = Config::default();
-        config.network.min_bytes_per_min = min_per_minute;
-        Fetcher::new(&config).unwrap()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_transfer_below_the_progress_floor_is_abandoned_after_a_minute() {
-        let f = fetcher(64 << 10);
-        let mut window = (Instant::now(), 0);
-        // A byte every 29 seconds stays under any stall timeout of 30 s...
-        let mut received = 0;
-        for _ in 0..2 {
-            tokio::time::advance(Duration::from_secs(29)).await;
-            received += 1;
-            assert!(f.check_progress(&mut window, received).is_ok());
-        }
-        tokio::time::advance(Duration::from_secs(29)).await;
-        received += 1;
-        // ...but not the floor, once a minute has passed.
-        let reason = f.check_progress(&mut window, received).unwrap_err();
-        assert!(reason.contains("too slow"), "{reason}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_but_steady_transfer_is_never_cut() {
-        let f = fetcher(64 << 10);
-        let mut window = (Instant::now(), 0);
-        let mut received = 0;
-        // 2 KiB a second (120 KiB a minute) for an hour.
-        for _ in 0..3600 {
-            tokio::time::advance(Duration::from_secs(1)).await;
-            received += 2048;
-            assert!(f.check_progress(&mut window, received).is_ok());
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_zero_floor_disables_the_rule() {
-        let f = fetcher(0);
-        let mut window = (Instant::now(), 0);
-        tokio::time::advance(Duration::from_secs(600)).await;
-        assert!(f.check_progress(&mut window, 1).is_ok());
+        }))
     }
 }
