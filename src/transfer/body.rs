@@ -267,6 +267,7 @@ pub(super) fn body_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use crate::config::Config;
 
     fn fetcher(min_per_minute: u64) -> Fetcher {
