@@ -247,12 +247,19 @@ fresh_aside() {
     mkdir -p "$W/out"
 }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
+# The same with one connection per file (no ranged parts), and with eight
+# connections per host (the default max_per_host of 6 bounds the parts).
+{ printf '[network]\nconnections_per_file = 1\n'; cat "$W/config.toml"; } >"$W/one.toml"
+{ printf '[service]\nmax_per_host = 8\n'; cat "$W/config.toml"; } >"$W/eight.toml"
+OURS1=("$BIN" --config "$W/one.toml" --store "$W/store")
+OURS8=("$BIN" --config "$W/eight.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
 one_file_round() { # case file
     local c=$1 f=$2 sha
     sha=$(sha_of "$f")
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl | openssl dgst -sha256" bash -c \
         "set -o pipefail; \"\$@\" | openssl dgst -sha256 | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
     fresh; timed "$c" "curl -o + openssl dgst" bash -c \
@@ -275,6 +282,8 @@ capped_round() { # case file
     local u1=https://$HOST:$PORT3/$f i1=https://127.0.0.1:$PORT3/$f
     local i2=https://127.0.0.1:$PORT4/$f i3=https://127.0.0.1:$PORT5/$f
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, max_per_host = 8" "${OURS8[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl -o (one connection)" "${CURL[@]}" -o "$W/out/f" "$u1"
     fresh; timed "$c" "aria2c -x1 --checksum" aria2c -q -x1 --ca-certificate="$CERT" \
         --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \

@@ -114,6 +114,10 @@ pub struct NetworkConfig {
     /// parts (1: one stream); bounded by `service.max_per_host`.
     #[serde(default = "default_connections_per_file")]
     pub connections_per_file: usize,
+    /// Fetch the parts of a large file from the url and its mirrors at
+    /// once, instead of from the first address that works.
+    #[serde(default)]
+    pub spread_over_mirrors: bool,
 }
 
 /// `[service]`: bounds on concurrent downloads.
@@ -184,6 +188,7 @@ impl Default for NetworkConfig {
             proxy: ProxyConfig::Env,
             proxy_resolves: false,
             connections_per_file: default_connections_per_file(),
+            spread_over_mirrors: false,
         }
     }
 }
@@ -298,6 +303,7 @@ impl Config {
             proxy: self.network.proxy.clone(),
             proxy_resolves: self.network.proxy_resolves,
             connections_per_file: self.network.connections_per_file,
+            spread_over_mirrors: self.network.spread_over_mirrors,
             resolve: self.dev.resolve.clone(),
             allow_addresses: self.dev.allow_addresses.clone(),
             extra_root_certs: self.dev.extra_root_certs.clone(),

@@ -267,8 +267,8 @@ pub(super) fn body_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use crate::config::Config;
+    use std::time::Duration;
 
     fn fetcher(min_per_minute: u64) -> Fetcher {
         let mut config = Config::default();

@@ -125,6 +125,9 @@ pub(crate) enum Output<'a> {
         paths: &'a PartialPaths,
         /// Kept bytes of this very address, if any.
         resume: Option<Resume>,
+        /// Other sources of the same bytes that parts may come from at
+        /// once (`network.spread_over_mirrors`); empty: this address only.
+        also: &'a [Url],
     },
 }
 
@@ -168,6 +171,9 @@ pub struct Fetcher {
     /// Connections one large file is fetched over at once
     /// (`network.connections_per_file`, at most `service.max_per_host`).
     pub(super) parts: usize,
+    /// Whether the parts come from the url and its mirrors at once
+    /// (`network.spread_over_mirrors`).
+    pub(super) spread: bool,
 }
 
 /// How a transfer of an address would connect (see [`Fetcher::route`]).
@@ -261,6 +267,7 @@ impl Fetcher {
                 .connections_per_file
                 .min(settings.max_per_host)
                 .max(1),
+            spread: settings.spread_over_mirrors,
         })
     }
 
@@ -331,6 +338,12 @@ impl Fetcher {
         self.check_policy(url)?;
         self.guard().check_host(&host)?;
         Ok(())
+    }
+
+    /// Whether the parts of a large file come from all its addresses at
+    /// once.
+    pub(crate) fn spreads(&self) -> bool {
+        self.spread && self.parts > 1
     }
 
     /// The policy part of [`Fetcher::check_hop`], re-run on a live change.

@@ -67,6 +67,9 @@ pub(super) struct FirstPart {
     pub validator: String,
     /// The policy changes, as seen since before the first hop was checked.
     pub policy: watch::Receiver<u64>,
+    /// Other sources of the same bytes the parts may come from
+    /// (`network.spread_over_mirrors`).
+    pub also: Vec<Url>,
 }
 
 /// One part's range: the next byte it receives and where it stops.
@@ -94,7 +97,12 @@ impl Stop {
 struct Run<'a> {
     address: &'a Url,
     expected: Expected<'a>,
-    validator: String,
+    /// Where the parts come from: the address, then any other sources;
+    /// part `i` asks `sources[i % len]`.
+    sources: Vec<Url>,
+    /// Each source's validator, once it answered a part (the address's is
+    /// the first response's).
+    validators: Mutex<Vec<Option<String>>>,
     slots: Mutex<Vec<Slot>>,
     progress: Mutex<Progress<'a>>,
     scatter: Scatter,
@@ -155,11 +163,38 @@ impl Run<'_> {
     }
 
     fn attempt(&self, hop: &Url, error: AttemptError) -> TransferError {
+        self.attempt_of(self.address, hop, error)
+    }
+
+    fn attempt_of(&self, address: &Url, hop: &Url, error: AttemptError) -> TransferError {
         TransferError::Attempt(Attempt {
-            address: self.address.clone(),
-            hop: (hop != self.address).then(|| hop.clone()),
+            address: address.clone(),
+            hop: (hop != address).then(|| hop.clone()),
             error,
         })
+    }
+
+    /// The source part `i` asks, and the validator it must match (`None`
+    /// before that source answered a part).
+    fn source(&self, i: usize) -> (usize, &Url, Option<String>) {
+        let k = i % self.sources.len();
+        (k, &self.sources[k], lock(&self.validators)[k].clone())
+    }
+
+    /// Checks a part's validator against its source's, keeping the first
+    /// one a source gives.
+    fn same_validator(&self, k: usize, given: Option<String>) -> bool {
+        let Some(given) = given else {
+            return false;
+        };
+        let mut validators = lock(&self.validators);
+        match &validators[k] {
+            Some(known) => *known == given,
+            None => {
+                validators[k] = Some(given);
+                true
+            }
+        }
     }
 }
 
@@ -206,7 +241,12 @@ impl Fetcher {
             offset,
             validator,
             policy,
+            also,
         } = first;
+        let mut sources = vec![address.clone()];
+        sources.extend(also);
+        let mut validators = vec![None; sources.len()];
+        validators[0] = Some(validator.clone());
         let opening = paths.clone();
         let file = tokio::task::spawn_blocking(move || opening.open_data())
             .await
@@ -221,7 +261,8 @@ impl Fetcher {
         let run = Run {
             address,
             expected,
-            validator,
+            sources,
+            validators: Mutex::new(validators),
             slots: Mutex::new(slots),
             progress: Mutex::new(Progress {
                 reporter,
@@ -291,8 +332,8 @@ impl Fetcher {
             let result = match first.take() {
                 Some((hop, response, _permit)) => {
                     let limit = run.expected.size;
-                    self.part_body(run, i, &hop, response, limit, &mut policy)
-                        .await
+                    let body = (run.address, &hop, response, limit);
+                    self.part_body(run, i, body, &mut policy).await
                 }
                 None => self.part(run, i, &mut policy).await,
             };
@@ -316,20 +357,23 @@ impl Fetcher {
         let Some((start, end)) = run.claim(i) else {
             return Ok(());
         };
+        let (k, source, known) = run.source(i);
         let ask = Ask {
             start,
             end: Some(end - 1),
-            validator: Some(run.validator.clone()),
+            validator: known,
         };
         let mut quiet = Quiet;
         let head = tokio::select! {
             biased;
             () = run.stop.cancelled() => return Err(Stop::Failed(Box::new(TransferError::Cancelled))),
-            head = self.response_head(run.address, Some(&ask), run.expected.size, policy, &mut quiet) => head,
+            head = self.response_head(source, Some(&ask), run.expected.size, policy, &mut quiet) => head,
         };
         let (hop, response, _, _permit) = match head {
             Ok(head) => head,
-            Err(HeadError::Attempt(hop, e)) => return Err(Stop::failed(run.attempt(&hop, e))),
+            Err(HeadError::Attempt(hop, e)) => {
+                return Err(Stop::failed(run.attempt_of(source, &hop, e)))
+            }
             Err(HeadError::RangeRefused(hop, why)) => {
                 return Err(Stop::Refused(format!("{hop} refused a part: {why}")))
             }
@@ -340,7 +384,7 @@ impl Fetcher {
                 "{hop} answered {status} to a ranged part"
             )));
         }
-        if validator(&response).as_deref() != Some(run.validator.as_str()) {
+        if !run.same_validator(k, validator(&response)) {
             return Err(Stop::Refused(format!("{hop} changed the file's validator")));
         }
         if response.content_length().is_some_and(|n| n != end - start) {
@@ -348,7 +392,8 @@ impl Fetcher {
                 "{hop} announced another length for a part"
             )));
         }
-        self.part_body(run, i, &hop, response, end, policy).await
+        self.part_body(run, i, (source, &hop, response, end), policy)
+            .await
     }
 
     /// Reads one part's body (up to `limit`, the end it asked for) into its
@@ -357,11 +402,10 @@ impl Fetcher {
         &self,
         run: &Run<'_>,
         i: usize,
-        hop: &Url,
-        mut response: Response,
-        limit: u64,
+        body: (&Url, &Url, Response, u64),
         policy: &mut watch::Receiver<u64>,
     ) -> Result<(), Stop> {
+        let (source, hop, mut response, limit) = body;
         let Some((start, _)) = run.claim(i) else {
             return Ok(());
         };
@@ -372,7 +416,7 @@ impl Fetcher {
             at: start,
             len: 0,
         };
-        let fail = |hop: &Url, e: AttemptError| run.attempt(hop, e);
+        let fail = |hop: &Url, e: AttemptError| run.attempt_of(source, hop, e);
         let body = Body {
             hop,
             response: &mut response,
@@ -399,7 +443,7 @@ impl Fetcher {
                 Some((next, _)) => {
                     let detail = format!("a part's connection closed after byte {next}");
                     let error = size_error(Some(run.expected), run.expected.size, detail);
-                    Err(Stop::failed(run.attempt(hop, error)))
+                    Err(Stop::failed(run.attempt_of(source, hop, error)))
                 }
             },
         }

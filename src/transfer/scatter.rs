@@ -14,7 +14,7 @@
 //! resume hold unchanged: after a crash the next run continues that prefix
 //! and asks for everything after it again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::partial::Checkpointer;
-use crate::transfer::sink::{Finished, Syncer, CHECKPOINT_BYTES, REHASH_BUFFER};
+use crate::transfer::sink::{Finished, Syncer, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES};
 
 /// Batches in flight between all the parts and the writer thread.
 pub(super) const SCATTER_CHUNKS: usize = 16;
@@ -128,6 +128,9 @@ struct Writer {
     hashed: u64,
     /// Ranges written ahead of the prefix: start → end.
     ahead: BTreeMap<u64, u64>,
+    /// Each part's run of writes: where it ends → where its bytes not yet
+    /// handed to the kernel's write-back start.
+    runs: HashMap<u64, u64>,
     syncer: Option<Syncer>,
     checkpoints: Option<Checkpointer>,
     /// The prefix at the last checkpoint asked for.
@@ -151,6 +154,7 @@ fn run(
         hasher: Sha256::new(),
         hashed: 0,
         ahead: BTreeMap::new(),
+        runs: HashMap::new(),
         syncer: None,
         checkpoints: Some(checkpoints),
         requested: offset,
@@ -186,6 +190,7 @@ impl Writer {
             self.file.write_all(chunk)?;
             end += chunk.len() as u64;
         }
+        self.write_back(at, end);
         if at == self.hashed {
             for chunk in batch {
                 self.hasher.update(chunk);
@@ -199,6 +204,19 @@ impl Writer {
             self.checkpoint();
         }
         Ok(())
+    }
+
+    /// Starts the kernel's write-back of a part's run once it holds
+    /// [`WRITE_BACK_BYTES`], as a single stream does, so the final flush has
+    /// little left to do.
+    fn write_back(&mut self, at: u64, end: u64) {
+        let from = self.runs.remove(&at).unwrap_or(at);
+        if end - from >= WRITE_BACK_BYTES {
+            crate::platform::start_write_back(&self.file, from, end - from);
+            self.runs.insert(end, end);
+        } else {
+            self.runs.insert(end, from);
+        }
     }
 
     /// Notes `[start, end)` as written ahead of the prefix, merged with its

@@ -31,6 +31,8 @@ pub(super) struct Try<'a> {
     pub resume: Option<Resume>,
     /// Whether the file may be fetched in parts.
     pub parts: bool,
+    /// Other sources the parts may come from at once.
+    pub also: &'a [Url],
 }
 
 impl Fetcher {
@@ -51,9 +53,13 @@ impl Fetcher {
         control: Control<'_>,
     ) -> Result<Transfer, TransferError> {
         let Control { cancel, reporter } = control;
-        let (paths, resume) = match output {
-            Output::Discard => (None, None),
-            Output::Partial { paths, resume } => (Some(paths), resume),
+        let (paths, resume, also) = match output {
+            Output::Discard => (None, None, &[][..]),
+            Output::Partial {
+                paths,
+                resume,
+                also,
+            } => (Some(paths), resume, also),
         };
         let limit = expected.map_or(max, |e| e.size);
         let parts = paths.is_some() && self.parts_for(expected);
@@ -64,6 +70,7 @@ impl Fetcher {
             paths,
             resume,
             parts,
+            also,
         };
         if let Some(done) = self.transfer_once(first, cancel, &mut *reporter).await? {
             return Ok(done);
@@ -79,6 +86,7 @@ impl Fetcher {
             paths,
             resume: None,
             parts: false,
+            also: &[],
         };
         let done = self.transfer_once(again, cancel, reporter).await?;
         done.ok_or_else(|| {
@@ -107,6 +115,7 @@ impl Fetcher {
             paths,
             mut resume,
             parts,
+            also,
         } = t;
         let fail = |hop: &Url, error: AttemptError| {
             TransferError::Attempt(Attempt {
@@ -175,6 +184,7 @@ impl Fetcher {
                     offset,
                     validator: v.clone(),
                     policy: policy_changes.clone(),
+                    also: also.to_vec(),
                 };
                 return self.parts(address, e, paths, first, cancel, reporter).await;
             }

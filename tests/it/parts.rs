@@ -342,3 +342,66 @@ async fn after_kill_9_the_next_run_asks_only_after_the_durable_prefix() {
     assert!(starts.len() > 1, "the rest in parts again: {again:?}");
     assert!(partial_files(&env).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_over_mirrors_takes_parts_from_the_url_and_the_mirror_at_once() {
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    let body = bytes(SIZE, 40);
+    env.origin.route("/u.bin", paced(&body));
+    env.origin.route("/m.bin", paced(&body));
+    let url = env.url("origin.test", "/u.bin");
+    let mirror = env.url("mirror.test", "/m.bin");
+    let r = resource("sp", &url, &[mirror], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(
+        starts(&env, "/u.bin").len() >= 3,
+        "{:?}",
+        env.origin.ranges("/u.bin")
+    );
+    assert!(
+        starts(&env, "/m.bin").len() >= 3,
+        "{:?}",
+        env.origin.ranges("/m.bin")
+    );
+}
+
+#[tokio::test]
+async fn spread_over_mirrors_with_a_bad_source_refetches_one_source_at_a_time() {
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    let body = bytes(SIZE, 41);
+    // The parts asked of the mirror include the one holding this byte.
+    let bad_byte = (SIZE / 8) + 1000;
+    env.origin.route("/g.bin", faulty(&body, PartsFault::None));
+    env.origin
+        .route("/b.bin", faulty(&body, PartsFault::Corrupt(bad_byte)));
+    let good = env.url("origin.test", "/g.bin");
+    let bad = env.url("mirror.test", "/b.bin");
+    // The bad source as a mirror: the url alone then gives the file.
+    let r = resource("sb", &good, std::slice::from_ref(&bad), &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    assert_eq!(std::fs::read(result.unwrap()).unwrap(), body);
+    assert!(
+        logs.contains("fetching from one source at a time"),
+        "{logs}"
+    );
+    assert!(stored_files(&env, &body).len() == 1);
+    // The bad source as the url (a byte of the first part, which the url
+    // sends): it is named, and the mirror gives the file.
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    env.origin.route("/g.bin", faulty(&body, PartsFault::None));
+    env.origin
+        .route("/b.bin", faulty(&body, PartsFault::Corrupt(1000)));
+    let bad = env.url("origin.test", "/b.bin");
+    let good = env.url("mirror.test", "/g.bin");
+    let r = resource("sb", &bad, &[good], &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    assert_eq!(std::fs::read(result.unwrap()).unwrap(), body);
+    assert!(
+        logs.contains(&format!("E_RESOURCE_SHA256: {bad}")),
+        "{logs}"
+    );
+}
