@@ -253,6 +253,8 @@ OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
 { printf '[service]\nmax_per_host = 8\n'; cat "$W/config.toml"; } >"$W/eight.toml"
 OURS1=("$BIN" --config "$W/one.toml" --store "$W/store")
 OURS8=("$BIN" --config "$W/eight.toml" --store "$W/store")
+{ printf '[network]\nspread_over_mirrors = true\n'; cat "$W/config.toml"; } >"$W/spread.toml"
+OURSS=("$BIN" --config "$W/spread.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
 one_file_round() { # case file
@@ -283,6 +285,7 @@ capped_round() { # case file
     local i2=https://127.0.0.1:$PORT4/$f i3=https://127.0.0.1:$PORT5/$f
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, max_per_host = 8" "${OURS8[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, spread_over_mirrors" "${OURSS[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl -o (one connection)" "${CURL[@]}" -o "$W/out/f" "$u1"
     fresh; timed "$c" "aria2c -x1 --checksum" aria2c -q -x1 --ca-certificate="$CERT" \
