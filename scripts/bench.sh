@@ -14,6 +14,10 @@
 #   BENCH_MID_MIB=64      size of the "mid" file
 #   BENCH_MANY=200 BENCH_MANY_KIB=1024     the many-files case
 #   BENCH_TINY=2000 BENCH_TINY_BYTES=256   the thousands-of-resources case
+#   BENCH_CAPPED_MIB=64   the "capped" case: one file on three more nginx
+#                         ports (url and two mirrors) whose every connection
+#                         is limited to BENCH_CAP (limit_rate, default 4m),
+#                         as CDNs do; not in the default cases
 #   BENCH_DIR=/var/tmp    where the origin's files and every store go (the
 #                         file system measured; not a tmpfs unless you mean it)
 #   BENCH_BIN=target/release/gem-resources   (built when missing)
@@ -31,6 +35,8 @@ MANY=${BENCH_MANY:-200}
 MANY_KIB=${BENCH_MANY_KIB:-1024}
 TINY=${BENCH_TINY:-2000}
 TINY_BYTES=${BENCH_TINY_BYTES:-256}
+CAPPED_MIB=${BENCH_CAPPED_MIB:-64}
+CAP=${BENCH_CAP:-4m}
 BASE=${BENCH_DIR:-/var/tmp}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BENCH_BIN:-$ROOT/target/release/gem-resources}
@@ -94,6 +100,7 @@ has_case() { [[ " $CASES " == *" $1 "* ]]; }
 say "generating files in $W/www"
 has_case big && make_file big.bin $((BIG_MIB * 1048576))
 has_case mid && make_file mid.bin $((MID_MIB * 1048576))
+has_case capped && make_file capped.bin $((CAPPED_MIB * 1048576))
 if has_case many; then
     mkdir -p "$W/www/many"
     for i in $(seq -w 1 "$MANY"); do make_file "many/f$i.bin" $((MANY_KIB * 1024)); done
@@ -146,13 +153,23 @@ http {
         server_name $HOST;
         root $W/www;
     }
+    server {
+        listen 127.0.0.1:$PORT3 ssl;
+        listen 127.0.0.1:$PORT4 ssl;
+        listen 127.0.0.1:$PORT5 ssl;
+        server_name $HOST;
+        root $W/www;
+        limit_rate $CAP;
+    }
 }
 EOF
     "$NGINX" -p "$W/nginx" -c "$W/nginx/nginx.conf" -e "$W/nginx/error.log" 2>>"$W/nginx/start.log"
 }
 for _ in $(seq 20); do
     PORT=$((20000 + RANDOM % 40000)); PORT2=$((PORT + 1))
-    if port_free "$PORT" && port_free "$PORT2" && start_nginx; then
+    PORT3=$((PORT + 2)); PORT4=$((PORT + 3)); PORT5=$((PORT + 4))
+    if port_free "$PORT" && port_free "$PORT2" && port_free "$PORT3" && port_free "$PORT4" \
+        && port_free "$PORT5" && start_nginx; then
         for _ in $(seq 50); do [ -s "$W/nginx/nginx.pid" ] && break; sleep 0.1; done
         NGINX_PID=$(cat "$W/nginx/nginx.pid")
         break
@@ -161,7 +178,8 @@ done
 [ -n "$NGINX_PID" ] || { say "nginx did not start:"; cat "$W/nginx/start.log" >&2; exit 1; }
 URL=https://$HOST:$PORT
 IPURL=https://127.0.0.1:$PORT
-CURL=(curl -sSf --cacert "$CERT" --resolve "$HOST:$PORT:127.0.0.1" --resolve "$HOST:$PORT2:127.0.0.1" --http1.1)
+CURL=(curl -sSf --cacert "$CERT" --resolve "$HOST:$PORT:127.0.0.1" --resolve "$HOST:$PORT2:127.0.0.1"
+    --resolve "$HOST:$PORT3:127.0.0.1" --http1.1)
 "${CURL[@]}" -o /dev/null "$URL/" 2>/dev/null || true
 say "nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') on 127.0.0.1:$PORT (HTTP/1.1) and :$PORT2 (HTTP/2), TLS 1.3"
 
@@ -229,12 +247,21 @@ fresh_aside() {
     mkdir -p "$W/out"
 }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
+# The same with one connection per file (no ranged parts), and with eight
+# connections per host (the default max_per_host of 6 bounds the parts).
+{ printf '[network]\nconnections_per_file = 1\n'; cat "$W/config.toml"; } >"$W/one.toml"
+{ printf '[service]\nmax_per_host = 8\n'; cat "$W/config.toml"; } >"$W/eight.toml"
+OURS1=("$BIN" --config "$W/one.toml" --store "$W/store")
+OURS8=("$BIN" --config "$W/eight.toml" --store "$W/store")
+{ printf '[network]\nspread_over_mirrors = true\n'; cat "$W/config.toml"; } >"$W/spread.toml"
+OURSS=("$BIN" --config "$W/spread.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
 one_file_round() { # case file
     local c=$1 f=$2 sha
     sha=$(sha_of "$f")
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl | openssl dgst -sha256" bash -c \
         "set -o pipefail; \"\$@\" | openssl dgst -sha256 | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
     fresh; timed "$c" "curl -o + openssl dgst" bash -c \
@@ -248,6 +275,28 @@ one_file_round() { # case file
         --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
         --checksum="sha-256=$sha" "$IPURL/$f"
     fresh; timed "$c" "curl -o /dev/null (no check)" "${CURL[@]}" -o /dev/null "$URL/$f"
+}
+
+# --- one file behind a per-connection cap, url and two mirrors --------------
+capped_round() { # case file
+    local c=$1 f=$2 sha
+    sha=$(sha_of "$f")
+    local u1=https://$HOST:$PORT3/$f i1=https://127.0.0.1:$PORT3/$f
+    local i2=https://127.0.0.1:$PORT4/$f i3=https://127.0.0.1:$PORT5/$f
+    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, max_per_host = 8" "${OURS8[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, spread_over_mirrors" "${OURSS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "curl -o (one connection)" "${CURL[@]}" -o "$W/out/f" "$u1"
+    fresh; timed "$c" "aria2c -x1 --checksum" aria2c -q -x1 --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+        --checksum="sha-256=$sha" "$i1"
+    fresh; timed "$c" "aria2c -x8 -s8 -k1M --checksum" aria2c -q -x8 -s8 -k1M --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+        --checksum="sha-256=$sha" "$i1"
+    fresh; timed "$c" "aria2c -s3 --checksum (url + 2 mirrors)" aria2c -q -s3 --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+        --checksum="sha-256=$sha" "$i1" "$i2" "$i3"
 }
 
 # --- many files --------------------------------------------------------------
@@ -288,6 +337,12 @@ many_inputs() { # case dir
 
 has_case big && manifest "$W/res/big.json" true big.bin
 has_case mid && manifest "$W/res/mid.json" true mid.bin
+if has_case capped; then
+    # url and two mirrors on the capped ports.
+    manifest "$W/res/capped.json" true capped.bin
+    sed -i "s#\"url\":\"$URL/capped.bin\"#\"url\":\"https://$HOST:$PORT3/capped.bin\",\"mirrors\":[\"https://$HOST:$PORT4/capped.bin\",\"https://$HOST:$PORT5/capped.bin\"]#" \
+        "$W/res/capped.json"
+fi
 # shellcheck disable=SC2046
 has_case many && { manifest "$W/res/many.json" true $(names_of many); many_inputs many many; }
 # shellcheck disable=SC2046
@@ -300,6 +355,7 @@ for run in $(seq "$RUNS"); do
     say "run $run/$RUNS"
     has_case big && one_file_round big big.bin
     has_case mid && one_file_round mid mid.bin
+    has_case capped && capped_round capped capped.bin
     # The tiny files before the many: the many-files round deletes each
     # tool's files, which would slow the creation of the next thousands.
     has_case tiny && many_files_round tiny tiny
@@ -329,6 +385,7 @@ bytes_of() {
     case $1 in
         big) echo $((BIG_MIB * 1048576)) ;;
         mid) echo $((MID_MIB * 1048576)) ;;
+        capped) echo $((CAPPED_MIB * 1048576)) ;;
         many) echo $((MANY * MANY_KIB * 1024)) ;;
         tiny) echo $((TINY * TINY_BYTES)) ;;
     esac
@@ -337,6 +394,7 @@ label_of() {
     case $1 in
         big) echo "$BIG_MIB MiB, one file" ;;
         mid) echo "$MID_MIB MiB, one file" ;;
+        capped) echo "$CAPPED_MIB MiB, one file, every connection capped at $CAP/s (limit_rate), url + 2 mirrors" ;;
         many) echo "$MANY × $MANY_KIB KiB in one manifest" ;;
         tiny) echo "$TINY × $TINY_BYTES B in one manifest" ;;
     esac
@@ -352,7 +410,7 @@ echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is f
 echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
 echo "Fairness: gem-resources fsyncs every file and its folder before publishing;"
 echo "curl and aria2c do not fsync (except the '+ sync' row), and 'no check' rows verify nothing."
-for c in big mid many tiny; do
+for c in big mid capped many tiny; do
     has_case "$c" || continue
     ref=$W/t/$c/"gem-resources fetch"
     ours=$( [ -s "$ref" ] && col 1 "$ref" | median || echo nan)

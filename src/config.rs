@@ -114,6 +114,14 @@ pub struct NetworkConfig {
     /// where only the proxy can. The check of DNS answers is then lost.
     #[serde(default)]
     pub proxy_resolves: bool,
+    /// Connections one large file is fetched over at once, in ranged
+    /// parts (1: one stream); bounded by `service.max_per_host`.
+    #[serde(default = "default_connections_per_file")]
+    pub connections_per_file: usize,
+    /// Fetch the parts of a large file from the url and its mirrors at
+    /// once, instead of from the first address that works.
+    #[serde(default)]
+    pub spread_over_mirrors: bool,
 }
 
 /// `[service]`: bounds on concurrent downloads.
@@ -156,6 +164,9 @@ fn default_backoff() -> f64 {
 fn default_autofill_max() -> u64 {
     64 << 30
 }
+fn default_connections_per_file() -> usize {
+    8
+}
 fn default_max_downloads() -> usize {
     8
 }
@@ -181,6 +192,8 @@ impl Default for NetworkConfig {
             autofill_max_bytes: default_autofill_max(),
             proxy: ProxyConfig::Env,
             proxy_resolves: false,
+            connections_per_file: default_connections_per_file(),
+            spread_over_mirrors: false,
         }
     }
 }
@@ -304,6 +317,8 @@ impl Config {
             max_per_host: self.service.max_per_host,
             proxy: self.network.proxy.clone(),
             proxy_resolves: self.network.proxy_resolves,
+            connections_per_file: self.network.connections_per_file,
+            spread_over_mirrors: self.network.spread_over_mirrors,
             resolve: self.dev.resolve.clone(),
             allow_addresses: self.dev.allow_addresses.clone(),
             extra_root_certs: self.dev.extra_root_certs.clone(),
@@ -377,6 +392,9 @@ impl Config {
         }
         if self.service.max_concurrent_downloads == 0 || self.service.max_per_host == 0 {
             return Err("service limits must be at least 1".into());
+        }
+        if !(1..=64).contains(&self.network.connections_per_file) {
+            return Err("network.connections_per_file must be between 1 and 64".into());
         }
         Policy::new(self.network.mode, &self.network.hosts)
             .map_err(|e| format!("network.hosts: {e}"))?;

@@ -35,6 +35,12 @@ pub struct NetSettings {
     pub proxy: ProxyConfig,
     /// Whether the proxy resolves names (`[network] proxy_resolves`).
     pub proxy_resolves: bool,
+    /// Connections one large file is fetched over at once
+    /// (`[network] connections_per_file`).
+    pub connections_per_file: usize,
+    /// Whether the parts of a file come from its url and mirrors at once
+    /// (`[network] spread_over_mirrors`).
+    pub spread_over_mirrors: bool,
     /// Development only: fixed DNS answers (`[dev] resolve`).
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
     /// Development only: ranges exempt from the address rule

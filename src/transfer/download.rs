@@ -37,6 +37,7 @@ use crate::manifest::Resource;
 use crate::store::partial::PartialPaths;
 use crate::store::Store;
 use crate::transfer::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
+use crate::transfer::parts::PARTS_MIN_BYTES;
 use crate::transfer::retry::Decision;
 pub use crate::transfer::retry::RetryPolicy;
 
@@ -163,6 +164,20 @@ impl Job<'_> {
     /// address's last reason.
     async fn run(&self, progress: &mut dyn Reporter) -> Result<()> {
         let mut attempts: Vec<Attempt> = Vec::new();
+        if self.spreads() {
+            match self.spread(progress).await {
+                Ok(()) => return Ok(()),
+                Err(TransferError::Attempt(a)) => {
+                    // No part of it is trusted: one source at a time, in
+                    // the manifest's order, so a source that sends wrong
+                    // bytes is found and named.
+                    tracing::info!(resource = %self.resource.id, "{a}; fetching from one source at a time");
+                    self.on_disk(PartialPaths::remove).await;
+                }
+                Err(TransferError::Local(e)) => return Err(e),
+                Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
+            }
+        }
         for address in self.resource.addresses() {
             match self.address(address, progress).await {
                 Ok(()) => return Ok(()),
@@ -178,6 +193,37 @@ impl Job<'_> {
             resource: self.resource.id.clone(),
             attempts,
         })
+    }
+
+    /// Whether the parts come from the url and the mirrors at once
+    /// (`network.spread_over_mirrors`, a large file with mirrors).
+    fn spreads(&self) -> bool {
+        self.fetcher.spreads()
+            && !self.resource.mirrors.is_empty()
+            && self.resource.size >= PARTS_MIN_BYTES
+    }
+
+    /// One try of the url whose parts also come from the mirrors.
+    async fn spread(&self, progress: &mut dyn Reporter) -> Result<(), TransferError> {
+        let url = &self.resource.url;
+        let expected = Expected {
+            size: self.resource.size,
+            sha256: &self.resource.sha256,
+        };
+        let output = Output::Partial {
+            paths: self.paths,
+            resume: self.resume_from(url).await,
+            also: &self.resource.mirrors,
+        };
+        let control = Control {
+            cancel: self.cancel,
+            reporter: progress,
+        };
+        tracing::debug!(resource = %self.resource.id, "trying the url and its mirrors at once");
+        self.fetcher
+            .transfer(url, Some(expected), self.resource.size, output, control)
+            .await
+            .map(|_| ())
     }
 
     /// Tries one address until it succeeds or [`RetryPolicy::decide`] says
@@ -208,6 +254,7 @@ impl Job<'_> {
             let output = Output::Partial {
                 paths: self.paths,
                 resume,
+                also: &[],
             };
             let result = self
                 .fetcher

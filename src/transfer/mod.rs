@@ -9,7 +9,12 @@
 //! Uses [`crate::net`] to connect and [`crate::store`]'s partial files to
 //! keep bytes; never the service.
 
+mod body;
 pub mod download;
+mod exchange;
 pub mod fetch;
+pub mod parts;
 pub mod retry;
+mod scatter;
 pub(crate) mod sink;
+mod stream;

@@ -45,10 +45,10 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(2);
 
 /// Chunks are handed over in batches of about this many bytes: one wake-up
 /// of the writer per batch instead of one per TLS record.
-const BATCH_BYTES: usize = 256 << 10;
+pub(super) const BATCH_BYTES: usize = 256 << 10;
 
 /// Buffer for re-reading a kept prefix to rebuild the hash.
-const REHASH_BUFFER: usize = 1 << 20;
+pub(super) const REHASH_BUFFER: usize = 1 << 20;
 
 enum Msg {
     Data(Vec<Bytes>),
@@ -97,6 +97,26 @@ pub(crate) struct Target {
     pub offset: u64,
     /// Records flushed lengths next to the file.
     pub checkpoints: Checkpointer,
+}
+
+/// What a response body is read into ([`Sink`], or one ranged part).
+pub(crate) trait BodySink: Send {
+    /// Takes one chunk; `false` when no more bytes are wanted (a part that
+    /// reached its end).
+    fn write(&mut self, chunk: Bytes)
+        -> impl std::future::Future<Output = io::Result<bool>> + Send;
+    /// Asks for what arrived so far to be flushed and recorded.
+    fn checkpoint(&mut self) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
+impl BodySink for Sink {
+    async fn write(&mut self, chunk: Bytes) -> io::Result<bool> {
+        Sink::write(self, chunk).await.map(|()| true)
+    }
+
+    async fn checkpoint(&mut self) -> io::Result<()> {
+        Sink::checkpoint(self).await
+    }
 }
 
 impl Sink {
@@ -448,13 +468,13 @@ impl Writer {
 /// A thread that flushes the partial file (`fdatasync`) and then records
 /// the flushed length, so the writer never waits for the disk before the
 /// end. Requests that pile up while a flush runs are merged into one.
-struct Syncer {
+pub(super) struct Syncer {
     tx: std::sync::mpsc::Sender<u64>,
     thread: std::thread::JoinHandle<io::Result<Checkpointer>>,
 }
 
 impl Syncer {
-    fn spawn(file: File, mut checkpoints: Checkpointer) -> io::Result<Syncer> {
+    pub(super) fn spawn(file: File, mut checkpoints: Checkpointer) -> io::Result<Syncer> {
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
         let thread = std::thread::Builder::new()
             .name("gem-resources-sync".into())
@@ -473,12 +493,12 @@ impl Syncer {
         Ok(Syncer { tx, thread })
     }
 
-    fn request(&self, len: u64) {
+    pub(super) fn request(&self, len: u64) {
         let _ = self.tx.send(len);
     }
 
     /// Waits for the requests made so far and returns the records' writer.
-    fn finish(self) -> io::Result<Checkpointer> {
+    pub(super) fn finish(self) -> io::Result<Checkpointer> {
         drop(self.tx);
         self.thread
             .join()

@@ -23,6 +23,7 @@ mod import;
 mod live_policy;
 mod manifest_cli;
 mod no_proxy;
+mod parts;
 mod patience;
 mod process_signals;
 mod prop_guard;

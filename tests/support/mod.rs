@@ -16,7 +16,7 @@ use tempfile::TempDir;
 use url::Url;
 
 #[allow(unused_imports)]
-pub use origin::{Behaviour, Gate, Origin};
+pub use origin::{Behaviour, Gate, Origin, PartsFault};
 
 /// Names the test configuration maps to 127.0.0.1.
 pub const TEST_HOSTS: &[&str] = &[

@@ -161,6 +161,21 @@ pub enum Behaviour {
         /// The bytes after it.
         body: Vec<u8>,
     },
+    /// A server of ranged parts: every response carries `ETag: etag`; a
+    /// `Range: bytes=S-` or `bytes=S-E` whose `If-Range` (if any) equals
+    /// the current tag gets `206` with exactly those bytes, anything else
+    /// `200` whole. Each response is paced (`piece` bytes, then `pause`),
+    /// so one connection has a known top speed; `fault` makes it misbehave.
+    Parts {
+        /// The whole body.
+        body: Arc<Vec<u8>>,
+        /// The entity tag, quotes included.
+        etag: String,
+        /// Bytes per piece and the pause after each.
+        pace: (usize, Duration),
+        /// How it misbehaves.
+        fault: PartsFault,
+    },
     /// Body sent in `chunk`-byte pieces with `delay` between them, correct
     /// Content-Length.
     Slow {
@@ -173,7 +188,34 @@ pub enum Behaviour {
     },
 }
 
+/// How a [`Behaviour::Parts`] route misbehaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PartsFault {
+    /// Not at all.
+    None,
+    /// A `206` that does not start at 0 names a start one byte later in its
+    /// `Content-Range` than the bytes it sends.
+    WrongContentRange,
+    /// From the `n`-th request on (counting from 0), the tag is another
+    /// (`If-Range` with the old one gets `200` whole).
+    EtagChangesAt(usize),
+    /// The byte at this offset is sent with its bits flipped, in every
+    /// response that covers it.
+    Corrupt(usize),
+}
+
 impl Behaviour {
+    /// [`Behaviour::Parts`] serving `body` with `etag`, paced to `piece`
+    /// bytes per `pause` on each connection.
+    pub fn parts(body: &[u8], etag: &str, piece: usize, pause: Duration) -> Behaviour {
+        Behaviour::Parts {
+            body: Arc::new(body.to_vec()),
+            etag: etag.to_string(),
+            pace: (piece, pause),
+            fault: PartsFault::None,
+        }
+    }
+
     /// [`Behaviour::Ranged`] serving `body` whole, resumable, with `etag`.
     pub fn ranged(body: &[u8], etag: &str) -> Behaviour {
         Behaviour::Ranged {
@@ -257,6 +299,8 @@ struct Shared {
     connections: AtomicUsize,
     /// While set, TLS handshakes wait for this gate.
     hold_handshakes: Mutex<Option<Gate>>,
+    /// Every `Range` header asked for, per path, in arrival order.
+    ranges: Mutex<HashMap<String, Vec<String>>>,
 }
 
 /// Connection tasks, and whether the origin has been dropped.
@@ -379,6 +423,15 @@ impl Origin {
     /// accepted and counted) until `gate` opens.
     pub fn hold_handshakes(&self, gate: &Gate) {
         *lock(&self.shared.hold_handshakes) = Some(gate.clone());
+    }
+
+    /// The `Range` headers of the requests for `path`, in arrival order
+    /// (requests without one are not listed).
+    pub fn ranges(&self, path: &str) -> Vec<String> {
+        lock(&self.shared.ranges)
+            .get(path)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// How many well-formed request heads arrived, for any path.
@@ -596,6 +649,12 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         *n - 1
     };
     lock(&shared.last_headers).insert(key.clone(), request.headers.clone());
+    if let Some((_, range)) = request.headers.iter().find(|(n, _)| n == "range") {
+        lock(&shared.ranges)
+            .entry(key.clone())
+            .or_default()
+            .push(range.clone());
+    }
     shared.total.fetch_add(1, Ordering::SeqCst);
 
     let head_only = request.method == "HEAD";
@@ -619,6 +678,15 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         }
     }
     match behaviour {
+        Behaviour::Parts {
+            body,
+            etag,
+            pace,
+            fault,
+        } => {
+            let key = key.clone();
+            return serve_parts(tls, shared, &request, &key, nth, (body, etag, *pace, fault)).await;
+        }
         Behaviour::Ranged {
             body,
             etag,
@@ -791,6 +859,78 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
                     }
                 }
             }
+        }
+    }
+    close(tls).await
+}
+
+/// Answers one request of a [`Behaviour::Parts`] route.
+async fn serve_parts(
+    tls: &mut TlsStream<TcpStream>,
+    shared: &Shared,
+    request: &Request,
+    key: &str,
+    nth: usize,
+    route: (&Arc<Vec<u8>>, &String, (usize, Duration), &PartsFault),
+) -> std::io::Result<()> {
+    let (body, etag, (piece, pause), fault) = route;
+    let etag = match fault {
+        PartsFault::EtagChangesAt(n) if nth >= *n => {
+            format!("{}-changed\"", etag.trim_end_matches('"'))
+        }
+        _ => etag.clone(),
+    };
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let len = body.len();
+    let range = header("range")
+        .filter(|_| header("if-range").is_none_or(|v| v == etag))
+        .and_then(|r| {
+            let (s, e) = r.strip_prefix("bytes=")?.split_once('-')?;
+            let s: usize = s.parse().ok()?;
+            let e: usize = if e.is_empty() {
+                len - 1
+            } else {
+                e.parse().ok()?
+            };
+            (s <= e && e < len).then_some((s, e))
+        });
+    let (start, end, status) = match range {
+        Some((s, e)) => {
+            let named = if *fault == PartsFault::WrongContentRange && s > 0 {
+                s + 1
+            } else {
+                s
+            };
+            let status = format!("206 Partial Content\r\nContent-Range: bytes {named}-{e}/{len}");
+            (s, e + 1, status)
+        }
+        None => (0, len, "200 OK".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        end - start
+    );
+    tls.write_all(head.as_bytes()).await?;
+    let mut at = start;
+    while at < end {
+        let stop = (at + piece.max(1)).min(end);
+        let mut part = body[at..stop].to_vec();
+        if let PartsFault::Corrupt(bad) = fault {
+            if (at..stop).contains(bad) {
+                part[bad - at] ^= 0xff;
+            }
+        }
+        write_body(tls, &part).await?;
+        *lock(&shared.served).entry(key.to_string()).or_default() += part.len() as u64;
+        at = stop;
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
         }
     }
     close(tls).await

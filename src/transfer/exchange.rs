@@ -1,0 +1,334 @@
+//! The exchange of one hop: the host slot, the request (direct or through
+//! the proxy) with its headers, the response head under the live policy,
+//! and the redirects followed by hand until a body can be read.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use reqwest::header::{
+    ACCEPT_ENCODING, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, LOCATION, RANGE, RETRY_AFTER,
+    USER_AGENT,
+};
+use tokio::sync::watch;
+use url::Url;
+
+use crate::error::AttemptError;
+use crate::net::connecting::{Connecting, CONNECTING};
+use crate::net::guard::Blocked;
+use crate::net::headers;
+use crate::net::hosts::HostPermit;
+use crate::net::proxy::ProxyUrl;
+use crate::net::resolve::LookupRefused;
+use crate::net::response::Response;
+use crate::transfer::fetch::{Fetcher, Reporter, Resume, MAX_REDIRECTS};
+
+/// The bytes one request asks for: from `start` to `end` (inclusive; to
+/// the end of the file when `None`), under `If-Range: validator` when
+/// there is one. Without a validator only a fresh request asks (the probe
+/// of whether the server answers ranges exactly).
+#[derive(Debug, Clone)]
+pub(super) struct Ask {
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive.
+    pub end: Option<u64>,
+    /// Sent as `If-Range`.
+    pub validator: Option<String>,
+}
+
+impl Ask {
+    /// The rest of the file after the kept bytes of `resume`.
+    pub(super) fn resume(resume: &Resume) -> Ask {
+        Ask {
+            start: resume.offset,
+            end: None,
+            validator: Some(resume.validator.clone()),
+        }
+    }
+}
+
+impl Fetcher {
+    /// Sends the request (with `Range` and `If-Range` when resuming) and
+    /// follows redirects until a response whose body can be read: a `200`,
+    /// or a `206` that continues exactly the kept bytes. Returns the final
+    /// hop, the response and the offset its body starts at.
+    ///
+    /// Every wait (the host slot, the connection, the head) watches
+    /// `policy` and stops when the hop is no longer permitted; the hop is
+    /// checked again right before its request is sent.
+    pub(super) async fn response_head(
+        &self,
+        address: &Url,
+        ask: Option<&Ask>,
+        limit: u64,
+        policy: &mut watch::Receiver<u64>,
+        reporter: &mut dyn Reporter,
+    ) -> Result<(Url, Response, u64, HostPermit), HeadError> {
+        let mut hop = address.clone();
+        let mut redirects = 0;
+        loop {
+            let attempt = |hop: &Url, error| HeadError::Attempt(hop.clone(), error);
+            self.check_hop(&hop).map_err(|e| attempt(&hop, e))?;
+            let host = hop.host_str().unwrap_or_default();
+            let permit = self
+                .live(&hop, policy, None, self.hosts.enter(host))
+                .await
+                .map_err(|e| attempt(&hop, e))?;
+            self.check_policy(&hop).map_err(|e| attempt(&hop, e))?;
+            let response = self
+                .live(&hop, policy, Some(&mut *reporter), self.send(&hop, ask))
+                .await
+                .and_then(|sent| sent)
+                .and_then(|response| self.check_policy(&hop).map(|()| response))
+                .map_err(|e| attempt(&hop, e))?;
+            let status = response.status().as_u16();
+            if matches!(status, 301 | 302 | 303 | 307 | 308) {
+                if redirects == MAX_REDIRECTS {
+                    return Err(attempt(
+                        &hop,
+                        AttemptError::Redirects {
+                            limit: MAX_REDIRECTS,
+                        },
+                    ));
+                }
+                let next = next_hop(&hop, &response).map_err(|e| attempt(&hop, e))?;
+                tracing::debug!(from = %hop, to = %next, "redirect");
+                redirects += 1;
+                hop = next;
+                continue;
+            }
+            let offset = head_offset(&hop, &response, ask, limit).map_err(|e| *e)?;
+            return Ok((hop, response, offset, permit));
+        }
+    }
+
+    /// Runs `wait` for `hop` while watching the policy: a change that no
+    /// longer permits the hop stops the wait with the policy failure. With
+    /// a `reporter`, a connection made while waiting is reported.
+    pub(super) async fn live<T>(
+        &self,
+        hop: &Url,
+        policy: &mut watch::Receiver<u64>,
+        mut reporter: Option<&mut dyn Reporter>,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Result<T, AttemptError> {
+        let connected = Arc::new(tokio::sync::Notify::new());
+        let connecting = Connecting {
+            made: connected.clone(),
+            policy: self.policy.clone(),
+            hop: hop.clone(),
+        };
+        let wait = CONNECTING.scope(connecting, wait);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                biased;
+                Ok(()) = policy.changed() => self.check_policy(hop)?,
+                () = connected.notified(), if reporter.is_some() => {
+                    if let Some(r) = reporter.take() {
+                        r.connected();
+                    }
+                }
+                out = &mut wait => return Ok(out),
+            }
+        }
+    }
+
+    /// Sends the request for one hop, directly or through the proxy, and
+    /// waits for the response head.
+    async fn send(&self, url: &Url, ask: Option<&Ask>) -> Result<Response, AttemptError> {
+        let wait = self.connect + self.stall;
+        let proxy = self.proxy.proxy_for_url(url).cloned();
+        let sent = async {
+            match &proxy {
+                None => self.send_direct(url, ask).await.map(Response::Direct),
+                Some(proxy) => self.send_proxied(proxy, url, ask).await,
+            }
+        };
+        match tokio::time::timeout(wait, sent).await {
+            Ok(result) => result,
+            Err(_) => Err(AttemptError::Network {
+                reason: format!("no response within {}s", wait.as_secs_f64()),
+            }),
+        }
+    }
+
+    /// [`Fetcher::send`] through `proxy`: the same request headers, over a
+    /// tunnel to the vetted address. The hop is checked against the policy
+    /// again once the tunnel is open, right before the request is written.
+    async fn send_proxied(
+        &self,
+        proxy: &ProxyUrl,
+        url: &Url,
+        ask: Option<&Ask>,
+    ) -> Result<Response, AttemptError> {
+        let (target, _) = self.connect_target(url).await?;
+        let mut request =
+            http::Request::get(&url[url::Position::BeforePath..url::Position::AfterQuery])
+                .header(
+                    reqwest::header::HOST,
+                    &url[url::Position::BeforeHost..url::Position::AfterPort],
+                )
+                .body(http_body_util::Empty::new())
+                .map_err(|e| AttemptError::Network {
+                    reason: format!("cannot build the request: {e}"),
+                })?;
+        request.headers_mut().extend(request_headers(ask));
+        let check = || self.check_policy(url);
+        let response = self
+            .tunnels
+            .send(proxy, &target, url, request, &check)
+            .await?;
+        Ok(Response::Proxied(response))
+    }
+
+    async fn send_direct(
+        &self,
+        url: &Url,
+        ask: Option<&Ask>,
+    ) -> Result<reqwest::Response, AttemptError> {
+        self.client
+            .get(url.clone())
+            .headers(request_headers(ask))
+            .send()
+            .await
+            .map_err(|e| request_error(&e))
+    }
+}
+
+/// The headers of every request, direct or through a proxy: no
+/// compression, and `Range` (with `If-Range` when there is a validator)
+/// when asking for part of the file.
+fn request_headers(ask: Option<&Ask>) -> reqwest::header::HeaderMap {
+    use reqwest::header::HeaderValue;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(USER_AGENT, HeaderValue::from_static(user_agent()));
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    if let Some(a) = ask {
+        let range = match a.end {
+            Some(end) => format!("bytes={}-{end}", a.start),
+            None => format!("bytes={}-", a.start),
+        };
+        // The validator was checked when it was kept (visible ASCII).
+        let validator = a.validator.as_deref().map(HeaderValue::from_str);
+        match (HeaderValue::from_str(&range), validator) {
+            (Ok(range), Some(Ok(validator))) => {
+                headers.insert(RANGE, range);
+                headers.insert(IF_RANGE, validator);
+            }
+            (Ok(range), None) => {
+                headers.insert(RANGE, range);
+            }
+            _ => {}
+        }
+    }
+    headers
+}
+
+/// Where the body of an accepted response head starts: 0 for a `200`, the
+/// asked start for a `206` that is exactly the bytes asked for (its
+/// start, end and total checked); anything else is refused.
+fn head_offset(
+    hop: &Url,
+    response: &Response,
+    ask: Option<&Ask>,
+    limit: u64,
+) -> Result<u64, Box<HeadError>> {
+    let status = response.status().as_u16();
+    match (status, ask) {
+        (200, _) => Ok(0),
+        (206, Some(a)) => {
+            let range = response
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| headers::parse_content_range(v.as_bytes()));
+            let last = a.end.or_else(|| limit.checked_sub(1));
+            match range {
+                Some(cr)
+                    if cr.start == a.start && cr.total == Some(limit) && Some(cr.end) == last =>
+                {
+                    Ok(a.start)
+                }
+                other => {
+                    let why = format!("206 with Content-Range {other:?}");
+                    Err(Box::new(HeadError::RangeRefused(hop.clone(), why)))
+                }
+            }
+        }
+        (416, Some(_)) => Err(Box::new(HeadError::RangeRefused(hop.clone(), "416".into()))),
+        _ => {
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| headers::parse_retry_after(v.as_bytes(), SystemTime::now()));
+            Err(Box::new(HeadError::Attempt(
+                hop.clone(),
+                AttemptError::Http {
+                    status,
+                    retry_after,
+                },
+            )))
+        }
+    }
+}
+
+/// The `User-Agent` of every request.
+fn user_agent() -> &'static str {
+    concat!("gem-resources/", env!("CARGO_PKG_VERSION"))
+}
+
+/// Why no readable response head came.
+pub(super) enum HeadError {
+    /// The hop failed.
+    Attempt(Url, AttemptError),
+    /// The server does not continue the kept bytes as asked.
+    RangeRefused(Url, String),
+}
+
+/// The validator a response gives its bytes: a strong `ETag`, else
+/// `Last-Modified`.
+pub(super) fn validator(response: &Response) -> Option<String> {
+    let h = response.headers();
+    h.get(ETAG)
+        .and_then(|v| headers::parse_strong_etag(v.as_bytes()))
+        .or_else(|| {
+            h.get(LAST_MODIFIED)
+                .and_then(|v| headers::parse_last_modified(v.as_bytes()))
+        })
+}
+
+/// The next hop of a redirect: its `Location` resolved against the
+/// current hop by [`headers::join_location`] (the parser the fuzz target
+/// runs). A missing, empty or unparsable `Location` is one failure with a
+/// short reason, never a redirect to the current hop.
+fn next_hop(current: &Url, response: &Response) -> Result<Url, AttemptError> {
+    let status = response.status().as_u16();
+    let location = response.headers().get(LOCATION).ok_or(AttemptError::Http {
+        status,
+        retry_after: None,
+    })?;
+    headers::join_location(current, location.as_bytes()).map_err(|why| AttemptError::Network {
+        reason: format!("redirect ({status}): {why}"),
+    })
+}
+
+/// Maps a request error, recovering a refused lookup from the chain.
+fn request_error(e: &reqwest::Error) -> AttemptError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(refused) = s.downcast_ref::<LookupRefused>() {
+            return refused.0.clone();
+        }
+        if let Some(blocked) = s.downcast_ref::<Blocked>() {
+            return AttemptError::Address(blocked.clone());
+        }
+        if let Some(refused @ AttemptError::Policy { .. }) = s.downcast_ref::<AttemptError>() {
+            return refused.clone();
+        }
+        source = s.source();
+    }
+    let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
+    AttemptError::Network {
+        reason: crate::net::reason::network_reason(e, host),
+    }
+}

@@ -1,0 +1,529 @@
+//! A large file in ranged parts over several connections.
+//!
+//! A file of at least [`PARTS_MIN_BYTES`] asks for all of itself as a range
+//! (`Range: bytes=0-`, or the rest after kept bytes with `If-Range`). When
+//! the server answers with a `206` whose `Content-Range` is exactly that
+//! range and a validator (a strong `ETag`, else `Last-Modified`), the file is
+//! split: that first response keeps its body up to the first split point,
+//! and up to `network.connections_per_file` parts (at most
+//! `service.max_per_host`) ask for the others, each with `Range` and
+//! `If-Range`. A part that finishes takes over the upper half of the
+//! largest range still to come (work stealing), so one slow connection does
+//! not set the finishing time.
+//!
+//! Every part is one exchange like a single stream's: each hop checked
+//! (scheme, policy, address, via the proxy when there is one), its host's
+//! connection slot taken, the live policy watched, the stall timer and the
+//! progress floor per connection, the bandwidth cap shared by all. A part's
+//! `206` must be exactly the bytes asked for, with the same validator;
+//! anything else (a `200`, another range or total, another validator) is
+//! refused: every part stops and the file is fetched once more as one
+//! stream. Any other failure of one part stops every part, and the try
+//! fails as a single stream's would.
+//!
+//! The parts write at their offsets through one writer thread
+//! ([`scatter`](super::scatter)) that keeps one SHA-256 over the whole file;
+//! memory stays bounded: with 8 parts, at most 16 batches of 256 KiB in
+//! the channel, a batch being gathered per part and a 1 MiB read-back
+//! buffer, about 7.5 MiB besides the connections' own buffers. Progress is
+//! one stream per file: the bytes of all parts together.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use crate::error::{Attempt, AttemptError};
+use crate::net::hosts::HostPermit;
+use crate::net::response::Response;
+use crate::store::partial::{Checkpointer, PartialPaths};
+use crate::transfer::body::{check_finished, local_write, size_error, Body};
+use crate::transfer::exchange::{validator, Ask, HeadError};
+use crate::transfer::fetch::{Expected, Fetcher, Reporter, Transfer, TransferError};
+use crate::transfer::scatter::{self, Scatter};
+use crate::transfer::sink::{BodySink, BATCH_BYTES};
+
+/// Files smaller than this are one request each.
+pub const PARTS_MIN_BYTES: u64 = 8 << 20;
+
+/// No part is split below this: a range is stolen only when at least twice
+/// this much of it is still to come.
+pub const MIN_PART_BYTES: u64 = 1 << 20;
+
+/// The accepted answer to the first request, which becomes the first part.
+pub(super) struct FirstPart {
+    /// The hop that answered.
+    pub hop: Url,
+    /// Its `206`, from `offset` to the end of the file.
+    pub response: Response,
+    /// Its host's connection slot.
+    pub permit: HostPermit,
+    /// Where its body starts (the kept bytes before it).
+    pub offset: u64,
+    /// The validator every part must match.
+    pub validator: String,
+    /// The policy changes, as seen since before the first hop was checked.
+    pub policy: watch::Receiver<u64>,
+    /// Other sources of the same bytes the parts may come from
+    /// (`network.spread_over_mirrors`).
+    pub also: Vec<Url>,
+}
+
+/// One part's range: the next byte it receives and where it stops.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    next: u64,
+    end: u64,
+}
+
+/// Why the parts stopped.
+enum Stop {
+    /// A part was refused: fetch the file again as one stream.
+    Refused(String),
+    /// The try failed.
+    Failed(Box<TransferError>),
+}
+
+impl Stop {
+    fn failed(e: TransferError) -> Stop {
+        Stop::Failed(Box::new(e))
+    }
+}
+
+/// The state the parts of one file share.
+struct Run<'a> {
+    address: &'a Url,
+    expected: Expected<'a>,
+    /// Where the parts come from: the address, then any other sources;
+    /// part `i` asks `sources[i % len]`.
+    sources: Vec<Url>,
+    /// Each source's validator, once it answered a part (the address's is
+    /// the first response's).
+    validators: Mutex<Vec<Option<String>>>,
+    slots: Mutex<Vec<Slot>>,
+    progress: Mutex<Progress<'a>>,
+    scatter: Scatter,
+    sink_path: PathBuf,
+    /// Stops every part: the caller's cancellation, or a part's failure.
+    stop: CancellationToken,
+    policy: watch::Receiver<u64>,
+    failure: Mutex<Option<Stop>>,
+}
+
+/// The file's one progress stream.
+struct Progress<'a> {
+    reporter: &'a mut dyn Reporter,
+    total: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Run<'_> {
+    /// Keeps the first reason to stop, and stops every part.
+    fn fail(&self, stop: Stop) {
+        let mut failure = lock(&self.failure);
+        if failure.is_none() {
+            *failure = Some(stop);
+        }
+        self.stop.cancel();
+    }
+
+    /// The range part `i` still has to ask for, if any.
+    fn claim(&self, i: usize) -> Option<(u64, u64)> {
+        let slots = lock(&self.slots);
+        let s = slots.get(i)?;
+        (s.next < s.end).then_some((s.next, s.end))
+    }
+
+    /// Part `i` takes over the upper half of the largest range still to
+    /// come; `false` when none is worth splitting.
+    fn steal(&self, i: usize) -> bool {
+        let mut slots = lock(&self.slots);
+        let Some((j, rest)) = slots
+            .iter()
+            .map(|s| s.end.saturating_sub(s.next))
+            .enumerate()
+            .max_by_key(|&(_, rest)| rest)
+        else {
+            return false;
+        };
+        if rest < 2 * MIN_PART_BYTES {
+            return false;
+        }
+        let mid = slots[j].next + rest / 2;
+        let end = slots[j].end;
+        slots[j].end = mid;
+        slots[i] = Slot { next: mid, end };
+        true
+    }
+
+    fn attempt(&self, hop: &Url, error: AttemptError) -> TransferError {
+        self.attempt_of(self.address, hop, error)
+    }
+
+    fn attempt_of(&self, address: &Url, hop: &Url, error: AttemptError) -> TransferError {
+        TransferError::Attempt(Attempt {
+            address: address.clone(),
+            hop: (hop != address).then(|| hop.clone()),
+            error,
+        })
+    }
+
+    /// The source part `i` asks, and the validator it must match (`None`
+    /// before that source answered a part).
+    fn source(&self, i: usize) -> (usize, &Url, Option<String>) {
+        let k = i % self.sources.len();
+        (k, &self.sources[k], lock(&self.validators)[k].clone())
+    }
+
+    /// Checks a part's validator against its source's, keeping the first
+    /// one a source gives.
+    fn same_validator(&self, k: usize, given: Option<String>) -> bool {
+        let Some(given) = given else {
+            return false;
+        };
+        let mut validators = lock(&self.validators);
+        match &validators[k] {
+            Some(known) => *known == given,
+            None => {
+                validators[k] = Some(given);
+                true
+            }
+        }
+    }
+}
+
+/// The first ranges: `[offset, size)` cut into up to `n` parts of at least
+/// [`MIN_PART_BYTES`].
+fn split(offset: u64, size: u64, n: usize) -> Vec<Slot> {
+    let rest = size - offset;
+    let count = (rest / MIN_PART_BYTES).clamp(1, n as u64);
+    let step = rest / count;
+    (0..count)
+        .map(|k| Slot {
+            next: offset + k * step,
+            end: if k + 1 == count {
+                size
+            } else {
+                offset + (k + 1) * step
+            },
+        })
+        .collect()
+}
+
+impl Fetcher {
+    /// Whether a file of `expected` is fetched in parts when its server
+    /// answers ranges.
+    pub(super) fn parts_for(&self, expected: Option<Expected<'_>>) -> bool {
+        self.parts > 1 && expected.is_some_and(|e| e.size >= PARTS_MIN_BYTES)
+    }
+
+    /// Fetches the file in parts, `first` being the accepted answer to the
+    /// first request. `Ok(None)`: a part was refused.
+    pub(super) async fn parts(
+        &self,
+        address: &Url,
+        expected: Expected<'_>,
+        paths: &PartialPaths,
+        first: FirstPart,
+        cancel: Option<&CancellationToken>,
+        reporter: &mut dyn Reporter,
+    ) -> Result<Option<Transfer>, TransferError> {
+        let FirstPart {
+            hop,
+            response,
+            permit,
+            offset,
+            validator,
+            policy,
+            also,
+        } = first;
+        let mut sources = vec![address.clone()];
+        sources.extend(also);
+        let mut validators = vec![None; sources.len()];
+        validators[0] = Some(validator.clone());
+        let opening = paths.clone();
+        let file = tokio::task::spawn_blocking(move || opening.open_data())
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .map_err(|e| local_write(&paths.data, e))?;
+        let checkpoints = Checkpointer::new(paths, address.as_str(), Some(validator.clone()));
+        let (scatter, thread) =
+            scatter::start(file, offset, checkpoints).map_err(|e| local_write(&paths.data, e))?;
+        let slots = split(offset, expected.size, self.parts);
+        tracing::debug!(%address, parts = slots.len(), "fetching in parts");
+        let count = slots.len();
+        let run = Run {
+            address,
+            expected,
+            sources,
+            validators: Mutex::new(validators),
+            slots: Mutex::new(slots),
+            progress: Mutex::new(Progress {
+                reporter,
+                total: offset,
+            }),
+            scatter,
+            sink_path: paths.data.clone(),
+            stop: cancel.map_or_else(CancellationToken::new, CancellationToken::child_token),
+            policy,
+            failure: Mutex::new(None),
+        };
+        let mut first = Some((hop.clone(), response, permit));
+        let workers =
+            (0..count).map(|i| self.worker(&run, i, if i == 0 { first.take() } else { None }));
+        futures_util::future::join_all(workers).await;
+        let failure = lock(&run.failure).take();
+        let outcome = match failure {
+            None => self.finish_parts(&run, &hop).await,
+            Some(stop) => {
+                run.scatter.close().await;
+                match stop {
+                    Stop::Refused(why) => {
+                        tracing::info!(%address, "{why}: fetching as one stream");
+                        Ok(None)
+                    }
+                    Stop::Failed(e) => Err(*e),
+                }
+            }
+        };
+        drop(run);
+        if let Err(e) = thread.join().await {
+            tracing::warn!("the writer of {} failed: {e}", paths.data.display());
+        }
+        outcome
+    }
+
+    /// Every part ended: the whole file's size and SHA-256.
+    async fn finish_parts(
+        &self,
+        run: &Run<'_>,
+        hop: &Url,
+    ) -> Result<Option<Transfer>, TransferError> {
+        let finished = run
+            .scatter
+            .finish()
+            .await
+            .map_err(|e| local_write(&run.sink_path, e))?;
+        let expected = Some(run.expected);
+        check_finished(&finished, expected, run.expected.size).map_err(|e| run.attempt(hop, e))?;
+        Ok(Some(Transfer {
+            size: finished.len,
+            sha256: finished.sha256,
+            final_url: hop.clone(),
+        }))
+    }
+
+    /// One connection's work: its range, then ranges taken over from the
+    /// others, until nothing is worth taking.
+    async fn worker(
+        &self,
+        run: &Run<'_>,
+        i: usize,
+        mut first: Option<(Url, Response, HostPermit)>,
+    ) {
+        let mut policy = run.policy.clone();
+        loop {
+            let result = match first.take() {
+                Some((hop, response, _permit)) => {
+                    let limit = run.expected.size;
+                    let body = (run.address, &hop, response, limit);
+                    self.part_body(run, i, body, &mut policy).await
+                }
+                None => self.part(run, i, &mut policy).await,
+            };
+            if let Err(stop) = result {
+                run.fail(stop);
+                return;
+            }
+            if run.stop.is_cancelled() || !run.steal(i) {
+                return;
+            }
+        }
+    }
+
+    /// Asks for part `i`'s range and reads it.
+    async fn part(
+        &self,
+        run: &Run<'_>,
+        i: usize,
+        policy: &mut watch::Receiver<u64>,
+    ) -> Result<(), Stop> {
+        let Some((start, end)) = run.claim(i) else {
+            return Ok(());
+        };
+        let (k, source, known) = run.source(i);
+        let ask = Ask {
+            start,
+            end: Some(end - 1),
+            validator: known,
+        };
+        let mut quiet = Quiet;
+        let head = tokio::select! {
+            biased;
+            () = run.stop.cancelled() => return Err(Stop::Failed(Box::new(TransferError::Cancelled))),
+            head = self.response_head(source, Some(&ask), run.expected.size, policy, &mut quiet) => head,
+        };
+        let (hop, response, _, _permit) = match head {
+            Ok(head) => head,
+            Err(HeadError::Attempt(hop, e)) => {
+                return Err(Stop::failed(run.attempt_of(source, &hop, e)))
+            }
+            Err(HeadError::RangeRefused(hop, why)) => {
+                return Err(Stop::Refused(format!("{hop} refused a part: {why}")))
+            }
+        };
+        let status = response.status().as_u16();
+        if status != 206 {
+            return Err(Stop::Refused(format!(
+                "{hop} answered {status} to a ranged part"
+            )));
+        }
+        if !run.same_validator(k, validator(&response)) {
+            return Err(Stop::Refused(format!("{hop} changed the file's validator")));
+        }
+        if response.content_length().is_some_and(|n| n != end - start) {
+            return Err(Stop::Refused(format!(
+                "{hop} announced another length for a part"
+            )));
+        }
+        self.part_body(run, i, (source, &hop, response, end), policy)
+            .await
+    }
+
+    /// Reads one part's body (up to `limit`, the end it asked for) into its
+    /// range, stopping where the range ends now.
+    async fn part_body(
+        &self,
+        run: &Run<'_>,
+        i: usize,
+        body: (&Url, &Url, Response, u64),
+        policy: &mut watch::Receiver<u64>,
+    ) -> Result<(), Stop> {
+        let (source, hop, mut response, limit) = body;
+        let Some((start, _)) = run.claim(i) else {
+            return Ok(());
+        };
+        let mut sink = PartSink {
+            run,
+            i,
+            batch: Vec::new(),
+            at: start,
+            len: 0,
+        };
+        let fail = |hop: &Url, e: AttemptError| run.attempt_of(source, hop, e);
+        let body = Body {
+            hop,
+            response: &mut response,
+            sink: &mut sink,
+            sink_path: &run.sink_path,
+            received: start,
+            expected: Some(run.expected),
+            limit,
+        };
+        let stopped = run.stop.cancelled();
+        tokio::pin!(stopped);
+        let outcome = self
+            .receive(body, stopped.as_mut(), policy, &mut Quiet, &fail)
+            .await;
+        let flushed = sink
+            .flush()
+            .await
+            .map_err(|e| local_write(&run.sink_path, e));
+        match (outcome, flushed) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(Stop::failed(e)),
+            (Ok(Some(failure)), _) => Err(Stop::failed(failure)),
+            (Ok(None), _) => match run.claim(i) {
+                None => Ok(()),
+                Some((next, _)) => {
+                    let detail = format!("a part's connection closed after byte {next}");
+                    let error = size_error(Some(run.expected), run.expected.size, detail);
+                    Err(Stop::failed(run.attempt_of(source, hop, error)))
+                }
+            },
+        }
+    }
+}
+
+/// A part's reporter: the file's progress comes from [`PartSink`].
+struct Quiet;
+
+impl Reporter for Quiet {
+    fn bytes(&mut self, _total: u64) {}
+}
+
+/// One part's bytes into its range of the file.
+struct PartSink<'r, 'a> {
+    run: &'r Run<'a>,
+    i: usize,
+    /// Chunks gathered, from `at`.
+    batch: Vec<Bytes>,
+    at: u64,
+    /// Their bytes.
+    len: u64,
+}
+
+impl PartSink<'_, '_> {
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let at = self.at;
+        self.at += std::mem::take(&mut self.len);
+        self.run.scatter.write_at(at, batch).await
+    }
+}
+
+impl BodySink for PartSink<'_, '_> {
+    async fn write(&mut self, chunk: Bytes) -> std::io::Result<bool> {
+        let (take, more) = {
+            let mut slots = lock(&self.run.slots);
+            let Some(s) = slots.get_mut(self.i) else {
+                return Ok(false);
+            };
+            let take = s.end.saturating_sub(s.next).min(chunk.len() as u64);
+            s.next += take;
+            (take, s.next < s.end)
+        };
+        if take > 0 {
+            self.batch.push(chunk.slice(..take as usize));
+            self.len += take;
+            let mut progress = lock(&self.run.progress);
+            progress.total += take;
+            let total = progress.total;
+            progress.reporter.bytes(total);
+        }
+        if self.len >= BATCH_BYTES as u64 || !more {
+            self.flush().await?;
+        }
+        Ok(more)
+    }
+
+    async fn checkpoint(&mut self) -> std::io::Result<()> {
+        self.flush().await?;
+        self.run.scatter.checkpoint().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_ranges_cover_the_rest_exactly() {
+        let slots = split(100, 100 + 10 * MIN_PART_BYTES + 7, 8);
+        assert_eq!(slots.len(), 8);
+        assert_eq!(slots[0].next, 100);
+        for w in slots.windows(2) {
+            assert_eq!(w[0].end, w[1].next);
+        }
+        assert_eq!(slots[7].end, 100 + 10 * MIN_PART_BYTES + 7);
+        assert_eq!(split(0, MIN_PART_BYTES, 8).len(), 1);
+    }
+}

@@ -1,0 +1,362 @@
+//! The writer of a file fetched in ranged parts: one thread that writes
+//! each batch at its offset and keeps one SHA-256 over the whole file.
+//!
+//! The hash follows the contiguous prefix: a batch that continues it is
+//! hashed from memory as it is written; one that arrives ahead of it is
+//! written and remembered as a written range, and read back (from the page
+//! cache) once the prefix reaches it. Verification so needs no second pass
+//! over the file, and memory stays bounded whatever its size: the channel's
+//! batches, one read-back buffer and a list of written ranges (merged, so
+//! about one per part).
+//!
+//! Only the contiguous prefix is ever recorded as durable (flushed, then
+//! recorded next to the partial file), so the trusted-prefix rules of
+//! resume hold unchanged: after a crash the next run continues that prefix
+//! and asks for everything after it again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::partial::Checkpointer;
+use crate::transfer::sink::{Finished, Syncer, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES};
+
+/// Batches in flight between all the parts and the writer thread.
+pub(super) const SCATTER_CHUNKS: usize = 16;
+
+enum Msg {
+    /// Chunks that follow each other in the file, from this offset.
+    At(u64, Vec<Bytes>),
+    /// Flush and record the contiguous prefix, if it grew.
+    Checkpoint,
+    /// The transfer ends early: flush and record the prefix, then answer.
+    Close(oneshot::Sender<()>),
+    /// Flush, and answer with the length of the prefix and its digest.
+    Finish(oneshot::Sender<io::Result<Finished>>),
+}
+
+/// The sending side of the writer thread; cloned for every part.
+#[derive(Clone)]
+pub(super) struct Scatter {
+    tx: mpsc::Sender<Msg>,
+}
+
+/// Waits for the writer's end.
+pub(super) struct ScatterThread {
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+}
+
+/// Starts the writer over `file`, whose first `offset` bytes are kept
+/// (hashed again first); the record names the address and validator.
+pub(super) fn start(
+    file: File,
+    offset: u64,
+    checkpoints: Checkpointer,
+) -> io::Result<(Scatter, ScatterThread)> {
+    let (tx, rx) = mpsc::channel(SCATTER_CHUNKS);
+    let thread = std::thread::Builder::new()
+        .name("gem-resources-writer".into())
+        .spawn(move || run(file, offset, checkpoints, rx))?;
+    Ok((
+        Scatter { tx },
+        ScatterThread {
+            thread: Some(thread),
+        },
+    ))
+}
+
+impl Scatter {
+    /// Hands over chunks that start at `offset`.
+    pub(super) async fn write_at(&self, offset: u64, batch: Vec<Bytes>) -> io::Result<()> {
+        self.send(Msg::At(offset, batch)).await
+    }
+
+    /// Asks for the prefix to be recorded (without waiting).
+    pub(super) async fn checkpoint(&self) -> io::Result<()> {
+        self.send(Msg::Checkpoint).await
+    }
+
+    /// Ends early: waits until the prefix is flushed and recorded.
+    pub(super) async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.send(Msg::Close(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Flushes everything; the prefix's length and digest.
+    pub(super) async fn finish(&self) -> io::Result<Finished> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Finish(tx)).await?;
+        rx.await
+            .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")))
+    }
+
+    async fn send(&self, msg: Msg) -> io::Result<()> {
+        self.tx
+            .send(msg)
+            .await
+            .map_err(|_| io::Error::other("the writer stopped"))
+    }
+}
+
+impl ScatterThread {
+    /// The writer's own error, once every sender is gone.
+    pub(super) async fn join(mut self) -> io::Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || {
+            thread
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the writer panicked")))
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    file: File,
+    hasher: Sha256,
+    /// Bytes hashed: the contiguous prefix written.
+    hashed: u64,
+    /// Ranges written ahead of the prefix: start → end.
+    ahead: BTreeMap<u64, u64>,
+    /// Each part's run of writes: where it ends → where its bytes not yet
+    /// handed to the kernel's write-back start.
+    runs: HashMap<u64, u64>,
+    syncer: Option<Syncer>,
+    checkpoints: Option<Checkpointer>,
+    /// The prefix at the last checkpoint asked for.
+    requested: u64,
+    buf: Vec<u8>,
+}
+
+fn run(
+    file: File,
+    offset: u64,
+    mut checkpoints: Checkpointer,
+    mut rx: mpsc::Receiver<Msg>,
+) -> io::Result<()> {
+    if offset == 0 {
+        checkpoints.record(0)?;
+    }
+    // Bytes past the trusted prefix are not trusted: cut them.
+    file.set_len(offset)?;
+    let mut w = Writer {
+        file,
+        hasher: Sha256::new(),
+        hashed: 0,
+        ahead: BTreeMap::new(),
+        runs: HashMap::new(),
+        syncer: None,
+        checkpoints: Some(checkpoints),
+        requested: offset,
+        buf: vec![0u8; REHASH_BUFFER],
+    };
+    w.ahead.insert(0, offset);
+    w.catch_up()?;
+    while let Some(msg) = rx.blocking_recv() {
+        match msg {
+            Msg::At(at, batch) => w.write(at, &batch)?,
+            Msg::Checkpoint => w.checkpoint(),
+            Msg::Close(reply) => {
+                if let Err(e) = w.keep() {
+                    tracing::warn!("cannot keep the partial download: {e}");
+                }
+                let _ = reply.send(());
+                return Ok(());
+            }
+            Msg::Finish(reply) => {
+                let _ = reply.send(w.finish());
+                return Ok(());
+            }
+        }
+    }
+    w.keep()
+}
+
+impl Writer {
+    fn write(&mut self, at: u64, batch: &[Bytes]) -> io::Result<()> {
+        self.file.seek(SeekFrom::Start(at))?;
+        let mut end = at;
+        for chunk in batch {
+            self.file.write_all(chunk)?;
+            end += chunk.len() as u64;
+        }
+        self.write_back(at, end);
+        if at == self.hashed {
+            for chunk in batch {
+                self.hasher.update(chunk);
+            }
+            self.hashed = end;
+        } else {
+            self.remember(at, end);
+        }
+        self.catch_up()?;
+        if self.hashed - self.requested >= CHECKPOINT_BYTES {
+            self.checkpoint();
+        }
+        Ok(())
+    }
+
+    /// Starts the kernel's write-back of a part's run once it holds
+    /// [`WRITE_BACK_BYTES`], as a single stream does, so the final flush has
+    /// little left to do.
+    fn write_back(&mut self, at: u64, end: u64) {
+        let from = self.runs.remove(&at).unwrap_or(at);
+        if end - from >= WRITE_BACK_BYTES {
+            crate::platform::start_write_back(&self.file, from, end - from);
+            self.runs.insert(end, end);
+        } else {
+            self.runs.insert(end, from);
+        }
+    }
+
+    /// Notes `[start, end)` as written ahead of the prefix, merged with its
+    /// neighbours.
+    fn remember(&mut self, mut start: u64, mut end: u64) {
+        if let Some((&s, &e)) = self.ahead.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+            }
+        }
+        while let Some((&s, &e)) = self.ahead.range(start..).next() {
+            if s > end {
+                break;
+            }
+            self.ahead.remove(&s);
+            end = end.max(e);
+        }
+        self.ahead.insert(start, end);
+    }
+
+    /// Hashes the ranges written ahead that the prefix has reached, reading
+    /// them back.
+    fn catch_up(&mut self) -> io::Result<()> {
+        while let Some((&s, &e)) = self.ahead.first_key_value() {
+            if s > self.hashed {
+                break;
+            }
+            self.ahead.remove(&s);
+            if e <= self.hashed {
+                continue;
+            }
+            self.file.seek(SeekFrom::Start(self.hashed))?;
+            let mut left = e - self.hashed;
+            while left > 0 {
+                let want = left.min(self.buf.len() as u64) as usize;
+                let n = self.file.read(&mut self.buf[..want])?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the partial file is shorter than what was written",
+                    ));
+                }
+                self.hasher.update(&self.buf[..n]);
+                left -= n as u64;
+            }
+            self.hashed = e;
+        }
+        Ok(())
+    }
+
+    /// Asks for the prefix to be flushed and recorded, without waiting.
+    fn checkpoint(&mut self) {
+        if self.hashed == self.requested {
+            return;
+        }
+        if self.syncer.is_none() {
+            let Some(checkpoints) = self.checkpoints.take_if(|c| c.resumable()) else {
+                return;
+            };
+            match self
+                .file
+                .try_clone()
+                .and_then(|file| Syncer::spawn(file, checkpoints))
+            {
+                Ok(syncer) => self.syncer = Some(syncer),
+                Err(e) => {
+                    tracing::warn!("cannot record the partial download's progress: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(syncer) = &self.syncer {
+            syncer.request(self.hashed);
+            self.requested = self.hashed;
+        }
+    }
+
+    fn stop_syncer(&mut self) -> io::Result<Option<Checkpointer>> {
+        match self.syncer.take() {
+            Some(syncer) => syncer.finish().map(Some),
+            None => Ok(self.checkpoints.take()),
+        }
+    }
+
+    /// Stopped early: keeps the prefix for resume when it can be resumed.
+    fn keep(&mut self) -> io::Result<()> {
+        self.checkpoint();
+        match self.stop_syncer()? {
+            Some(checkpoints) if !checkpoints.resumable() => checkpoints.discard(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<Finished> {
+        // No record may be written after this: the file is about to leave.
+        self.stop_syncer()?;
+        if !self.ahead.is_empty() {
+            return Err(io::Error::other("a gap is left between the parts"));
+        }
+        self.file.sync_all()?;
+        let digest = std::mem::take(&mut self.hasher).finalize();
+        Ok(Finished {
+            len: self.hashed,
+            sha256: hex::encode(digest),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::partial::PartialPaths;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parts_written_out_of_order_hash_as_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let paths = PartialPaths::new(dir.path(), &"a".repeat(64), body.len() as u64);
+        let file = paths.open_data().unwrap();
+        let checkpoints = Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
+        let (scatter, thread) = start(file, 0, checkpoints).unwrap();
+        // Three parts, the last first, each in two batches.
+        for (s, e) in [
+            (2_000_000, 3_000_000),
+            (1_000_000, 2_000_000),
+            (0, 1_000_000),
+        ] {
+            let mid = (s + e) / 2;
+            for (a, b) in [(s, mid), (mid, e)] {
+                let batch = vec![Bytes::copy_from_slice(&body[a..b])];
+                scatter.write_at(a as u64, batch).await.unwrap();
+            }
+        }
+        let finished = scatter.finish().await.unwrap();
+        drop(scatter);
+        thread.join().await.unwrap();
+        assert_eq!(finished.len, body.len() as u64);
+        assert_eq!(finished.sha256, hex::encode(Sha256::digest(&body)));
+        assert_eq!(std::fs::read(&paths.data).unwrap(), body);
+    }
+}

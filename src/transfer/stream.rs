@@ -1,0 +1,232 @@
+//! One try of one address: the response head accepted, then its body as
+//! one stream into the sink, or, for a large file whose server answers
+//! ranges exactly, in parts.
+
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+use crate::error::{Attempt, AttemptError};
+use crate::store::partial::PartialPaths;
+use crate::transfer::body::{
+    announced_mismatch, check_finished, local_write, open_sink, size_error, Body,
+};
+use crate::transfer::exchange::{validator, Ask, HeadError};
+use crate::transfer::fetch::{
+    Control, Expected, Fetcher, Output, Reporter, Resume, Transfer, TransferError,
+};
+use crate::transfer::parts::{FirstPart, PARTS_MIN_BYTES};
+use crate::transfer::sink::Sink;
+
+/// One try of one address, as [`Fetcher::transfer`] runs it.
+pub(super) struct Try<'a> {
+    /// The address (url or mirror).
+    pub address: &'a Url,
+    /// What the bytes must be.
+    pub expected: Option<Expected<'a>>,
+    /// The most bytes the file may have.
+    pub limit: u64,
+    /// The partial file, unless the bytes are only hashed.
+    pub paths: Option<&'a PartialPaths>,
+    /// Kept bytes of this address to continue.
+    pub resume: Option<Resume>,
+    /// Whether the file may be fetched in parts.
+    pub parts: bool,
+    /// Other sources the parts may come from at once.
+    pub also: &'a [Url],
+}
+
+impl Fetcher {
+    /// Fetches one address (following redirects) into `output`, counting
+    /// and hashing as bytes arrive. With `expected`, the size and digest
+    /// must match; without, at most `max` bytes are read.
+    ///
+    /// A large file whose server answers the first request's `Range`
+    /// exactly is fetched in parts ([`crate::transfer::parts`]); when a
+    /// part is refused, the file is fetched once more as one stream from
+    /// zero.
+    pub(crate) async fn transfer(
+        &self,
+        address: &Url,
+        expected: Option<Expected<'_>>,
+        max: u64,
+        output: Output<'_>,
+        control: Control<'_>,
+    ) -> Result<Transfer, TransferError> {
+        let Control { cancel, reporter } = control;
+        let (paths, resume, also) = match output {
+            Output::Discard => (None, None, &[][..]),
+            Output::Partial {
+                paths,
+                resume,
+                also,
+            } => (Some(paths), resume, also),
+        };
+        let limit = expected.map_or(max, |e| e.size);
+        let parts = paths.is_some() && self.parts_for(expected);
+        let first = Try {
+            address,
+            expected,
+            limit,
+            paths,
+            resume,
+            parts,
+            also,
+        };
+        if let Some(done) = self.transfer_once(first, cancel, &mut *reporter).await? {
+            return Ok(done);
+        }
+        if let Some(paths) = paths {
+            let paths = paths.clone();
+            let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
+        }
+        let again = Try {
+            address,
+            expected,
+            limit,
+            paths,
+            resume: None,
+            parts: false,
+            also: &[],
+        };
+        let done = self.transfer_once(again, cancel, reporter).await?;
+        done.ok_or_else(|| {
+            TransferError::Attempt(Attempt {
+                address: address.clone(),
+                hop: None,
+                error: AttemptError::Network {
+                    reason: "the server refused a ranged part".into(),
+                },
+            })
+        })
+    }
+
+    /// One try: the response head, then the body as one stream or in
+    /// parts. `Ok(None)`: a part was refused, fetch again as one stream.
+    async fn transfer_once(
+        &self,
+        t: Try<'_>,
+        cancel: Option<&CancellationToken>,
+        reporter: &mut dyn Reporter,
+    ) -> Result<Option<Transfer>, TransferError> {
+        let Try {
+            address,
+            expected,
+            limit,
+            paths,
+            mut resume,
+            parts,
+            also,
+        } = t;
+        let fail = |hop: &Url, error: AttemptError| {
+            TransferError::Attempt(Attempt {
+                address: address.clone(),
+                hop: (hop != address).then(|| hop.clone()),
+                error,
+            })
+        };
+        let cancelled = async {
+            match cancel {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled);
+        // Taken before the first hop is checked: a change from here on is
+        // seen, whatever the transfer is waiting for.
+        let mut policy_changes = self.policy_version.subscribe();
+        // A fresh large file asks for all of it as a range: the probe of
+        // whether its server answers ranges exactly.
+        let mut ask = match &resume {
+            Some(r) => Some(Ask::resume(r)),
+            None if parts => Some(Ask {
+                start: 0,
+                end: None,
+                validator: None,
+            }),
+            None => None,
+        };
+        let (hop, mut response, offset, host_permit) = loop {
+            let head = tokio::select! {
+                head = self.response_head(address, ask.as_ref(), limit, &mut policy_changes, &mut *reporter) => head,
+                () = &mut cancelled => return Err(TransferError::Cancelled),
+            };
+            match head {
+                Ok(head) => break head,
+                Err(HeadError::Attempt(hop, error)) => return Err(fail(&hop, error)),
+                Err(HeadError::RangeRefused(hop, why)) => {
+                    // The kept bytes cannot be continued: start afresh.
+                    tracing::debug!(%hop, "range refused: {why}; starting from zero");
+                    if let Some(paths) = paths {
+                        let paths = paths.clone();
+                        let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
+                    }
+                    resume = None;
+                    ask = None;
+                }
+            }
+        };
+        if let Some(detail) = announced_mismatch(&response, expected, limit, offset) {
+            return Err(fail(&hop, size_error(expected, limit, detail)));
+        }
+        if offset > 0 {
+            reporter.resumed(offset);
+        }
+        let kept_validator = match (offset, &resume) {
+            (1.., Some(r)) => Some(r.validator.clone()),
+            _ => validator(&response),
+        };
+        if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
+            if response.status().as_u16() == 206 && limit - offset >= PARTS_MIN_BYTES {
+                let first = FirstPart {
+                    hop,
+                    response,
+                    permit: host_permit,
+                    offset,
+                    validator: v.clone(),
+                    policy: policy_changes.clone(),
+                    also: also.to_vec(),
+                };
+                return self.parts(address, e, paths, first, cancel, reporter).await;
+            }
+        }
+        let mut sink = match paths {
+            None => Sink::hash_only(),
+            Some(paths) => open_sink(paths, address, offset, kept_validator).await?,
+        };
+        let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
+        let body = Body {
+            hop: &hop,
+            response: &mut response,
+            sink: &mut sink,
+            sink_path: &sink_path,
+            received: offset,
+            expected,
+            limit,
+        };
+        // Every way out before `finish` closes the sink first, so the kept
+        // bytes are flushed and recorded before anyone looks at them.
+        let failure = self
+            .receive(
+                body,
+                cancelled.as_mut(),
+                &mut policy_changes,
+                reporter,
+                &fail,
+            )
+            .await?;
+        if let Some(failure) = failure {
+            sink.close().await;
+            return Err(failure);
+        }
+        let finished = sink
+            .finish()
+            .await
+            .map_err(|e| local_write(&sink_path, e))?;
+        check_finished(&finished, expected, limit).map_err(|e| fail(&hop, e))?;
+        Ok(Some(Transfer {
+            size: finished.len,
+            sha256: finished.sha256,
+            final_url: hop,
+        }))
+    }
+}

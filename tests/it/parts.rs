@@ -1,0 +1,407 @@
+//! Ranged parts: a large file whose server answers ranges exactly is
+//! fetched over several connections at once, under every rule of one
+//! stream, and verified as a whole.
+
+use std::time::{Duration, Instant};
+
+use gem_resources::policy::{Mode, Policy};
+use gem_resources::{download, Error, ErrorCode, Fetcher, Resource, Store};
+
+use crate::support::*;
+
+/// Above the parts threshold (8 MiB).
+const SIZE: usize = 12 << 20;
+
+/// 64 KiB every 40 ms: about 1.6 MB/s per connection, so one connection
+/// needs about 8 s for [`SIZE`].
+fn paced(body: &[u8]) -> Behaviour {
+    Behaviour::parts(body, "\"p1\"", 64 << 10, Duration::from_millis(40))
+}
+
+fn faulty(body: &[u8], fault: PartsFault) -> Behaviour {
+    Behaviour::Parts {
+        body: std::sync::Arc::new(body.to_vec()),
+        etag: "\"p1\"".into(),
+        pace: (256 << 10, Duration::ZERO),
+        fault,
+    }
+}
+
+/// A configuration with eight connections per host, `network` added.
+fn config(env: &Env, network: &str) {
+    env.write_config_full(network, "[service]\nmax_per_host = 8\n");
+}
+
+async fn fetch_logged(
+    env: &Env,
+    r: &Resource,
+) -> (gem_resources::Result<std::path::PathBuf>, String) {
+    let logs = Logs::capture();
+    let result = fetch_with(env, r, no_retry()).await;
+    (result, logs.text())
+}
+
+/// The distinct starts of the ranges asked for.
+fn starts(env: &Env, path: &str) -> Vec<u64> {
+    let mut starts: Vec<u64> = env
+        .origin
+        .ranges(path)
+        .iter()
+        .filter_map(|r| r.strip_prefix("bytes=")?.split('-').next()?.parse().ok())
+        .collect();
+    starts.sort();
+    starts.dedup();
+    starts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_run_at_once_and_end_verified() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 31);
+    env.origin.route("/p.bin", paced(&body));
+    let r = resource("p", &env.url("origin.test", "/p.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let starts = starts(&env, "/p.bin");
+    assert!(
+        starts.len() >= 8,
+        "ranges asked for: {:?}",
+        env.origin.ranges("/p.bin")
+    );
+    // One connection needs about 8 s; eight at once well under half.
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+    assert!(partial_files(&env).is_empty());
+    // The parts do not overlap: a connection whose range was cut short
+    // sends at most a piece or two more before it is closed.
+    let served = env.origin.served("/p.bin");
+    assert!(
+        served >= SIZE as u64 && served <= (SIZE + (1 << 20)) as u64,
+        "{served}"
+    );
+    eprintln!("{SIZE} bytes in parts took {took:?}");
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_range_gets_one_stream() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 32);
+    env.origin.route(
+        "/i.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"v1\"".into(),
+            ignore_range: true,
+            cut_at: None,
+            hold: false,
+            pace: None,
+        },
+    );
+    let r = resource("i", &env.url("origin.test", "/i.bin"), &[], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.hits("/i.bin"), 1, "one request, one stream");
+    assert_eq!(env.origin.served("/i.bin"), SIZE as u64);
+}
+
+#[tokio::test]
+async fn a_validator_that_changes_mid_way_falls_back_to_one_stream() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 33);
+    env.origin
+        .route("/v.bin", faulty(&body, PartsFault::EtagChangesAt(1)));
+    let r = resource("v", &env.url("origin.test", "/v.bin"), &[], &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    let path = result.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(logs.contains("fetching as one stream"), "{logs}");
+    // Every part asked with the first validator.
+    let headers = env.origin.last_headers("/v.bin").unwrap();
+    assert!(
+        !headers.iter().any(|(n, _)| n == "range"),
+        "the last request is one stream"
+    );
+}
+
+#[tokio::test]
+async fn a_part_with_a_wrong_content_range_is_refused() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 34);
+    env.origin
+        .route("/w.bin", faulty(&body, PartsFault::WrongContentRange));
+    let r = resource("w", &env.url("origin.test", "/w.bin"), &[], &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    let path = result.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(logs.contains("refused a part"), "{logs}");
+}
+
+#[tokio::test]
+async fn a_source_that_corrupts_one_byte_is_named_and_the_good_one_is_used() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 35);
+    env.origin.route(
+        "/bad.bin",
+        faulty(&body, PartsFault::Corrupt(SIZE / 2 + 12345)),
+    );
+    env.origin
+        .route("/good.bin", faulty(&body, PartsFault::None));
+    let bad = env.url("origin.test", "/bad.bin");
+    let alone = resource("c", &bad, &[], &body);
+    match fetch_with(&env, &alone, no_retry()).await {
+        Err(Error::Unavailable { attempts, .. }) => {
+            assert_eq!(attempts.len(), 1);
+            assert_eq!(attempts[0].address, bad);
+            assert_eq!(
+                attempts[0].error.code(),
+                ErrorCode::Sha256,
+                "{}",
+                attempts[0]
+            );
+        }
+        other => panic!("expected the bad source to fail: {other:?}"),
+    }
+    assert!(
+        stored_files(&env, &body).is_empty(),
+        "nothing wrong is published"
+    );
+    let good = env.url("mirror.test", "/good.bin");
+    let r = resource("c", &bad, &[good], &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    assert_eq!(std::fs::read(result.unwrap()).unwrap(), body);
+    assert!(
+        logs.contains(&format!("E_RESOURCE_SHA256: {bad}")),
+        "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_part_redirected_to_a_local_address_is_refused_before_it_connects() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 36);
+    // A listener on another loopback address (not exempt in the test
+    // configuration), counting the connections that reach it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let leak = format!(
+        "https://127.0.0.2:{}/leak",
+        listener.local_addr().unwrap().port()
+    );
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = reached.clone();
+    let accepting = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    env.origin.route(
+        "/r.bin",
+        Behaviour::Sequence(vec![
+            faulty(&body, PartsFault::None),
+            Behaviour::Redirect {
+                status: 302,
+                location: leak,
+            },
+            faulty(&body, PartsFault::None),
+        ]),
+    );
+    let r = resource("r", &env.url("origin.test", "/r.bin"), &[], &body);
+    let err = fetch_with(&env, &r, no_retry()).await.unwrap_err();
+    assert_eq!(err.primary_cause(), ErrorCode::Address, "{err}");
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing reached the local address"
+    );
+    accepting.abort();
+    assert!(stored_files(&env, &body).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bandwidth_cap_holds_over_all_parts() {
+    let env = Env::new().await;
+    // 4 MB/s for all parts together: at least 2 s for 12 MiB after the
+    // one second of burst.
+    config(&env, "max_bytes_per_sec = 4000000");
+    let body = bytes(SIZE, 37);
+    env.origin.route("/b.bin", faulty(&body, PartsFault::None));
+    let r = resource("b", &env.url("origin.test", "/b.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(
+        starts(&env, "/b.bin").len() >= 4,
+        "{:?}",
+        env.origin.ranges("/b.bin")
+    );
+    let floor = (SIZE as f64 - 4e6) / 4e6;
+    assert!(
+        took.as_secs_f64() >= floor * 0.9,
+        "took {took:?}, floor {floor}s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_stops_every_part_within_a_second() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 38);
+    // 16 KiB every 50 ms per connection: a minute for the whole file.
+    env.origin.route(
+        "/s.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let cfg = env.config();
+    let fetcher = Fetcher::new(&cfg).unwrap();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    let r = resource("s", &env.url("origin.test", "/s.bin"), &[], &body);
+    let task = {
+        let (fetcher, store, r) = (fetcher.clone(), store.clone(), r.clone());
+        tokio::spawn(async move { download(&fetcher, &store, &r, no_retry(), &mut |_| {}).await })
+    };
+    wait_until("several parts run", || starts(&env, "/s.bin").len() >= 4).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let changed = Instant::now();
+    let hosts = vec!["origin.test".to_string()];
+    fetcher.set_policy(Policy::new(Mode::Blocklist, &hosts).unwrap());
+    let err = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the download stops")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        changed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        changed.elapsed()
+    );
+    assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
+    // Every connection is closed: nothing more is sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let served = env.origin.served("/s.bin");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.origin.served("/s.bin"), served, "a part still receives");
+    assert!((served as usize) < SIZE / 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_the_next_run_asks_only_after_the_durable_prefix() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 39);
+    // 16 KiB every 50 ms per connection: about 5 s with eight.
+    env.origin.route(
+        "/k.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let url = env.url("origin.test", "/k.bin");
+    let manifest = env.write_manifest("m.json", serde_json::json!([entry("k", &url, &body)]));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+        .arg("--config")
+        .arg(env.dir.path().join("config.toml"))
+        .args(["fetch", manifest.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let store = Store::open(&env.store_dir()).unwrap();
+    let sha = sha256_hex(&body);
+    // The prefix is flushed and recorded every couple of seconds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.partial_len(&sha).unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "no durable prefix recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let durable = store.partial_len(&sha).unwrap();
+    assert!(durable < SIZE as u64, "killed before the end");
+    let before = env.origin.ranges("/k.bin").len();
+    env.origin.route("/k.bin", faulty(&body, PartsFault::None));
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let again = env.origin.ranges("/k.bin").split_off(before);
+    assert_eq!(
+        again.first(),
+        Some(&format!("bytes={durable}-")),
+        "{again:?}"
+    );
+    let starts: Vec<u64> = again
+        .iter()
+        .filter_map(|r| r.strip_prefix("bytes=")?.split('-').next()?.parse().ok())
+        .collect();
+    assert!(starts.iter().all(|s| *s >= durable), "{again:?}");
+    assert!(starts.len() > 1, "the rest in parts again: {again:?}");
+    assert!(partial_files(&env).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_over_mirrors_takes_parts_from_the_url_and_the_mirror_at_once() {
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    let body = bytes(SIZE, 40);
+    env.origin.route("/u.bin", paced(&body));
+    env.origin.route("/m.bin", paced(&body));
+    let url = env.url("origin.test", "/u.bin");
+    let mirror = env.url("mirror.test", "/m.bin");
+    let r = resource("sp", &url, &[mirror], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(
+        starts(&env, "/u.bin").len() >= 3,
+        "{:?}",
+        env.origin.ranges("/u.bin")
+    );
+    assert!(
+        starts(&env, "/m.bin").len() >= 3,
+        "{:?}",
+        env.origin.ranges("/m.bin")
+    );
+}
+
+#[tokio::test]
+async fn spread_over_mirrors_with_a_bad_source_refetches_one_source_at_a_time() {
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    let body = bytes(SIZE, 41);
+    // The parts asked of the mirror include the one holding this byte.
+    let bad_byte = (SIZE / 8) + 1000;
+    env.origin.route("/g.bin", faulty(&body, PartsFault::None));
+    env.origin
+        .route("/b.bin", faulty(&body, PartsFault::Corrupt(bad_byte)));
+    let good = env.url("origin.test", "/g.bin");
+    let bad = env.url("mirror.test", "/b.bin");
+    // The bad source as a mirror: the url alone then gives the file.
+    let r = resource("sb", &good, std::slice::from_ref(&bad), &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    assert_eq!(std::fs::read(result.unwrap()).unwrap(), body);
+    assert!(
+        logs.contains("fetching from one source at a time"),
+        "{logs}"
+    );
+    assert!(stored_files(&env, &body).len() == 1);
+    // The bad source as the url (a byte of the first part, which the url
+    // sends): it is named, and the mirror gives the file.
+    let env = Env::new().await;
+    config(&env, "spread_over_mirrors = true");
+    env.origin.route("/g.bin", faulty(&body, PartsFault::None));
+    env.origin
+        .route("/b.bin", faulty(&body, PartsFault::Corrupt(1000)));
+    let bad = env.url("origin.test", "/b.bin");
+    let good = env.url("mirror.test", "/g.bin");
+    let r = resource("sb", &bad, &[good], &body);
+    let (result, logs) = fetch_logged(&env, &r).await;
+    assert_eq!(std::fs::read(result.unwrap()).unwrap(), body);
+    assert!(
+        logs.contains(&format!("E_RESOURCE_SHA256: {bad}")),
+        "{logs}"
+    );
+}
