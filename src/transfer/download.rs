@@ -251,6 +251,8 @@ impl Job<'_> {
                 Decision::Retry(wait) => {
                     tracing::info!(resource = %self.resource.id, "{attempt}; retrying in {:.1}s", wait.as_secs_f64());
                     retries += 1;
+                    let reason = attempt.error.to_string();
+                    progress.retrying(wait, retries + 1, self.retry.retries + 1, &reason);
                     self.sleep(wait).await?;
                 }
             }

@@ -103,6 +103,17 @@ pub trait Reporter: Send {
     }
     /// Bytes of the file present so far (a resumed prefix included).
     fn bytes(&mut self, total: u64);
+    /// The whole file is `total` bytes, as the server announced
+    /// (`Content-Length`, plus a resumed prefix); reported only when no
+    /// size was declared (auto-fill).
+    fn length(&mut self, total: u64) {
+        let _ = total;
+    }
+    /// A try failed for `reason` and the same address is tried again in
+    /// `wait`: that will be try `attempt` of at most `of`.
+    fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        let _ = (wait, attempt, of, reason);
+    }
 }
 
 impl<F: FnMut(u64) + Send> Reporter for F {
@@ -482,6 +493,9 @@ impl Fetcher {
         }
         if offset > 0 {
             control.reporter.resumed(offset);
+        }
+        if let (None, Some(announced)) = (expected, response.content_length()) {
+            control.reporter.length(offset.saturating_add(announced));
         }
         let mut sink = match paths {
             None => Sink::hash_only(),

@@ -6,6 +6,7 @@ mod support;
 
 mod address_guard;
 mod autofill;
+mod autofill_manifest;
 mod cli_basics;
 mod cli_newcomer;
 mod cli_terminal;

@@ -30,6 +30,21 @@ First steps:
   gem-resources install my-gem notochord.json
   gem-resources status";
 
+/// What `autofill --help` adds under the options.
+const AUTOFILL_HELP: &str = "\
+Every address is read by the same rules as a download: https only, no local
+addresses, your network policy, at most 5 redirects, transient failures
+retried ([network] retries), then the mirrors in order. A value the resource
+already has must match what was read.
+
+With --manifest, the manifest is printed with the values filled in, its keys
+and layout kept; --write writes it back instead. A resource that cannot be
+read is named with its reason, the others are still filled (exit status 1).
+
+Examples:
+  gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
+  gem-resources autofill --manifest notochord.json --write";
+
 /// Downloads, verifies and keeps the large files that gems declare.
 #[derive(Debug, Parser)]
 #[command(
@@ -72,13 +87,21 @@ pub enum Command {
         /// The address.
         url: String,
     },
-    /// Download a URL by the resource rules and print its size and SHA-256, keeping nothing.
-    #[command(
-        after_long_help = "Example:\n  gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx"
-    )]
+    /// Size and SHA-256 of a URL, or fill them in a manifest, by the download rules (nothing is kept).
+    #[command(after_long_help = AUTOFILL_HELP)]
     Autofill {
-        /// The address.
-        url: String,
+        /// The address (or --manifest FILE).
+        #[arg(required_unless_present = "manifest", conflicts_with = "manifest")]
+        url: Option<String>,
+        /// Fill `size` and `sha256` of this manifest's resources that lack either, and print it.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// With --manifest: every resource, replacing the values it has.
+        #[arg(long, requires = "manifest")]
+        all: bool,
+        /// With --manifest: write the filled manifest back to FILE (atomically) instead of printing it.
+        #[arg(long, requires = "manifest")]
+        write: bool,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
     #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]

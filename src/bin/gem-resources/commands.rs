@@ -49,7 +49,20 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Check { manifest } => check(&manifest, json),
         Command::CheckUrl { url } => check_url(&config, &url, json).await,
-        Command::Autofill { url } => autofill(&config, &url, json).await,
+        Command::Autofill {
+            url,
+            manifest,
+            all,
+            write,
+        } => {
+            let request = crate::autofill::Request {
+                url: url.as_deref(),
+                manifest: manifest.as_deref(),
+                all,
+                write,
+            };
+            crate::autofill::run(&config, request, json).await
+        }
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
         other => crate::service_commands::run(&config, other, json).await,
@@ -150,51 +163,6 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
     }
 }
 
-async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let url = parse_url(text)?;
-    let fetcher = Fetcher::new(config)?;
-    let mut interrupted = crate::interrupt::signal();
-    let mut bar = crate::progress::Bar::new(&file_label(&url), None, json);
-    let max = config.network.autofill_max_bytes;
-    let outcome = {
-        let mut on_bytes = |n| bar.set(n);
-        tokio::select! {
-            r = fetcher.autofill_with_progress(&url, max, &mut on_bytes) => Some(r),
-            () = &mut interrupted => None,
-        }
-    };
-    bar.finish();
-    let Some(outcome) = outcome else {
-        crate::progress::clear_all();
-        crate::errln!("interrupted: nothing was kept");
-        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
-    };
-    let transfer = outcome?;
-    if json {
-        print_json(&json!({
-            "size": transfer.size,
-            "sha256": transfer.sha256,
-            "url": url.as_str(),
-            "final_url": transfer.final_url.as_str(),
-        }));
-    } else {
-        crate::outln!("size: {}", transfer.size);
-        crate::outln!("sha256: {}", transfer.sha256);
-        if transfer.final_url != url {
-            crate::outln!("final url: {}", transfer.final_url);
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The last path segment of `url`, for a progress bar.
-fn file_label(url: &Url) -> String {
-    url.path_segments()
-        .and_then(|mut s| s.next_back().map(str::to_string))
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| url.host_str().unwrap_or_default().to_string())
-}
-
 async fn fetch(
     config: &Config,
     path: &Path,
@@ -227,13 +195,13 @@ async fn fetch(
         async move {
             let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
             let outcome = {
-                let mut on_bytes = |n| bar.set(n);
+                let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
                 download_with(
                     fetcher,
                     store,
                     &resource,
                     retry,
-                    &mut on_bytes,
+                    &mut reporting,
                     Some(cancel),
                 )
                 .await

@@ -5,6 +5,7 @@
 //! success, 1 when the operation failed (error codes are printed), 2 for
 //! usage errors.
 
+mod autofill;
 mod cli;
 mod commands;
 mod context;

@@ -175,14 +175,8 @@ impl Bar {
             return Bar { bar: None };
         }
         let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
-        let template = match size {
-            Some(_) => "{msg:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            None => "{msg:24!} {spinner} {bytes} {bytes_per_sec}",
-        };
-        if let Ok(style) = ProgressStyle::with_template(template) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_message(crate::text::field(label).into_owned());
+        bar.set_style(style(size.is_some()));
+        bar.set_prefix(crate::text::field(label).into_owned());
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -199,6 +193,26 @@ impl Bar {
         }
     }
 
+    /// The whole size became known (a `Content-Length`): the bar shows
+    /// the total and the time left.
+    pub fn set_length(&self, total: u64) {
+        if let Some((_, bar)) = &self.bar {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                bar.set_style(style(true));
+            }
+        }
+    }
+
+    /// What the transfer is waiting for, after the figures ("retrying in
+    /// 2 s (attempt 2 of 4): connection refused"); empty when it is
+    /// receiving.
+    pub fn set_note(&self, note: &str) {
+        if let Some((_, bar)) = &self.bar {
+            bar.set_message(crate::text::field(note).into_owned());
+        }
+    }
+
     /// Removes the bar from the screen.
     pub fn finish(&mut self) {
         if let Some((id, bar)) = self.bar.take() {
@@ -206,6 +220,88 @@ impl Bar {
             LIVE.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(live, _)| *live != id);
+        }
+    }
+}
+
+/// The look of a bar whose total is known (`sized`) or not.
+fn style(sized: bool) -> ProgressStyle {
+    let template = if sized {
+        TEMPLATE_SIZED
+    } else {
+        "{prefix:24!} {spinner} {bytes} {bytes_per_sec} {msg}"
+    };
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+/// The template of a bar whose total is known.
+const TEMPLATE_SIZED: &str =
+    "{prefix:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta} {msg}";
+
+/// The wording of a retry, as a bar and `--json` say it.
+pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
+    let secs = wait.as_secs_f64();
+    let wait = if secs >= 1.0 {
+        format!("{} s", secs.round())
+    } else {
+        format!("{secs:.1} s")
+    };
+    format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
+}
+
+/// A transfer's [`Reporter`](gem_resources::Reporter) drawing on a bar;
+/// with `--json`, each retry is also an event line on stderr.
+pub struct Reporting<'a> {
+    /// The bar drawn on.
+    pub bar: &'a Bar,
+    /// The resource (or file) being read, for events.
+    pub resource: &'a str,
+    /// `--json` is on.
+    pub json: bool,
+    /// A note is on the bar (cleared by the next bytes).
+    pub noted: bool,
+}
+
+impl<'a> Reporting<'a> {
+    /// Reports on `bar` for `resource`.
+    pub fn new(bar: &'a Bar, resource: &'a str, json: bool) -> Self {
+        Reporting {
+            bar,
+            resource,
+            json,
+            noted: false,
+        }
+    }
+}
+
+impl gem_resources::Reporter for Reporting<'_> {
+    fn bytes(&mut self, total: u64) {
+        self.bar.set(total);
+        if std::mem::take(&mut self.noted) {
+            self.bar.set_note("");
+        }
+    }
+
+    fn length(&mut self, total: u64) {
+        self.bar.set_length(total);
+    }
+
+    fn retrying(&mut self, wait: std::time::Duration, attempt: u32, of: u32, reason: &str) {
+        if self.json {
+            let event = serde_json::json!({
+                "event": "retrying",
+                "resource": self.resource,
+                "wait_secs": wait.as_secs_f64(),
+                "attempt": attempt,
+                "of": of,
+                "reason": reason,
+            });
+            crate::render::write_err_exact(format_args!("{event}"));
+        } else {
+            self.bar.set_note(&retry_note(wait, attempt, of, reason));
+            self.noted = true;
         }
     }
 }
@@ -228,6 +324,19 @@ mod tests {
             out.push_str(&screen.text_for("  "));
         }
         out
+    }
+
+    #[test]
+    fn a_retry_says_when_which_try_and_why() {
+        let note = retry_note(
+            std::time::Duration::from_millis(2_200),
+            3,
+            6,
+            "connection refused",
+        );
+        assert_eq!(note, "retrying in 2 s (attempt 3 of 6): connection refused");
+        let note = retry_note(std::time::Duration::from_millis(300), 2, 4, "HTTP 503");
+        assert_eq!(note, "retrying in 0.3 s (attempt 2 of 4): HTTP 503");
     }
 
     #[test]
