@@ -326,6 +326,97 @@ mod tests {
         out
     }
 
+    /// A terminal that keeps what is drawn on it.
+    #[derive(Debug, Clone, Default)]
+    struct Screen(std::sync::Arc<Mutex<String>>);
+
+    impl TermLike for Screen {
+        fn width(&self) -> u16 {
+            160
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.write_str(s)
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            self.0.lock().unwrap().clear();
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A bar of unknown size drawn on a [`Screen`], as autofill starts it.
+    fn drawn_bar(screen: &Screen) -> Bar {
+        let target = ProgressDrawTarget::term_like_with_hz(Box::new(screen.clone()), 250);
+        let bar = ProgressBar::with_draw_target(None, target);
+        bar.set_style(style(false));
+        bar.set_prefix("ocr-v3.onnx");
+        Bar {
+            bar: Some((0, bar)),
+        }
+    }
+
+    /// What is on the screen after the next draw.
+    fn drawn(screen: &Screen, bar: &Bar) -> String {
+        if let Some((_, b)) = &bar.bar {
+            b.tick();
+        }
+        screen.0.lock().unwrap().trim_end().to_string()
+    }
+
+    #[test]
+    fn an_announced_length_gives_the_total_and_the_time_left() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
+        reporting.bytes(512);
+        let unknown = drawn(&screen, &bar);
+        assert!(unknown.contains("512 B") && !unknown.contains('['), "{unknown}");
+        reporting.length(2048);
+        reporting.bytes(1024);
+        let known = drawn(&screen, &bar);
+        assert!(known.contains("[") && known.contains("1.00 KiB/2.00 KiB"), "{known}");
+        // The time left is the last figure: seconds (or more) remaining.
+        assert!(known.trim_end().ends_with('s'), "{known}");
+    }
+
+    #[test]
+    fn a_retry_is_on_the_bar_until_bytes_arrive() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
+        reporting.bytes(10);
+        let wait = std::time::Duration::from_secs(2);
+        reporting.retrying(wait, 3, 6, "connection refused");
+        let shown = drawn(&screen, &bar);
+        assert!(
+            shown.ends_with("retrying in 2 s (attempt 3 of 6): connection refused"),
+            "{shown}"
+        );
+        reporting.bytes(20);
+        let shown = drawn(&screen, &bar);
+        assert!(!shown.contains("retrying"), "{shown}");
+    }
+
     #[test]
     fn a_retry_says_when_which_try_and_why() {
         let note = retry_note(
