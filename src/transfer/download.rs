@@ -76,6 +76,7 @@ pub async fn download_with(
         Some(lock) => (lock, false),
         None => {
             tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
+            progress.waiting();
             let lock = store.lock(&resource.sha256);
             let lock = match cancel {
                 Some(token) => tokio::select! {
@@ -163,9 +164,14 @@ impl Job<'_> {
     /// address's last reason.
     async fn run(&self, progress: &mut dyn Reporter) -> Result<()> {
         let mut attempts: Vec<Attempt> = Vec::new();
-        for address in self.resource.addresses() {
+        let last = self.resource.mirrors.len();
+        for (index, address) in self.resource.addresses().enumerate() {
             match self.address(address, progress).await {
                 Ok(()) => return Ok(()),
+                Err(TransferError::Attempt(a)) if index < last => {
+                    tracing::warn!(resource = %self.resource.id, "{a}; trying the next address");
+                    attempts.push(a);
+                }
                 Err(TransferError::Attempt(a)) => {
                     tracing::debug!(resource = %self.resource.id, "{a}");
                     attempts.push(a);

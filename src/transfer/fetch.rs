@@ -114,6 +114,9 @@ pub trait Reporter: Send {
     fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
         let _ = (wait, attempt, of, reason);
     }
+    /// Another download of the same file (in this process or another one
+    /// sharing the store) holds its lock: this one waits for it to finish.
+    fn waiting(&mut self) {}
 }
 
 impl<F: FnMut(u64) + Send> Reporter for F {

@@ -10,6 +10,7 @@ mod autofill_manifest;
 mod cli_basics;
 mod cli_newcomer;
 mod cli_terminal;
+mod cli_waiting;
 mod embed_controls;
 mod embed_errors;
 mod embed_events;

@@ -240,6 +240,9 @@ fn style(sized: bool) -> ProgressStyle {
 const TEMPLATE_SIZED: &str =
     "{prefix:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta} {msg}";
 
+/// What a bar says while another download of the same file holds it.
+pub const WAITING: &str = "waiting for another process downloading this file";
+
 /// The wording of a retry, as a bar and `--json` say it.
 pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
     let secs = wait.as_secs_f64();
@@ -286,6 +289,16 @@ impl gem_resources::Reporter for Reporting<'_> {
 
     fn length(&mut self, total: u64) {
         self.bar.set_length(total);
+    }
+
+    fn waiting(&mut self) {
+        if self.json {
+            let event = serde_json::json!({ "event": "waiting", "resource": self.resource });
+            crate::render::write_err_exact(format_args!("{event}"));
+        } else {
+            self.bar.set_note(WAITING);
+            self.noted = true;
+        }
     }
 
     fn retrying(&mut self, wait: std::time::Duration, attempt: u32, of: u32, reason: &str) {
