@@ -82,12 +82,17 @@ async fn waiting_for_another_process_downloading_the_same_file_is_said() {
     })
     .await;
     gate.open();
-    let (a, b) = tokio::task::spawn_blocking(move || (first.wait().unwrap(), second.wait().unwrap()))
-        .await
-        .unwrap();
+    let (a, b) =
+        tokio::task::spawn_blocking(move || (first.wait().unwrap(), second.wait().unwrap()))
+            .await
+            .unwrap();
     assert!(a.success() && b.success(), "{a:?} {b:?}");
     let text = std::fs::read_to_string(&second_err).unwrap();
     let event: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!(event, json!({ "event": "waiting", "resource": "held" }));
-    assert_eq!(env.origin.hits("/held.bin"), 1, "the second used the first's file");
+    assert_eq!(
+        env.origin.hits("/held.bin"),
+        1,
+        "the second used the first's file"
+    );
 }

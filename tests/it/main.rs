@@ -9,6 +9,7 @@ mod autofill;
 mod autofill_manifest;
 mod cli_basics;
 mod cli_newcomer;
+mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
 mod embed_controls;

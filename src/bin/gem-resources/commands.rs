@@ -95,16 +95,32 @@ fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         }));
     } else {
         crate::outln!("ok: {} resource(s)", manifest.resources.len());
-        for r in &manifest.resources {
-            let when = if r.required {
-                "required"
-            } else {
-                "on first use"
-            };
-            crate::outln!("  {}  {}  {}  {when}", r.id, render::bytes(r.size), r.url);
-        }
+        print_check_table(&manifest.resources);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `check`'s table: id, size, when it downloads, address; columns aligned.
+fn print_check_table(resources: &[Resource]) {
+    let field = |t: &str| crate::text::field(t).into_owned();
+    let id_width = resources
+        .iter()
+        .map(|r| field(&r.id).chars().count())
+        .max()
+        .unwrap_or(0);
+    for r in resources {
+        let mirrors = match r.mirrors.len() {
+            0 => String::new(),
+            n => format!(" (+{n} mirror{})", if n == 1 { "" } else { "s" }),
+        };
+        crate::outln!(
+            "  {:<id_width$}  {:>10}  {:<12}  {}{mirrors}",
+            field(&r.id),
+            render::bytes(r.size),
+            crate::report::when(r.required),
+            r.url
+        );
+    }
 }
 
 fn parse_url(text: &str) -> anyhow::Result<Url> {

@@ -402,11 +402,17 @@ mod tests {
         let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
         reporting.bytes(512);
         let unknown = drawn(&screen, &bar);
-        assert!(unknown.contains("512 B") && !unknown.contains('['), "{unknown}");
+        assert!(
+            unknown.contains("512 B") && !unknown.contains('['),
+            "{unknown}"
+        );
         reporting.length(2048);
         reporting.bytes(1024);
         let known = drawn(&screen, &bar);
-        assert!(known.contains("[") && known.contains("1.00 KiB/2.00 KiB"), "{known}");
+        assert!(
+            known.contains("[") && known.contains("1.00 KiB/2.00 KiB"),
+            "{known}"
+        );
         // The time left is the last figure: seconds (or more) remaining.
         assert!(known.trim_end().ends_with('s'), "{known}");
     }

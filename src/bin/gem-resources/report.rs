@@ -83,6 +83,17 @@ pub fn headline(report: &InstallReport) -> String {
     }
 }
 
+/// When a resource is downloaded, in the words of `check` and `status`:
+/// `required` (right after install, and at every start until present) or
+/// `on first use`.
+pub fn when(required: bool) -> &'static str {
+    if required {
+        "required"
+    } else {
+        "on first use"
+    }
+}
+
 /// The `status` table: one line per resource, its id first (what `path`
 /// takes), then its description.
 pub fn print_status(status: &[GemStatus]) {
@@ -100,10 +111,10 @@ pub fn print_status(status: &[GemStatus]) {
             .max()
             .unwrap_or(0);
         for r in &gem.resources {
-            let when = if r.required { "eager" } else { "lazy" };
+            let when = when(r.required);
             let description = if r.label == r.id { "" } else { &r.label };
             crate::outln!(
-                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<5}  {}",
+                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<12}  {}",
                 field(&r.id),
                 field(description),
                 render::bytes(r.size),
