@@ -23,7 +23,12 @@ use crate::error::{Error, Result};
 
 /// Reads every certificate of a PEM file.
 pub(crate) fn read_pem_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>> {
-    let pem = std::fs::read(path).map_err(|e| Error::io("cannot read certificate", path, e))?;
+    let pem = std::fs::read(path).map_err(|e| {
+        Error::Config(format!(
+            "[dev] extra_root_certs: cannot read the certificate file {}: {e}",
+            path.display()
+        ))
+    })?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Config(format!("{}: not a PEM certificate: {e}", path.display())))?;

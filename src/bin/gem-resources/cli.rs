@@ -41,7 +41,7 @@ With --manifest, the manifest is printed with the values filled in, its keys
 and layout kept; --write writes it back instead. A resource that cannot be
 read is named with its reason, the others are still filled (exit status 1).
 
-Examples:
+Example:
   gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
   gem-resources autofill --manifest notochord.json --write";
 

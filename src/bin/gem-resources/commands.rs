@@ -71,7 +71,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
 
 fn load_config(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => Config::load(path).map_err(|e| config_file_error(e, path))?,
         None => match Config::default_path().filter(|p| p.is_file()) {
             Some(path) => Config::load(&path)?,
             None => Config::default(),
@@ -81,6 +81,19 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
         config.store = Some(gem_resources::config::normalise(store));
     }
     Ok(config)
+}
+
+/// A configuration file that cannot be read is a configuration error
+/// naming the file and the option that named it.
+fn config_file_error(e: Error, path: &Path) -> Error {
+    match e {
+        Error::Io { source, .. } => Error::Config(format!(
+            "{}: cannot read the configuration file given by --config: {}",
+            path.display(),
+            source
+        )),
+        other => other,
+    }
 }
 
 fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {

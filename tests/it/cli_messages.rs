@@ -1,0 +1,50 @@
+//! Messages that say what is wrong and what to do: configuration files
+//! that cannot be read, a mistyped subcommand.
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_missing_config_file_or_certificate_is_a_configuration_error_naming_it() {
+    let env = Env::new().await;
+    let missing = env.dir.path().join("missing.toml");
+    let out = run_bin(vec![
+        "--config".into(),
+        missing.display().to_string(),
+        "status".into(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!(
+            "E_RESOURCE_CONFIG: {}: cannot read the configuration file given by --config: ",
+            missing.display()
+        )),
+        "{err}"
+    );
+
+    let config = env.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("\"ca.pem\"", "\"gone.pem\"")).unwrap();
+    let out = env.run(&["autofill", "https://origin.test/a.bin"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("E_"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(
+            "E_RESOURCE_CONFIG: [dev] extra_root_certs: cannot read the certificate file "
+        ) && line.contains("gone.pem"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_mistyped_subcommand_gets_a_suggestion() {
+    let out = run_bin(vec!["stauts".into()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("similar subcommand exists: 'status'"), "{err}");
+}
