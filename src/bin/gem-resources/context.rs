@@ -14,8 +14,18 @@ pub const USAGE: u8 = 2;
 /// Reads and validates a manifest file, with the guards of every manifest
 /// read (regular files only, never waiting on a FIFO, a size cap).
 pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
+    Ok(read_manifest_declaring(path)?.0)
+}
+
+/// [`read_manifest`], with the gem id the manifest declares at its top
+/// level (`"id"`), if it declares one.
+pub fn read_manifest_declaring(path: &Path) -> anyhow::Result<(Manifest, Option<String>)> {
     let bytes = gem_resources::manifest::read_manifest_file(path).map_err(|e| in_file(e, path))?;
-    Ok(parse_manifest(&bytes).map_err(|e| in_file(e.into(), path))?)
+    let manifest = parse_manifest(&bytes).map_err(|e| in_file(e.into(), path))?;
+    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("id")?.as_str().map(str::to_string));
+    Ok((manifest, id))
 }
 
 /// A manifest error of the file at `path`, as the command line says it:

@@ -240,6 +240,13 @@ fn style(sized: bool) -> ProgressStyle {
 const TEMPLATE_SIZED: &str =
     "{prefix:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta} {msg}";
 
+/// Writes one `--json` event line on stderr (no bars are drawn with
+/// `--json`).
+fn json_event(event: &serde_json::Value) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{event}");
+}
+
 /// What a bar says while another download of the same file holds it.
 pub const WAITING: &str = "waiting for another process downloading this file";
 
@@ -294,7 +301,7 @@ impl gem_resources::Reporter for Reporting<'_> {
     fn waiting(&mut self) {
         if self.json {
             let event = serde_json::json!({ "event": "waiting", "resource": self.resource });
-            crate::render::write_err_exact(format_args!("{event}"));
+            json_event(&event);
         } else {
             self.bar.set_note(WAITING);
             self.noted = true;
@@ -311,7 +318,7 @@ impl gem_resources::Reporter for Reporting<'_> {
                 "of": of,
                 "reason": reason,
             });
-            crate::render::write_err_exact(format_args!("{event}"));
+            json_event(&event);
         } else {
             self.bar.set_note(&retry_note(wait, attempt, of, reason));
             self.noted = true;

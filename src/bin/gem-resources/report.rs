@@ -72,6 +72,15 @@ pub fn install_summary(report: &InstallReport, outcome: &Outcome) -> String {
     format!("{}: {}", headline(report), parts.join(", "))
 }
 
+/// An install report as JSON: an unchanged reinstall is no upgrade.
+pub fn report_json(report: &InstallReport) -> serde_json::Value {
+    let mut value = serde_json::to_value(report).unwrap_or_default();
+    if report.unchanged {
+        value["upgrade"] = serde_json::json!(false);
+    }
+    value
+}
+
 /// `installed g`, `upgraded g` or `g is unchanged`.
 pub fn headline(report: &InstallReport) -> String {
     if report.unchanged {
