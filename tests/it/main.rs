@@ -11,6 +11,7 @@ mod cli_basics;
 mod cli_install;
 mod cli_messages;
 mod cli_newcomer;
+mod cli_rate;
 mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
