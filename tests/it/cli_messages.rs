@@ -48,3 +48,28 @@ async fn a_mistyped_subcommand_gets_a_suggestion() {
     let err = stderr(&out);
     assert!(err.contains("similar subcommand exists: 'status'"), "{err}");
 }
+
+#[tokio::test]
+async fn serve_help_says_what_it_reads_and_when_it_reloads() {
+    let out = run_bin(vec!["serve".into(), "--help".into()]).await;
+    let text = stdout(&out);
+    for needle in [
+        "notochord.json",
+        "manifest.json",
+        "SIGHUP",
+        "configuration file",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    let out = run_bin(vec!["autofill".into(), "--help".into()]).await;
+    let text = stdout(&out);
+    for needle in ["--manifest <FILE>", "--all", "--write", "retried"] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    let out = run_bin(vec!["--help".into()]).await;
+    assert!(
+        stdout(&out).contains("--limit-rate <RATE>"),
+        "{}",
+        stdout(&out)
+    );
+}

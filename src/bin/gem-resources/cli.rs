@@ -30,6 +30,20 @@ First steps:
   gem-resources install my-gem notochord.json
   gem-resources status";
 
+/// What `serve --help` adds under the options.
+const SERVE_HELP: &str = "\
+Each sub-folder of the gems folder is one installed gem, named by its id; its
+manifest is notochord.json, or manifest.json when there is no notochord.json.
+The folder is scanned every --interval seconds: a new or changed manifest is
+installed (upgraded), a removed folder uninstalled; an invalid manifest is
+reported and the gem keeps its installed version.
+
+The configuration file is read again on SIGHUP, and when it changes (once it
+has stopped changing).
+
+Example:
+  gem-resources serve --gems ~/.notochord/gems";
+
 /// What `autofill --help` adds under the options.
 const AUTOFILL_HELP: &str = "\
 Every address is read by the same rules as a download: https only, no local
@@ -162,7 +176,7 @@ pub enum Command {
     #[command(after_long_help = "Example:\n  gem-resources verify")]
     Verify,
     /// Run the service: keep a gems folder's resources installed until SIGINT/SIGTERM.
-    #[command(after_long_help = "Example:\n  gem-resources serve --gems ~/.notochord/gems")]
+    #[command(after_long_help = SERVE_HELP)]
     Serve {
         /// Folder with one sub-folder per installed gem, holding its notochord.json.
         #[arg(long, value_name = "DIR")]
