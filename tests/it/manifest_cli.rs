@@ -200,7 +200,7 @@ async fn each_entry_rule_has_its_own_message() {
             entry_with("x", "mirrors", json!("https://m.example.com/x")),
             format!("{r0}.mirrors: must be an array, got string"),
         ),
-        (missing_sha, format!("{r0}.sha256: is required")),
+        (missing_sha, format!("{r0}.sha256: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
         (
             entry_with("x", "sha256", json!(HASH.to_uppercase())),
             format!(
@@ -215,7 +215,7 @@ async fn each_entry_rule_has_its_own_message() {
                 &HASH[1..]
             ),
         ),
-        (missing_size, format!("{r0}.size: is required")),
+        (missing_size, format!("{r0}.size: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
         (
             entry_with("x", "size", json!(-1)),
             format!("{r0}.size: must be a non-negative integer, got -1"),
