@@ -44,6 +44,31 @@ struct Seen {
     missing: BTreeMap<String, u32>,
 }
 
+/// What `serve` runs with, said once at start: the configuration file,
+/// the store, the gems folder, the policy, the bandwidth cap and the
+/// concurrency limits.
+fn start_line(config: &gem_resources::Config, gems: &Path) -> String {
+    let file = config.source.as_ref().map_or_else(
+        || "none (defaults)".to_string(),
+        |p| p.display().to_string(),
+    );
+    let policy = match config.policy() {
+        Ok(p) => format!("{} ({} host(s))", p.mode().as_str(), p.host_count()),
+        Err(e) => format!("invalid ({e})"),
+    };
+    let cap = config.network.max_bytes_per_sec.map_or_else(
+        || "none".to_string(),
+        |n| format!("{}/s", crate::render::bytes(n)),
+    );
+    format!(
+        "serving: configuration {file}; store {}; gems {}; policy {policy}; bandwidth cap {cap}; at most {} download(s) at once, {} per host",
+        config.store_dir().display(),
+        gems.display(),
+        config.service.max_concurrent_downloads,
+        config.service.max_per_host,
+    )
+}
+
 /// Runs the service until a shutdown signal.
 pub async fn run(
     service: &Resources,
@@ -68,6 +93,7 @@ pub async fn run(
     let mut reloader = Reloader::new(config);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
+    tracing::info!("{}", start_line(config, gems));
     match crate::context::dev_warning(config) {
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
