@@ -12,6 +12,7 @@ mod cli_install;
 mod cli_messages;
 mod cli_newcomer;
 mod cli_rate;
+mod cli_serve_folders;
 mod cli_serve_start;
 mod cli_tables;
 mod cli_terminal;

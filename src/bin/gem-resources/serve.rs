@@ -42,6 +42,8 @@ struct Seen {
     manifests: BTreeMap<String, [u8; 32]>,
     /// Consecutive scans each installed gem has been missing from.
     missing: BTreeMap<String, u32>,
+    /// Folders ignored at the last scan, with why (each is logged once).
+    ignored: BTreeMap<String, String>,
 }
 
 /// What `serve` runs with, said once at start: the configuration file,
@@ -124,7 +126,22 @@ pub async fn run(
 }
 
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
-    let present = manifests(gems)?;
+    let (present, ignored) = manifests(gems)?;
+    for (name, why) in &ignored {
+        if seen.ignored.get(name) != Some(why) {
+            let folder = gems.join(name).display().to_string();
+            tracing::warn!("ignoring {}: {why}", crate::text::field(&folder));
+        }
+    }
+    seen.ignored = ignored;
+    let installed_before: BTreeSet<String> = service.installed()?.into_iter().collect();
+    let keeping = |gem: &str| {
+        if installed_before.contains(gem) {
+            "keeping the installed version"
+        } else {
+            "not installed"
+        }
+    };
     for (gem, path) in &present {
         // Capped like `check`: a huge file or a FIFO in the gems folder is
         // refused from its metadata, never read whole.
@@ -135,7 +152,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // problem is reported once and the installed version kept.
                 let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
                 if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
-                    tracing::error!(gem, "{}; keeping the installed version", error_text(&e));
+                    tracing::error!(gem, "{}; {}", error_text(&e), keeping(gem));
                 }
                 continue;
             }
@@ -162,11 +179,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // Remembered, so an unchanged invalid manifest is reported
                 // once; a fixed one is installed at the next scan.
                 seen.manifests.insert(gem.clone(), digest);
-                tracing::error!(
-                    gem,
-                    "{} rejected; keeping the installed version:\n{e}",
-                    path.display()
-                )
+                tracing::error!(gem, "{} rejected; {}:\n{e}", path.display(), keeping(gem))
             }
         }
     }
@@ -193,16 +206,27 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     Ok(())
 }
 
-/// Gem id → manifest path for every sub-folder that has one.
-fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+/// Gem folders: id → manifest path for every sub-folder that has one,
+/// and name → why for every other sub-folder.
+type Folders = (BTreeMap<String, PathBuf>, BTreeMap<String, String>);
+
+/// Gem id → manifest path for every sub-folder that has one; the other
+/// sub-folders with why they are ignored.
+fn manifests(gems: &Path) -> anyhow::Result<Folders> {
     let mut out = BTreeMap::new();
+    let mut ignored = BTreeMap::new();
     let entries =
         std::fs::read_dir(gems).with_context(|| format!("cannot list {}", gems.display()))?;
     for entry in entries.flatten() {
         let Some(gem) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        if !valid_gem_id(&gem) || !entry.path().is_dir() {
+        if !entry.path().is_dir() {
+            continue;
+        }
+        if !valid_gem_id(&gem) {
+            let why = "not a valid gem id (letters, digits, `.`, `_` and `-`, starting with a letter or digit)";
+            ignored.insert(gem, why.to_string());
             continue;
         }
         // Any entry by that name counts (a folder or FIFO is then refused
@@ -214,9 +238,12 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
             .find(|p| p.symlink_metadata().is_ok())
         {
             out.insert(gem, path);
+        } else {
+            let why = format!("no {} in it", MANIFEST_NAMES.join(" or "));
+            ignored.insert(gem, why);
         }
     }
-    Ok(out)
+    Ok((out, ignored))
 }
 
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal that
