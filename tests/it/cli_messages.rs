@@ -73,3 +73,28 @@ async fn serve_help_says_what_it_reads_and_when_it_reloads() {
         stdout(&out)
     );
 }
+
+#[tokio::test]
+async fn disk_space_is_said_in_human_units_and_in_bytes_in_json() {
+    let env = Env::new().await;
+    let url = env.serve("/huge.bin", b"x");
+    let mut huge = entry("huge", &url, b"x");
+    huge["size"] = serde_json::json!(900_000_000_000_000u64);
+    let manifest = env.write_manifest("m.json", serde_json::json!([huge]));
+    let m = manifest.to_str().unwrap();
+    let out = env.run(&["fetch", m]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("needs 818.5 TiB but only ") && stderr(&out).contains(" are free"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&["--json", "fetch", m]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["resources"][0];
+    assert_eq!(r["code"], "E_RESOURCE_DISK_SPACE", "{v}");
+    assert_eq!(r["needed_bytes"], 900_000_000_000_000u64, "{v}");
+    assert!(r["free_bytes"].as_u64().is_some(), "{v}");
+    assert_eq!(r["reserved_bytes"], 0, "{v}");
+    assert_eq!(env.origin.hits("/huge.bin"), 0);
+}
