@@ -204,6 +204,15 @@ impl Bar {
         }
     }
 
+    /// The transfer continues kept bytes: the bar starts at `offset`, and
+    /// its rate and time left count only the bytes of this run.
+    pub fn resumed_at(&self, offset: u64) {
+        if let Some((_, bar)) = &self.bar {
+            bar.set_position(offset);
+            bar.reset_eta();
+        }
+    }
+
     /// What the transfer is waiting for, after the figures ("retrying in
     /// 2 s (attempt 2 of 4): connection refused"); empty when it is
     /// receiving.
@@ -296,6 +305,10 @@ impl gem_resources::Reporter for Reporting<'_> {
 
     fn length(&mut self, total: u64) {
         self.bar.set_length(total);
+    }
+
+    fn resumed(&mut self, offset: u64) {
+        self.bar.resumed_at(offset);
     }
 
     fn waiting(&mut self) {
@@ -422,6 +435,24 @@ mod tests {
         );
         // The time left is the last figure: seconds (or more) remaining.
         assert!(known.trim_end().ends_with('s'), "{known}");
+    }
+
+    #[test]
+    fn after_a_resume_the_rate_counts_only_this_runs_bytes() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "big.bin", false);
+        reporting.length(2 << 30);
+        // 1 GiB kept: received in no time, were it counted.
+        reporting.resumed(1 << 30);
+        reporting.bytes(1 << 30);
+        let shown = drawn(&screen, &bar);
+        assert!(shown.contains("1.00 GiB/2.00 GiB"), "{shown}");
+        assert!(
+            !shown.contains("GiB/s") && !shown.contains("TiB/s"),
+            "the kept bytes counted in the rate: {shown}"
+        );
     }
 
     #[test]
