@@ -12,6 +12,8 @@
 //! `id`, `url`, `mirrors`, `sha256`, `size`, `required`, `description`), so
 //! the output is deterministic.
 
+pub mod fill;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
@@ -368,7 +370,11 @@ fn check_entry(
         .collect();
     unknown.sort();
     for key in unknown {
-        report.add(path, format!("unknown key {}", quote(key)));
+        let hint = match closest_key(key) {
+            Some(known) => format!(" (did you mean `{known}`?)"),
+            None => String::new(),
+        };
+        report.add(path, format!("unknown key {}{hint}", quote(key)));
     }
 
     let id = check_id(object.get("id"), path, index, first_use, report);
@@ -537,15 +543,49 @@ fn check_mirrors(
 /// Checks the required `sha256`.
 fn check_sha256(value: Option<&Value>, path: &str, report: &mut Report) -> Option<String> {
     let text = required_string(value, path, report)?;
-    let valid = text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if !valid {
-        report.add(
-            path,
-            format!("must be 64 lowercase hex digits, got {}", quote(text)),
-        );
+    let length = text.chars().count();
+    let all_hex = text
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b.to_ascii_lowercase()));
+    let upper = text.bytes().any(|b| b.is_ascii_uppercase());
+    let message = if length != 64 {
+        let unit = if length == 1 {
+            "character"
+        } else {
+            "characters"
+        };
+        format!(
+            "must be 64 lowercase hex digits, got {length} {unit}: {}",
+            quote(text)
+        )
+    } else if all_hex && !upper {
+        return Some(text.to_string());
+    } else if all_hex {
+        format!(
+            "must be 64 lowercase hex digits (write it in lower-case), got {}",
+            quote(text)
+        )
+    } else {
+        format!("must be 64 lowercase hex digits, got {}", quote(text))
+    };
+    report.add(path, message);
+    None
+}
+
+/// The known key an unknown one was most likely meant to be: the same
+/// key in another case, or one at most two edits away (one for short
+/// keys).
+fn closest_key(key: &str) -> Option<&'static str> {
+    if key.chars().count() > 64 {
         return None;
     }
-    Some(text.to_string())
+    let lower = key.to_lowercase();
+    KNOWN_KEYS
+        .iter()
+        .map(|known| (strsim::damerau_levenshtein(&lower, known), *known))
+        .filter(|(distance, known)| *distance <= if known.len() <= 4 { 1 } else { 2 })
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, known)| known)
 }
 
 /// Checks the required `size`: a JSON integer that fits `u64`.
@@ -1455,18 +1495,60 @@ mod tests {
     #[test]
     fn sha256_rules() {
         let upper = HASH.to_uppercase();
+        let rule = "must be 64 lowercase hex digits";
         let cases = [
-            ("ABC".to_string(), "\"ABC\"".to_string()),
-            (upper.clone(), format!("\"{upper}\"")),
-            (HASH[..63].to_string(), format!("\"{}\"", &HASH[..63])),
-            (format!("{HASH}0"), format!("\"{HASH}0\"")),
-            (format!("{}g", &HASH[..63]), format!("\"{}g\"", &HASH[..63])),
-            (String::new(), "\"\"".to_string()),
+            (
+                "ABC".to_string(),
+                format!("{rule}, got 3 characters: \"ABC\""),
+            ),
+            (
+                upper.clone(),
+                format!("{rule} (write it in lower-case), got \"{upper}\""),
+            ),
+            (
+                HASH[..63].to_string(),
+                format!("{rule}, got 63 characters: \"{}\"", &HASH[..63]),
+            ),
+            (
+                format!("{HASH}0"),
+                format!("{rule}, got 65 characters: \"{HASH}0\""),
+            ),
+            (
+                format!("{}g", &HASH[..63]),
+                format!("{rule}, got \"{}g\"", &HASH[..63]),
+            ),
+            (String::new(), format!("{rule}, got 0 characters: \"\"")),
+            ("a".to_string(), format!("{rule}, got 1 character: \"a\"")),
         ];
-        for (value, shown) in cases {
+        for (value, message) in cases {
             assert_eq!(
                 entry_line(entry_with("sha256", json!(value))),
-                format!("E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got {shown}")
+                format!("E_PERM_INVALID: manifest.resources[0].sha256: {message}")
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_close_to_a_known_one_gets_a_suggestion() {
+        for (key, known) in [
+            ("descripton", "description"),
+            ("Description", "description"),
+            ("SHA256", "sha256"),
+            ("sha-256", "sha256"),
+            ("mirror", "mirrors"),
+            ("urll", "url"),
+            ("requierd", "required"),
+        ] {
+            assert_eq!(
+                entry_line(entry_with(key, json!("x"))),
+                format!("E_PERM_INVALID: manifest.resources[0]: unknown key \"{key}\" (did you mean `{known}`?)"),
+                "{key}"
+            );
+        }
+        for key in ["colour", "checksum", "name", "ab"] {
+            assert_eq!(
+                entry_line(entry_with(key, json!("x"))),
+                format!("E_PERM_INVALID: manifest.resources[0]: unknown key \"{key}\""),
             );
         }
     }
@@ -1528,7 +1610,7 @@ mod tests {
                 "E_PERM_INVALID: manifest.resources[0].id: must not be empty",
                 "E_PERM_INVALID: manifest.resources[0].url: must start with https://, got \"http://cdn.example.com/a.bin\"",
                 "E_PERM_INVALID: manifest.resources[0].mirrors[0]: must start with https://, got \"ftp://x/y\"",
-                "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got \"ABC\"",
+                "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got 3 characters: \"ABC\"",
                 "E_PERM_INVALID: manifest.resources[0].size: must be a non-negative integer, got -1",
                 "E_PERM_INVALID: manifest.resources[0].required: must be a boolean, got string",
                 "E_PERM_INVALID: manifest.resources[0].description: must be a string, got number",
@@ -1570,7 +1652,7 @@ mod tests {
         assert_eq!(
             line,
             format!(
-                "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got \"{}…\"",
+                "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got 10000 characters: \"{}…\"",
                 "Z".repeat(99)
             )
         );
@@ -1590,7 +1672,7 @@ mod tests {
         let line = entry_line(entry_with("sha256", json!("\u{1b}[2J\r\n\"\\\u{202e}'")));
         assert_eq!(
             line,
-            "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got \"\\u{1b}[2J\\r\\n\\\"\\\\\\u{202e}'\""
+            "E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits, got 10 characters: \"\\u{1b}[2J\\r\\n\\\"\\\\\\u{202e}'\""
         );
         assert!(!line.chars().any(char::is_control));
     }

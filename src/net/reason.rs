@@ -16,10 +16,8 @@ pub(crate) fn network_reason(e: &(dyn StdError + 'static), host: &str) -> String
             return tls_reason(tls, host);
         }
         if let Some(io) = s.downcast_ref::<io::Error>() {
-            if let Some(inner) = io.get_ref() {
-                if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                    return tls_reason(tls, host);
-                }
+            if let Some(tls) = tls_inside(io) {
+                return tls_reason(tls, host);
             }
             if let Some(reason) = io_reason(io.kind()) {
                 return reason.to_string();
@@ -34,6 +32,19 @@ pub(crate) fn network_reason(e: &(dyn StdError + 'static), host: &str) -> String
         source = s.source();
     }
     innermost
+}
+
+/// The TLS error an I/O error carries, through any I/O errors wrapping it
+/// (a connector wraps the TLS stream's own `io::Error`).
+fn tls_inside(io: &io::Error) -> Option<&rustls::Error> {
+    let mut inner = io.get_ref()?;
+    for _ in 0..8 {
+        if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        inner = inner.downcast_ref::<io::Error>()?.get_ref()?;
+    }
+    None
 }
 
 fn io_reason(kind: io::ErrorKind) -> Option<&'static str> {
@@ -53,21 +64,64 @@ fn io_reason(kind: io::ErrorKind) -> Option<&'static str> {
     })
 }
 
+/// Where to trust a private certificate authority, for development.
+const EXTRA_ROOTS_HINT: &str =
+    "for a test or development server, add its CA certificate to `[dev] extra_root_certs`";
+
+/// A TLS failure in words: what is wrong with the server's certificate (or
+/// the handshake), and for an unknown authority where to trust one.
 fn tls_reason(e: &rustls::Error, host: &str) -> String {
-    use rustls::CertificateError as C;
     match e {
-        rustls::Error::InvalidCertificate(
-            C::NotValidForName | C::NotValidForNameContext { .. },
-        ) => {
-            format!("TLS: certificate not valid for {host}")
+        rustls::Error::InvalidCertificate(c) => {
+            format!(
+                "TLS: the server's certificate is not trusted: {}",
+                certificate_reason(c, host)
+            )
         }
-        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
-            "TLS: certificate expired".into()
+        rustls::Error::AlertReceived(alert) => {
+            format!("TLS: the server ended the handshake ({alert:?} alert)")
         }
-        rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
-            "TLS: certificate issued by an unknown authority".into()
+        rustls::Error::NoCertificatesPresented => "TLS: the server presented no certificate".into(),
+        rustls::Error::PeerIncompatible(_) => {
+            "TLS: the server supports no TLS version or cipher this program accepts".into()
+        }
+        rustls::Error::InvalidMessage(_) | rustls::Error::PeerMisbehaved(_) => {
+            "TLS: the server broke the TLS protocol (is it an HTTPS server?)".into()
         }
         other => format!("TLS: {other}"),
+    }
+}
+
+/// What is wrong with a certificate, in words.
+fn certificate_reason(c: &rustls::CertificateError, host: &str) -> String {
+    use rustls::CertificateError as C;
+    match c {
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            format!("it is not valid for {host}")
+        }
+        C::Expired | C::ExpiredContext { .. } => "it has expired".into(),
+        C::NotValidYet | C::NotValidYetContext { .. } => "it is not valid yet".into(),
+        C::Revoked => "it was revoked".into(),
+        C::UnknownIssuer => format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})"),
+        C::BadSignature => format!(
+            "its signature does not verify against the certificate authority it names ({EXTRA_ROOTS_HINT})"
+        ),
+        C::BadEncoding => "it cannot be read".into(),
+        C::InvalidPurpose | C::InvalidPurposeContext { .. } => "it is not meant for a server".into(),
+        C::Other(other) => match other.0.downcast_ref::<webpki::Error>() {
+            Some(webpki::Error::CaUsedAsEndEntity) => format!(
+                "it is a CA certificate used as a server certificate (the server must present a certificate issued by that CA; {EXTRA_ROOTS_HINT})"
+            ),
+            Some(webpki::Error::EndEntityUsedAsCa) => {
+                "a server certificate was used as a certificate authority".into()
+            }
+            Some(webpki::Error::UnknownIssuer) => {
+                format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})")
+            }
+            Some(other) => format!("{other}"),
+            None => other.to_string(),
+        },
+        other => format!("{other:?}"),
     }
 }
 
@@ -98,7 +152,42 @@ mod tests {
         ));
         assert_eq!(
             network_reason(&tls, "cdn.test"),
-            "TLS: certificate not valid for cdn.test"
+            "TLS: the server's certificate is not trusted: it is not valid for cdn.test"
+        );
+        // As a connector wraps it.
+        let wrapped = io::Error::other(io::Error::new(io::ErrorKind::InvalidData, tls));
+        assert_eq!(
+            network_reason(&wrapped, "cdn.test"),
+            "TLS: the server's certificate is not trusted: it is not valid for cdn.test"
+        );
+    }
+
+    #[test]
+    fn certificate_failures_are_said_in_words_with_the_setting_to_use() {
+        use rustls::{CertificateError as C, OtherError};
+        let reason = |c: C| tls_reason(&rustls::Error::InvalidCertificate(c), "cdn.test");
+        let ca = C::Other(OtherError(std::sync::Arc::new(
+            webpki::Error::CaUsedAsEndEntity,
+        )));
+        let shown = reason(ca);
+        assert!(
+            shown.starts_with("TLS: the server's certificate is not trusted: it is a CA certificate used as a server certificate"),
+            "{shown}"
+        );
+        assert!(!shown.contains("CaUsedAsEndEntity"), "{shown}");
+        for c in [
+            C::UnknownIssuer,
+            C::Other(OtherError(std::sync::Arc::new(
+                webpki::Error::UnknownIssuer,
+            ))),
+        ] {
+            let shown = reason(c);
+            assert!(shown.contains("unknown certificate authority"), "{shown}");
+            assert!(shown.contains("`[dev] extra_root_certs`"), "{shown}");
+        }
+        assert_eq!(
+            reason(C::Expired),
+            "TLS: the server's certificate is not trusted: it has expired"
         );
     }
 }

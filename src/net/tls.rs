@@ -40,7 +40,12 @@ pub(crate) fn extra_roots(
 
 /// Reads every certificate of a PEM file.
 pub(crate) fn read_pem_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>> {
-    let pem = std::fs::read(path).map_err(|e| Error::io("cannot read certificate", path, e))?;
+    let pem = std::fs::read(path).map_err(|e| {
+        Error::Config(format!(
+            "[dev] extra_root_certs: cannot read the certificate file {}: {e}",
+            path.display()
+        ))
+    })?;
     parse_pem_certs(&pem, &path.display().to_string(), "extra_root_certs")
 }
 

@@ -77,6 +77,7 @@ pub async fn download_with(
         Some(lock) => (lock, false),
         None => {
             tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
+            progress.waiting();
             let lock = store.lock(&resource.sha256);
             let lock = match cancel {
                 Some(token) => tokio::select! {
@@ -178,9 +179,14 @@ impl Job<'_> {
                 Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
             }
         }
-        for address in self.resource.addresses() {
+        let last = self.resource.mirrors.len();
+        for (index, address) in self.resource.addresses().enumerate() {
             match self.address(address, progress).await {
                 Ok(()) => return Ok(()),
+                Err(TransferError::Attempt(a)) if index < last => {
+                    tracing::warn!(resource = %self.resource.id, "{a}; trying the next address");
+                    attempts.push(a);
+                }
                 Err(TransferError::Attempt(a)) => {
                     tracing::debug!(resource = %self.resource.id, "{a}");
                     attempts.push(a);
@@ -298,6 +304,8 @@ impl Job<'_> {
                 Decision::Retry(wait) => {
                     tracing::info!(resource = %self.resource.id, "{attempt}; retrying in {:.1}s", wait.as_secs_f64());
                     retries += 1;
+                    let reason = attempt.error.to_string();
+                    progress.retrying(wait, retries + 1, self.retry.retries + 1, &reason);
                     self.sleep(wait).await?;
                 }
             }

@@ -96,6 +96,20 @@ pub trait Reporter: Send {
     }
     /// Bytes of the file present so far (a resumed prefix included).
     fn bytes(&mut self, total: u64);
+    /// The whole file is `total` bytes, as the server announced
+    /// (`Content-Length`, plus a resumed prefix); reported only when no
+    /// size was declared (auto-fill).
+    fn length(&mut self, total: u64) {
+        let _ = total;
+    }
+    /// A try failed for `reason` and the same address is tried again in
+    /// `wait`: that will be try `attempt` of at most `of`.
+    fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        let _ = (wait, attempt, of, reason);
+    }
+    /// Another download of the same file (in this process or another one
+    /// sharing the store) holds its lock: this one waits for it to finish.
+    fn waiting(&mut self) {}
 }
 
 impl<F: FnMut(u64) + Send> Reporter for F {

@@ -9,6 +9,7 @@
 //! Uses [`crate::net`] to connect and [`crate::store`]'s partial files to
 //! keep bytes; never the service.
 
+pub mod autofill;
 mod body;
 pub mod download;
 mod exchange;

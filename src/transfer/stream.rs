@@ -171,6 +171,9 @@ impl Fetcher {
         if offset > 0 {
             reporter.resumed(offset);
         }
+        if let (None, Some(announced)) = (expected, response.content_length()) {
+            reporter.length(offset.saturating_add(announced));
+        }
         let kept_validator = match (offset, &resume) {
             (1.., Some(r)) => Some(r.validator.clone()),
             _ => validator(&response),

@@ -157,7 +157,9 @@ async fn a_fifo_manifest_or_configuration_fails_at_once_with_a_clear_error() {
     let (status, err) = run_bounded(&env, &["--config", config.to_str().unwrap(), "status"]).await;
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(
-        err.contains("cannot read configuration") && err.contains("not a regular file"),
+        err.starts_with("E_RESOURCE_CONFIG: ")
+            && err.contains("cannot read the configuration file")
+            && err.contains("not a regular file"),
         "{err}"
     );
 }

@@ -125,7 +125,7 @@ async fn a_file_matching_nothing_exits_1_and_the_others_are_still_imported() {
     assert_eq!(
         stdout(&out),
         format!(
-            "{}: matches no declared resource\n{}: matches no declared resource\n{}: imported g/a\n",
+            "{}: matches no declared resource: same size as g/a but a different SHA-256\n{}: matches no declared resource: no installed gem declares a file of this size (5 B)\n{}: imported g/a\n",
             wrong.display(),
             unrelated.display(),
             good.display()

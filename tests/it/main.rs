@@ -6,9 +6,17 @@ mod support;
 
 mod address_guard;
 mod autofill;
+mod autofill_manifest;
 mod cli_basics;
+mod cli_install;
+mod cli_messages;
 mod cli_newcomer;
+mod cli_rate;
+mod cli_serve_folders;
+mod cli_serve_start;
+mod cli_tables;
 mod cli_terminal;
+mod cli_waiting;
 mod embed_config;
 mod embed_controls;
 mod embed_errors;

@@ -30,8 +30,77 @@ async fn check(env: &Env, resources: Value) -> (Option<i32>, Vec<String>) {
 
 async fn check_file(env: &Env, path: &std::path::Path) -> (Option<i32>, Vec<String>) {
     let out = env.run(&["check", path.to_str().unwrap()]).await;
-    let lines = stderr(&out).lines().map(str::to_string).collect();
+    let lines = stderr(&out)
+        .lines()
+        .map(|line| in_manifest(line, path))
+        .collect();
     (out.status.code(), lines)
+}
+
+/// `line` with the file's name (which each problem starts with) written
+/// as the library's `manifest`, so the expectations read the same for
+/// every file.
+fn in_manifest(line: &str, path: &std::path::Path) -> String {
+    let file = path.display().to_string();
+    let (code, rest) = line.split_once(": ").unwrap_or(("", line));
+    let rest = match rest.strip_prefix(&format!("{file}: resources")) {
+        Some(tail) => format!("manifest.resources{tail}"),
+        None => match rest.strip_prefix(&file) {
+            Some(tail) => format!("manifest{tail}"),
+            None => panic!("the problem does not start with the file's name: {line}"),
+        },
+    };
+    format!("{code}: {rest}")
+}
+
+#[tokio::test]
+async fn problems_name_the_file_and_a_missing_value_points_to_autofill() {
+    let env = Env::new().await;
+    let mut entry = valid("a");
+    entry.as_object_mut().unwrap().remove("sha256");
+    let path = env.write_manifest("notochord.json", json!([entry, {"id": "b"}]));
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let file = path.display();
+    let hint = format!(
+        "is required (run `gem-resources autofill --manifest {file}` to fill in size and sha256)"
+    );
+    assert_eq!(
+        stderr(&out).lines().collect::<Vec<_>>(),
+        [
+            format!("E_PERM_INVALID: {file}: resources[0].sha256: {hint}"),
+            format!("E_PERM_INVALID: {file}: resources[1].url: is required"),
+            format!("E_PERM_INVALID: {file}: resources[1].sha256: {hint}"),
+            format!("E_PERM_INVALID: {file}: resources[1].size: {hint}"),
+        ]
+    );
+    std::fs::write(&path, "[1]").unwrap();
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    assert_eq!(
+        stderr(&out),
+        format!("E_PERM_INVALID: {file}: must be a JSON object, got array\n")
+    );
+}
+
+#[tokio::test]
+async fn sha256_problems_say_the_length_or_lower_case_and_keys_get_suggestions() {
+    let env = Env::new().await;
+    let mut entry = entry_with("a", "sha256", json!(HASH.to_uppercase()));
+    entry["descripton"] = json!("OCR");
+    let (code, lines) = check(
+        &env,
+        json!([entry, entry_with("b", "sha256", json!(&HASH[2..]))]),
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        lines,
+        [
+            "E_PERM_INVALID: manifest.resources[0]: unknown key \"descripton\" (did you mean `description`?)".to_string(),
+            format!("E_PERM_INVALID: manifest.resources[0].sha256: must be 64 lowercase hex digits (write it in lower-case), got \"{}\"", HASH.to_uppercase()),
+            format!("E_PERM_INVALID: manifest.resources[1].sha256: must be 64 lowercase hex digits, got 62 characters: \"{}\"", &HASH[2..]),
+        ]
+    );
 }
 
 #[tokio::test]
@@ -131,22 +200,22 @@ async fn each_entry_rule_has_its_own_message() {
             entry_with("x", "mirrors", json!("https://m.example.com/x")),
             format!("{r0}.mirrors: must be an array, got string"),
         ),
-        (missing_sha, format!("{r0}.sha256: is required")),
+        (missing_sha, format!("{r0}.sha256: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
         (
             entry_with("x", "sha256", json!(HASH.to_uppercase())),
             format!(
-                "{r0}.sha256: must be 64 lowercase hex digits, got \"{}\"",
+                "{r0}.sha256: must be 64 lowercase hex digits (write it in lower-case), got \"{}\"",
                 HASH.to_uppercase()
             ),
         ),
         (
             entry_with("x", "sha256", json!(&HASH[1..])),
             format!(
-                "{r0}.sha256: must be 64 lowercase hex digits, got \"{}\"",
+                "{r0}.sha256: must be 64 lowercase hex digits, got 63 characters: \"{}\"",
                 &HASH[1..]
             ),
         ),
-        (missing_size, format!("{r0}.size: is required")),
+        (missing_size, format!("{r0}.size: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
         (
             entry_with("x", "size", json!(-1)),
             format!("{r0}.size: must be a non-negative integer, got -1"),
@@ -176,7 +245,9 @@ async fn each_entry_rule_has_its_own_message() {
             format!("{r0}: must be an object, got string"),
         ),
     ];
+    let file = env.dir.path().join("manifest.json");
     for (entry, expected) in cases {
+        let expected = expected.replace("FILE", &file.display().to_string());
         let (code, lines) = check(&env, json!([entry])).await;
         assert_eq!(code, Some(1), "{expected}");
         assert_eq!(lines, [expected]);
@@ -332,8 +403,8 @@ async fn check_json_output_lists_every_problem() {
     assert_eq!(
         v["problems"],
         json!([
-            { "path": "manifest.resources[0].url", "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
-            { "path": "manifest.resources[1].size", "message": "must be a non-negative integer, got -3" },
+            { "path": format!("{}: resources[0].url", path.display()), "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
+            { "path": format!("{}: resources[1].size", path.display()), "message": "must be a non-negative integer, got -3" },
         ])
     );
 }
@@ -353,7 +424,7 @@ async fn fetching_an_invalid_manifest_downloads_nothing() {
     let out = env.run(&["fetch", path.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
-        stderr(&out).lines().collect::<Vec<_>>(),
+        stderr(&out).lines().map(|l| in_manifest(l, &path)).collect::<Vec<_>>(),
         ["E_PERM_INVALID: manifest.resources[1].url: must start with https://, got \"http://cdn.example.com/bad.bin\""]
     );
     assert_eq!(stdout(&out), "");

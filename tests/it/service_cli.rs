@@ -202,12 +202,12 @@ async fn status_prints_a_readable_table_and_json() {
     let alpha = line("alpha");
     assert!(alpha.contains("Alpha model"), "{alpha}");
     assert!(
-        alpha.contains("origin.test") && alpha.contains("eager") && alpha.contains("present"),
+        alpha.contains("origin.test") && alpha.contains("required") && alpha.contains("present"),
         "{alpha}"
     );
     let beta = line("beta");
     assert!(
-        beta.contains("cdn.test") && beta.contains("lazy") && beta.contains("missing"),
+        beta.contains("cdn.test") && beta.contains("on first use") && beta.contains("missing"),
         "{beta}"
     );
     let gamma = line("gamma");

@@ -30,6 +30,35 @@ First steps:
   gem-resources install my-gem notochord.json
   gem-resources status";
 
+/// What `serve --help` adds under the options.
+const SERVE_HELP: &str = "\
+Each sub-folder of the gems folder is one installed gem, named by its id; its
+manifest is notochord.json, or manifest.json when there is no notochord.json.
+The folder is scanned every --interval seconds: a new or changed manifest is
+installed (upgraded), a removed folder uninstalled; an invalid manifest is
+reported and the gem keeps its installed version.
+
+The configuration file is read again on SIGHUP, and when it changes (once it
+has stopped changing).
+
+Example:
+  gem-resources serve --gems ~/.notochord/gems";
+
+/// What `autofill --help` adds under the options.
+const AUTOFILL_HELP: &str = "\
+Every address is read by the same rules as a download: https only, no local
+addresses, your network policy, at most 5 redirects, transient failures
+retried ([network] retries), then the mirrors in order. A value the resource
+already has must match what was read.
+
+With --manifest, the manifest is printed with the values filled in, its keys
+and layout kept; --write writes it back instead. A resource that cannot be
+read is named with its reason, the others are still filled (exit status 1).
+
+Example:
+  gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
+  gem-resources autofill --manifest notochord.json --write";
+
 /// Downloads, verifies and keeps the large files that gems declare.
 #[derive(Debug, Parser)]
 #[command(
@@ -50,6 +79,10 @@ pub struct Args {
     /// Machine-readable JSON output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Bandwidth cap for this command, in bytes per second, with k or M for
+    /// KiB or MiB (e.g. 500k, 2M); overrides `network.max_bytes_per_sec`.
+    #[arg(long, global = true, value_name = "RATE", value_parser = parse_rate)]
+    pub limit_rate: Option<u64>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -72,13 +105,21 @@ pub enum Command {
         /// The address.
         url: String,
     },
-    /// Download a URL by the resource rules and print its size and SHA-256, keeping nothing.
-    #[command(
-        after_long_help = "Example:\n  gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx"
-    )]
+    /// Size and SHA-256 of a URL, or fill them in a manifest, by the download rules (nothing is kept).
+    #[command(after_long_help = AUTOFILL_HELP)]
     Autofill {
-        /// The address.
-        url: String,
+        /// The address (or --manifest FILE).
+        #[arg(required_unless_present = "manifest", conflicts_with = "manifest")]
+        url: Option<String>,
+        /// Fill `size` and `sha256` of this manifest's resources that lack either, and print it.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// With --manifest: every resource, replacing the values it has.
+        #[arg(long, requires = "manifest")]
+        all: bool,
+        /// With --manifest: write the filled manifest back to FILE (atomically) instead of printing it.
+        #[arg(long, requires = "manifest")]
+        write: bool,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
     #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]
@@ -135,7 +176,7 @@ pub enum Command {
     #[command(after_long_help = "Example:\n  gem-resources verify")]
     Verify,
     /// Run the service: keep a gems folder's resources installed until SIGINT/SIGTERM.
-    #[command(after_long_help = "Example:\n  gem-resources serve --gems ~/.notochord/gems")]
+    #[command(after_long_help = SERVE_HELP)]
     Serve {
         /// Folder with one sub-folder per installed gem, holding its notochord.json.
         #[arg(long, value_name = "DIR")]
@@ -150,4 +191,47 @@ pub enum Command {
         /// The subcommand.
         command: Option<String>,
     },
+}
+
+/// A rate like curl's `--limit-rate`: bytes per second, or with a `k`, `M`
+/// or `G` suffix (either case) for 1024, 1024² or 1024³ of them.
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => (&text[..at], c.to_ascii_lowercase()),
+        _ => (text, 'b'),
+    };
+    let factor: f64 = match unit {
+        'b' => 1.0,
+        'k' => 1024.0,
+        'm' => 1024.0 * 1024.0,
+        'g' => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("unknown unit {unit:?} (use k, M or G)")),
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a rate: {text:?} (e.g. 500k or 2M)"))?;
+    let bytes = value * factor;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("must be at least 1 byte per second, got {text:?}"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn rates_take_curl_suffixes() {
+        assert_eq!(parse_rate("1000"), Ok(1000));
+        assert_eq!(parse_rate("500k"), Ok(512_000));
+        assert_eq!(parse_rate("500K"), Ok(512_000));
+        assert_eq!(parse_rate("1.5M"), Ok(1_572_864));
+        assert_eq!(parse_rate("2m"), Ok(2_097_152));
+        assert_eq!(parse_rate("1G"), Ok(1 << 30));
+        for bad in ["", "k", "0", "-5k", "10x", "fast", "NaN", "1e30G"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -49,7 +49,20 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Check { manifest } => check(&manifest, json),
         Command::CheckUrl { url } => check_url(&config, &url, json).await,
-        Command::Autofill { url } => autofill(&config, &url, json).await,
+        Command::Autofill {
+            url,
+            manifest,
+            all,
+            write,
+        } => {
+            let request = crate::autofill::Request {
+                url: url.as_deref(),
+                manifest: manifest.as_deref(),
+                all,
+                write,
+            };
+            crate::autofill::run(&config, request, json).await
+        }
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
         other => crate::service_commands::run(&config, other, json).await,
@@ -58,16 +71,32 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
 
 fn load_config(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => Config::load(path).map_err(|e| config_file_error(e, path))?,
         None => match Config::default_path().filter(|p| p.is_file()) {
             Some(path) => Config::load(&path)?,
             None => Config::default(),
         },
     };
+    if let Some(rate) = args.limit_rate {
+        config.network.max_bytes_per_sec = Some(rate);
+    }
     if let Some(store) = &args.store {
         config.store = Some(gem_resources::config::normalise(store));
     }
     Ok(config)
+}
+
+/// A configuration file that cannot be read is a configuration error
+/// naming the file and the option that named it.
+fn config_file_error(e: Error, path: &Path) -> Error {
+    match e {
+        Error::Io { source, .. } => Error::Config(format!(
+            "{}: cannot read the configuration file given by --config: {}",
+            path.display(),
+            source
+        )),
+        other => other,
+    }
 }
 
 fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
@@ -82,16 +111,32 @@ fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         }));
     } else {
         crate::outln!("ok: {} resource(s)", manifest.resources.len());
-        for r in &manifest.resources {
-            let when = if r.required {
-                "required"
-            } else {
-                "on first use"
-            };
-            crate::outln!("  {}  {}  {}  {when}", r.id, render::bytes(r.size), r.url);
-        }
+        print_check_table(&manifest.resources);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `check`'s table: id, size, when it downloads, address; columns aligned.
+fn print_check_table(resources: &[Resource]) {
+    let field = |t: &str| crate::text::field(t).into_owned();
+    let id_width = resources
+        .iter()
+        .map(|r| field(&r.id).chars().count())
+        .max()
+        .unwrap_or(0);
+    for r in resources {
+        let mirrors = match r.mirrors.len() {
+            0 => String::new(),
+            n => format!(" (+{n} mirror{})", if n == 1 { "" } else { "s" }),
+        };
+        crate::outln!(
+            "  {:<id_width$}  {:>10}  {:<12}  {}{mirrors}",
+            field(&r.id),
+            render::bytes(r.size),
+            crate::report::when(r.required),
+            r.url
+        );
+    }
 }
 
 fn parse_url(text: &str) -> anyhow::Result<Url> {
@@ -150,51 +195,6 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
     }
 }
 
-async fn autofill(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let url = parse_url(text)?;
-    let fetcher = Fetcher::new(config)?;
-    let mut interrupted = crate::interrupt::signal();
-    let mut bar = crate::progress::Bar::new(&file_label(&url), None, json);
-    let max = config.network.autofill_max_bytes;
-    let outcome = {
-        let mut on_bytes = |n| bar.set(n);
-        tokio::select! {
-            r = fetcher.autofill_with_progress(&url, max, &mut on_bytes) => Some(r),
-            () = &mut interrupted => None,
-        }
-    };
-    bar.finish();
-    let Some(outcome) = outcome else {
-        crate::progress::clear_all();
-        crate::errln!("interrupted: nothing was kept");
-        return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
-    };
-    let transfer = outcome?;
-    if json {
-        print_json(&json!({
-            "size": transfer.size,
-            "sha256": transfer.sha256,
-            "url": url.as_str(),
-            "final_url": transfer.final_url.as_str(),
-        }));
-    } else {
-        crate::outln!("size: {}", transfer.size);
-        crate::outln!("sha256: {}", transfer.sha256);
-        if transfer.final_url != url {
-            crate::outln!("final url: {}", transfer.final_url);
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The last path segment of `url`, for a progress bar.
-fn file_label(url: &Url) -> String {
-    url.path_segments()
-        .and_then(|mut s| s.next_back().map(str::to_string))
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| url.host_str().unwrap_or_default().to_string())
-}
-
 async fn fetch(
     config: &Config,
     path: &Path,
@@ -227,13 +227,13 @@ async fn fetch(
         async move {
             let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
             let outcome = {
-                let mut on_bytes = |n| bar.set(n);
+                let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
                 download_with(
                     fetcher,
                     store,
                     &resource,
                     retry,
-                    &mut on_bytes,
+                    &mut reporting,
                     Some(cancel),
                 )
                 .await

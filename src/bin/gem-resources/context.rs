@@ -14,8 +14,45 @@ pub const USAGE: u8 = 2;
 /// Reads and validates a manifest file, with the guards of every manifest
 /// read (regular files only, never waiting on a FIFO, a size cap).
 pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
-    let bytes = gem_resources::manifest::read_manifest_file(path)?;
-    Ok(parse_manifest(&bytes).map_err(Error::from)?)
+    Ok(read_manifest_declaring(path)?.0)
+}
+
+/// [`read_manifest`], with the gem id the manifest declares at its top
+/// level (`"id"`), if it declares one.
+pub fn read_manifest_declaring(path: &Path) -> anyhow::Result<(Manifest, Option<String>)> {
+    let bytes = gem_resources::manifest::read_manifest_file(path).map_err(|e| in_file(e, path))?;
+    let manifest = parse_manifest(&bytes).map_err(|e| in_file(e.into(), path))?;
+    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("id")?.as_str().map(str::to_string));
+    Ok((manifest, id))
+}
+
+/// A manifest error of the file at `path`, as the command line says it:
+/// each problem's place starts with the file's name instead of
+/// `manifest` (`notochord.json: resources[0].url`), and a missing `size`
+/// or `sha256` points to `autofill`.
+pub fn in_file(error: Error, path: &Path) -> Error {
+    let Error::Manifest(mut manifest) = error else {
+        return error;
+    };
+    let file = path.display().to_string();
+    for problem in &mut manifest.problems {
+        let missing_value = problem.message == "is required"
+            && (problem.path.ends_with(".size") || problem.path.ends_with(".sha256"));
+        if missing_value {
+            problem.message = format!(
+                "is required (run `gem-resources autofill --manifest {file}` to fill in size and sha256)"
+            );
+        }
+        if let Some(rest) = problem.path.strip_prefix("manifest") {
+            problem.path = match rest.strip_prefix('.') {
+                Some(inner) => format!("{file}: {inner}"),
+                None => format!("{file}{rest}"),
+            };
+        }
+    }
+    Error::Manifest(manifest)
 }
 
 /// Whether the configured store was ever created. The folder name is the

@@ -51,13 +51,26 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
         };
         match outcome {
             Ok(outcome) => {
-                ok &= !matches!(outcome, ImportOutcome::NoMatch { .. });
+                let why = match &outcome {
+                    ImportOutcome::NoMatch { size, sha256 } => {
+                        Some(no_match_reason(service.as_ref(), *size, sha256.is_some()))
+                    }
+                    _ => None,
+                };
+                ok &= why.is_none();
                 if json {
                     let mut entry = json!(outcome);
                     entry["file"] = json!(file);
+                    if let Some(why) = &why {
+                        entry["why"] = json!(why);
+                    }
                     entries.push(entry);
                 } else {
-                    crate::outln!("{}", render::import_line(file, &outcome));
+                    let line = render::import_line(file, &outcome);
+                    match why {
+                        Some(why) => crate::outln!("{line}: {why}"),
+                        None => crate::outln!("{line}"),
+                    }
                 }
             }
             Err(e) => {
@@ -81,6 +94,30 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
     } else {
         ExitCode::from(FAILED)
     })
+}
+
+/// Why a file of `size` bytes matched nothing: no declared file has its
+/// size, or those that do (named) have another SHA-256 (`hashed`).
+fn no_match_reason(service: Option<&Resources>, size: u64, hashed: bool) -> String {
+    let same_size: Vec<String> = service
+        .and_then(|s| s.status(None).ok())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|gem| {
+            gem.resources
+                .iter()
+                .filter(|r| r.size == size)
+                .map(move |r| format!("{}/{}", gem.gem, r.id))
+        })
+        .collect();
+    if !hashed || same_size.is_empty() {
+        return format!(
+            "no installed gem declares a file of this size ({})",
+            render::bytes(size)
+        );
+    }
+    let names = crate::text::field(&same_size.join(", ")).into_owned();
+    format!("same size as {names} but a different SHA-256")
 }
 
 fn check_file(file: &Path) -> anyhow::Result<()> {

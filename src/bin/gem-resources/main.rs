@@ -8,6 +8,7 @@
 // No function longer than one screen (clippy.toml sets 120 lines).
 #![warn(clippy::too_many_lines)]
 
+mod autofill;
 mod cli;
 mod commands;
 mod context;

@@ -175,14 +175,8 @@ impl Bar {
             return Bar { bar: None };
         }
         let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
-        let template = match size {
-            Some(_) => "{msg:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            None => "{msg:24!} {spinner} {bytes} {bytes_per_sec}",
-        };
-        if let Ok(style) = ProgressStyle::with_template(template) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_message(crate::text::field(label).into_owned());
+        bar.set_style(style(size.is_some()));
+        bar.set_prefix(crate::text::field(label).into_owned());
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -199,6 +193,35 @@ impl Bar {
         }
     }
 
+    /// The whole size became known (a `Content-Length`): the bar shows
+    /// the total and the time left.
+    pub fn set_length(&self, total: u64) {
+        if let Some((_, bar)) = &self.bar {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                bar.set_style(style(true));
+            }
+        }
+    }
+
+    /// The transfer continues kept bytes: the bar starts at `offset`, and
+    /// its rate and time left count only the bytes of this run.
+    pub fn resumed_at(&self, offset: u64) {
+        if let Some((_, bar)) = &self.bar {
+            bar.set_position(offset);
+            bar.reset_eta();
+        }
+    }
+
+    /// What the transfer is waiting for, after the figures ("retrying in
+    /// 2 s (attempt 2 of 4): connection refused"); empty when it is
+    /// receiving.
+    pub fn set_note(&self, note: &str) {
+        if let Some((_, bar)) = &self.bar {
+            bar.set_message(crate::text::field(note).into_owned());
+        }
+    }
+
     /// Removes the bar from the screen.
     pub fn finish(&mut self) {
         if let Some((id, bar)) = self.bar.take() {
@@ -206,6 +229,112 @@ impl Bar {
             LIVE.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(live, _)| *live != id);
+        }
+    }
+}
+
+/// The look of a bar whose total is known (`sized`) or not.
+fn style(sized: bool) -> ProgressStyle {
+    let template = if sized {
+        TEMPLATE_SIZED
+    } else {
+        "{prefix:24!} {spinner} {bytes} {bytes_per_sec} {msg}"
+    };
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+/// The template of a bar whose total is known.
+const TEMPLATE_SIZED: &str =
+    "{prefix:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta} {msg}";
+
+/// Writes one `--json` event line on stderr (no bars are drawn with
+/// `--json`).
+fn json_event(event: &serde_json::Value) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{event}");
+}
+
+/// What a bar says while another download of the same file holds it.
+pub const WAITING: &str = "waiting for another process downloading this file";
+
+/// The wording of a retry, as a bar and `--json` say it.
+pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
+    let secs = wait.as_secs_f64();
+    let wait = if secs >= 1.0 {
+        format!("{} s", secs.round())
+    } else {
+        format!("{secs:.1} s")
+    };
+    format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
+}
+
+/// A transfer's [`Reporter`](gem_resources::Reporter) drawing on a bar;
+/// with `--json`, each retry is also an event line on stderr.
+pub struct Reporting<'a> {
+    /// The bar drawn on.
+    pub bar: &'a Bar,
+    /// The resource (or file) being read, for events.
+    pub resource: &'a str,
+    /// `--json` is on.
+    pub json: bool,
+    /// A note is on the bar (cleared by the next bytes).
+    pub noted: bool,
+}
+
+impl<'a> Reporting<'a> {
+    /// Reports on `bar` for `resource`.
+    pub fn new(bar: &'a Bar, resource: &'a str, json: bool) -> Self {
+        Reporting {
+            bar,
+            resource,
+            json,
+            noted: false,
+        }
+    }
+}
+
+impl gem_resources::Reporter for Reporting<'_> {
+    fn bytes(&mut self, total: u64) {
+        self.bar.set(total);
+        if std::mem::take(&mut self.noted) {
+            self.bar.set_note("");
+        }
+    }
+
+    fn length(&mut self, total: u64) {
+        self.bar.set_length(total);
+    }
+
+    fn resumed(&mut self, offset: u64) {
+        self.bar.resumed_at(offset);
+    }
+
+    fn waiting(&mut self) {
+        if self.json {
+            let event = serde_json::json!({ "event": "waiting", "resource": self.resource });
+            json_event(&event);
+        } else {
+            self.bar.set_note(WAITING);
+            self.noted = true;
+        }
+    }
+
+    fn retrying(&mut self, wait: std::time::Duration, attempt: u32, of: u32, reason: &str) {
+        if self.json {
+            let event = serde_json::json!({
+                "event": "retrying",
+                "resource": self.resource,
+                "wait_secs": wait.as_secs_f64(),
+                "attempt": attempt,
+                "of": of,
+                "reason": reason,
+            });
+            json_event(&event);
+        } else {
+            self.bar.set_note(&retry_note(wait, attempt, of, reason));
+            self.noted = true;
         }
     }
 }
@@ -228,6 +357,134 @@ mod tests {
             out.push_str(&screen.text_for("  "));
         }
         out
+    }
+
+    /// A terminal that keeps what is drawn on it.
+    #[derive(Debug, Clone, Default)]
+    struct Screen(std::sync::Arc<Mutex<String>>);
+
+    impl TermLike for Screen {
+        fn width(&self) -> u16 {
+            160
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.write_str(s)
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.0.lock().unwrap().push_str(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            self.0.lock().unwrap().clear();
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A bar of unknown size drawn on a [`Screen`], as autofill starts it.
+    fn drawn_bar(screen: &Screen) -> Bar {
+        let target = ProgressDrawTarget::term_like_with_hz(Box::new(screen.clone()), 250);
+        let bar = ProgressBar::with_draw_target(None, target);
+        bar.set_style(style(false));
+        bar.set_prefix("ocr-v3.onnx");
+        Bar {
+            bar: Some((0, bar)),
+        }
+    }
+
+    /// What is on the screen after the next draw.
+    fn drawn(screen: &Screen, bar: &Bar) -> String {
+        if let Some((_, b)) = &bar.bar {
+            b.tick();
+        }
+        screen.0.lock().unwrap().trim_end().to_string()
+    }
+
+    #[test]
+    fn an_announced_length_gives_the_total_and_the_time_left() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
+        reporting.bytes(512);
+        let unknown = drawn(&screen, &bar);
+        assert!(
+            unknown.contains("512 B") && !unknown.contains('['),
+            "{unknown}"
+        );
+        reporting.length(2048);
+        reporting.bytes(1024);
+        let known = drawn(&screen, &bar);
+        assert!(
+            known.contains("[") && known.contains("1.00 KiB/2.00 KiB"),
+            "{known}"
+        );
+        // The time left is the last figure: seconds (or more) remaining.
+        assert!(known.trim_end().ends_with('s'), "{known}");
+    }
+
+    #[test]
+    fn after_a_resume_the_rate_counts_only_this_runs_bytes() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "big.bin", false);
+        reporting.length(2 << 30);
+        // 1 GiB kept: received in no time, were it counted.
+        reporting.resumed(1 << 30);
+        reporting.bytes(1 << 30);
+        let shown = drawn(&screen, &bar);
+        assert!(shown.contains("1.00 GiB/2.00 GiB"), "{shown}");
+        assert!(
+            !shown.contains("GiB/s") && !shown.contains("TiB/s"),
+            "the kept bytes counted in the rate: {shown}"
+        );
+    }
+
+    #[test]
+    fn a_retry_is_on_the_bar_until_bytes_arrive() {
+        use gem_resources::Reporter;
+        let screen = Screen::default();
+        let bar = drawn_bar(&screen);
+        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
+        reporting.bytes(10);
+        let wait = std::time::Duration::from_secs(2);
+        reporting.retrying(wait, 3, 6, "connection refused");
+        let shown = drawn(&screen, &bar);
+        assert!(
+            shown.ends_with("retrying in 2 s (attempt 3 of 6): connection refused"),
+            "{shown}"
+        );
+        reporting.bytes(20);
+        let shown = drawn(&screen, &bar);
+        assert!(!shown.contains("retrying"), "{shown}");
+    }
+
+    #[test]
+    fn a_retry_says_when_which_try_and_why() {
+        let note = retry_note(
+            std::time::Duration::from_millis(2_200),
+            3,
+            6,
+            "connection refused",
+        );
+        assert_eq!(note, "retrying in 2 s (attempt 3 of 6): connection refused");
+        let note = retry_note(std::time::Duration::from_millis(300), 2, 4, "HTTP 503");
+        assert_eq!(note, "retrying in 0.3 s (attempt 2 of 4): HTTP 503");
     }
 
     #[test]

@@ -90,6 +90,17 @@ pub fn error_json(e: &Error) -> Value {
         Error::Attempt(a) => {
             value["attempts"] = json!([attempt_json(a)]);
         }
+        Error::DiskSpace {
+            needed,
+            available,
+            reserved,
+            ..
+        } => {
+            // The message says them in human units; here, in bytes.
+            value["needed_bytes"] = json!(needed);
+            value["free_bytes"] = json!(available);
+            value["reserved_bytes"] = json!(reserved);
+        }
         Error::Manifest(m) => {
             value["problems"] = m
                 .problems

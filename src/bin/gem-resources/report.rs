@@ -72,6 +72,15 @@ pub fn install_summary(report: &InstallReport, outcome: &Outcome) -> String {
     format!("{}: {}", headline(report), parts.join(", "))
 }
 
+/// An install report as JSON: an unchanged reinstall is no upgrade.
+pub fn report_json(report: &InstallReport) -> serde_json::Value {
+    let mut value = serde_json::to_value(report).unwrap_or_default();
+    if report.unchanged {
+        value["upgrade"] = serde_json::json!(false);
+    }
+    value
+}
+
 /// `installed g`, `upgraded g` or `g is unchanged`.
 pub fn headline(report: &InstallReport) -> String {
     if report.unchanged {
@@ -80,6 +89,17 @@ pub fn headline(report: &InstallReport) -> String {
         format!("upgraded {}", report.gem)
     } else {
         format!("installed {}", report.gem)
+    }
+}
+
+/// When a resource is downloaded, in the words of `check` and `status`:
+/// `required` (right after install, and at every start until present) or
+/// `on first use`.
+pub fn when(required: bool) -> &'static str {
+    if required {
+        "required"
+    } else {
+        "on first use"
     }
 }
 
@@ -100,10 +120,10 @@ pub fn print_status(status: &[GemStatus]) {
             .max()
             .unwrap_or(0);
         for r in &gem.resources {
-            let when = if r.required { "eager" } else { "lazy" };
+            let when = when(r.required);
             let description = if r.label == r.id { "" } else { &r.label };
             crate::outln!(
-                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<5}  {}",
+                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<12}  {}",
                 field(&r.id),
                 field(description),
                 render::bytes(r.size),

@@ -42,6 +42,33 @@ struct Seen {
     manifests: BTreeMap<String, [u8; 32]>,
     /// Consecutive scans each installed gem has been missing from.
     missing: BTreeMap<String, u32>,
+    /// Folders ignored at the last scan, with why (each is logged once).
+    ignored: BTreeMap<String, String>,
+}
+
+/// What `serve` runs with, said once at start: the configuration file,
+/// the store, the gems folder, the policy, the bandwidth cap and the
+/// concurrency limits.
+fn start_line(config: &gem_resources::Config, gems: &Path) -> String {
+    let file = config.source.as_ref().map_or_else(
+        || "none (defaults)".to_string(),
+        |p| p.display().to_string(),
+    );
+    let policy = match config.policy() {
+        Ok(p) => format!("{} ({} host(s))", p.mode().as_str(), p.host_count()),
+        Err(e) => format!("invalid ({e})"),
+    };
+    let cap = config.network.max_bytes_per_sec.map_or_else(
+        || "none".to_string(),
+        |n| format!("{}/s", crate::render::bytes(n)),
+    );
+    format!(
+        "serving: configuration {file}; store {}; gems {}; policy {policy}; bandwidth cap {cap}; at most {} download(s) at once, {} per host",
+        config.store_dir().display(),
+        gems.display(),
+        config.service.max_concurrent_downloads,
+        config.service.max_per_host,
+    )
 }
 
 /// Runs the service until a shutdown signal.
@@ -68,6 +95,7 @@ pub async fn run(
     let mut reloader = Reloader::new(config);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
+    tracing::info!("{}", start_line(config, gems));
     match crate::context::dev_warning(config) {
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
@@ -98,7 +126,22 @@ pub async fn run(
 }
 
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
-    let present = manifests(gems)?;
+    let (present, ignored) = manifests(gems)?;
+    for (name, why) in &ignored {
+        if seen.ignored.get(name) != Some(why) {
+            let folder = gems.join(name).display().to_string();
+            tracing::warn!("ignoring {}: {why}", crate::text::field(&folder));
+        }
+    }
+    seen.ignored = ignored;
+    let installed_before: BTreeSet<String> = service.installed()?.into_iter().collect();
+    let keeping = |gem: &str| {
+        if installed_before.contains(gem) {
+            "keeping the installed version"
+        } else {
+            "not installed"
+        }
+    };
     for (gem, path) in &present {
         // Capped like `check`: a huge file or a FIFO in the gems folder is
         // refused from its metadata, never read whole.
@@ -109,7 +152,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // problem is reported once and the installed version kept.
                 let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
                 if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
-                    tracing::error!(gem, "{}; keeping the installed version", error_text(&e));
+                    tracing::error!(gem, "{}; {}", error_text(&e), keeping(gem));
                 }
                 continue;
             }
@@ -136,11 +179,7 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // Remembered, so an unchanged invalid manifest is reported
                 // once; a fixed one is installed at the next scan.
                 seen.manifests.insert(gem.clone(), digest);
-                tracing::error!(
-                    gem,
-                    "{} rejected; keeping the installed version:\n{e}",
-                    path.display()
-                )
+                tracing::error!(gem, "{} rejected; {}:\n{e}", path.display(), keeping(gem))
             }
         }
     }
@@ -167,16 +206,27 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     Ok(())
 }
 
-/// Gem id → manifest path for every sub-folder that has one.
-fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+/// Gem folders: id → manifest path for every sub-folder that has one,
+/// and name → why for every other sub-folder.
+type Folders = (BTreeMap<String, PathBuf>, BTreeMap<String, String>);
+
+/// Gem id → manifest path for every sub-folder that has one; the other
+/// sub-folders with why they are ignored.
+fn manifests(gems: &Path) -> anyhow::Result<Folders> {
     let mut out = BTreeMap::new();
+    let mut ignored = BTreeMap::new();
     let entries =
         std::fs::read_dir(gems).with_context(|| format!("cannot list {}", gems.display()))?;
     for entry in entries.flatten() {
         let Some(gem) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        if !valid_gem_id(&gem) || !entry.path().is_dir() {
+        if !entry.path().is_dir() {
+            continue;
+        }
+        if !valid_gem_id(&gem) {
+            let why = "not a valid gem id (letters, digits, `.`, `_` and `-`, starting with a letter or digit)";
+            ignored.insert(gem, why.to_string());
             continue;
         }
         // Any entry by that name counts (a folder or FIFO is then refused
@@ -188,9 +238,12 @@ fn manifests(gems: &Path) -> anyhow::Result<BTreeMap<String, PathBuf>> {
             .find(|p| p.symlink_metadata().is_ok())
         {
             out.insert(gem, path);
+        } else {
+            let why = format!("no {} in it", MANIFEST_NAMES.join(" or "));
+            ignored.insert(gem, why);
         }
     }
-    Ok(out)
+    Ok((out, ignored))
 }
 
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal that

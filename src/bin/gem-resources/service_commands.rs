@@ -7,7 +7,7 @@ use gem_resources::{Config, Error, Event, GemStatus, ResourceState, Resources};
 use serde_json::json;
 
 use crate::cli::Command;
-use crate::context::{read_manifest, store_exists};
+use crate::context::store_exists;
 use crate::interrupt::{self, Unfinished};
 use crate::render::{self, print_json};
 use crate::report::{self, Outcome};
@@ -155,7 +155,14 @@ async fn install(
     no_wait: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let manifest = read_manifest(manifest)?;
+    let (manifest, declared) = crate::context::read_manifest_declaring(manifest)?;
+    if let Some(declared) = declared.filter(|d| d != gem) {
+        crate::errln!(
+            "warning: the manifest declares the gem id {}, installing it as {}",
+            crate::text::field(&declared),
+            crate::text::field(gem)
+        );
+    }
     let mut interrupted = interrupt::signal();
     let watcher = (!no_wait).then(|| crate::watch::spawn(service, json, Output::Stderr));
     let report = service.install(gem, &manifest).await?;
@@ -165,7 +172,9 @@ async fn install(
         // `sync` downloads the files.
         service.shutdown().await;
         if json {
-            print_json(&json!({ "event": "install_report", "report": report }));
+            print_json(
+                &json!({ "event": "install_report", "report": report::report_json(&report) }),
+            );
         } else {
             crate::errln!(
                 "{}: {} resource(s), {} present",
@@ -194,7 +203,7 @@ async fn install(
     if json {
         print_json(&json!({
             "event": "install_report",
-            "report": report,
+            "report": report::report_json(&report),
             "downloaded": outcome.downloaded,
             "failed": outcome.failed,
         }));

@@ -1,0 +1,257 @@
+//! `gem-resources autofill --manifest FILE [--all] [--write]`: the size and
+//! SHA-256 of every resource that lacks them, by the download rules, written
+//! into the manifest's own text.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// A manifest, written by hand: a top-level key after `resources`, one
+/// entry per line style, tabs nowhere.
+fn manifest_text(a: &str, b: &str, b_sha: &str) -> String {
+    format!(
+        "{{\n  \"id\": \"sample\",\n  \"resources\": [\n    {{\n      \"id\": \"a\",\n      \"url\": \"{a}\",\n      \"required\": true\n    }},\n    {{ \"id\": \"b\", \"url\": \"{b}\", \"sha256\": \"{b_sha}\", \"size\": 5 }}\n  ],\n  \"name\": \"Sample\"\n}}\n"
+    )
+}
+
+fn write(env: &Env, text: &str) -> std::path::PathBuf {
+    let path = env.dir.path().join("notochord.json");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `manifest_text` with entry `a` filled as autofill writes it.
+fn filled_a(text: &str, body: &[u8]) -> String {
+    text.replacen(
+        "\"required\": true\n",
+        &format!(
+            "\"required\": true,\n      \"sha256\": \"{}\",\n      \"size\": {}\n",
+            sha256_hex(body),
+            body.len()
+        ),
+        1,
+    )
+}
+
+#[tokio::test]
+async fn fills_only_what_lacks_and_prints_the_rest_as_it_was() {
+    let env = Env::new().await;
+    let a = bytes(3_000, 1);
+    let b = bytes(5, 2);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(&b));
+    let path = write(&env, &text);
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), filled_a(&text, &a));
+    assert_eq!(env.origin.hits("/b.bin"), 0, "b has both values");
+    // Printing changes nothing on disk.
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[tokio::test]
+async fn write_replaces_the_file_and_the_result_checks() {
+    let env = Env::new().await;
+    let a = bytes(70_000, 3);
+    let b = bytes(5, 4);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(&b));
+    let path = write(&env, &text);
+    let p = path.to_str().unwrap();
+    let out = env.run(&["autofill", "--manifest", p, "--write"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "");
+    assert!(
+        stderr(&out).contains("filled 1 resource(s)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), filled_a(&text, &a));
+    let leftovers: Vec<_> = files_under(env.dir.path())
+        .into_iter()
+        .filter(|f| {
+            !["ca.pem", "config.toml", "notochord.json"]
+                .contains(&f.file_name().unwrap().to_str().unwrap())
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let out = env.run(&["check", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn all_reads_every_resource_again() {
+    let env = Env::new().await;
+    let a = bytes(100, 5);
+    let b = bytes(7, 6);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    // b declares a stale size and digest.
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(b"old"));
+    let path = write(&env, &text);
+    let out = env
+        .run(&[
+            "--json",
+            "autofill",
+            "--manifest",
+            path.to_str().unwrap(),
+            "--all",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["manifest"]["resources"][1]["size"], 7, "{v}");
+    assert_eq!(
+        v["manifest"]["resources"][1]["sha256"],
+        sha256_hex(&b),
+        "{v}"
+    );
+    assert_eq!(v["manifest"]["name"], "Sample", "{v}");
+    assert_eq!(v["resources"][0]["served_by"], url_a.as_str(), "{v}");
+}
+
+#[tokio::test]
+async fn a_failure_is_named_and_the_others_are_still_filled() {
+    let env = Env::new().await;
+    let a = bytes(1_000, 7);
+    let url_a = env.serve("/a.bin", &a);
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let gone = env.url("origin.test", "/gone.bin");
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([
+            { "id": "gone", "url": gone.as_str() },
+            { "id": "a", "url": url_a.as_str() },
+        ]),
+    );
+    let p = path.to_str().unwrap();
+    let out = env.run(&["autofill", "--manifest", p, "--write"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("not filled: gone: E_RESOURCE_HTTP: {gone}")) && err.contains("404"),
+        "{err}"
+    );
+    let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(written["resources"][1]["size"], 1_000, "{written}");
+    assert_eq!(written["resources"][1]["sha256"], sha256_hex(&a));
+    assert!(written["resources"][0].get("size").is_none(), "{written}");
+
+    let out = env.run(&["--json", "autofill", "--manifest", p]).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["resources"][0]["id"], "gone");
+    assert_eq!(v["resources"][0]["code"], "E_RESOURCE_HTTP", "{v}");
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_and_said_as_json_events() {
+    let env = Env::new().await;
+    let config = env.write_config("retry_backoff_secs = 0.01");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("retries = 0", "retries = 2")).unwrap();
+    let body = bytes(2_000, 8);
+    env.origin.route(
+        "/flaky.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::Status(503),
+            Behaviour::Status(503),
+            Behaviour::Body(body.clone()),
+        ]),
+    );
+    let url = env.url("origin.test", "/flaky.bin");
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([{ "id": "flaky", "url": url.as_str() }]),
+    );
+    let out = env
+        .run(&["--json", "autofill", "--manifest", path.to_str().unwrap()])
+        .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stderr(&out),
+        stdout(&out)
+    );
+    assert_eq!(env.origin.hits("/flaky.bin"), 3);
+    let events: Vec<Value> = stderr(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for (n, event) in events.iter().enumerate() {
+        assert_eq!(event["event"], "retrying", "{event}");
+        assert_eq!(event["resource"], "flaky");
+        assert_eq!(event["attempt"], n + 2, "{event}");
+        assert_eq!(event["of"], 3, "{event}");
+        assert!(event["reason"].as_str().unwrap().contains("503"), "{event}");
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["resources"][0]["size"], 2_000, "{v}");
+
+    // A single URL follows the same rules.
+    env.origin.route(
+        "/flaky2.bin",
+        Behaviour::Sequence(vec![Behaviour::Status(500), Behaviour::Body(body.clone())]),
+    );
+    let url = env.url("origin.test", "/flaky2.bin");
+    let out = env.run(&["autofill", url.as_str()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(env.origin.hits("/flaky2.bin"), 2);
+}
+
+#[tokio::test]
+async fn a_mirror_serves_when_the_url_fails_and_a_declared_value_must_match() {
+    let env = Env::new().await;
+    let body = bytes(4_000, 9);
+    env.origin.route("/broken.bin", Behaviour::Status(403));
+    let mirror = env.serve("/m/ok.bin", &body);
+    let url = env.url("origin.test", "/broken.bin");
+    let wrong = sha256_hex(b"something else");
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([
+            { "id": "m", "url": url.as_str(), "mirrors": [mirror.as_str()] },
+            { "id": "w", "url": mirror.as_str(), "sha256": wrong },
+        ]),
+    );
+    let out = env
+        .run(&["--json", "autofill", "--manifest", path.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["resources"][0]["served_by"], mirror.as_str(), "{v}");
+    assert_eq!(v["manifest"]["resources"][0]["size"], 4_000, "{v}");
+    assert_eq!(v["resources"][1]["code"], "E_RESOURCE_UNAVAILABLE", "{v}");
+    assert_eq!(
+        v["resources"][1]["attempts"][0]["code"], "E_RESOURCE_SHA256",
+        "{v}"
+    );
+    assert!(v["manifest"]["resources"][1].get("size").is_none(), "{v}");
+}
+
+#[tokio::test]
+async fn other_rules_still_apply_and_nothing_is_read() {
+    let env = Env::new().await;
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([{ "id": "x", "url": "http://cdn.example.com/x.bin" }]),
+    );
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "E_PERM_INVALID: {}: resources[0].url: must start with https://, got \"http://cdn.example.com/x.bin\"\n",
+            path.display()
+        )
+    );
+    assert_eq!(stdout(&out), "");
+    let out = env.run(&["autofill", "--write", "https://x.test/a"]).await;
+    assert_eq!(out.status.code(), Some(2), "--write needs --manifest");
+}
