@@ -41,3 +41,4 @@ mod service_races;
 mod smoke;
 mod store_trust;
 mod tls_trust;
+mod soak;

@@ -257,7 +257,12 @@ struct Shared {
     connections: AtomicUsize,
     /// While set, TLS handshakes wait for this gate.
     hold_handshakes: Mutex<Option<Gate>>,
+    /// Called with every well-formed request head (see [`Origin::observe`]).
+    observer: Mutex<Option<Observer>>,
 }
+
+/// A hook called with the target and headers of every request head.
+pub type Observer = Arc<dyn Fn(&str, &[(String, String)]) + Send + Sync>;
 
 /// Connection tasks, and whether the origin has been dropped.
 #[derive(Default)]
@@ -379,6 +384,13 @@ impl Origin {
     /// accepted and counted) until `gate` opens.
     pub fn hold_handshakes(&self, gate: &Gate) {
         *lock(&self.shared.hold_handshakes) = Some(gate.clone());
+    }
+
+    /// Calls `observer` with the target and the headers (names lower-cased,
+    /// the Host header included) of every well-formed request head from now
+    /// on, before it is answered.
+    pub fn observe(&self, observer: Observer) {
+        *lock(&self.shared.observer) = Some(observer);
     }
 
     /// How many well-formed request heads arrived, for any path.
@@ -596,6 +608,10 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         *n - 1
     };
     lock(&shared.last_headers).insert(key.clone(), request.headers.clone());
+    let observer = lock(&shared.observer).clone();
+    if let Some(observer) = observer {
+        observer(&request.target, &request.headers);
+    }
     shared.total.fetch_add(1, Ordering::SeqCst);
 
     let head_only = request.method == "HEAD";
