@@ -29,8 +29,8 @@ async fn sixty_seconds_of_faults_break_no_invariant() {
         seed,
         chaos_secs: 60.0,
         settle_secs: 90.0,
-        resources: 24,
-        max_size: 1 << 20,
+        resources: 36,
+        max_size: 512 << 10,
         disk: None,
         verbose: false,
     })

@@ -183,7 +183,7 @@ impl Soak {
     pub(super) fn change_gem(&mut self) {
         let name = self.rng.pick(GEMS).to_string();
         let folder = self.s.dir.join("gems").join(&name);
-        if self.gems.contains_key(&name) && self.rng.chance(0.4) {
+        if self.gems.contains_key(&name) && self.rng.chance(0.5) {
             let _ = std::fs::remove_dir_all(&folder);
             self.gems.remove(&name);
             self.count("uninstall");
@@ -268,9 +268,24 @@ impl Soak {
         if self.jobs.len() >= 6 || self.gems.is_empty() {
             return;
         }
-        let names: Vec<String> = self.gems.keys().cloned().collect();
-        let gem = self.rng.pick(&names).clone();
-        let (idx, _) = *self.rng.pick(&self.gems[&gem]);
+        // A file not stored yet when there is one: that makes requests.
+        let present = self.blobs.check(&self.store_root(), &self.sizes).1;
+        let mut choices: Vec<(String, usize)> = Vec::new();
+        for (gem, resources) in &self.gems {
+            for &(idx, _) in resources {
+                choices.push((gem.clone(), idx));
+            }
+        }
+        let missing: Vec<(String, usize)> = choices
+            .iter()
+            .filter(|(_, idx)| !present.contains(&self.catalog[*idx].sha256))
+            .cloned()
+            .collect();
+        let (gem, idx) = if missing.is_empty() {
+            self.rng.pick(&choices).clone()
+        } else {
+            self.rng.pick(&missing).clone()
+        };
         let id = format!("r{idx:02}");
         self.count("path");
         self.event(format!("path {gem} {id} x3"));

@@ -111,6 +111,8 @@ pub struct Soak {
     serve_since: Instant,
     /// The last sample of `serve` before the final restart.
     last_long: Option<Sample>,
+    /// Connections to the refused address already reported.
+    refused_seen: usize,
 }
 
 /// What a run found.
@@ -184,6 +186,7 @@ impl Soak {
             settle_took: 0.0,
             serve_since: start,
             last_long: None,
+            refused_seen: 0,
         };
         let total: usize = soak.catalog.iter().map(|r| r.body.len()).sum();
         soak.event(format!(
@@ -249,8 +252,8 @@ impl Soak {
                 60..=65 => self.change_policy(),
                 66..=75 => self.path_burst(),
                 76..=78 => self.run_verify(),
-                79..=81 => self.restart("kill -9"),
-                82..=84 => self.disk(),
+                79..=83 => self.restart("kill -9"),
+                84..=86 => self.disk(),
                 _ => {}
             }
             if self.now() >= next_check {
@@ -263,6 +266,14 @@ impl Soak {
 
     /// Checks the verified files and the bounds on `tmp/` and `failures/`.
     fn check_store(&mut self) {
+        let refused = self.refused.load(Ordering::SeqCst);
+        if refused > self.refused_seen {
+            self.violation(format!(
+                "{} connection(s) reached the refused address",
+                refused - self.refused_seen
+            ));
+            self.refused_seen = refused;
+        }
         let root = self.store_root();
         let (bad, _) = self.blobs.check(&root, &self.sizes);
         for b in bad {
