@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         settle_secs: 120.0,
         resources: 36,
         max_size: 4 << 20,
+        restart_mean_secs: 150.0,
         disk: None,
         verbose: true,
     };
@@ -50,7 +51,10 @@ fn main() -> ExitCode {
     if settings.dir.as_os_str().is_empty() {
         return usage("--dir is required");
     }
-    println!("soak: seed {} (replay with --seed {})", settings.seed, settings.seed);
+    println!(
+        "soak: seed {} (replay with --seed {})",
+        settings.seed, settings.seed
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

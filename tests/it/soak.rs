@@ -31,6 +31,7 @@ async fn sixty_seconds_of_faults_break_no_invariant() {
         settle_secs: 90.0,
         resources: 36,
         max_size: 512 << 10,
+        restart_mean_secs: 12.0,
         disk: None,
         verbose: false,
     })

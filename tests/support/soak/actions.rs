@@ -16,8 +16,8 @@ const GEMS: &[&str] = &["g0", "g1", "g2", "g3", "g4", "g5"];
 
 /// How long `serve` may take to apply a block after SIGHUP, and after a
 /// file change alone (stable for a second over two looks, 0.5 s apart).
-const SIGHUP_GRACE: Duration = Duration::from_secs(4);
-const FILE_GRACE: Duration = Duration::from_secs(8);
+const SIGHUP_GRACE: Duration = Duration::from_secs(6);
+const FILE_GRACE: Duration = Duration::from_secs(10);
 
 impl Soak {
     /// Writes `config.toml` (atomically) with the current blocklist.
@@ -41,7 +41,11 @@ impl Soak {
         }
     }
 
-    fn command(&self, args: &[&str], out: &std::path::Path) -> std::io::Result<std::process::Child> {
+    fn command(
+        &self,
+        args: &[&str],
+        out: &std::path::Path,
+    ) -> std::io::Result<std::process::Child> {
         let log = |name: &str| {
             OpenOptions::new()
                 .create(true)
@@ -115,6 +119,7 @@ impl Soak {
             }
         });
         self.jobs = jobs;
+        self.release_block_waits();
     }
 
     fn job_done(&mut self, job: &Job, code: Option<i32>) {
@@ -213,19 +218,18 @@ impl Soak {
     }
 
     /// Blocks a host, or unblocks the blocked one, by rewriting the
-    /// configuration file, with or without SIGHUP. Skipped while a `path`
-    /// process runs (it read the policy before the change).
+    /// configuration file, with or without SIGHUP. A block is checked from
+    /// a grace period after the change, and only once every `path` process
+    /// that read the policy before it has exited.
     pub(super) fn change_policy(&mut self) {
-        if self.jobs.iter().any(|j| j.kind == "path") {
-            return;
-        }
         // Before its handlers are in place, SIGHUP would end `serve`.
         let young = self.serve_since.elapsed() < Duration::from_secs(3);
         let sighup = self.rng.chance(0.5) && !young;
         let grace = if sighup { SIGHUP_GRACE } else { FILE_GRACE };
-        if let Some((host, since)) = self.blocked.iter().next().map(|(h, s)| (h.clone(), *s)) {
+        if let Some(host) = self.blocked.keys().next().cloned() {
             // Unblock only once the block has been checked for a while.
-            if since.elapsed() < grace + Duration::from_secs(4) {
+            let checked = lock(&self.net).blocked.get(&host).copied();
+            if checked.is_none_or(|at| Instant::now() < at + Duration::from_secs(4)) {
                 return;
             }
             self.blocked.remove(&host);
@@ -237,14 +241,45 @@ impl Soak {
             let host = self.rng.pick(POLICY_HOSTS).to_string();
             self.blocked.insert(host.clone(), Instant::now());
             self.write_config();
-            lock(&self.net)
-                .blocked
-                .insert(host.clone(), Instant::now() + grace);
+            self.block_waits = self
+                .jobs
+                .iter()
+                .filter(|j| j.kind == "path")
+                .map(|j| j.child.id())
+                .collect();
+            let from = if self.block_waits.is_empty() {
+                Instant::now() + grace
+            } else {
+                // Checked once the older `path` processes are gone.
+                Instant::now() + Duration::from_secs(86_400)
+            };
+            self.block_grace = grace;
+            lock(&self.net).blocked.insert(host.clone(), from);
             self.count("block");
             self.event(format!("policy: block {host} (sighup {sighup})"));
         }
         if sighup {
             self.signal(libc::SIGHUP);
+        }
+    }
+
+    /// Starts checking a block once the `path` processes older than it
+    /// have exited.
+    fn release_block_waits(&mut self) {
+        if self.block_waits.is_empty() {
+            return;
+        }
+        let alive = self
+            .jobs
+            .iter()
+            .any(|j| self.block_waits.contains(&j.child.id()));
+        if alive {
+            return;
+        }
+        self.block_waits.clear();
+        let from = Instant::now() + self.block_grace;
+        for at in lock(&self.net).blocked.values_mut() {
+            *at = from;
         }
     }
 

@@ -30,6 +30,8 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub struct Blobs {
     /// (path, inode, size, mtime) of files already found good.
     good: BTreeSet<(PathBuf, u64, u64, i64)>,
+    /// Files already reported bad (each is reported once).
+    bad: BTreeSet<(PathBuf, u64, u64, i64)>,
 }
 
 impl Blobs {
@@ -66,12 +68,18 @@ impl Blobs {
                 present.insert(sha);
                 continue;
             }
+            if self.bad.contains(&key) {
+                continue;
+            }
             match check_file(&path, &meta, &sha, sizes) {
                 Ok(()) => {
                     self.good.insert(key);
                     present.insert(sha);
                 }
-                Err(why) => bad.push(format!("{}: {why}", path.display())),
+                Err(why) => {
+                    self.bad.insert(key);
+                    bad.push(format!("{}: {why}", path.display()))
+                }
             }
         }
         (bad, present)
@@ -184,6 +192,10 @@ pub fn sample(pid: u32, at: f64, incarnation: usize) -> Option<Sample> {
     })
 }
 
+/// A figure of a sample, its name, and the growth allowed: a percentage
+/// and an absolute amount.
+type Margin = (&'static str, fn(&Sample) -> u64, u64, u64);
+
 /// Looks for an upward trend in each long-lived start of `serve`: after a
 /// warm-up of `warmup` seconds, the peak of the second half may not exceed
 /// the peak of the first by more than a margin (RSS 50 % + 32 MiB, 24 file
@@ -203,10 +215,9 @@ pub fn trends(samples: &[Sample], warmup: f64, min_span: f64) -> Vec<String> {
             continue;
         }
         let (a, b) = judged.split_at(judged.len() / 2);
-        let peak = |half: &[&&Sample], f: fn(&Sample) -> u64| {
-            half.iter().map(|s| f(s)).max().unwrap_or(0)
-        };
-        let checks: [(&str, fn(&Sample) -> u64, u64, u64); 3] = [
+        let peak =
+            |half: &[&&Sample], f: fn(&Sample) -> u64| half.iter().map(|s| f(s)).max().unwrap_or(0);
+        let checks: [Margin; 3] = [
             ("RSS (KiB)", |s| s.rss_kib, 50, 32 << 10),
             ("file descriptors", |s| s.fds, 0, 24),
             ("threads", |s| s.threads, 0, 24),

@@ -45,6 +45,8 @@ pub struct Settings {
     pub resources: usize,
     /// Largest resource, bytes.
     pub max_size: usize,
+    /// Mean seconds between two `kill -9` restarts of `serve`.
+    pub restart_mean_secs: f64,
     /// A small mounted file system for the store, to fill and free.
     pub disk: Option<PathBuf>,
     /// Print events as they happen.
@@ -113,6 +115,10 @@ pub struct Soak {
     last_long: Option<Sample>,
     /// Connections to the refused address already reported.
     refused_seen: usize,
+    /// `path` processes started before the current block.
+    block_waits: Vec<u32>,
+    /// The grace period of the current block.
+    block_grace: Duration,
 }
 
 /// What a run found.
@@ -187,6 +193,8 @@ impl Soak {
             serve_since: start,
             last_long: None,
             refused_seen: 0,
+            block_waits: Vec::new(),
+            block_grace: Duration::ZERO,
         };
         let total: usize = soak.catalog.iter().map(|r| r.body.len()).sum();
         soak.event(format!(
@@ -245,16 +253,21 @@ impl Soak {
             let pause = 100 + self.rng.below(500) as u64;
             tokio::time::sleep(Duration::from_millis(pause)).await;
             self.poll_serve();
-            self.poll_jobs(Duration::from_secs(120));
+            self.poll_jobs(Duration::from_secs(200));
             match self.rng.below(100) {
                 0..=39 => self.refault(),
                 40..=59 => self.change_gem(),
                 60..=65 => self.change_policy(),
                 66..=75 => self.path_burst(),
                 76..=78 => self.run_verify(),
-                79..=83 => self.restart("kill -9"),
-                84..=86 => self.disk(),
+                79..=81 => self.disk(),
                 _ => {}
+            }
+            if self
+                .rng
+                .chance(pause as f64 / 1000.0 / self.s.restart_mean_secs)
+            {
+                self.restart("kill -9");
             }
             if self.now() >= next_check {
                 next_check = self.now() + 2.0;

@@ -27,7 +27,7 @@ impl Soak {
             let _ = std::fs::remove_file(filler);
         }
         while !self.jobs.is_empty() {
-            self.poll_jobs(Duration::from_secs(120));
+            self.poll_jobs(Duration::from_secs(200));
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if !self.blocked.is_empty() {
@@ -135,8 +135,17 @@ impl Soak {
         );
         let mut text = self.report(eligible.len(), resumed);
         if let Some(&(at, _)) = self.violations.first() {
-            let _ = writeln!(text, "\nseed {} — events around the first violation:", self.s.seed);
-            for (t, e) in self.events.iter().filter(|(t, _)| (t - at).abs() <= 10.0).take(80) {
+            let _ = writeln!(
+                text,
+                "\nseed {} — events around the first violation:",
+                self.s.seed
+            );
+            for (t, e) in self
+                .events
+                .iter()
+                .filter(|(t, _)| (t - at).abs() <= 10.0)
+                .take(80)
+            {
                 let _ = writeln!(text, "[{t:8.2}] {e}");
             }
         }
@@ -184,10 +193,19 @@ impl Soak {
             self.settle_took,
             self.s.settle_secs
         );
-        let faults: u64 = self.faults.iter().filter(|(k, _)| **k != "good").map(|(_, v)| v).sum();
+        let faults: u64 = self
+            .faults
+            .iter()
+            .filter(|(k, _)| **k != "good")
+            .map(|(_, v)| v)
+            .sum();
         let _ = writeln!(t, "  faults injected     {faults}: {:?}", self.faults);
         let _ = writeln!(t, "  actions             {:?}", self.actions);
-        let _ = writeln!(t, "  requests            {} {:?}", net.requests, net.by_host);
+        let _ = writeln!(
+            t,
+            "  requests            {} {:?}",
+            net.requests, net.by_host
+        );
         let _ = writeln!(t, "  downloads verified  {}", self.blobs.verified());
         let _ = writeln!(
             t,
@@ -227,8 +245,11 @@ impl Soak {
             self.samples.len()
         );
         let _ = writeln!(t, "  violations          {}", self.violations.len());
-        for (at, v) in &self.violations {
+        for (at, v) in self.violations.iter().take(40) {
             let _ = writeln!(t, "    [{at:8.2}] {v}");
+        }
+        if self.violations.len() > 40 {
+            let _ = writeln!(t, "    … and {} more", self.violations.len() - 40);
         }
         t
     }
