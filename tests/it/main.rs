@@ -51,5 +51,6 @@ mod service_crash;
 mod service_lifecycle;
 mod service_races;
 mod smoke;
+mod soak;
 mod store_trust;
 mod tls_trust;

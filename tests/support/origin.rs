@@ -301,7 +301,12 @@ struct Shared {
     hold_handshakes: Mutex<Option<Gate>>,
     /// Every `Range` header asked for, per path, in arrival order.
     ranges: Mutex<HashMap<String, Vec<String>>>,
+    /// Called with every well-formed request head (see [`Origin::observe`]).
+    observer: Mutex<Option<Observer>>,
 }
+
+/// A hook called with the target and headers of every request head.
+pub type Observer = Arc<dyn Fn(&str, &[(String, String)]) + Send + Sync>;
 
 /// Connection tasks, and whether the origin has been dropped.
 #[derive(Default)]
@@ -432,6 +437,13 @@ impl Origin {
             .get(path)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Calls `observer` with the target and the headers (names lower-cased,
+    /// the Host header included) of every well-formed request head from now
+    /// on, before it is answered.
+    pub fn observe(&self, observer: Observer) {
+        *lock(&self.shared.observer) = Some(observer);
     }
 
     /// How many well-formed request heads arrived, for any path.
@@ -654,6 +666,10 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             .entry(key.clone())
             .or_default()
             .push(range.clone());
+    }
+    let observer = lock(&shared.observer).clone();
+    if let Some(observer) = observer {
+        observer(&request.target, &request.headers);
     }
     shared.total.fetch_add(1, Ordering::SeqCst);
 

@@ -1,0 +1,46 @@
+//! The 60-second chaos soak of `serve` (the long one is `scripts/soak.sh`):
+//! faults at random from a printed seed (`SOAK_SEED` replays one), with
+//! every invariant of `tests/support/soak` checked throughout and at the end.
+
+use crate::support::origin;
+
+#[path = "../support/soak/mod.rs"]
+mod harness;
+
+fn seed() -> u64 {
+    std::env::var("SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn sixty_seconds_of_faults_break_no_invariant() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = seed();
+    println!("soak seed {seed} (SOAK_SEED={seed} replays it)");
+    let summary = harness::run(harness::Settings {
+        bin: env!("CARGO_BIN_EXE_gem-resources").into(),
+        dir: dir.path().to_path_buf(),
+        seed,
+        chaos_secs: 60.0,
+        settle_secs: 90.0,
+        resources: 36,
+        max_size: 512 << 10,
+        restart_mean_secs: 12.0,
+        disk: None,
+        verbose: false,
+    })
+    .await;
+    println!("{}", summary.text);
+    assert!(
+        summary.violations.is_empty(),
+        "soak seed {seed}: {} violation(s)\n{}",
+        summary.violations.len(),
+        summary.text
+    );
+}
