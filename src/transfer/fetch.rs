@@ -13,8 +13,8 @@
 //! hands the name over.
 //!
 //! The request and redirect exchange of each hop is in
-//! [`exchange`](super::exchange); the body loop into the sink in
-//! [`stream`](super::stream): each chunk is counted as it arrives (a body
+//! `exchange`; the body loop into the sink in
+//! `stream`: each chunk is counted as it arrives (a body
 //! that runs past the declared size is cut off at once) and handed to the
 //! sink, which batches chunks to a writer thread that hashes and writes them
 //! (`sink`); the batches are bounded, so memory stays constant whatever the

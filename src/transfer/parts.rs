@@ -22,7 +22,7 @@
 //! fails as a single stream's would.
 //!
 //! The parts write at their offsets through one writer thread
-//! ([`scatter`](super::scatter)) that keeps one SHA-256 over the whole file;
+//! (`scatter`) that keeps one SHA-256 over the whole file;
 //! memory stays bounded: with 8 parts, at most 16 batches of 256 KiB in
 //! the channel, a batch being gathered per part and a 1 MiB read-back
 //! buffer, about 7.5 MiB besides the connections' own buffers. Progress is
