@@ -39,5 +39,6 @@ mod service_crash;
 mod service_lifecycle;
 mod service_races;
 mod smoke;
+#[cfg(unix)]
 mod store_trust;
 mod tls_trust;
