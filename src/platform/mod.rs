@@ -40,6 +40,8 @@ pub(crate) use imp::DISK_FULL_CODES;
 
 /// Why a store folder cannot be trusted ([`folder_problem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Only Unix finds these.
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) enum FolderProblem {
     /// Another user owns it.
     Owner {
