@@ -1704,7 +1704,14 @@ mod tests {
         assert_eq!(name("https://h/model.onnx."), "model.onnx_");
         assert_eq!(name("https://h/model%20.%20"), "model___");
         // Names that only look close stay as they are.
-        for kept in ["console.bin", "com10.bin", "lpt.bin", "auxiliary", "nul_", "a.b.c"] {
+        for kept in [
+            "console.bin",
+            "com10.bin",
+            "lpt.bin",
+            "auxiliary",
+            "nul_",
+            "a.b.c",
+        ] {
             assert_eq!(name(&format!("https://h/{kept}")), kept);
         }
         assert_eq!(name("https://h/model%20v2.onnx"), "model v2.onnx");
