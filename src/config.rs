@@ -279,14 +279,21 @@ impl Config {
         self.dev.active_keys()
     }
 
-    /// The default configuration file: `<config dir>/gem-resources/config.toml`.
+    /// The default configuration file: `<config dir>/gem-resources/config.toml`,
+    /// the config dir being `$XDG_CONFIG_HOME` or `~/.config` on Linux,
+    /// `~/Library/Application Support` on macOS and `%APPDATA%` (roaming)
+    /// on Windows.
     pub fn default_path() -> Option<PathBuf> {
         dirs::config_dir().map(|d| d.join("gem-resources").join("config.toml"))
     }
 
-    /// The default store: `<data dir>/gem-resources`.
+    /// The default store: `<local data dir>/gem-resources`, the local data
+    /// dir being `$XDG_DATA_HOME` or `~/.local/share` on Linux,
+    /// `~/Library/Application Support` on macOS and `%LOCALAPPDATA%` on
+    /// Windows (large files stay on the machine, they do not roam); the
+    /// temporary folder when none is known.
     pub fn default_store() -> PathBuf {
-        dirs::data_dir()
+        dirs::data_local_dir()
             .unwrap_or_else(std::env::temp_dir)
             .join("gem-resources")
     }

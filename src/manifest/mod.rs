@@ -785,27 +785,56 @@ fn hex_value(byte: u8) -> Option<u8> {
     }
 }
 
-/// Makes a file name safe, or `None` when nothing usable is left.
+/// Makes a file name safe, or `None` when nothing usable is left. The name
+/// is the same on every platform and legal on each: no path separator,
+/// control character or character Windows refuses (`<>:"|?*`), no leading
+/// dot, no Windows device name (`CON`, `aux.txt`, `COM1.bin`, …; a `_` is
+/// put in front) and no trailing dot or space (each becomes `_`).
 fn safe_file_name(raw: &str) -> Option<String> {
     let replaced: String = raw
         .chars()
-        .map(|c| {
-            if c == '/' || c == '\\' || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
+        .map(|c| if unsafe_in_file_name(c) { '_' } else { c })
         .collect();
     if replaced.is_empty() || replaced == "." || replaced == ".." {
         return None;
     }
-    let name = if replaced.starts_with('.') {
+    let name = if replaced.starts_with('.') || is_windows_device_name(&replaced) {
         format!("_{replaced}")
     } else {
         replaced
     };
-    Some(cut_file_name(name))
+    Some(no_trailing_dot_or_space(cut_file_name(name)))
+}
+
+/// Whether `c` has no place in a file name on some platform.
+fn unsafe_in_file_name(c: char) -> bool {
+    matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control()
+}
+
+/// Whether Windows takes `name` for a device: its part before the first dot
+/// (trailing spaces ignored) is a reserved name, whatever its case.
+fn is_windows_device_name(name: &str) -> bool {
+    const DEVICES: [&str; 6] = ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"];
+    let stem = name.split('.').next().unwrap_or(name).trim_end_matches(' ');
+    if DEVICES.iter().any(|d| stem.eq_ignore_ascii_case(d)) {
+        return true;
+    }
+    let mut chars = stem.chars();
+    let prefix: String = chars.by_ref().take(3).collect();
+    let digit: Vec<char> = chars.collect();
+    (prefix.eq_ignore_ascii_case("COM") || prefix.eq_ignore_ascii_case("LPT"))
+        && matches!(digit[..], ['0'..='9' | '\u{b9}' | '\u{b2}' | '\u{b3}'])
+}
+
+/// Replaces each dot or space at the end of `name` with `_` (Windows drops
+/// them, so `a.` and `a` would be one file).
+fn no_trailing_dot_or_space(name: String) -> String {
+    let kept = name.trim_end_matches(['.', ' ']);
+    let dropped = name.len() - kept.len();
+    if dropped == 0 {
+        return name;
+    }
+    format!("{kept}{}", "_".repeat(dropped))
 }
 
 /// Cuts a name to [`MAX_FILE_NAME_BYTES`] at a char boundary, keeping a short
@@ -1724,7 +1753,7 @@ mod tests {
         assert_eq!(name("https://h/a/%5C..%5Cx"), "_.._x");
         assert_eq!(name("https://h/a/.hidden"), "_.hidden");
         assert_eq!(name("https://h/a/%2Ehidden"), "_.hidden");
-        assert_eq!(name("https://h/a/..."), "_...");
+        assert_eq!(name("https://h/a/..."), "____");
         assert_eq!(name("https://h/a/b%00c%0Ad%1B"), "b_c_d_");
         assert_eq!(name("https://h/caf%C3%A9.bin"), "café.bin");
         assert_eq!(name("https://h/bad%FF.bin"), "bad\u{fffd}.bin");
@@ -1735,6 +1764,54 @@ mod tests {
         // Empty path: the id.
         assert_eq!(name("https://h"), "ocr-model");
         assert_eq!(name("https://h/?q=file.bin"), "ocr-model");
+    }
+
+    #[test]
+    fn file_names_windows_refuses_are_mapped_everywhere() {
+        let name = |url: &str| resource_at(url).file_name();
+        // Device names, whatever the case or extension.
+        assert_eq!(name("https://h/CON"), "_CON");
+        assert_eq!(name("https://h/aux.txt"), "_aux.txt");
+        assert_eq!(name("https://h/Nul.tar.gz"), "_Nul.tar.gz");
+        assert_eq!(name("https://h/com1.bin"), "_com1.bin");
+        assert_eq!(name("https://h/LPT9"), "_LPT9");
+        assert_eq!(name("https://h/COM%C2%B9.bin"), "_COM\u{b9}.bin");
+        assert_eq!(name("https://h/con%20.txt"), "_con .txt");
+        assert_eq!(name("https://h/conin$"), "_conin$");
+        // Characters Windows refuses.
+        assert_eq!(name("https://h/a:b"), "a_b");
+        assert_eq!(name("https://h/a%3Cb%3E%22c%7C%3F*"), "a_b__c___");
+        assert_eq!(name("https://h/a%5Cb"), "a_b");
+        // Trailing dots and spaces.
+        assert_eq!(name("https://h/model.onnx."), "model.onnx_");
+        assert_eq!(name("https://h/model%20.%20"), "model___");
+        // Names that only look close stay as they are.
+        for kept in [
+            "console.bin",
+            "com10.bin",
+            "lpt.bin",
+            "auxiliary",
+            "nul_",
+            "a.b.c",
+        ] {
+            assert_eq!(name(&format!("https://h/{kept}")), kept);
+        }
+        assert_eq!(name("https://h/model%20v2.onnx"), "model v2.onnx");
+        // The id falls back through the same rules.
+        let mut resource = resource_at("https://h/");
+        resource.id = "prn".to_string();
+        assert_eq!(resource.file_name(), "_prn");
+    }
+
+    #[test]
+    fn a_cut_file_name_does_not_end_in_a_dot_or_space() {
+        // No extension kept (too long): the cut falls just after the space
+        // or the dot.
+        for cut_at in ["%20", "."] {
+            let url = format!("https://h/{}{cut_at}{}", "x".repeat(199), "y".repeat(50));
+            let cut = resource_at(&url).file_name();
+            assert_eq!(cut, format!("{}_", "x".repeat(199)));
+        }
     }
 
     #[test]

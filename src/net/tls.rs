@@ -216,16 +216,50 @@ impl ExtraRootsVerifier {
         extra: Vec<CertificateDer<'static>>,
         provider: Arc<rustls::crypto::CryptoProvider>,
     ) -> Result<ExtraRootsVerifier> {
-        let inner =
-            rustls_platform_verifier::Verifier::new_with_extra_roots(extra.clone(), provider)
-                .map_err(|e| {
-                    Error::Config(format!("cannot set up certificate verification: {e}"))
-                })?;
+        let platform = rustls_platform_verifier::Verifier::new_with_extra_roots(
+            extra.clone(),
+            provider.clone(),
+        );
+        let inner: Arc<dyn ServerCertVerifier> = match platform {
+            Ok(verifier) => Arc::new(verifier),
+            Err(e) => {
+                tracing::warn!(
+                    "the platform's certificate verification cannot be set up ({e}): \
+                     only the certificates of [dev] extra_root_certs are trusted"
+                );
+                extra_roots_only(&extra, provider)?
+            }
+        };
         Ok(ExtraRootsVerifier {
-            inner: Arc::new(inner),
+            inner,
             pinned: extra,
         })
     }
+}
+
+/// A verifier trusting the `extra` roots alone: used with `[dev]
+/// extra_root_certs` only, and only where the platform's verifier cannot
+/// be set up with them (Wine's `CertCreateCertificateChainEngine` refuses
+/// the configuration of Windows 8 and later, which carries
+/// `dwExclusiveFlags`, with "Invalid parameter"). It trusts less than the
+/// platform roots plus the extra ones, never more; production, without
+/// extra roots, never comes here.
+fn extra_roots_only(
+    extra: &[CertificateDer<'static>],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>> {
+    let refused = |e: &dyn fmt::Display| {
+        Error::Config(format!("cannot set up certificate verification: {e}"))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in extra {
+        roots.add(cert.clone()).map_err(|e| refused(&e))?;
+    }
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| refused(&e))?;
+    Ok(verifier)
 }
 
 impl fmt::Debug for ExtraRootsVerifier {
@@ -391,6 +425,41 @@ mod tests {
             verdict(2000).unwrap_err(),
             rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidYet)
         );
+    }
+
+    #[test]
+    fn the_extra_roots_alone_trust_what_they_signed_and_nothing_else() {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let issue = |ca_name: &str| {
+            let mut ca_params = rcgen::CertificateParams::new(vec![]).unwrap();
+            ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            ca_params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, ca_name);
+            let ca_key = rcgen::KeyPair::generate().unwrap();
+            let ca = ca_params.self_signed(&ca_key).unwrap();
+            let issuer = rcgen::Issuer::new(ca_params, ca_key);
+            let leaf_params =
+                rcgen::CertificateParams::new(vec!["origin.test".to_string()]).unwrap();
+            let leaf_key = rcgen::KeyPair::generate().unwrap();
+            let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+            (ca.der().clone(), leaf.der().clone())
+        };
+        let (ca, leaf) = issue("extra root");
+        let (_, stranger) = issue("another root");
+        let verifier = extra_roots_only(&[ca], provider).unwrap();
+        let name = ServerName::try_from("origin.test").unwrap();
+        let now = UnixTime::now();
+        assert!(verifier
+            .verify_server_cert(&leaf, &[], &name, &[], now)
+            .is_ok());
+        assert!(verifier
+            .verify_server_cert(&stranger, &[], &name, &[], now)
+            .is_err());
+        let other_name = ServerName::try_from("other.test").unwrap();
+        assert!(verifier
+            .verify_server_cert(&leaf, &[], &other_name, &[], now)
+            .is_err());
     }
 
     #[test]

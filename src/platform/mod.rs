@@ -9,7 +9,8 @@
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
 //! | [`same_file`], [`link_count`], [`allocated_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
-//! | [`free_space`] | `statvfs` | unknown (no check) |
+//! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
+//! | [`replace_file`] | `rename` | `rename`, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
 //! | [`sync_dir`] | fsync of the folder | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
@@ -30,12 +31,17 @@ use portable as imp;
 
 pub(crate) use imp::{
     allocated_bytes, folder_problem, free_space, link_count, make_read_only, never_wait,
-    open_no_follow, owned_by_me, private_dir_builder, reflink, same_file, set_private_folder,
-    start_write_back, sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
+    open_no_follow, owned_by_me, private_dir_builder, reflink, replace_file, same_file,
+    set_private_folder, start_write_back, sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
 };
+
+#[cfg(test)]
+pub(crate) use imp::DISK_FULL_CODES;
 
 /// Why a store folder cannot be trusted ([`folder_problem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Only Unix finds these.
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) enum FolderProblem {
     /// Another user owns it.
     Owner {

@@ -79,9 +79,81 @@ impl FileStamp {
     }
 }
 
+/// Bytes the current user may still write on the volume of `dir`
+/// (`GetDiskFreeSpaceExW`, which counts the user's quota).
+#[cfg(windows)]
+pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
+    use std::os::windows::ffi::OsStrExt;
+    use windows_sys::Win32::Storage::FileSystem::GetDiskFreeSpaceExW;
+    let wide: Vec<u16> = dir.as_os_str().encode_wide().chain(Some(0)).collect();
+    let mut free: u64 = 0;
+    // SAFETY: `wide` is a NUL-terminated UTF-16 path that outlives the call,
+    // `free` is a valid place for one u64, and the two totals not asked for
+    // may be null.
+    let ok = unsafe {
+        GetDiskFreeSpaceExW(
+            wide.as_ptr(),
+            &mut free,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    if ok == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(free)
+}
+
 /// Unknown here: as much as any file needs.
+#[cfg(not(windows))]
 pub(crate) fn free_space(_dir: &Path) -> io::Result<u64> {
     Ok(u64::MAX)
+}
+
+/// How many times [`replace_file`] tries a rename that Windows refuses for
+/// a while (the destination open elsewhere, a virus scanner or indexer
+/// holding the new file).
+const RENAME_ATTEMPTS: u32 = 10;
+
+/// Renames `from` to `to`, replacing `to`. Windows cannot replace a file
+/// that another program holds open without sharing its deletion, nor a
+/// read-only one: the read-only attribute of the file found at `to` is
+/// cleared, and a rename refused with `ERROR_ACCESS_DENIED` or
+/// `ERROR_SHARING_VIOLATION` is tried again, waiting 10 ms, then twice as
+/// long each time (up to 1 s, about 5 s in all). Called on a blocking
+/// thread.
+pub(crate) fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
+    /// `ERROR_ACCESS_DENIED` and `ERROR_SHARING_VIOLATION`.
+    const BUSY: [i32; 2] = [5, 32];
+    let mut wait = std::time::Duration::from_millis(10);
+    let mut attempt = 1;
+    loop {
+        let result = fs::rename(from, to);
+        let busy = matches!(&result, Err(e) if e.raw_os_error().is_some_and(|c| BUSY.contains(&c)));
+        if !busy || attempt == RENAME_ATTEMPTS {
+            return result;
+        }
+        if attempt == 1 {
+            clear_read_only(to);
+        } else {
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(std::time::Duration::from_secs(1));
+        }
+        attempt += 1;
+    }
+}
+
+/// Clears the read-only attribute of the regular file at `path`, if any.
+fn clear_read_only(path: &Path) {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return;
+    };
+    if meta.is_file() && meta.permissions().readonly() {
+        let mut perms = meta.permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        let _ = fs::set_permissions(path, perms);
+    }
 }
 
 /// Nothing to do.
@@ -102,3 +174,9 @@ pub(crate) const BYTE_LOCKS: bool = false;
 pub(crate) fn try_lock_byte(_file: &File, _offset: i64) -> io::Result<bool> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
+
+/// The raw OS errors of a full file system and of a used-up quota (tests
+/// make their own): Windows' `ERROR_DISK_FULL` and
+/// `ERROR_DISK_QUOTA_EXCEEDED`.
+#[cfg(test)]
+pub(crate) const DISK_FULL_CODES: [i32; 2] = [112, 1295];

@@ -120,6 +120,11 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
+/// Renames `from` to `to`, replacing `to` (atomic, even when `to` is open).
+pub(crate) fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
+    fs::rename(from, to)
+}
+
 /// Makes the entries of `dir` (a new or renamed file) durable; errors are
 /// ignored: a failure loses nothing that was verified.
 pub(crate) fn sync_dir(dir: &Path) {
@@ -196,3 +201,8 @@ pub(crate) fn try_lock_byte(file: &File, offset: i64) -> io::Result<bool> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 }
+
+/// The raw OS errors of a full file system and of a used-up quota (tests
+/// make their own).
+#[cfg(test)]
+pub(crate) const DISK_FULL_CODES: [i32; 2] = [libc::ENOSPC, libc::EDQUOT];

@@ -358,7 +358,8 @@ impl Store {
             self.blobs_sync.sync(&blobs);
         }
         let dest = dir.join(name);
-        fs::rename(tmp, &dest).map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
+        crate::platform::replace_file(tmp, &dest)
+            .map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
         let moved = fs::symlink_metadata(&dest);
         if !moved.is_ok_and(|m| crate::platform::same_file(&m, &checked)) {
             let _ = fs::remove_file(&dest);

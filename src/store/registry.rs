@@ -529,7 +529,7 @@ impl Registry {
             #[cfg(test)]
             if self.cache.full_disk.load(Ordering::Relaxed) {
                 log.stale = true;
-                let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+                let full = std::io::Error::from_raw_os_error(crate::platform::DISK_FULL_CODES[0]);
                 return Err(crate::store::write_failed("cannot write", path, full, 1));
             }
             let written = if log.lines >= 2 * log.records.len() + LOG_SLACK {

@@ -67,7 +67,7 @@ mod tests {
             .join(format!("{}.{}.partial", "a".repeat(64), 3u64 << 30));
         fs::write(&path, vec![0u8; 1000]).unwrap();
         FREE.set(Some(1536 << 10));
-        for raw in [libc::ENOSPC, libc::EDQUOT] {
+        for raw in crate::platform::DISK_FULL_CODES {
             let e = io::Error::from_raw_os_error(raw);
             let err = partial_write_failed("cannot write download", &path, e);
             assert_eq!(err.code(), "E_RESOURCE_DISK_SPACE", "{err}");

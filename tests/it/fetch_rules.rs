@@ -485,9 +485,8 @@ async fn two_resources_with_the_same_digest_share_one_blob() {
     assert_eq!(p1.parent(), p2.parent());
     let store = Store::open(&env.store_dir()).unwrap();
     assert_eq!(store.blobs().unwrap(), [sha256_hex(&body)]);
-    use std::os::unix::fs::MetadataExt;
-    let ino = |p: &PathBuf| std::fs::metadata(p).unwrap().ino();
-    assert_eq!(ino(&p1), ino(&p2), "the second name is not the same file");
+    let id = |p: &PathBuf| files::file_id(&std::fs::metadata(p).unwrap());
+    assert_eq!(id(&p1), id(&p2), "the second name is not the same file");
 }
 
 #[tokio::test]

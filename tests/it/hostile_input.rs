@@ -169,6 +169,8 @@ async fn a_slow_but_steady_transfer_outlasts_the_stall_timeout() {
     assert_eq!(std::fs::read(path).unwrap(), body);
 }
 
+// Free space is read with statvfs here.
+#[cfg(unix)]
 #[tokio::test]
 async fn a_download_in_another_process_reserves_the_disk_space_it_still_needs() {
     let env = Env::new().await;

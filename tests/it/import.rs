@@ -2,7 +2,6 @@
 //! against installed gems and copied into the store; and `status` showing
 //! the bytes an interrupted download kept.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -32,7 +31,7 @@ async fn install(env: &Env, gem: &str, resources: serde_json::Value) {
 fn user_file(env: &Env, name: &str, body: &[u8]) -> PathBuf {
     let path = env.dir.path().join(name);
     std::fs::write(&path, body).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    files::set_mode(&path, 0o640);
     let day_ago = SystemTime::now() - Duration::from_secs(86_400);
     std::fs::File::options()
         .write(true)
@@ -79,12 +78,14 @@ async fn an_imported_file_is_stored_and_path_answers_without_a_request() {
     // A copy, read-only, never a link to the user's file.
     let meta = std::fs::metadata(&stored).unwrap();
     assert!(meta.permissions().readonly());
-    assert_ne!(meta.ino(), before.ino());
+    if let (Some(stored), Some(user)) = (files::file_id(&meta), files::file_id(&before)) {
+        assert_ne!(stored, user);
+    }
     // The user's file is exactly as it was.
     let after = std::fs::metadata(&file).unwrap();
     assert_eq!(after.modified().unwrap(), before.modified().unwrap());
-    assert_eq!(after.mode(), before.mode());
-    assert_eq!(after.nlink(), 1);
+    assert_eq!(files::mode(&after), files::mode(&before));
+    assert_eq!(files::link_count(&after).unwrap_or(1), 1);
     assert_eq!(std::fs::read(&file).unwrap(), body);
     assert!(tmp_files(&env).is_empty(), "{:?}", tmp_files(&env));
 }

@@ -52,5 +52,6 @@ mod service_lifecycle;
 mod service_races;
 mod smoke;
 mod soak;
+#[cfg(unix)]
 mod store_trust;
 mod tls_trust;

@@ -4,6 +4,7 @@
 // Each test module uses part of this.
 #![allow(dead_code)]
 
+pub mod files;
 pub mod origin;
 pub mod proxy;
 
