@@ -8,14 +8,25 @@
 //! Exits 1 when an invariant was violated; the summary says which, with the
 //! seed and the events around the first one.
 
+// The soak kills and signals processes the Unix way (`kill -9`, SIGHUP).
+#[cfg(unix)]
 #[path = "../tests/support/origin.rs"]
 mod origin;
+#[cfg(unix)]
 #[path = "../tests/support/soak/mod.rs"]
 mod soak;
 
+#[cfg(unix)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+#[cfg(not(unix))]
+fn main() -> ExitCode {
+    eprintln!("the soak runs on Unix only (it uses kill -9 and SIGHUP)");
+    ExitCode::from(2)
+}
+
+#[cfg(unix)]
 fn main() -> ExitCode {
     let mut settings = soak::Settings {
         bin: PathBuf::from("target/release/gem-resources"),
@@ -72,12 +83,14 @@ fn main() -> ExitCode {
     }
 }
 
+#[cfg(unix)]
 fn seed_from_clock() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)
 }
 
+#[cfg(unix)]
 fn usage(why: &str) -> ExitCode {
     eprintln!("soak: {why}\nusage: soak --bin PATH --dir DIR [--minutes M] [--seed N] [--disk DIR] [--quiet]");
     ExitCode::from(2)

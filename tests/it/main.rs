@@ -51,6 +51,8 @@ mod service_crash;
 mod service_lifecycle;
 mod service_races;
 mod smoke;
+// The soak kills and signals processes the Unix way (kill -9, SIGHUP).
+#[cfg(unix)]
 mod soak;
 #[cfg(unix)]
 mod store_trust;

@@ -71,6 +71,8 @@ async fn serve_reloads_on_sighup() {
     // Scans (and file checks) only every 10 minutes: only SIGHUP can reload.
     let (mut serve, body) = refused_gem_logged(&env, "600", true).await;
     let looks = || lines_with(&env, "looked at the configuration file");
+    // The start's look may be logged just after the refusal: wait for it.
+    wait_until("the look at start", || looks() >= 1).await;
     assert_eq!(looks(), 1, "{}", log(&env));
     env.write_config(&allow("origin.test"));
     let status = Command::new("kill")
