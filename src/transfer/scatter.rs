@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::partial::Checkpointer;
-use crate::transfer::sink::{Finished, Syncer, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES};
+use crate::transfer::sink::{Finished, Records, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES};
 
 /// Batches in flight between all the parts and the writer thread.
 pub(super) const SCATTER_CHUNKS: usize = 16;
@@ -131,10 +131,8 @@ struct Writer {
     /// Each part's run of writes: where it ends → where its bytes not yet
     /// handed to the kernel's write-back start.
     runs: HashMap<u64, u64>,
-    syncer: Option<Syncer>,
-    checkpoints: Option<Checkpointer>,
-    /// The prefix at the last checkpoint asked for.
-    requested: u64,
+    /// The records of the durable prefix.
+    records: Records,
     buf: Vec<u8>,
 }
 
@@ -155,9 +153,7 @@ fn run(
         hashed: 0,
         ahead: BTreeMap::new(),
         runs: HashMap::new(),
-        syncer: None,
-        checkpoints: Some(checkpoints),
-        requested: offset,
+        records: Records::new(checkpoints, offset),
         buf: vec![0u8; REHASH_BUFFER],
     };
     w.ahead.insert(0, offset);
@@ -165,7 +161,7 @@ fn run(
     while let Some(msg) = rx.blocking_recv() {
         match msg {
             Msg::At(at, batch) => w.write(at, &batch)?,
-            Msg::Checkpoint => w.checkpoint(),
+            Msg::Checkpoint => w.records.checkpoint(&w.file, w.hashed),
             Msg::Close(reply) => {
                 if let Err(e) = w.keep() {
                     tracing::warn!("cannot keep the partial download: {e}");
@@ -200,8 +196,8 @@ impl Writer {
             self.remember(at, end);
         }
         self.catch_up()?;
-        if self.hashed - self.requested >= CHECKPOINT_BYTES {
-            self.checkpoint();
+        if self.hashed - self.records.requested() >= CHECKPOINT_BYTES {
+            self.records.checkpoint(&self.file, self.hashed);
         }
         Ok(())
     }
@@ -268,53 +264,14 @@ impl Writer {
         Ok(())
     }
 
-    /// Asks for the prefix to be flushed and recorded, without waiting.
-    fn checkpoint(&mut self) {
-        if self.hashed == self.requested {
-            return;
-        }
-        if self.syncer.is_none() {
-            let Some(checkpoints) = self.checkpoints.take_if(|c| c.resumable()) else {
-                return;
-            };
-            match self
-                .file
-                .try_clone()
-                .and_then(|file| Syncer::spawn(file, checkpoints))
-            {
-                Ok(syncer) => self.syncer = Some(syncer),
-                Err(e) => {
-                    tracing::warn!("cannot record the partial download's progress: {e}");
-                    return;
-                }
-            }
-        }
-        if let Some(syncer) = &self.syncer {
-            syncer.request(self.hashed);
-            self.requested = self.hashed;
-        }
-    }
-
-    fn stop_syncer(&mut self) -> io::Result<Option<Checkpointer>> {
-        match self.syncer.take() {
-            Some(syncer) => syncer.finish().map(Some),
-            None => Ok(self.checkpoints.take()),
-        }
-    }
-
     /// Stopped early: keeps the prefix for resume when it can be resumed.
     fn keep(&mut self) -> io::Result<()> {
-        self.checkpoint();
-        match self.stop_syncer()? {
-            Some(checkpoints) if !checkpoints.resumable() => checkpoints.discard(),
-            _ => {}
-        }
-        Ok(())
+        self.records.keep(&self.file, self.hashed)
     }
 
     fn finish(&mut self) -> io::Result<Finished> {
         // No record may be written after this: the file is about to leave.
-        self.stop_syncer()?;
+        self.records.stop()?;
         if !self.ahead.is_empty() {
             return Err(io::Error::other("a gap is left between the parts"));
         }

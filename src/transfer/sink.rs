@@ -296,7 +296,7 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
             }
             Msg::Checkpoint => {
                 if let Some(w) = &mut writer {
-                    w.checkpoint(len);
+                    w.records.checkpoint(&w.file, len);
                 }
             }
             Msg::Close(reply) => {
@@ -332,15 +332,10 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
 /// File side of the writer thread.
 struct Writer {
     file: File,
-    /// Flushes and records checkpoints beside the writer; started at the
-    /// first checkpoint, so a small file never starts it.
-    syncer: Option<Syncer>,
-    /// The records' writer until the syncer takes it.
-    checkpoints: Option<Checkpointer>,
+    /// The partial file's records of its durable length.
+    records: Records,
     /// Where the next write-back window starts.
     written_back: u64,
-    /// Length at the last checkpoint asked for.
-    requested: u64,
     /// The prefix to hash again before anything else.
     offset: u64,
 }
@@ -361,10 +356,8 @@ impl Writer {
         file.seek(io::SeekFrom::Start(offset))?;
         Ok(Writer {
             file,
-            syncer: None,
-            checkpoints: Some(checkpoints),
+            records: Records::new(checkpoints, offset),
             written_back: offset,
-            requested: offset,
             offset,
         })
     }
@@ -403,15 +396,58 @@ impl Writer {
             );
             self.written_back = len;
         }
-        if len - self.requested >= CHECKPOINT_BYTES {
-            self.checkpoint(len);
+        if len - self.records.requested() >= CHECKPOINT_BYTES {
+            self.records.checkpoint(&self.file, len);
         }
         Ok(())
     }
 
-    /// Asks for `len` bytes to be flushed and recorded, without waiting.
-    /// Bytes that can never be resumed are not worth a flush.
-    fn checkpoint(&mut self, len: u64) {
+    /// The transfer stopped early: keeps the bytes for resume when they
+    /// can be resumed (waiting until they are flushed and recorded),
+    /// removes them otherwise.
+    fn keep(mut self, len: u64) -> io::Result<()> {
+        self.records.keep(&self.file, len)
+    }
+
+    /// The final flush before the file is verified and published.
+    fn flush_all(mut self) -> io::Result<()> {
+        // No record may be written after this: the file is about to leave.
+        self.records.stop()?;
+        self.file.sync_all()
+    }
+}
+
+/// The records of a partial file's durable length, kept beside its writer
+/// (one stream's or the parts'): a [`Syncer`] thread is started at the
+/// first checkpoint worth one, so a small file never starts it, and bytes
+/// that can never be resumed are not worth a flush.
+pub(super) struct Records {
+    /// Flushes and records checkpoints beside the writer, once started.
+    syncer: Option<Syncer>,
+    /// The records' writer until the syncer takes it.
+    checkpoints: Option<Checkpointer>,
+    /// Length at the last checkpoint asked for.
+    requested: u64,
+}
+
+impl Records {
+    /// Records of a file whose first `offset` bytes are already recorded.
+    pub(super) fn new(checkpoints: Checkpointer, offset: u64) -> Records {
+        Records {
+            syncer: None,
+            checkpoints: Some(checkpoints),
+            requested: offset,
+        }
+    }
+
+    /// The length at the last checkpoint asked for.
+    pub(super) fn requested(&self) -> u64 {
+        self.requested
+    }
+
+    /// Asks for the first `len` bytes of `file` to be flushed and recorded,
+    /// without waiting.
+    pub(super) fn checkpoint(&mut self, file: &File, len: u64) {
         if len == self.requested {
             return;
         }
@@ -419,8 +455,7 @@ impl Writer {
             let Some(checkpoints) = self.checkpoints.take_if(|c| c.resumable()) else {
                 return;
             };
-            match self
-                .file
+            match file
                 .try_clone()
                 .and_then(|file| Syncer::spawn(file, checkpoints))
             {
@@ -438,30 +473,23 @@ impl Writer {
     }
 
     /// The records' writer, once every checkpoint asked for is recorded.
-    fn stop_syncer(&mut self) -> io::Result<Option<Checkpointer>> {
+    pub(super) fn stop(&mut self) -> io::Result<Option<Checkpointer>> {
         match self.syncer.take() {
             Some(syncer) => syncer.finish().map(Some),
             None => Ok(self.checkpoints.take()),
         }
     }
 
-    /// The transfer stopped early: keeps the bytes for resume when they
-    /// can be resumed (waiting until they are flushed and recorded),
-    /// removes them otherwise.
-    fn keep(mut self, len: u64) -> io::Result<()> {
-        self.checkpoint(len);
-        match self.stop_syncer()? {
+    /// The transfer stopped early with `len` bytes of `file` in order:
+    /// keeps them for resume when they can be resumed (waiting until they
+    /// are flushed and recorded), removes them otherwise.
+    pub(super) fn keep(&mut self, file: &File, len: u64) -> io::Result<()> {
+        self.checkpoint(file, len);
+        match self.stop()? {
             Some(checkpoints) if !checkpoints.resumable() => checkpoints.discard(),
             _ => {}
         }
         Ok(())
-    }
-
-    /// The final flush before the file is verified and published.
-    fn flush_all(mut self) -> io::Result<()> {
-        // No record may be written after this: the file is about to leave.
-        self.stop_syncer()?;
-        self.file.sync_all()
     }
 }
 
