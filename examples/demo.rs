@@ -211,9 +211,14 @@ fn status(service: &Resources) -> Result<(), Error> {
                 ResourceState::Failed { failure, .. } => format!("failed ({})", failure.code),
                 _ => "unknown".to_string(),
             };
-            let when = if r.required { "eager" } else { "lazy" };
+            // The command line's words (`check`, `status`).
+            let when = if r.required {
+                "required"
+            } else {
+                "on first use"
+            };
             println!(
-                "     {:<20} {:>9} bytes  {:<12} {:<5}  {state}",
+                "     {:<20} {:>9} bytes  {:<12} {:<12}  {state}",
                 r.label, r.size, r.host, when
             );
         }
