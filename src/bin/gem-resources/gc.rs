@@ -112,7 +112,7 @@ fn summary(report: &GcReport) -> String {
     }
     let mut text = format!(
         "{verb} {}, {} ({} stored, {} partial)",
-        files(report.removed.len()),
+        render::file_count(report.removed.len()),
         render::bytes(report.removed_bytes()),
         report.removed_of(Kind::Stored),
         report.removed_of(Kind::Partial)
@@ -121,9 +121,4 @@ fn summary(report: &GcReport) -> String {
         text.push_str(&format!("; {} in use, kept", report.in_use.len()));
     }
     text
-}
-
-/// `1 file`, `3 files`.
-pub fn files(n: usize) -> String {
-    format!("{n} file{}", if n == 1 { "" } else { "s" })
 }

@@ -206,10 +206,15 @@ pub fn undeclared_line(files: usize, bytes: u64) -> Option<String> {
     (files > 0).then(|| {
         format!(
             "not declared by any gem: {}, {} (run `gem-resources gc`)",
-            crate::gc::files(files),
+            file_count(files),
             self::bytes(bytes)
         )
     })
+}
+
+/// `1 file`, `3 files`.
+pub fn file_count(n: usize) -> String {
+    format!("{n} file{}", if n == 1 { "" } else { "s" })
 }
 
 /// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the
