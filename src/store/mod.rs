@@ -49,6 +49,7 @@ pub use shared_failure::{parse_shared_failure, SharedFailure};
 use space::available_space;
 pub(crate) use space::{partial_write_failed, write_failed};
 
+pub mod gc;
 pub(crate) mod lockfile;
 pub mod partial;
 pub mod registry;

@@ -144,6 +144,28 @@ pub async fn download_with(
     crate::store::off_runtime(store.root(), finish).await
 }
 
+/// A local failure of a download of `resource` from `address`: a full disk
+/// (`E_RESOURCE_DISK_SPACE`) names the resource and the address besides the
+/// partial file it was writing.
+fn local_failure(e: Error, resource: &Resource, address: &Url) -> Error {
+    match e {
+        Error::DiskFull {
+            context,
+            path,
+            needed,
+            available,
+            source,
+        } => Error::DiskFull {
+            context: format!("resource {:?} from {address}: {context}", resource.id),
+            path,
+            needed,
+            available,
+            source,
+        },
+        other => other,
+    }
+}
+
 fn cancelled(resource: &Resource) -> Error {
     Error::Cancelled {
         resource: resource.id.clone(),
@@ -175,7 +197,9 @@ impl Job<'_> {
                     tracing::info!(resource = %self.resource.id, "{a}; fetching from one source at a time");
                     self.on_disk(PartialPaths::remove).await;
                 }
-                Err(TransferError::Local(e)) => return Err(e),
+                Err(TransferError::Local(e)) => {
+                    return Err(local_failure(e, self.resource, &self.resource.url))
+                }
                 Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
             }
         }
@@ -191,7 +215,9 @@ impl Job<'_> {
                     tracing::debug!(resource = %self.resource.id, "{a}");
                     attempts.push(a);
                 }
-                Err(TransferError::Local(e)) => return Err(e),
+                Err(TransferError::Local(e)) => {
+                    return Err(local_failure(e, self.resource, address))
+                }
                 Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
             }
         }
@@ -471,5 +497,40 @@ mod tests {
         let mut none = Patience::new(0, (0, Duration::from_secs(60)));
         tokio::time::advance(Duration::from_secs(600)).await;
         assert_eq!(none.after_try(1), Progress::Forgiven);
+    }
+
+    #[test]
+    fn a_full_disk_names_the_resource_and_the_address() {
+        let sha = "a".repeat(64);
+        let url = Url::parse("https://cdn.test/big.bin").unwrap();
+        let resource = Resource {
+            id: "big-model".into(),
+            url: url.clone(),
+            mirrors: Vec::new(),
+            sha256: sha.clone(),
+            size: 3 << 30,
+            required: false,
+            description: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let partial = dir.path().join(format!("{sha}.{}.partial", 3u64 << 30));
+        for raw in crate::platform::DISK_FULL_CODES {
+            let full = std::io::Error::from_raw_os_error(raw);
+            let e = crate::store::partial_write_failed("cannot write download", &partial, full);
+            let text = local_failure(e, &resource, &url).to_string();
+            assert!(
+                text.starts_with(
+                    "resource \"big-model\" from https://cdn.test/big.bin: cannot write download "
+                ),
+                "{text}"
+            );
+            assert!(text.contains("no space left"), "{text}");
+        }
+        // Other errors are left as they are.
+        let other = Error::io("cannot read", "/x", std::io::Error::other("gone"));
+        assert_eq!(
+            local_failure(other.clone(), &resource, &url).to_string(),
+            other.to_string()
+        );
     }
 }

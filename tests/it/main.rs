@@ -8,6 +8,7 @@ mod address_guard;
 mod autofill;
 mod autofill_manifest;
 mod cli_basics;
+mod cli_gc;
 mod cli_install;
 mod cli_messages;
 mod cli_newcomer;

@@ -59,6 +59,17 @@ Example:
   gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
   gem-resources autofill --manifest notochord.json --write";
 
+/// What `gc --help` adds under the options.
+const GC_HELP: &str = "\
+A file is declared when an installed gem names its SHA-256 (required or on
+first use, present or partial). `fetch` by hand, for instance, leaves files
+no gem declares. A file that a download holds, in this or another process
+(`serve`, `fetch`, an app), is kept and reported as in use.
+
+Example:
+  gem-resources gc --dry-run
+  gem-resources gc";
+
 /// Downloads, verifies and keeps the large files that gems declare.
 #[derive(Debug, Parser)]
 #[command(
@@ -175,6 +186,13 @@ pub enum Command {
     /// Re-hash every stored file; remove and report corrupted ones.
     #[command(after_long_help = "Example:\n  gem-resources verify")]
     Verify,
+    /// Remove stored files and kept partial files that no installed gem declares.
+    #[command(after_long_help = GC_HELP)]
+    Gc {
+        /// Say what would be removed, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Run the service: keep a gems folder's resources installed until SIGINT/SIGTERM.
     #[command(after_long_help = SERVE_HELP)]
     Serve {

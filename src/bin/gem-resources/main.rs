@@ -12,6 +12,7 @@ mod autofill;
 mod cli;
 mod commands;
 mod context;
+mod gc;
 mod import;
 mod interrupt;
 mod platform;

@@ -200,6 +200,23 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// The `status` line about files no installed gem declares, when there
+/// are any: `not declared by any gem: 2 files, 1.2 GiB (run `gem-resources gc`)`.
+pub fn undeclared_line(files: usize, bytes: u64) -> Option<String> {
+    (files > 0).then(|| {
+        format!(
+            "not declared by any gem: {}, {} (run `gem-resources gc`)",
+            file_count(files),
+            self::bytes(bytes)
+        )
+    })
+}
+
+/// `1 file`, `3 files`.
+pub fn file_count(n: usize) -> String {
+    format!("{n} file{}", if n == 1 { "" } else { "s" })
+}
+
 /// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the
 /// library's RFC 3339 text, spelled for people).
 pub fn utc(secs: u64) -> String {

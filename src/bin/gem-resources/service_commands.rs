@@ -37,10 +37,18 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
             let status = service.status(gem.as_deref())?;
+            let (files, bytes) = undeclared(&service)?;
             if json {
-                print_json(&json!({ "gems": status }));
+                print_json(&json!({
+                    "gems": status,
+                    "undeclared_files": files,
+                    "undeclared_bytes": bytes,
+                }));
             } else {
                 report::print_status(&status);
+                if let Some(line) = render::undeclared_line(files, bytes) {
+                    crate::outln!("{line}");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -52,6 +60,15 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
+}
+
+/// How many stored and kept partial files no installed gem declares, and
+/// the bytes they take (what `gc` would remove).
+fn undeclared(service: &Resources) -> anyhow::Result<(usize, u64)> {
+    let store = service.store();
+    let registry = gem_resources::registry::Registry::new(store);
+    let items = gem_resources::store::gc::undeclared(store, &registry)?;
+    Ok((items.len(), items.iter().map(|u| u.bytes).sum()))
 }
 
 /// `path GEM RESOURCE`: the file's path, downloading it first when it is
@@ -126,7 +143,7 @@ fn nothing_installed(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             Err(Error::NotFound(format!("gem {gem:?} is not installed (nothing is)")).into())
         }
         Command::Status { gem: None } if json => {
-            print_json(&json!({ "gems": [] }));
+            print_json(&json!({ "gems": [], "undeclared_files": 0, "undeclared_bytes": 0 }));
             Ok(ExitCode::SUCCESS)
         }
         Command::Uninstall { gem } => {
