@@ -20,7 +20,7 @@ use gem_resources::registry::valid_gem_id;
 use gem_resources::{parse_manifest, Resources};
 use sha2::{Digest, Sha256};
 
-use crate::reload::Reloader;
+use crate::reload::{Overrides, Reloader};
 use crate::render::error_text;
 use crate::watch::{self, Output};
 
@@ -92,7 +92,12 @@ pub async fn run(
     }
     let mut signal = shutdown_signal();
     let mut hangup = crate::platform::hangup_signal();
-    let mut reloader = Reloader::new(config);
+    // The command line that started `serve` (it parsed once already):
+    // its overrides hold over every reload of the file.
+    let overrides = <crate::cli::Args as clap::Parser>::try_parse()
+        .map(|args| Overrides::of(&args))
+        .unwrap_or_default();
+    let mut reloader = Reloader::new(config, overrides);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
     tracing::info!("{}", start_line(config, gems));
