@@ -988,6 +988,37 @@ mod tests {
     use sha2::Digest;
 
     #[test]
+    fn what_served_a_file_reads_back_and_a_store_without_the_record_says_none() {
+        let (dir, registry) = open();
+        let sha = &shas(2, 9);
+        // A store of an earlier version has no `served/` at all.
+        assert_eq!(registry.served_by(&sha[0]), None);
+        registry.record_served_by(&sha[0], "https://mirror.example.com/m.bin");
+        assert_eq!(
+            registry.served_by(&sha[0]).as_deref(),
+            Some("https://mirror.example.com/m.bin")
+        );
+        registry.record_served_by(&sha[0], SERVED_BY_IMPORT);
+        assert_eq!(registry.served_by(&sha[0]).as_deref(), Some("import"));
+        assert_eq!(registry.served_by(&sha[1]), None);
+        // Not a SHA-256: nothing written, nothing read outside the folder.
+        registry.record_served_by("../gems/x", "https://a.example.com/");
+        assert_eq!(registry.served_by("../gems/x"), None);
+        // A record of a later version, with more fields, still reads; a
+        // broken one is no answer.
+        let served = dir.path().join("store-v1/served");
+        let later =
+            r#"{"served_by":"https://a.example.com/","at":"2026-01-01T00:00:00Z","more":1}"#;
+        std::fs::write(served.join(format!("{}.json", sha[1])), later).unwrap();
+        assert_eq!(
+            registry.served_by(&sha[1]).as_deref(),
+            Some("https://a.example.com/")
+        );
+        std::fs::write(served.join(format!("{}.json", sha[1])), "{").unwrap();
+        assert_eq!(registry.served_by(&sha[1]), None);
+    }
+
+    #[test]
     fn asking_about_every_resource_parses_an_unchanged_registration_once() {
         let (_dir, registry) = open();
         let all = shas(300, 1);

@@ -203,3 +203,29 @@ async fn a_download_of_bytes_another_download_holds_waits_and_says_so() {
     assert_eq!(served_by(&service, "b").as_deref(), Some(held.as_str()));
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_imported_file_was_served_by_the_import_and_an_upgrade_keeps_what_served_a_file() {
+    let env = Env::new().await;
+    let body = bytes(30_000, 96);
+    let url = env.url("origin.test", "/never.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("model", &url, &body)])))
+        .await
+        .unwrap();
+    let file = env.dir.path().join("model.bin");
+    std::fs::write(&file, &body).unwrap();
+    service.import(&file).await.unwrap();
+    assert_eq!(served_by(&service, "g").as_deref(), Some("import"));
+    // A new version declaring the same bytes elsewhere reuses the file,
+    // and what served it stays what is true.
+    let moved = env.url("origin.test", "/moved.bin");
+    service
+        .install("g", &manifest(json!([entry("model", &moved, &body)])))
+        .await
+        .unwrap();
+    assert_eq!(served_by(&service, "g").as_deref(), Some("import"));
+    assert_eq!(env.origin.total_hits(), 0);
+    service.shutdown().await;
+}
