@@ -3,12 +3,16 @@
 //! ([`PolicyError`]). They live here, at the bottom, so that every layer
 //! can carry them without depending on the rules themselves.
 
+/// Where a local test origin is let through, as the refusal says.
+pub(crate) const ALLOW_ADDRESSES_HINT: &str =
+    "for a local test origin, see `[dev] allow_addresses` in README";
+
 /// Why an address is refused: `address` is the host or IP as text, `reason` a
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",
 /// "link-local", "carrier-grade NAT", "local host name".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{} is a local or internal-network address ({reason})",
+    "{} is a local or internal-network address ({reason}; {ALLOW_ADDRESSES_HINT})",
     crate::error::shorten(address)
 )]
 pub struct Blocked {

@@ -190,6 +190,59 @@ pub enum Event {
         /// Its SHA-256.
         sha256: String,
     },
+    /// A try of an address failed for a reason worth another try: the same
+    /// address is tried again in `wait_ms` milliseconds (the backoff, or
+    /// the server's `Retry-After`).
+    #[non_exhaustive]
+    Retrying {
+        /// The gem that asked for it.
+        gem: String,
+        /// The resource id.
+        resource: String,
+        /// Its SHA-256.
+        sha256: String,
+        /// The address tried again (the url or a mirror, as declared).
+        address: String,
+        /// The try that comes next, counting from 1.
+        attempt: u32,
+        /// How many tries the address gets at most.
+        of: u32,
+        /// How long until that try, in milliseconds.
+        wait_ms: u64,
+        /// Why the last try failed.
+        reason: String,
+    },
+    /// Another download of the same file (in this process or in another one
+    /// sharing the store) holds it: this one waits for that to end, and
+    /// then uses its file.
+    #[non_exhaustive]
+    Waiting {
+        /// The gem that asked for it.
+        gem: String,
+        /// The resource id.
+        resource: String,
+        /// Its SHA-256.
+        sha256: String,
+    },
+    /// An address failed for good (its last try, or a failure that no
+    /// retry mends, such as wrong bytes): the next address is tried.
+    #[non_exhaustive]
+    FellBack {
+        /// The gem that asked for it.
+        gem: String,
+        /// The resource id.
+        resource: String,
+        /// Its SHA-256.
+        sha256: String,
+        /// The address that failed (the url or a mirror, as declared).
+        from: String,
+        /// The address tried next.
+        to: String,
+        /// The failure's code (`E_RESOURCE_SHA256`, `E_RESOURCE_HTTP`, …).
+        code: ErrorCode,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// The service's event channel, shared by everything that publishes:

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::manifest::Resource;
 use crate::service::Resources;
-use crate::store::registry::Registry;
+use crate::store::registry::{Registry, SERVED_BY_IMPORT};
 use crate::store::Store;
 
 /// Read buffer for hashing; memory stays constant whatever the file size.
@@ -126,8 +126,12 @@ impl Resources {
         } else {
             let first = first.clone();
             let stored = crate::store::off_runtime(path, {
-                let (store, source) = (store.clone(), source.clone());
-                move || copy_in(&store, &source, &first)
+                let (store, source, registry) = (store.clone(), source.clone(), registry.clone());
+                move || {
+                    let stored = copy_in(&store, &source, &first)?;
+                    registry.record_served_by(&first.sha256, SERVED_BY_IMPORT);
+                    Ok(stored)
+                }
             })
             .await?;
             // Every declared name of these bytes exists from now on.

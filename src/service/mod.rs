@@ -171,6 +171,12 @@ pub enum ResourceState {
     Present {
         /// Its local path.
         path: PathBuf,
+        /// The address from the manifest (the url or a mirror, as
+        /// declared, before any redirect) that served the file, `import`
+        /// for a file imported from this machine; `null` when it is not
+        /// known (a file kept by an earlier version). A file that one gem
+        /// or version downloaded and another reuses keeps what served it.
+        served_by: Option<String>,
     },
     /// Not in the store, nothing running.
     Missing,
@@ -877,7 +883,8 @@ impl Resources {
                 .into_iter()
                 .find(|p| p.file_name().is_some_and(|n| n == r.file_name().as_str()))
                 .unwrap_or_else(|| store.blob_path(&r.sha256, &r.file_name()));
-            return ResourceState::Present { path };
+            let served_by = self.inner.registry.served_by(&r.sha256);
+            return ResourceState::Present { path, served_by };
         }
         match self.inner.scheduler.state(&r.sha256) {
             Some(JobState::Queued) => return ResourceState::Queued,

@@ -336,6 +336,7 @@ impl Scheduler {
             sha256: &sha256,
             size,
             last: Instant::now(),
+            address: resource.url.to_string(),
         };
         let outcome = download_with(
             &deps.fetcher,
@@ -511,6 +512,8 @@ struct JobProgress<'a> {
     size: u64,
     /// When the last progress event went out.
     last: Instant,
+    /// The address being tried.
+    address: String,
 }
 
 impl crate::transfer::fetch::Reporter for JobProgress<'_> {
@@ -525,6 +528,50 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
                 size: self.size,
             });
         }
+    }
+
+    fn trying(&mut self, address: &url::Url) {
+        self.address = address.to_string();
+    }
+
+    fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.scheduler.each(self.job, |w| Event::Retrying {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: self.sha256.to_string(),
+            address: self.address.clone(),
+            attempt,
+            of,
+            wait_ms,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn waiting(&mut self) {
+        self.scheduler.each(self.job, |w| Event::Waiting {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: self.sha256.to_string(),
+        });
+    }
+
+    fn fell_back(&mut self, failed: &crate::error::Attempt, next: &url::Url) {
+        let reason = match &failed.hop {
+            Some(hop) if hop != &failed.address => {
+                format!("{} (redirected to {hop})", failed.error)
+            }
+            _ => failed.error.to_string(),
+        };
+        self.scheduler.each(self.job, |w| Event::FellBack {
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: self.sha256.to_string(),
+            from: failed.address.to_string(),
+            to: next.to_string(),
+            code: failed.code(),
+            reason: reason.clone(),
+        });
     }
 
     fn resumed(&mut self, offset: u64) {

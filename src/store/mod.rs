@@ -17,6 +17,7 @@
 //!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
 //!     failures/<gem id>.jsonl      last failure per resource, a log (service)
+//!     served/<sha256>.json         which address served a stored file (status)
 //! ```
 //!
 //! Files are named by the SHA-256 of their contents, so two gems that

@@ -78,6 +78,25 @@ fn unavailable() -> ErrorCode {
     ErrorCode::Unavailable
 }
 
+/// Which address served a stored file (`served/<sha256>.json`): the
+/// address from the manifest (the url or a mirror, as declared, before
+/// any redirect) whose bytes were verified and kept, or [`SERVED_BY_IMPORT`]
+/// for a file brought in by [`crate::Resources::import`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ServedRecord {
+    /// The address, or `import`.
+    served_by: String,
+    /// When the file was kept; RFC 3339.
+    #[serde(with = "crate::time::rfc3339")]
+    at: std::time::SystemTime,
+}
+
+/// What [`Registry::served_by`] says of a file imported from this machine.
+pub const SERVED_BY_IMPORT: &str = "import";
+
+/// The longest `served/<sha256>.json` read back.
+const MAX_SERVED_BYTES: u64 = 16 << 10;
+
 /// One address of a failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRecord {
@@ -254,6 +273,52 @@ impl Registry {
         }
     }
 
+    /// `store-v1/served`.
+    fn served_dir(&self) -> PathBuf {
+        self.gems.with_file_name("served")
+    }
+
+    /// Records that `served_by` (an address from the manifest, or
+    /// [`SERVED_BY_IMPORT`]) served the stored file of `sha256`. Not
+    /// fsynced and not locked: it only explains where a file came from,
+    /// and the last writer wins. A record that cannot be written is
+    /// logged and nothing more.
+    pub fn record_served_by(&self, sha256: &str, served_by: &str) {
+        if !crate::store::is_sha256(sha256) {
+            return;
+        }
+        let dir = self.served_dir();
+        let record = ServedRecord {
+            served_by: shorten_to(served_by, MAX_RECORDED_TEXT_CHARS),
+            at: std::time::SystemTime::now(),
+        };
+        let written = crate::store::trust::create_folder(&dir)
+            .map_err(|e| Error::io("cannot create store folder", &dir, e))
+            .and_then(|()| {
+                let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                let path = dir.join(format!("{sha256}.json"));
+                replace(&path, ".", &bytes, Durability::Hint)
+                    .map_err(|e| registry_error(e, bytes.len()))
+            });
+        if let Err(e) = written {
+            tracing::warn!(sha256, "which address served the file is not recorded: {e}");
+        }
+    }
+
+    /// Which address served the stored file of `sha256` (see
+    /// [`Registry::record_served_by`]); `None` when nothing was recorded
+    /// (a file kept by an earlier version).
+    pub fn served_by(&self, sha256: &str) -> Option<String> {
+        if !crate::store::is_sha256(sha256) {
+            return None;
+        }
+        let path = self.served_dir().join(format!("{sha256}.json"));
+        let bytes = crate::store::trust::read_own(&path, MAX_SERVED_BYTES).ok()?;
+        serde_json::from_slice::<ServedRecord>(&bytes)
+            .ok()
+            .map(|r| r.served_by)
+    }
+
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
         let file = crate::store::lockfile::lock(&self.lock).await?;
@@ -419,7 +484,7 @@ impl Registry {
     /// (the records themselves are always whole) and returns how many.
     pub fn clean(&self) -> usize {
         let mut removed = 0;
-        for dir in [&self.gems, &self.failures] {
+        for dir in [&self.gems, &self.failures, &self.served_dir()] {
             for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
@@ -921,6 +986,37 @@ mod tests {
     }
 
     use sha2::Digest;
+
+    #[test]
+    fn what_served_a_file_reads_back_and_a_store_without_the_record_says_none() {
+        let (dir, registry) = open();
+        let sha = &shas(2, 9);
+        // A store of an earlier version has no `served/` at all.
+        assert_eq!(registry.served_by(&sha[0]), None);
+        registry.record_served_by(&sha[0], "https://mirror.example.com/m.bin");
+        assert_eq!(
+            registry.served_by(&sha[0]).as_deref(),
+            Some("https://mirror.example.com/m.bin")
+        );
+        registry.record_served_by(&sha[0], SERVED_BY_IMPORT);
+        assert_eq!(registry.served_by(&sha[0]).as_deref(), Some("import"));
+        assert_eq!(registry.served_by(&sha[1]), None);
+        // Not a SHA-256: nothing written, nothing read outside the folder.
+        registry.record_served_by("../gems/x", "https://a.example.com/");
+        assert_eq!(registry.served_by("../gems/x"), None);
+        // A record of a later version, with more fields, still reads; a
+        // broken one is no answer.
+        let served = dir.path().join("store-v1/served");
+        let later =
+            r#"{"served_by":"https://a.example.com/","at":"2026-01-01T00:00:00Z","more":1}"#;
+        std::fs::write(served.join(format!("{}.json", sha[1])), later).unwrap();
+        assert_eq!(
+            registry.served_by(&sha[1]).as_deref(),
+            Some("https://a.example.com/")
+        );
+        std::fs::write(served.join(format!("{}.json", sha[1])), "{").unwrap();
+        assert_eq!(registry.served_by(&sha[1]), None);
+    }
 
     #[test]
     fn asking_about_every_resource_parses_an_unchanged_registration_once() {

@@ -35,6 +35,7 @@ use url::Url;
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::manifest::Resource;
 use crate::store::partial::PartialPaths;
+use crate::store::registry::Registry;
 use crate::store::Store;
 use crate::transfer::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
 use crate::transfer::parts::PARTS_MIN_BYTES;
@@ -128,7 +129,11 @@ pub async fn download_with(
         // published, even if this caller stops waiting for that.
         move || {
             let _lock = lock;
-            let result = outcome.and_then(|()| store.publish(&paths, &sha256, &name));
+            let result = outcome.and_then(|served| {
+                let path = store.publish(&paths, &sha256, &name)?;
+                Registry::new(&store).record_served_by(&sha256, served.as_str());
+                Ok(path)
+            });
             if result.is_err() && paths.kept().is_none() {
                 // Nothing in it can be resumed.
                 paths.remove();
@@ -183,13 +188,14 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Leaves verified bytes in the partial file, or fails with every
-    /// address's last reason.
-    async fn run(&self, progress: &mut dyn Reporter) -> Result<()> {
+    /// Leaves verified bytes in the partial file and returns the address
+    /// that served them (the url when its parts also came from the
+    /// mirrors), or fails with every address's last reason.
+    async fn run(&self, progress: &mut dyn Reporter) -> Result<Url> {
         let mut attempts: Vec<Attempt> = Vec::new();
         if self.spreads() {
             match self.spread(progress).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(self.resource.url.clone()),
                 Err(TransferError::Attempt(a)) => {
                     // No part of it is trusted: one source at a time, in
                     // the manifest's order, so a source that sends wrong
@@ -203,12 +209,15 @@ impl Job<'_> {
                 Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
             }
         }
-        let last = self.resource.mirrors.len();
-        for (index, address) in self.resource.addresses().enumerate() {
+        let addresses: Vec<&Url> = self.resource.addresses().collect();
+        for (index, address) in addresses.iter().copied().enumerate() {
             match self.address(address, progress).await {
-                Ok(()) => return Ok(()),
-                Err(TransferError::Attempt(a)) if index < last => {
-                    tracing::warn!(resource = %self.resource.id, "{a}; trying the next address");
+                Ok(()) => return Ok(address.clone()),
+                Err(TransferError::Attempt(a)) if index + 1 < addresses.len() => {
+                    // The reporter says it (a warning, an event); the log
+                    // keeps it for debugging.
+                    tracing::info!(resource = %self.resource.id, "{a}; trying the next address");
+                    progress.fell_back(&a, addresses[index + 1]);
                     attempts.push(a);
                 }
                 Err(TransferError::Attempt(a)) => {
@@ -247,11 +256,12 @@ impl Job<'_> {
             resume: self.resume_from(url).await,
             also: &self.resource.mirrors,
         };
+        tracing::debug!(resource = %self.resource.id, "trying the url and its mirrors at once");
+        progress.trying(url);
         let control = Control {
             cancel: self.cancel,
             reporter: progress,
         };
-        tracing::debug!(resource = %self.resource.id, "trying the url and its mirrors at once");
         self.fetcher
             .transfer(url, Some(expected), self.resource.size, output, control)
             .await
@@ -279,6 +289,7 @@ impl Job<'_> {
             let resume = self.resume_from(address).await;
             let resumed_from = resume.as_ref().map_or(0, |r| r.offset);
             tracing::debug!(resource = %self.resource.id, %address, resumed_from, "trying");
+            progress.trying(address);
             let control = Control {
                 cancel: self.cancel,
                 reporter: &mut *progress,

@@ -110,6 +110,16 @@ pub trait Reporter: Send {
     /// Another download of the same file (in this process or another one
     /// sharing the store) holds its lock: this one waits for it to finish.
     fn waiting(&mut self) {}
+    /// A try of `address` (the url or a mirror, as declared) begins; the
+    /// reports that follow are about it.
+    fn trying(&mut self, address: &Url) {
+        let _ = address;
+    }
+    /// `failed` was the last try of its address: the download goes on with
+    /// the next address, `next`.
+    fn fell_back(&mut self, failed: &Attempt, next: &Url) {
+        let _ = (failed, next);
+    }
 }
 
 impl<F: FnMut(u64) + Send> Reporter for F {

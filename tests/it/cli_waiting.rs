@@ -20,7 +20,7 @@ async fn a_fallback_to_the_mirror_is_a_warning_naming_resource_address_and_reaso
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let warning = stderr(&out)
         .lines()
-        .find(|l| l.contains("WARN"))
+        .find(|l| l.starts_with("warning: "))
         .map(str::to_string)
         .unwrap_or_else(|| panic!("no warning: {}", stderr(&out)));
     for part in [
@@ -28,6 +28,7 @@ async fn a_fallback_to_the_mirror_is_a_warning_naming_resource_address_and_reaso
         url.as_str(),
         "SHA-256 mismatch",
         "trying the next address",
+        mirror.as_str(),
     ] {
         assert!(warning.contains(part), "{part:?} missing: {warning}");
     }
@@ -36,7 +37,7 @@ async fn a_fallback_to_the_mirror_is_a_warning_naming_resource_address_and_reaso
     let manifest = env.write_manifest("solo.json", json!([only]));
     let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(!stderr(&out).contains("WARN"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
 }
 
 #[tokio::test]
@@ -94,5 +95,100 @@ async fn waiting_for_another_process_downloading_the_same_file_is_said() {
         env.origin.hits("/held.bin"),
         1,
         "the second used the first's file"
+    );
+}
+
+/// The test configuration with one retry and no backoff.
+fn one_retry(env: &Env) {
+    let path = env.write_config("retry_backoff_secs = 0");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("retries = 0", "retries = 1")).unwrap();
+}
+
+#[tokio::test]
+async fn path_says_on_stderr_that_it_retries_and_why() {
+    let env = Env::new().await;
+    one_retry(&env);
+    let route = |path: &str, body: &[u8]| {
+        env.origin.route(
+            path,
+            Behaviour::Sequence(vec![Behaviour::Status(503), Behaviour::Body(body.to_vec())]),
+        );
+        env.url("origin.test", path)
+    };
+    let (text_body, json_body) = (bytes(10_000, 35), bytes(10_000, 36));
+    let text_url = route("/flaky.bin", &text_body);
+    let json_url = route("/flaky2.bin", &json_body);
+    let manifest = env.write_manifest(
+        "m.json",
+        json!([
+            entry("r", &text_url, &text_body),
+            entry("j", &json_url, &json_body)
+        ]),
+    );
+    let out = env
+        .run(&["install", "g", manifest.to_str().unwrap(), "--no-wait"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = env.run(&["path", "g", "r"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line = stderr(&out)
+        .lines()
+        .find(|l| l.contains("retrying"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no retry line: {}", stderr(&out)));
+    assert!(
+        line.starts_with("g/r: retrying in 0.0 s (attempt 2 of 2): "),
+        "{line}"
+    );
+    assert!(line.contains("503"), "{line}");
+    // With --json, an event line on stderr; stdout keeps the result alone.
+    let out = env.run(&["--json", "path", "g", "j"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let retry: Value = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "retrying")
+        .unwrap_or_else(|| panic!("no retrying event: {}", stderr(&out)));
+    assert_eq!(retry["gem"], "g");
+    assert_eq!(retry["resource"], "j");
+    assert_eq!(retry["address"], json_url.as_str());
+    assert_eq!(
+        (retry["attempt"].as_u64(), retry["of"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let result: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(result["resource"], "j");
+}
+
+#[tokio::test]
+async fn status_says_the_mirror_served_a_file_the_url_sent_wrong_bytes_of() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 37);
+    let url = env.serve("/bad.bin", &bytes(10_000, 38));
+    let mirror = env.serve("/good.bin", &body);
+    let mut resource = required_entry("model", &url, &body);
+    resource["mirrors"] = json!([mirror.as_str()]);
+    let manifest = env.write_manifest("m.json", json!([resource]));
+    let out = env.run(&["install", "g", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let warning = format!("warning: g/model: {url} failed (E_RESOURCE_SHA256: ");
+    assert!(stderr(&out).contains(&warning), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("; trying the next address, {mirror}")),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&["--json", "status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let r = &status["gems"][0]["resources"][0];
+    assert_eq!(r["state"], "present", "{r}");
+    assert_eq!(r["served_by"], mirror.as_str(), "{r}");
+    let out = env.run(&["status"]).await;
+    assert!(
+        stdout(&out).contains("present, from mirror 1 (origin.test)"),
+        "{}",
+        stdout(&out)
     );
 }

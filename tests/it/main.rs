@@ -22,6 +22,7 @@ mod embed_config;
 mod embed_controls;
 mod embed_errors;
 mod embed_events;
+mod embed_events_course;
 mod embed_lifecycle;
 mod embed_runtime;
 mod embed_scoped;

@@ -332,3 +332,27 @@ async fn ctrl_c_during_autofill_exits_130_and_says_nothing_was_kept() {
     assert_eq!(exit.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted: nothing was kept"), "{stderr}");
 }
+
+#[tokio::test]
+async fn ctrl_c_during_serve_says_what_each_download_in_flight_kept() {
+    let env = Env::new().await;
+    let body = bytes(2_000_000, 87);
+    let cut = body.len() / 2;
+    env.origin
+        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
+    let url = env.url("origin.test", "/held.bin");
+    let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
+    let log = env.dir.path().join("serve.log");
+    let mut serve = spawn_serve(&env, &gems, "0.05", &log);
+    let exit = interrupt_once_bytes_are_kept(&env, &mut serve, cut).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: ")
+            && stderr.contains("of held.bin kept; the next run continues"),
+        "{stderr}"
+    );
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let kept = store.partial_len(&sha256_hex(&body));
+    assert!(kept.is_some_and(|n| n > 0 && n <= cut as u64), "{kept:?}");
+}

@@ -78,12 +78,7 @@ fn load_config(args: &Args) -> anyhow::Result<Config> {
             None => Config::default(),
         },
     };
-    if let Some(rate) = args.limit_rate {
-        config.network.max_bytes_per_sec = Some(rate);
-    }
-    if let Some(store) = &args.store {
-        config.store = Some(gem_resources::config::normalise(store));
-    }
+    crate::reload::Overrides::of(args).apply(&mut config);
     Ok(config)
 }
 

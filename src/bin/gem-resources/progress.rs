@@ -270,6 +270,12 @@ pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str
     format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
 }
 
+/// The warning of a fallback to the next address: which resource, which
+/// address failed and why, and which is tried next.
+pub fn fallback_warning(resource: &str, from: &str, code: &str, reason: &str, to: &str) -> String {
+    format!("warning: {resource}: {from} failed ({code}: {reason}); trying the next address, {to}")
+}
+
 /// A transfer's [`Reporter`](gem_resources::Reporter) drawing on a bar;
 /// with `--json`, each retry is also an event line on stderr.
 pub struct Reporting<'a> {
@@ -318,6 +324,28 @@ impl gem_resources::Reporter for Reporting<'_> {
         } else {
             self.bar.set_note(WAITING);
             self.noted = true;
+        }
+    }
+
+    fn fell_back(&mut self, failed: &gem_resources::error::Attempt, next: &url::Url) {
+        let (from, code, reason) = (
+            failed.address.as_str(),
+            failed.code(),
+            failed.error.to_string(),
+        );
+        if self.json {
+            let event = serde_json::json!({
+                "event": "fell_back",
+                "resource": self.resource,
+                "from": from,
+                "to": next.as_str(),
+                "code": code,
+                "reason": reason,
+            });
+            json_event(&event);
+        } else {
+            let line = fallback_warning(self.resource, from, code.as_str(), &reason, next.as_str());
+            crate::errln!("{line}");
         }
     }
 

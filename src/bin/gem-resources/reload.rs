@@ -22,10 +22,51 @@ use crate::render::error_text;
 /// (`cat > config.toml` first truncates: a blocklist with no hosts).
 pub const SETTLE: Duration = Duration::from_secs(1);
 
+/// What the command line sets over the configuration file (`--limit-rate`,
+/// `--store`): applied to the file at start and again at every reload, so
+/// a reload never drops them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--limit-rate`: `network.max_bytes_per_sec`.
+    pub limit_rate: Option<u64>,
+    /// `--store`: the store folder.
+    pub store: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// The overrides the command line gave.
+    pub fn of(args: &crate::cli::Args) -> Overrides {
+        Overrides {
+            limit_rate: args.limit_rate,
+            store: args.store.clone(),
+        }
+    }
+
+    /// Sets them over `config`.
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(rate) = self.limit_rate {
+            config.network.max_bytes_per_sec = Some(rate);
+        }
+        if let Some(store) = &self.store {
+            config.store = Some(gem_resources::config::normalise(store));
+        }
+    }
+
+    /// The configuration a reload of the file at `path` holding `text`
+    /// comes to: the file's settings with these overrides over them.
+    pub fn settings(&self, path: &Path, text: &str) -> gem_resources::Result<Config> {
+        let mut config = Config::from_text(path, text)?;
+        self.apply(&mut config);
+        Ok(config)
+    }
+}
+
 /// The configuration `serve` runs with and where it came from.
 pub struct Reloader {
     /// The configuration file, if `serve` was started with one.
     path: Option<PathBuf>,
+    /// The command line's settings over the file's.
+    overrides: Overrides,
     /// The configuration in force.
     running: Config,
     /// Digest of what the file held when last applied (or rejected).
@@ -43,8 +84,9 @@ struct Look {
 }
 
 impl Reloader {
-    /// Starts from the configuration `serve` was started with.
-    pub fn new(config: &Config) -> Reloader {
+    /// Starts from the configuration `serve` was started with (the file's
+    /// with `overrides` over it).
+    pub fn new(config: &Config, overrides: Overrides) -> Reloader {
         let path = config.source.clone();
         let first = path.as_deref().map(read);
         let had_network = first
@@ -53,6 +95,7 @@ impl Reloader {
             .is_some_and(|t| has_network(t));
         Reloader {
             path,
+            overrides,
             running: config.clone(),
             digest: first.map(|l| l.digest),
             had_network,
@@ -90,7 +133,7 @@ impl Reloader {
             Ok(text) => text,
             Err(e) => return rejected(&e),
         };
-        match Config::from_text(&path, &text) {
+        match self.overrides.settings(&path, &text) {
             Ok(new) => self.apply(service, &path, new, has_network(&text), forced),
             Err(e) => rejected(&e),
         }
@@ -215,4 +258,35 @@ fn read(path: &Path) -> Look {
         Err(e) => Sha256::digest(format!("error: {e}").as_bytes()).into(),
     };
     Look { digest, text }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_keeps_the_command_lines_rate_and_store() {
+        let path = Path::new("/etc/gem-resources/config.toml");
+        let text = "[network]\nmode = \"blocklist\"\nhosts = []\n";
+        let overrides = Overrides {
+            limit_rate: Some(1 << 20),
+            store: Some(PathBuf::from("/srv/store")),
+        };
+        // What `serve` started with: the file, then the command line.
+        let running = overrides.settings(path, text).unwrap();
+        assert_eq!(running.network.max_bytes_per_sec, Some(1 << 20));
+        // A reload of the same file (SIGHUP) changes nothing, and asks for
+        // no restart.
+        let reloaded = overrides.settings(path, text).unwrap();
+        assert_eq!(reloaded.network.max_bytes_per_sec, Some(1 << 20));
+        assert_eq!(reloaded.store_dir(), running.store_dir());
+        assert!(needs_restart(&running, &reloaded).is_empty());
+        // A file that sets its own cap: the command line's still wins.
+        let capped = format!("{text}max_bytes_per_sec = 5000\n");
+        let reloaded = overrides.settings(path, &capped).unwrap();
+        assert_eq!(reloaded.network.max_bytes_per_sec, Some(1 << 20));
+        // Without overrides, the file's own settings.
+        let plain = Overrides::default().settings(path, &capped).unwrap();
+        assert_eq!(plain.network.max_bytes_per_sec, Some(5000));
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use gem_resources::{GemStatus, InstallReport, ResourceState, VerifyReport};
+use gem_resources::{GemStatus, InstallReport, ResourceState, ResourceStatus, VerifyReport};
 
 use crate::render;
 use crate::text::field;
@@ -129,7 +129,7 @@ pub fn print_status(status: &[GemStatus]) {
                 render::bytes(r.size),
                 field(&r.host),
                 when,
-                state(&r.state, r.size, r.partial_bytes)
+                state(r)
             );
             if let ResourceState::Failed { failure, .. } = &r.state {
                 for a in &failure.attempts {
@@ -145,10 +145,16 @@ pub fn print_status(status: &[GemStatus]) {
     }
 }
 
-fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
-    let partial = partial.map(|n| format!("partial {}/{}", render::bytes(n), render::bytes(size)));
+fn state(r: &ResourceStatus) -> String {
+    let (state, size) = (&r.state, r.size);
+    let partial = r
+        .partial_bytes
+        .map(|n| format!("partial {}/{}", render::bytes(n), render::bytes(size)));
     match state {
-        ResourceState::Present { .. } => "present".to_string(),
+        ResourceState::Present { served_by, .. } => match served_by {
+            Some(by) => format!("present, {}", served_by_text(by, &r.addresses)),
+            None => "present".to_string(),
+        },
         ResourceState::Missing => partial.unwrap_or_else(|| "missing".to_string()),
         ResourceState::Queued => "queued".to_string(),
         ResourceState::Downloading { bytes, .. } => {
@@ -171,6 +177,24 @@ fn state(state: &ResourceState, size: u64, partial: Option<u64>) -> String {
         }
         // A state added by a later version of the library.
         _ => "unknown".to_string(),
+    }
+}
+
+/// Where a present file came from, in the words of `status`: `from the
+/// url`, `from mirror 2 (cdn2.example.com)`, `imported`, or, for bytes
+/// another gem or version declared elsewhere, `from <host>`.
+pub fn served_by_text(served_by: &str, addresses: &[String]) -> String {
+    if served_by == gem_resources::registry::SERVED_BY_IMPORT {
+        return "imported".to_string();
+    }
+    let host = url::Url::parse(served_by)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .unwrap_or_else(|| served_by.to_string());
+    match addresses.iter().position(|a| a == served_by) {
+        Some(0) => "from the url".to_string(),
+        Some(n) => format!("from mirror {n} ({})", field(&host)),
+        None => format!("from {}", field(&host)),
     }
 }
 

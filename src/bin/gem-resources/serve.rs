@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,7 +21,7 @@ use gem_resources::registry::valid_gem_id;
 use gem_resources::{parse_manifest, Resources};
 use sha2::{Digest, Sha256};
 
-use crate::reload::Reloader;
+use crate::reload::{Overrides, Reloader};
 use crate::render::error_text;
 use crate::watch::{self, Output};
 
@@ -71,14 +72,16 @@ fn start_line(config: &gem_resources::Config, gems: &Path) -> String {
     )
 }
 
-/// Runs the service until a shutdown signal.
+/// Runs the service until a shutdown signal. Exit status: 0 after
+/// SIGTERM (a service manager's stop), 130 after SIGINT (Ctrl-C), as the
+/// other commands.
 pub async fn run(
     service: &Resources,
     config: &gem_resources::Config,
     gems: &Path,
     interval: f64,
     json: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         interval.is_finite() && interval > 0.0 && interval <= MAX_INTERVAL_SECS,
         "--interval must be a positive number of seconds, at most {MAX_INTERVAL_SECS}"
@@ -92,7 +95,12 @@ pub async fn run(
     }
     let mut signal = shutdown_signal();
     let mut hangup = crate::platform::hangup_signal();
-    let mut reloader = Reloader::new(config);
+    // The command line that started `serve` (it parsed once already):
+    // its overrides hold over every reload of the file.
+    let overrides = <crate::cli::Args as clap::Parser>::try_parse()
+        .map(|args| Overrides::of(&args))
+        .unwrap_or_default();
+    let mut reloader = Reloader::new(config, overrides);
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
     tracing::info!("{}", start_line(config, gems));
@@ -102,7 +110,7 @@ pub async fn run(
     }
     let mut seen = Seen::default();
     let mut forced = false;
-    loop {
+    let stop = loop {
         if let Err(e) = scan(service, gems, &mut seen).await {
             tracing::warn!("scan of {} failed: {e:#}", gems.display());
         }
@@ -111,18 +119,27 @@ pub async fn run(
         // SIGINT/SIGTERM.
         tokio::select! {
             () = reloader.check(service, forced) => {}
-            () = &mut signal => break,
+            stop = &mut signal => break stop,
         }
         forced = tokio::select! {
             () = tokio::time::sleep(Duration::from_secs_f64(interval)) => false,
             Some(()) = hangup.recv() => true,
-            () = &mut signal => break,
+            stop = &mut signal => break stop,
         };
-    }
+    };
     tracing::info!("stopping: cancelling downloads");
+    let unfinished = crate::service_commands::unfinished(service, None);
+    crate::progress::clear_all();
     service.shutdown().await;
     watcher.stop().await;
-    Ok(())
+    // What each download in flight kept, as every command says it.
+    if !unfinished.is_empty() {
+        crate::interrupt::report(service.store(), &unfinished);
+    }
+    Ok(match stop {
+        Stop::Interrupt => ExitCode::from(crate::interrupt::INTERRUPTED),
+        Stop::Terminate => ExitCode::SUCCESS,
+    })
 }
 
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
@@ -246,11 +263,38 @@ fn manifests(gems: &Path) -> anyhow::Result<Folders> {
     Ok((out, ignored))
 }
 
+/// Which signal stopped `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGINT (Ctrl-C; Ctrl-C or Ctrl-Break on Windows).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+}
+
 /// Registers the SIGINT and SIGTERM handlers now, so that a signal that
 /// arrives while the service starts up is not lost (nor kills the process
 /// before its downloads are stopped), and returns a future that resolves at
-/// the first of them.
-/// SIGINT or SIGTERM, whichever comes first.
-fn shutdown_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    crate::interrupt::signal()
+/// the first of them, saying which.
+fn shutdown_signal() -> Pin<Box<dyn Future<Output = Stop> + Send>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            return Box::pin(async move {
+                tokio::select! {
+                    _ = int.recv() => Stop::Interrupt,
+                    _ = term.recv() => Stop::Terminate,
+                }
+            });
+        }
+    }
+    let signal = crate::interrupt::signal();
+    Box::pin(async move {
+        signal.await;
+        Stop::Interrupt
+    })
 }

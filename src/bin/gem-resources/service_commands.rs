@@ -55,8 +55,7 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         Command::Sync => sync(&service, json).await,
         Command::Verify => verify(&service, json).await,
         Command::Serve { gems, interval } => {
-            crate::serve::run(&service, config, &gems, interval, json).await?;
-            Ok(ExitCode::SUCCESS)
+            crate::serve::run(&service, config, &gems, interval, json).await
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
@@ -293,17 +292,7 @@ async fn stop(
     watcher: Option<Watcher>,
     gem: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    let unfinished: Vec<Unfinished> = service
-        .status(gem)
-        .unwrap_or_default()
-        .iter()
-        .flat_map(|g| &g.resources)
-        .filter(|r| matches!(r.state, ResourceState::Downloading { .. }))
-        .map(|r| Unfinished {
-            name: r.file.clone(),
-            sha256: r.sha256.clone(),
-        })
-        .collect();
+    let unfinished = unfinished(service, gem);
     crate::progress::clear_all();
     service.shutdown().await;
     if let Some(w) = watcher {
@@ -311,6 +300,23 @@ async fn stop(
     }
     interrupt::report(service.store(), &unfinished);
     Ok(ExitCode::from(interrupt::INTERRUPTED))
+}
+
+/// The downloads running now (of `gem`, or of every gem), each file once,
+/// for what a stop says was kept.
+pub fn unfinished(service: &Resources, gem: Option<&str>) -> Vec<Unfinished> {
+    let mut out: Vec<Unfinished> = Vec::new();
+    let status = service.status(gem).unwrap_or_default();
+    for r in status.iter().flat_map(|g| &g.resources) {
+        let running = matches!(r.state, ResourceState::Downloading { .. });
+        if running && !out.iter().any(|u| u.sha256 == r.sha256) {
+            out.push(Unfinished {
+                name: r.file.clone(),
+                sha256: r.sha256.clone(),
+            });
+        }
+    }
+    out
 }
 
 fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {

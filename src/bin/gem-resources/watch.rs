@@ -1,7 +1,8 @@
 //! Follows the service's events while a command runs: progress bars on a
 //! terminal, JSON lines with `--json`, short log lines otherwise.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use gem_resources::{Event, Resources};
@@ -50,6 +51,15 @@ pub struct Show {
 struct Transfers {
     bars: HashMap<String, Bar>,
     last_line: HashMap<String, Instant>,
+    /// Transfers whose bar carries a note (a retry), cleared by the next
+    /// bytes.
+    noted: HashSet<String>,
+}
+
+/// Whether bars are drawn (stderr is a terminal and JSON is off): a note
+/// then goes on the bar rather than on a line of its own.
+fn bars_drawn(json: bool) -> bool {
+    !json && std::io::stderr().is_terminal()
 }
 
 /// Starts following `service`'s events.
@@ -116,6 +126,9 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             let key = format!("{gem}/{resource}");
             if let Some(bar) = transfers.bars.get(&key) {
                 bar.set(*bytes);
+                if transfers.noted.remove(&key) {
+                    bar.set_note("");
+                }
             }
             // At most one JSON line per transfer every 250 ms, and the last.
             let now = Instant::now();
@@ -135,6 +148,25 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             // Dropping the bar clears it.
             transfers.bars.remove(&key);
             transfers.last_line.remove(&key);
+            transfers.noted.remove(&key);
+        }
+        Event::Retrying {
+            gem,
+            resource,
+            attempt,
+            of,
+            wait_ms,
+            reason,
+            ..
+        } if bars_drawn(json) => {
+            let key = format!("{gem}/{resource}");
+            if let Some(bar) = transfers.bars.get(&key) {
+                let wait = Duration::from_millis(*wait_ms);
+                bar.set_note(&crate::progress::retry_note(wait, *attempt, *of, reason));
+                transfers.noted.insert(key);
+                // On the bar, not on a line of its own.
+                return;
+            }
         }
         _ => {}
     }
@@ -181,6 +213,35 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
             crate::errln!("{}", render::failure_text(*code, message))
         }
         Event::Deleted { sha256, .. } => crate::errln!("deleted {sha256}"),
+        Event::Retrying {
+            gem,
+            resource,
+            attempt,
+            of,
+            wait_ms,
+            reason,
+            ..
+        } => {
+            let wait = Duration::from_millis(*wait_ms);
+            let note = crate::progress::retry_note(wait, *attempt, *of, reason);
+            crate::errln!("{gem}/{resource}: {note}");
+        }
+        Event::Waiting { gem, resource, .. } => {
+            crate::errln!("{gem}/{resource}: {}", crate::progress::WAITING)
+        }
+        Event::FellBack {
+            gem,
+            resource,
+            from,
+            to,
+            code,
+            reason,
+            ..
+        } => {
+            let label = format!("{gem}/{resource}");
+            let line = crate::progress::fallback_warning(&label, from, code.as_str(), reason, to);
+            crate::errln!("{line}");
+        }
         _ => {}
     }
 }

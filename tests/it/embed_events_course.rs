@@ -1,0 +1,231 @@
+//! Events of a download that changes course: a retry of the same address,
+//! a wait for another download of the same file, a fallback to the next
+//! address; and which address served the file, in `status`.
+
+use gem_resources::{ErrorCode, Event, ResourceState, Resources};
+use serde_json::json;
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+
+use crate::support::*;
+
+/// Every event until one matches `end`, that one included (10 s at most).
+async fn until(events: &mut Receiver<Event>, end: impl Fn(&Event) -> bool) -> Vec<Event> {
+    within("the event", async {
+        let mut seen = Vec::new();
+        loop {
+            match events.recv().await {
+                Ok(e) => {
+                    let done = end(&e);
+                    seen.push(e);
+                    if done {
+                        return seen;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {}
+                Err(e) => panic!("{e}: {seen:?}"),
+            }
+        }
+    })
+    .await
+}
+
+/// The test configuration with `retries` retries and no backoff.
+fn retrying_config(env: &Env, retries: u32) {
+    let path = env.write_config("retry_backoff_secs = 0");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("retries = 0", &format!("retries = {retries}")),
+    )
+    .unwrap();
+}
+
+/// What `status` says served gem `gem`'s first resource.
+fn served_by(service: &Resources, gem: &str) -> Option<String> {
+    let status = service.status(Some(gem)).unwrap();
+    match &status[0].resources[0].state {
+        ResourceState::Present { served_by, .. } => served_by.clone(),
+        other => panic!("not present: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_retry_is_an_event_naming_the_address_then_the_file_is_verified() {
+    let env = Env::new().await;
+    retrying_config(&env, 2);
+    let body = bytes(20_000, 91);
+    env.origin.route(
+        "/flaky.bin",
+        Behaviour::Sequence(vec![Behaviour::Status(503), Behaviour::Body(body.clone())]),
+    );
+    let url = env.url("origin.test", "/flaky.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install(
+            "g",
+            &manifest(json!([required_entry("model", &url, &body)])),
+        )
+        .await
+        .unwrap();
+    let seen = until(&mut events, |e| {
+        matches!(e, Event::Verified { .. } | Event::Failed { .. })
+    })
+    .await;
+    let retry = seen
+        .iter()
+        .position(|e| {
+            matches!(e, Event::Retrying { gem, resource, sha256, address, attempt: 2, of: 3, reason, .. }
+                if gem == "g" && resource == "model" && *sha256 == sha256_hex(&body)
+                    && address == url.as_str() && reason.contains("503"))
+        })
+        .unwrap_or_else(|| panic!("no Retrying event: {seen:?}"));
+    assert!(
+        matches!(seen.last(), Some(Event::Verified { .. })),
+        "{seen:?}"
+    );
+    assert!(retry < seen.len() - 1, "{seen:?}");
+    // As JSON, with its name and every field.
+    let line = serde_json::to_value(&seen[retry]).unwrap();
+    assert_eq!(line["event"], "retrying", "{line}");
+    assert_eq!(line["wait_ms"], 0, "{line}");
+    assert_eq!(env.origin.hits("/flaky.bin"), 2);
+    assert_eq!(served_by(&service, "g").as_deref(), Some(url.as_str()));
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn wrong_bytes_from_the_url_fall_back_to_the_mirror_with_an_event_naming_the_url() {
+    let env = Env::new().await;
+    let body = bytes(20_000, 92);
+    let url = env.serve("/wrong.bin", &bytes(20_000, 93));
+    let mirror = env.serve("/right.bin", &body);
+    let mut entry = required_entry("model", &url, &body);
+    entry["mirrors"] = json!([mirror.as_str()]);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install("g", &manifest(json!([entry])))
+        .await
+        .unwrap();
+    let seen = until(&mut events, |e| {
+        matches!(e, Event::Verified { .. } | Event::Failed { .. })
+    })
+    .await;
+    let fell_back = seen.iter().find_map(|e| match e {
+        Event::FellBack {
+            gem,
+            resource,
+            from,
+            to,
+            code,
+            reason,
+            ..
+        } => Some((gem, resource, from, to, *code, reason)),
+        _ => None,
+    });
+    let Some((gem, resource, from, to, code, reason)) = fell_back else {
+        panic!("no FellBack event: {seen:?}")
+    };
+    assert_eq!((gem.as_str(), resource.as_str()), ("g", "model"));
+    assert_eq!(from, url.as_str());
+    assert_eq!(to, mirror.as_str());
+    assert_eq!(code, ErrorCode::Sha256);
+    assert!(reason.contains("SHA-256"), "{reason}");
+    assert!(
+        matches!(seen.last(), Some(Event::Verified { .. })),
+        "{seen:?}"
+    );
+    assert_eq!(served_by(&service, "g").as_deref(), Some(mirror.as_str()));
+    // A last address that fails has no next one: no fallback is announced.
+    let only = required_entry("solo", &url, &bytes(20_000, 94));
+    service
+        .install("h", &manifest(json!([only])))
+        .await
+        .unwrap();
+    let seen = until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
+    assert!(
+        !seen.iter().any(|e| matches!(e, Event::FellBack { .. })),
+        "{seen:?}"
+    );
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_download_of_bytes_another_download_holds_waits_and_says_so() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(50_000, 95);
+    let gate = Gate::new();
+    env.origin.route(
+        "/held.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let held = env.url("origin.test", "/held.bin");
+    // The same bytes from another address: another job, the same file.
+    let other = env.serve("/other.bin", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service
+        .install("a", &manifest(json!([required_entry("m", &held, &body)])))
+        .await
+        .unwrap();
+    wait_until("a's request reached the origin", || {
+        env.origin.hits("/held.bin") == 1
+    })
+    .await;
+    service
+        .install("b", &manifest(json!([required_entry("w", &other, &body)])))
+        .await
+        .unwrap();
+    let seen = until(
+        &mut events,
+        |e| matches!(e, Event::Waiting { gem, resource, sha256, .. } if gem == "b" && resource == "w" && *sha256 == sha256_hex(&body)),
+    )
+    .await;
+    assert!(
+        !seen
+            .iter()
+            .any(|e| matches!(e, Event::Waiting { gem, .. } if gem == "a")),
+        "{seen:?}"
+    );
+    gate.open();
+    until(
+        &mut events,
+        |e| matches!(e, Event::Verified { gem, .. } if gem == "b"),
+    )
+    .await;
+    assert_eq!(env.origin.hits("/other.bin"), 0, "b used a's file");
+    // b reuses what a's download kept: what served it is what is true.
+    assert_eq!(served_by(&service, "b").as_deref(), Some(held.as_str()));
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_imported_file_was_served_by_the_import_and_an_upgrade_keeps_what_served_a_file() {
+    let env = Env::new().await;
+    let body = bytes(30_000, 96);
+    let url = env.url("origin.test", "/never.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([entry("model", &url, &body)])))
+        .await
+        .unwrap();
+    let file = env.dir.path().join("model.bin");
+    std::fs::write(&file, &body).unwrap();
+    service.import(&file).await.unwrap();
+    assert_eq!(served_by(&service, "g").as_deref(), Some("import"));
+    // A new version declaring the same bytes elsewhere reuses the file,
+    // and what served it stays what is true.
+    let moved = env.url("origin.test", "/moved.bin");
+    service
+        .install("g", &manifest(json!([entry("model", &moved, &body)])))
+        .await
+        .unwrap();
+    assert_eq!(served_by(&service, "g").as_deref(), Some("import"));
+    assert_eq!(env.origin.total_hits(), 0);
+    service.shutdown().await;
+}
