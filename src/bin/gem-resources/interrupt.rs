@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use gem_resources::Store;
+use gem_resources::{ResourceState, Resources, Store};
 
 use crate::render;
 
@@ -48,4 +48,21 @@ pub fn report(store: &Store, unfinished: &[Unfinished]) {
             ),
         }
     }
+}
+
+/// The downloads running now (of `gem`, or of every gem), each file once,
+/// for what a stop says was kept.
+pub fn unfinished(service: &Resources, gem: Option<&str>) -> Vec<Unfinished> {
+    let mut out: Vec<Unfinished> = Vec::new();
+    let status = service.status(gem).unwrap_or_default();
+    for r in status.iter().flat_map(|g| &g.resources) {
+        let running = matches!(r.state, ResourceState::Downloading { .. });
+        if running && !out.iter().any(|u| u.sha256 == r.sha256) {
+            out.push(Unfinished {
+                name: r.file.clone(),
+                sha256: r.sha256.clone(),
+            });
+        }
+    }
+    out
 }

@@ -128,7 +128,7 @@ pub async fn run(
         };
     };
     tracing::info!("stopping: cancelling downloads");
-    let unfinished = crate::service_commands::unfinished(service, None);
+    let unfinished = crate::interrupt::unfinished(service, None);
     crate::progress::clear_all();
     service.shutdown().await;
     watcher.stop().await;

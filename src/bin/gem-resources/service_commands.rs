@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::cli::Command;
 use crate::context::store_exists;
-use crate::interrupt::{self, Unfinished};
+use crate::interrupt;
 use crate::render::{self, print_json};
 use crate::report::{self, Outcome};
 use crate::watch::{Output, Show, Watcher};
@@ -292,7 +292,7 @@ async fn stop(
     watcher: Option<Watcher>,
     gem: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    let unfinished = unfinished(service, gem);
+    let unfinished = interrupt::unfinished(service, gem);
     crate::progress::clear_all();
     service.shutdown().await;
     if let Some(w) = watcher {
@@ -300,23 +300,6 @@ async fn stop(
     }
     interrupt::report(service.store(), &unfinished);
     Ok(ExitCode::from(interrupt::INTERRUPTED))
-}
-
-/// The downloads running now (of `gem`, or of every gem), each file once,
-/// for what a stop says was kept.
-pub fn unfinished(service: &Resources, gem: Option<&str>) -> Vec<Unfinished> {
-    let mut out: Vec<Unfinished> = Vec::new();
-    let status = service.status(gem).unwrap_or_default();
-    for r in status.iter().flat_map(|g| &g.resources) {
-        let running = matches!(r.state, ResourceState::Downloading { .. });
-        if running && !out.iter().any(|u| u.sha256 == r.sha256) {
-            out.push(Unfinished {
-                name: r.file.clone(),
-                sha256: r.sha256.clone(),
-            });
-        }
-    }
-    out
 }
 
 fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
