@@ -11,15 +11,27 @@ pub(crate) const ALLOW_ADDRESSES_HINT: &str =
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",
 /// "link-local", "carrier-grade NAT", "local host name".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{} is a local or internal-network address ({reason}; {ALLOW_ADDRESSES_HINT})",
-    crate::error::shorten(address)
-)]
 pub struct Blocked {
     /// The refused host name or IP address, as text.
     pub address: String,
     /// A short phrase saying which rule refused it.
     pub reason: String,
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let address = crate::error::shorten(&self.address);
+        let reason = &self.reason;
+        if reason.starts_with("malformed") {
+            // Not an address at all: no setting lets it through.
+            write!(f, "{address} is refused ({reason})")
+        } else {
+            write!(
+                f,
+                "{address} is a local or internal-network address ({reason}; {ALLOW_ADDRESSES_HINT})"
+            )
+        }
+    }
 }
 
 impl Blocked {
@@ -43,4 +55,17 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: &'static str,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Blocked;
+
+    #[test]
+    fn only_a_local_address_points_to_the_setting_that_lets_it_through() {
+        let local = Blocked::new("localhost", "local host name").to_string();
+        assert!(local.contains("[dev] allow_addresses"), "{local}");
+        let malformed = Blocked::new("999.1.1.1", "malformed host name").to_string();
+        assert_eq!(malformed, "999.1.1.1 is refused (malformed host name)");
+    }
 }
