@@ -233,8 +233,12 @@ pub(super) fn size_error(
     }
 }
 
-/// A body that broke off. A reset or timeout is the network's fault; a
-/// connection closed early is the server sending too few bytes.
+/// A body that broke off. A reset or timeout is the network's fault, and
+/// so is a TLS stream that ends without `close_notify` (`UnexpectedEof`):
+/// the connection was cut under it, as a proxy shows an origin's reset (it
+/// can only close its side of the tunnel). A connection the server closed
+/// properly (TLS `close_notify`) before the announced length is the server
+/// sending too few bytes.
 pub(super) fn body_error(
     e: &BodyError,
     received: u64,
@@ -247,7 +251,7 @@ pub(super) fn body_error(
             use std::io::ErrorKind::*;
             if matches!(
                 io.kind(),
-                ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
+                ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut | UnexpectedEof
             ) {
                 let why = crate::net::reason::network_reason(e, "");
                 return AttemptError::Network {
