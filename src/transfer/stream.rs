@@ -137,7 +137,7 @@ impl Fetcher {
         // A fresh large file asks for all of it as a range: the probe of
         // whether its server answers ranges exactly.
         let mut ask = match &resume {
-            Some(r) => Some(Ask::resume(r)),
+            Some(r) => Some(Ask::resume(r, parts)),
             None if parts => Some(Ask {
                 start: 0,
                 end: None,
@@ -165,11 +165,21 @@ impl Fetcher {
                 }
             }
         };
-        if let Some(detail) = announced_mismatch(&response, expected, limit, offset) {
+        // A `206` ends where it was asked to (a kept range may follow).
+        let end = match (response.status().as_u16(), ask.as_ref().and_then(|a| a.end)) {
+            (206, Some(last)) => last + 1,
+            _ => limit,
+        };
+        if let Some(detail) = announced_mismatch(&response, expected, end, offset) {
             return Err(fail(&hop, size_error(expected, limit, detail)));
         }
-        if offset > 0 {
-            reporter.resumed(offset);
+        let ranges = match (end < limit, &resume) {
+            (true, Some(r)) => r.ranges.clone(),
+            _ => Vec::new(),
+        };
+        let present = ranges.iter().fold(offset, |n, [s, e]| n + (e - s));
+        if present > 0 {
+            reporter.resumed(present);
         }
         if let (None, Some(announced)) = (expected, response.content_length()) {
             reporter.length(offset.saturating_add(announced));
@@ -179,12 +189,15 @@ impl Fetcher {
             _ => validator(&response),
         };
         if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
-            if response.status().as_u16() == 206 && limit - offset >= PARTS_MIN_BYTES {
+            let large = limit - offset >= PARTS_MIN_BYTES || end < limit;
+            if response.status().as_u16() == 206 && large {
                 let first = FirstPart {
                     hop,
                     response,
                     permit: host_permit,
                     offset,
+                    end,
+                    ranges,
                     validator: v.clone(),
                     policy: policy_changes.clone(),
                     also: also.to_vec(),
