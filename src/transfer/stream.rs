@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::error::{Attempt, AttemptError};
+use crate::net::response::Response;
 use crate::store::partial::PartialPaths;
 use crate::transfer::body::{
     announced_mismatch, check_finished, local_write, open_sink, size_error, Body,
@@ -124,12 +125,7 @@ impl Fetcher {
                 error,
             })
         };
-        let cancelled = async {
-            match cancel {
-                Some(token) => token.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
+        let cancelled = until_cancelled(cancel);
         tokio::pin!(cancelled);
         // Taken before the first hop is checked: a change from here on is
         // seen, whatever the transfer is waiting for.
@@ -165,18 +161,10 @@ impl Fetcher {
                 }
             }
         };
-        // A `206` ends where it was asked to (a kept range may follow).
-        let end = match (response.status().as_u16(), ask.as_ref().and_then(|a| a.end)) {
-            (206, Some(last)) => last + 1,
-            _ => limit,
-        };
+        let (end, ranges) = extent(&response, ask.as_ref(), resume.as_ref(), limit);
         if let Some(detail) = announced_mismatch(&response, expected, end, offset) {
             return Err(fail(&hop, size_error(expected, limit, detail)));
         }
-        let ranges = match (end < limit, &resume) {
-            (true, Some(r)) => r.ranges.clone(),
-            _ => Vec::new(),
-        };
         let present = ranges.iter().fold(offset, |n, [s, e]| n + (e - s));
         if present > 0 {
             reporter.resumed(present);
@@ -245,4 +233,32 @@ impl Fetcher {
             final_url: hop,
         }))
     }
+}
+
+/// Resolves when `cancel` fires (never without one).
+async fn until_cancelled(cancel: Option<&CancellationToken>) {
+    match cancel {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where an accepted response's body ends (a `206` ends where it was asked
+/// to: a kept range may follow), and the kept ranges of `resume` beyond it
+/// (none when the body runs to the end of the file).
+fn extent(
+    response: &Response,
+    ask: Option<&Ask>,
+    resume: Option<&Resume>,
+    limit: u64,
+) -> (u64, Vec<[u64; 2]>) {
+    let end = match (response.status().as_u16(), ask.and_then(|a| a.end)) {
+        (206, Some(last)) => last + 1,
+        _ => limit,
+    };
+    let ranges = match (end < limit, resume) {
+        (true, Some(r)) => r.ranges.clone(),
+        _ => Vec::new(),
+    };
+    (end, ranges)
 }
