@@ -247,12 +247,12 @@ fresh_aside() {
     mkdir -p "$W/out"
 }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
-# The same with one connection per file (no ranged parts), and with eight
-# connections per host (the default max_per_host of 6 bounds the parts).
+# The same with one connection per file (no ranged parts), and with six
+# connections per host (the former default of max_per_host, now 8).
 { printf '[network]\nconnections_per_file = 1\n'; cat "$W/config.toml"; } >"$W/one.toml"
-{ printf '[service]\nmax_per_host = 8\n'; cat "$W/config.toml"; } >"$W/eight.toml"
+{ printf '[service]\nmax_per_host = 6\n'; cat "$W/config.toml"; } >"$W/six.toml"
 OURS1=("$BIN" --config "$W/one.toml" --store "$W/store")
-OURS8=("$BIN" --config "$W/eight.toml" --store "$W/store")
+OURS6=("$BIN" --config "$W/six.toml" --store "$W/store")
 { printf '[network]\nspread_over_mirrors = true\n'; cat "$W/config.toml"; } >"$W/spread.toml"
 OURSS=("$BIN" --config "$W/spread.toml" --store "$W/store")
 
@@ -284,7 +284,7 @@ capped_round() { # case file
     local u1=https://$HOST:$PORT3/$f i1=https://127.0.0.1:$PORT3/$f
     local i2=https://127.0.0.1:$PORT4/$f i3=https://127.0.0.1:$PORT5/$f
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
-    fresh; timed "$c" "gem-resources fetch, max_per_host = 8" "${OURS8[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, max_per_host = 6" "${OURS6[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, spread_over_mirrors" "${OURSS[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl -o (one connection)" "${CURL[@]}" -o "$W/out/f" "$u1"

@@ -1,7 +1,8 @@
 //! The record beside a partial file → `PartialMeta::parse`, which decides
 //! whether kept bytes may be resumed. No panic; an accepted record names an
-//! `https` address, carries a usable validator (or none), fits the size
-//! cap, and reads back to itself once written again.
+//! `https` address, carries a usable validator (or none), holds only kept
+//! ranges that are non-empty, sorted and apart from each other and from the
+//! prefix, fits the size cap, and reads back to itself once written again.
 #![no_main]
 
 use gem_resources::partial::PartialMeta;
@@ -19,6 +20,13 @@ fuzz_target!(|data: &[u8]| {
         assert!(!v.is_empty() && v.len() <= 256, "{v:?}");
         assert!(v.bytes().all(|b| (0x20..0x7f).contains(&b) || b == b'\t'), "{v:?}");
     }
+    let mut end = meta.durable;
+    for [s, e] in &meta.ranges {
+        assert!(*s > end && e > s, "{:?} after {}", meta.ranges, meta.durable);
+        end = *e;
+    }
+    assert_eq!(meta.end(), end);
+    assert!(meta.durable_bytes() <= end, "{meta:?}");
     let again = serde_json::to_vec(&meta).unwrap();
     if again.len() <= 4096 {
         assert_eq!(PartialMeta::parse(&again), Some(meta));

@@ -2,16 +2,24 @@
 //!
 //! ```text
 //! tmp/<sha256>.<size>.partial        the bytes received so far
-//! tmp/<sha256>.<size>.partial.json   where they came from and how many are durable
+//! tmp/<sha256>.<size>.partial.json   where they came from and which are durable
 //! ```
 //!
 //! The names carry no random part, so the next process (after a crash, a
 //! `kill -9`, Ctrl-C or a reset) finds the file by the SHA-256 it wants. The
 //! record says which address sent the bytes, the validator that address
-//! gave (a strong `ETag`, else `Last-Modified`), and how many bytes were
-//! flushed to disk (`fdatasync`) before the record was written: only that
-//! prefix is trusted, whatever the file's length says. Whoever touches these
-//! files holds the SHA-256's lock ([`crate::store::Store::lock`]).
+//! gave (a strong `ETag`, else `Last-Modified`), and which bytes were
+//! flushed to disk (`fdatasync`) before the record was written: a prefix
+//! (`durable`) and, for a file fetched in ranged parts, the ranges beyond it
+//! (`ranges`, `[start, end)` pairs). Only those are trusted, whatever the
+//! file's length says, and only when the record is exact: ranges sorted,
+//! apart from each other and from the prefix, inside the data file; a
+//! record that claims anything else is discarded whole. A record written
+//! before ranges existed (a prefix only) reads as a prefix with no ranges.
+//! Kept ranges are not trusted for what they hold either: the SHA-256 of
+//! the whole file is computed in order, reading them back when the prefix
+//! reaches them. Whoever touches these files holds the SHA-256's lock
+//! ([`crate::store::Store::lock`]).
 //!
 //! A partial file is never visible at a final path: only a file whose size
 //! and digest were verified leaves `tmp/` (`Store::publish`).
@@ -37,8 +45,14 @@ pub struct PartialMeta {
     /// `ETag` (strong) or `Last-Modified` of that response, sent back as
     /// `If-Range`; without one the bytes are not resumed.
     pub validator: Option<String>,
-    /// Bytes flushed to disk before this record was written.
+    /// Bytes flushed to disk before this record was written, from the
+    /// start: the prefix.
     pub durable: u64,
+    /// Ranges beyond the prefix flushed to disk before this record was
+    /// written, `[start, end)`, sorted, apart from each other and from the
+    /// prefix (absent from records of one stream).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<[u64; 2]>,
 }
 
 /// Longest validator kept; a longer one is not used.
@@ -61,8 +75,32 @@ impl PartialMeta {
                 && v.len() <= MAX_VALIDATOR
                 && v.bytes().all(|b| (0x20..0x7f).contains(&b) || b == b'\t')
         });
-        (address.scheme() == "https" && validator_ok).then_some(meta)
+        let ranges_ok = ranges_exact(meta.durable, &meta.ranges);
+        (address.scheme() == "https" && validator_ok && ranges_ok).then_some(meta)
     }
+
+    /// The durable bytes the record claims: the prefix and every range.
+    pub fn durable_bytes(&self) -> u64 {
+        self.ranges
+            .iter()
+            .fold(self.durable, |n, [s, e]| n.saturating_add(e - s))
+    }
+
+    /// Where the durable bytes end: the last range's end, else the prefix.
+    pub fn end(&self) -> u64 {
+        self.ranges.last().map_or(self.durable, |r| r[1])
+    }
+}
+
+/// Whether `ranges` are non-empty, sorted and apart: each starts after the
+/// end of the one before (and the first after the prefix `durable`).
+fn ranges_exact(durable: u64, ranges: &[[u64; 2]]) -> bool {
+    let mut end = durable;
+    ranges.iter().all(|&[s, e]| {
+        let ok = s > end && e > s;
+        end = e;
+        ok
+    })
 }
 
 /// A partial file of one SHA-256 and size, found or created.
@@ -87,19 +125,17 @@ impl PartialPaths {
         PartialMeta::parse(&bytes)
     }
 
-    /// How many trusted bytes are kept: the durable length, when the data
-    /// file (a regular file of the store's user) really has that many.
+    /// How many trusted bytes are kept (the prefix and the ranges), when
+    /// the data file (a regular file of the store's user) really holds
+    /// every byte the record claims.
     pub(crate) fn kept(&self) -> Option<(PartialMeta, u64)> {
         let meta = self.read_meta()?;
         let data = fs::symlink_metadata(&self.data).ok()?;
         if !crate::store::trust::is_own_file(&data) {
             return None;
         }
-        let len = data.len();
-        (meta.durable > 0 && meta.durable <= len).then(|| {
-            let durable = meta.durable;
-            (meta, durable)
-        })
+        let kept = meta.durable_bytes();
+        (kept > 0 && meta.end() <= data.len()).then_some((meta, kept))
     }
 
     /// Bytes the data file holds beyond its first `kept`, which a download
@@ -150,6 +186,7 @@ impl Checkpointer {
                 address: address.to_string(),
                 validator,
                 durable: 0,
+                ranges: Vec::new(),
             },
         }
     }
@@ -168,11 +205,21 @@ impl Checkpointer {
         let _ = fs::remove_file(&self.path);
     }
 
-    /// Records `durable` flushed bytes (atomically: a crash leaves the old
-    /// record or the new one).
+    /// Records `durable` flushed bytes from the start (atomically: a crash
+    /// leaves the old record or the new one).
     pub(crate) fn record(&mut self, durable: u64) -> io::Result<()> {
+        self.record_ranges(durable, Vec::new())
+    }
+
+    /// Records a flushed prefix of `durable` bytes and flushed `ranges`
+    /// beyond it (sorted and apart, as [`PartialMeta::ranges`]).
+    pub(crate) fn record_ranges(&mut self, durable: u64, ranges: Vec<[u64; 2]>) -> io::Result<()> {
+        if !ranges_exact(durable, &ranges) {
+            return Err(io::Error::other("ranges to record overlap or are unsorted"));
+        }
         self.meta.durable = durable;
-        if durable == 0 || self.meta.validator.is_none() {
+        self.meta.ranges = ranges;
+        if self.meta.durable_bytes() == 0 || self.meta.validator.is_none() {
             // Nothing that could be resumed.
             return match fs::remove_file(&self.path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -226,15 +273,29 @@ mod tests {
             address: "https://cdn.test/a.bin".into(),
             validator: Some("\"abc\"".into()),
             durable: 42,
+            ranges: vec![[100, 200], [300, 301]],
         };
         let bytes = serde_json::to_vec(&meta).unwrap();
-        assert_eq!(PartialMeta::parse(&bytes), Some(meta));
+        assert_eq!(PartialMeta::parse(&bytes), Some(meta.clone()));
+        assert_eq!(meta.durable_bytes(), 42 + 100 + 1);
+        // A record of a prefix only, as written before ranges existed.
+        let old = br#"{"address":"https://cdn.test/a","validator":"\"v\"","durable":7}"#;
+        let old = PartialMeta::parse(old).expect("an old record still reads");
+        assert_eq!((old.durable, old.ranges.len()), (7, 0));
         for bad in [
             &br#"{"address":"http://cdn.test/a","validator":null,"durable":1}"#[..],
             br#"{"address":"https://cdn.test/a","validator":"a\nb","durable":1}"#,
             br#"{"address":"https://cdn.test/a","validator":"","durable":1}"#,
             br#"{"address":"https://cdn.test/a","validator":null,"durable":1,"x":1}"#,
             br#"{"address":"https://cdn.test/a","durable":-1}"#,
+            // Ranges that touch the prefix, overlap, are unsorted, empty
+            // or reversed.
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":10,"ranges":[[10,20]]}"#,
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":0,"ranges":[[5,20],[15,30]]}"#,
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":0,"ranges":[[50,60],[5,20]]}"#,
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":0,"ranges":[[5,5]]}"#,
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":0,"ranges":[[9,5]]}"#,
+            br#"{"address":"https://cdn.test/a","validator":null,"durable":0,"ranges":[[5]]}"#,
             b"not json",
         ] {
             assert_eq!(
@@ -244,6 +305,20 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn kept_ranges_must_lie_inside_the_data_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = PartialPaths::new(dir.path(), &"a".repeat(64), 1000);
+        std::fs::write(&paths.data, vec![1u8; 500]).unwrap();
+        let mut c = Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
+        c.record_ranges(0, vec![[100, 200], [300, 500]]).unwrap();
+        let (meta, kept) = paths.kept().expect("inside the file");
+        assert_eq!((meta.durable, kept), (0, 300));
+        c.record_ranges(10, vec![[100, 200], [300, 501]]).unwrap();
+        assert!(paths.kept().is_none(), "one byte past the data file");
+        assert!(c.record_ranges(10, vec![[300, 400], [100, 200]]).is_err());
     }
 
     #[test]

@@ -233,8 +233,13 @@ pub(super) fn size_error(
     }
 }
 
-/// A body that broke off. A reset or timeout is the network's fault; a
-/// connection closed early is the server sending too few bytes.
+/// A body that broke off. A reset or timeout is the network's fault, and
+/// so is a TLS stream that ends without `close_notify` (the TLS layer's
+/// `UnexpectedEof`): the connection was cut under it, as a proxy shows an
+/// origin's reset (it can only close its side of the tunnel). A connection
+/// the server closed properly (TLS `close_notify`) before the announced
+/// length (HTTP's own `UnexpectedEof`, "end of file before message length
+/// reached") is the server sending too few bytes.
 pub(super) fn body_error(
     e: &BodyError,
     received: u64,
@@ -245,10 +250,12 @@ pub(super) fn body_error(
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind::*;
-            if matches!(
-                io.kind(),
-                ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
-            ) {
+            let cut = match io.kind() {
+                ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut => true,
+                UnexpectedEof => without_close_notify(io),
+                _ => false,
+            };
+            if cut {
                 let why = crate::net::reason::network_reason(e, "");
                 return AttemptError::Network {
                     reason: format!("{why} after {received} bytes"),
@@ -262,6 +269,15 @@ pub(super) fn body_error(
         crate::net::reason::network_reason(e, "")
     );
     size_error(expected, limit, detail)
+}
+
+/// Whether an `UnexpectedEof` is the TLS layer's: the peer closed the
+/// connection without `close_notify` (rustls says so in its message; the
+/// HTTP layer's short body says "end of file before message length
+/// reached").
+fn without_close_notify(io: &std::io::Error) -> bool {
+    io.get_ref()
+        .is_some_and(|inner| inner.to_string().contains("close_notify"))
 }
 
 #[cfg(test)]
@@ -305,6 +321,23 @@ mod tests {
             received += 2048;
             assert!(f.check_progress(&mut window, received).is_ok());
         }
+    }
+
+    #[test]
+    fn only_the_tls_layers_early_end_is_a_cut_connection() {
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed connection without sending TLS close_notify",
+        );
+        assert!(without_close_notify(&tls));
+        let http = std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "end of file before message length reached",
+        );
+        assert!(!without_close_notify(&http));
+        assert!(!without_close_notify(
+            &std::io::ErrorKind::UnexpectedEof.into()
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -287,7 +287,10 @@ impl Job<'_> {
         );
         loop {
             let resume = self.resume_from(address).await;
-            let resumed_from = resume.as_ref().map_or(0, |r| r.offset);
+            // Kept bytes in all: the prefix and any ranges beyond it.
+            let resumed_from = resume.as_ref().map_or(0, |r| {
+                r.ranges.iter().fold(r.offset, |n, [s, e]| n + (e - s))
+            });
             tracing::debug!(resource = %self.resource.id, %address, resumed_from, "trying");
             progress.trying(address);
             let control = Control {
@@ -361,17 +364,20 @@ impl Job<'_> {
         .unwrap_or(0)
     }
 
-    /// The kept bytes, when they came from `address` and can be continued.
+    /// The kept bytes, when they came from `address` and can be continued:
+    /// the prefix and the ranges beyond it, when they all lie inside the
+    /// file and leave something to fetch.
     async fn resume_from(&self, address: &Url) -> Option<Resume> {
         let (address, size) = (address.to_string(), self.resource.size);
         self.on_disk(move |paths| {
-            let (meta, offset) = paths.kept()?;
-            if meta.address != address || offset >= size {
+            let (meta, kept) = paths.kept()?;
+            if meta.address != address || kept >= size || meta.end() > size {
                 return None;
             }
             Some(Resume {
-                offset,
+                offset: meta.durable,
                 validator: meta.validator?,
+                ranges: meta.ranges,
             })
         })
         .await

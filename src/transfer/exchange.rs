@@ -37,11 +37,16 @@ pub(super) struct Ask {
 }
 
 impl Ask {
-    /// The rest of the file after the kept bytes of `resume`.
-    pub(super) fn resume(resume: &Resume) -> Ask {
+    /// The rest of the file after the kept prefix of `resume`; with
+    /// `parts`, only up to its first kept range.
+    pub(super) fn resume(resume: &Resume, parts: bool) -> Ask {
+        let end = match (parts, resume.ranges.first()) {
+            (true, Some([start, _])) => Some(start - 1),
+            _ => None,
+        };
         Ask {
             start: resume.offset,
-            end: None,
+            end,
             validator: Some(resume.validator.clone()),
         }
     }

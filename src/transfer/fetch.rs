@@ -135,6 +135,10 @@ pub(crate) struct Resume {
     pub offset: u64,
     /// The validator that address gave them, sent as `If-Range`.
     pub validator: String,
+    /// Kept ranges beyond `offset` (`[start, end)`, sorted, apart, all
+    /// flushed), from a transfer in parts; a transfer in parts asks only
+    /// for the ranges between them, one stream ignores them.
+    pub ranges: Vec<[u64; 2]>,
 }
 
 /// Where a transfer's bytes go.
@@ -198,6 +202,9 @@ pub struct Fetcher {
     /// Whether the parts come from the url and its mirrors at once
     /// (`network.spread_over_mirrors`).
     pub(super) spread: bool,
+    /// A large file is split into parts only while its first connection
+    /// brings less than this, in bytes per second.
+    pub(super) split_below: u64,
 }
 
 /// How a transfer of an address would connect (see [`Fetcher::route`]).
@@ -290,6 +297,7 @@ impl Fetcher {
                 .min(settings.max_per_host)
                 .max(1),
             spread: settings.spread_over_mirrors,
+            split_below: crate::transfer::parts::SPLIT_BELOW_BYTES_PER_SEC,
         })
     }
 
@@ -299,6 +307,16 @@ impl Fetcher {
     /// address.
     pub fn with_progress_window(mut self, window: Duration) -> Fetcher {
         self.progress_window = window;
+        self
+    }
+
+    /// The same fetcher splitting a large file into parts only while its
+    /// first connection brings less than `bytes_per_sec` (measured over
+    /// [`RATE_WINDOW`](crate::transfer::parts::RATE_WINDOW)) instead of
+    /// [`SPLIT_BELOW_BYTES_PER_SEC`](crate::transfer::parts::SPLIT_BELOW_BYTES_PER_SEC):
+    /// 0 never splits, `u64::MAX` splits at the first look.
+    pub fn with_split_below(mut self, bytes_per_sec: u64) -> Fetcher {
+        self.split_below = bytes_per_sec;
         self
     }
 

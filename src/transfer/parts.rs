@@ -3,13 +3,17 @@
 //! A file of at least [`PARTS_MIN_BYTES`] asks for all of itself as a range
 //! (`Range: bytes=0-`, or the rest after kept bytes with `If-Range`). When
 //! the server answers with a `206` whose `Content-Range` is exactly that
-//! range and a validator (a strong `ETag`, else `Last-Modified`), the file is
-//! split: that first response keeps its body up to the first split point,
-//! and up to `network.connections_per_file` parts (at most
-//! `service.max_per_host`) ask for the others, each with `Range` and
-//! `If-Range`. A part that finishes takes over the upper half of the
-//! largest range still to come (work stealing), so one slow connection does
-//! not set the finishing time.
+//! range and a validator (a strong `ETag`, else `Last-Modified`), the file
+//! may be split: that first response is read as one stream while its rate
+//! is measured, and only when it is below [`SPLIT_BELOW_BYTES_PER_SEC`]
+//! (a connection capped by its server, or a slow link) do up to
+//! `network.connections_per_file` parts (at most `service.max_per_host`)
+//! take over ranges of the rest, each with `Range` and `If-Range`. A
+//! connection faster than that is left alone: past it, more connections add
+//! work (decryption, a read-back of the bytes written ahead of the hashed
+//! prefix) on the same cores instead of speed. A part that finishes takes
+//! over the upper half of the largest range still to come (work stealing),
+//! so one slow connection does not set the finishing time.
 //!
 //! Every part is one exchange like a single stream's: each hop checked
 //! (scheme, policy, address, via the proxy when there is one), its host's
@@ -30,9 +34,11 @@
 
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -44,7 +50,7 @@ use crate::transfer::body::{check_finished, local_write, size_error, Body};
 use crate::transfer::exchange::{validator, Ask, HeadError};
 use crate::transfer::fetch::{Expected, Fetcher, Reporter, Transfer, TransferError};
 use crate::transfer::scatter::{self, Scatter};
-use crate::transfer::sink::{BodySink, BATCH_BYTES};
+use crate::transfer::sink::{BodySink, Written, BATCH_BYTES};
 
 /// Files smaller than this are one request each.
 pub const PARTS_MIN_BYTES: u64 = 8 << 20;
@@ -52,6 +58,19 @@ pub const PARTS_MIN_BYTES: u64 = 8 << 20;
 /// No part is split below this: a range is stolen only when at least twice
 /// this much of it is still to come.
 pub const MIN_PART_BYTES: u64 = 1 << 20;
+
+/// The file is split into parts only while its first connection brings
+/// less than this (bytes per second, over [`RATE_WINDOW`]): CDNs that cap
+/// one connection do so well below it, and a connection above it keeps a
+/// core busy already (decryption, SHA-256, the copy into the page cache).
+pub const SPLIT_BELOW_BYTES_PER_SEC: u64 = 64 << 20;
+
+/// The first connection's rate is measured over windows this long, from
+/// its first byte on...
+pub const RATE_WINDOW: Duration = Duration::from_millis(250);
+
+/// ...and a window this old that is already below the rate splits the file.
+const FIRST_LOOK: Duration = Duration::from_millis(100);
 
 /// The accepted answer to the first request, which becomes the first part.
 pub(super) struct FirstPart {
@@ -61,8 +80,14 @@ pub(super) struct FirstPart {
     pub response: Response,
     /// Its host's connection slot.
     pub permit: HostPermit,
-    /// Where its body starts (the kept bytes before it).
+    /// Where its body starts (the kept prefix before it).
     pub offset: u64,
+    /// Where its body ends: the first kept range after `offset`, else the
+    /// file's end.
+    pub end: u64,
+    /// The kept ranges beyond the prefix (`[start, end)`, sorted, apart):
+    /// only the ranges between them are asked for.
+    pub ranges: Vec<[u64; 2]>,
     /// The validator every part must match.
     pub validator: String,
     /// The policy changes, as seen since before the first hop was checked.
@@ -77,6 +102,24 @@ pub(super) struct FirstPart {
 struct Slot {
     next: u64,
     end: u64,
+}
+
+/// Whether the parts beyond the first run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The first connection is being measured.
+    Probing,
+    /// It is slow: the other parts take over ranges.
+    Split,
+    /// The first connection ended (or the parts stopped) without a split.
+    Done,
+}
+
+/// The first connection's current rate window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    since: Instant,
+    bytes: u64,
 }
 
 /// Why the parts stopped.
@@ -104,6 +147,8 @@ struct Run<'a> {
     /// the first response's).
     validators: Mutex<Vec<Option<String>>>,
     slots: Mutex<Vec<Slot>>,
+    /// Missing ranges between kept ones that no part has taken yet.
+    pending: Mutex<std::collections::VecDeque<(u64, u64)>>,
     progress: Mutex<Progress<'a>>,
     scatter: Scatter,
     sink_path: PathBuf,
@@ -111,6 +156,11 @@ struct Run<'a> {
     stop: CancellationToken,
     policy: watch::Receiver<u64>,
     failure: Mutex<Option<Stop>>,
+    /// The first connection's rate window, until the file is split.
+    window: Mutex<Option<Window>>,
+    /// Below this rate of the first connection the file is split.
+    split_below: u64,
+    phase: watch::Sender<Phase>,
 }
 
 /// The file's one progress stream.
@@ -133,6 +183,59 @@ impl Run<'_> {
         self.stop.cancel();
     }
 
+    /// Counts `bytes` more of the first connection, and splits the file
+    /// when its window is old enough and its rate below the threshold.
+    fn measure(&self, bytes: u64) {
+        let mut window = lock(&self.window);
+        let Some(w) = window.as_mut() else {
+            return;
+        };
+        w.bytes += bytes;
+        let elapsed = w.since.elapsed();
+        if elapsed < FIRST_LOOK {
+            return;
+        }
+        let rate = w.bytes as f64 / elapsed.as_secs_f64();
+        if rate < self.split_below as f64 {
+            tracing::debug!(address = %self.address, rate, "a slow connection: fetching in parts");
+            *window = None;
+            self.set_phase(Phase::Split);
+        } else if elapsed >= RATE_WINDOW {
+            *w = Window {
+                since: Instant::now(),
+                bytes: 0,
+            };
+        }
+    }
+
+    /// The first connection ended: the other parts no longer wait.
+    fn first_done(&self) {
+        *lock(&self.window) = None;
+        self.set_phase(Phase::Done);
+    }
+
+    /// Leaves [`Phase::Probing`] for `to`, once.
+    fn set_phase(&self, to: Phase) {
+        self.phase.send_if_modified(|p| {
+            let probing = *p == Phase::Probing;
+            if probing {
+                *p = to;
+            }
+            probing
+        });
+    }
+
+    /// Waits until the file is split (`true`: part `i` took over a range)
+    /// or will not be.
+    async fn opened(&self, i: usize) -> bool {
+        let mut phase = self.phase.subscribe();
+        let split = tokio::select! {
+            () = self.stop.cancelled() => false,
+            p = phase.wait_for(|p| *p != Phase::Probing) => p.is_ok_and(|p| *p == Phase::Split),
+        };
+        split && (self.claim(i).is_some() || self.steal(i))
+    }
+
     /// The range part `i` still has to ask for, if any.
     fn claim(&self, i: usize) -> Option<(u64, u64)> {
         let slots = lock(&self.slots);
@@ -140,10 +243,15 @@ impl Run<'_> {
         (s.next < s.end).then_some((s.next, s.end))
     }
 
-    /// Part `i` takes over the upper half of the largest range still to
-    /// come; `false` when none is worth splitting.
+    /// Part `i` takes the next missing range no part has taken, else over
+    /// the upper half of the largest range still to come; `false` when none
+    /// is left or worth splitting.
     fn steal(&self, i: usize) -> bool {
         let mut slots = lock(&self.slots);
+        if let Some((next, end)) = lock(&self.pending).pop_front() {
+            slots[i] = Slot { next, end };
+            return true;
+        }
         let Some((j, rest)) = slots
             .iter()
             .map(|s| s.end.saturating_sub(s.next))
@@ -198,22 +306,55 @@ impl Run<'_> {
     }
 }
 
-/// The first ranges: `[offset, size)` cut into up to `n` parts of at least
-/// [`MIN_PART_BYTES`].
-fn split(offset: u64, size: u64, n: usize) -> Vec<Slot> {
+/// The missing ranges of `[offset, size)`: those between the kept
+/// `ranges` (sorted, apart, after `offset`).
+fn missing(offset: u64, size: u64, ranges: &[[u64; 2]]) -> Vec<(u64, u64)> {
+    let mut gaps = Vec::new();
+    let mut at = offset;
+    for &[s, e] in ranges {
+        if s > at {
+            gaps.push((at, s.min(size)));
+        }
+        at = at.max(e);
+    }
+    if at < size {
+        gaps.push((at, size));
+    }
+    gaps
+}
+
+/// The first ranges: the first missing range for the first connection,
+/// and an empty one for each other part, up to `n` parts in all and one
+/// per [`MIN_PART_BYTES`] still missing; they take over ranges once the
+/// file is split.
+fn first_slots(gaps: &[(u64, u64)], n: usize) -> Vec<Slot> {
+    let missing: u64 = gaps.iter().map(|(s, e)| e - s).sum();
+    let count = (missing / MIN_PART_BYTES).clamp(1, n as u64);
+    let (next, end) = gaps.first().copied().unwrap_or((0, 0));
+    let mut slots = vec![Slot { next: end, end }; count as usize];
+    slots[0].next = next;
+    slots
+}
+
+/// Cuts the first range of `slots` into equal ones over all of them (each
+/// of at least [`MIN_PART_BYTES`] when it can): for parts that start at
+/// once.
+fn spread_first(slots: &mut [Slot]) {
+    let (offset, size) = (slots[0].next, slots[0].end);
     let rest = size - offset;
-    let count = (rest / MIN_PART_BYTES).clamp(1, n as u64);
+    let count = (rest / MIN_PART_BYTES).clamp(1, slots.len() as u64);
     let step = rest / count;
-    (0..count)
-        .map(|k| Slot {
+    for k in 0..count {
+        let end = if k + 1 == count {
+            size
+        } else {
+            offset + (k + 1) * step
+        };
+        slots[k as usize] = Slot {
             next: offset + k * step,
-            end: if k + 1 == count {
-                size
-            } else {
-                offset + (k + 1) * step
-            },
-        })
-        .collect()
+            end,
+        };
+    }
 }
 
 impl Fetcher {
@@ -239,6 +380,8 @@ impl Fetcher {
             response,
             permit,
             offset,
+            end,
+            ranges,
             validator,
             policy,
             also,
@@ -253,10 +396,27 @@ impl Fetcher {
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
             .map_err(|e| local_write(&paths.data, e))?;
         let checkpoints = Checkpointer::new(paths, address.as_str(), Some(validator.clone()));
+        let gaps = missing(offset, expected.size, &ranges);
+        if gaps.first().map(|g| g.1) != Some(end) {
+            return Err(local_write(
+                &paths.data,
+                std::io::Error::other("the first part is not the first missing range"),
+            ));
+        }
+        let kept = Written {
+            prefix: offset,
+            ranges,
+        };
+        let present = kept.bytes();
         let (scatter, thread) =
-            scatter::start(file, offset, checkpoints).map_err(|e| local_write(&paths.data, e))?;
-        let slots = split(offset, expected.size, self.parts);
-        tracing::debug!(%address, parts = slots.len(), "fetching in parts");
+            scatter::start(file, kept, checkpoints).map_err(|e| local_write(&paths.data, e))?;
+        let mut slots = first_slots(&gaps, self.parts);
+        // Parts from several sources were asked for: they start at once.
+        let spread = sources.len() > 1;
+        if spread {
+            spread_first(&mut slots);
+        }
+        tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
         let count = slots.len();
         let run = Run {
             address,
@@ -264,20 +424,31 @@ impl Fetcher {
             sources,
             validators: Mutex::new(validators),
             slots: Mutex::new(slots),
+            pending: Mutex::new(gaps.into_iter().skip(1).collect()),
             progress: Mutex::new(Progress {
                 reporter,
-                total: offset,
+                total: present,
             }),
             scatter,
             sink_path: paths.data.clone(),
             stop: cancel.map_or_else(CancellationToken::new, CancellationToken::child_token),
             policy,
             failure: Mutex::new(None),
+            window: Mutex::new((!spread).then(|| Window {
+                since: Instant::now(),
+                bytes: 0,
+            })),
+            split_below: self.split_below,
+            phase: watch::channel(if spread { Phase::Split } else { Phase::Probing }).0,
         };
         let mut first = Some((hop.clone(), response, permit));
-        let workers =
-            (0..count).map(|i| self.worker(&run, i, if i == 0 { first.take() } else { None }));
-        futures_util::future::join_all(workers).await;
+        // Polled only when woken: the parts waiting for a split cost the
+        // first connection nothing.
+        let mut workers: futures_util::stream::FuturesUnordered<_> = (0..count)
+            .map(|i| self.worker(&run, i, if i == 0 { first.take() } else { None }))
+            .collect();
+        while futures_util::StreamExt::next(&mut workers).await.is_some() {}
+        drop(workers);
         let failure = lock(&run.failure).take();
         let outcome = match failure {
             None => self.finish_parts(&run, &hop).await,
@@ -319,19 +490,25 @@ impl Fetcher {
         }))
     }
 
-    /// One connection's work: its range, then ranges taken over from the
-    /// others, until nothing is worth taking.
-    async fn worker(
-        &self,
-        run: &Run<'_>,
-        i: usize,
-        mut first: Option<(Url, Response, HostPermit)>,
-    ) {
+    /// One connection's work: its range (the first's, or one taken over
+    /// once the file is split), then ranges taken over from the others,
+    /// until nothing is worth taking.
+    async fn worker(&self, run: &Run<'_>, i: usize, first: Option<(Url, Response, HostPermit)>) {
+        if i > 0 && !run.opened(i).await {
+            return;
+        }
+        self.work(run, i, first).await;
+        if i == 0 {
+            run.first_done();
+        }
+    }
+
+    async fn work(&self, run: &Run<'_>, i: usize, mut first: Option<(Url, Response, HostPermit)>) {
         let mut policy = run.policy.clone();
         loop {
             let result = match first.take() {
                 Some((hop, response, _permit)) => {
-                    let limit = run.expected.size;
+                    let limit = run.claim(i).map_or(0, |(_, end)| end);
                     let body = (run.address, &hop, response, limit);
                     self.part_body(run, i, body, &mut policy).await
                 }
@@ -491,6 +668,9 @@ impl BodySink for PartSink<'_, '_> {
             s.next += take;
             (take, s.next < s.end)
         };
+        if self.i == 0 {
+            self.run.measure(take);
+        }
         if take > 0 {
             self.batch.push(chunk.slice(..take as usize));
             self.len += take;
@@ -506,6 +686,10 @@ impl BodySink for PartSink<'_, '_> {
     }
 
     async fn checkpoint(&mut self) -> std::io::Result<()> {
+        if self.i == 0 {
+            // A silent first connection is slow too.
+            self.run.measure(0);
+        }
         self.flush().await?;
         self.run.scatter.checkpoint().await
     }
@@ -516,14 +700,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_first_ranges_cover_the_rest_exactly() {
-        let slots = split(100, 100 + 10 * MIN_PART_BYTES + 7, 8);
+    fn the_first_connection_has_the_rest_and_the_others_take_it_over() {
+        let size = 100 + 10 * MIN_PART_BYTES + 7;
+        let slots = first_slots(&missing(100, size, &[]), 8);
         assert_eq!(slots.len(), 8);
-        assert_eq!(slots[0].next, 100);
-        for w in slots.windows(2) {
+        assert_eq!((slots[0].next, slots[0].end), (100, size));
+        assert!(slots[1..].iter().all(|s| s.next == s.end));
+        assert_eq!(first_slots(&missing(0, MIN_PART_BYTES, &[]), 8).len(), 1);
+        let mut spread = slots.clone();
+        spread_first(&mut spread);
+        assert_eq!(spread[0].next, 100);
+        for w in spread.windows(2) {
             assert_eq!(w[0].end, w[1].next);
         }
-        assert_eq!(slots[7].end, 100 + 10 * MIN_PART_BYTES + 7);
-        assert_eq!(split(0, MIN_PART_BYTES, 8).len(), 1);
+        assert_eq!(spread[7].end, size);
+    }
+
+    #[test]
+    fn only_the_ranges_between_kept_ones_are_missing() {
+        assert_eq!(
+            missing(10, 100, &[[20, 30], [40, 100]]),
+            vec![(10, 20), (30, 40)]
+        );
+        assert_eq!(missing(10, 100, &[[20, 30]]), vec![(10, 20), (30, 100)]);
+        assert_eq!(missing(0, 100, &[]), vec![(0, 100)]);
     }
 }

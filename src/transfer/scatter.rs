@@ -9,10 +9,13 @@
 //! batches, one read-back buffer and a list of written ranges (merged, so
 //! about one per part).
 //!
-//! Only the contiguous prefix is ever recorded as durable (flushed, then
-//! recorded next to the partial file), so the trusted-prefix rules of
-//! resume hold unchanged: after a crash the next run continues that prefix
-//! and asks for everything after it again.
+//! What is written is recorded as durable (flushed, then recorded next to
+//! the partial file): the hashed prefix and the ranges written ahead of it.
+//! After a crash the next run starts the writer with the kept prefix and
+//! ranges: the prefix is hashed again first, the ranges are remembered as
+//! written ahead (read back and hashed when the prefix reaches them, like
+//! any other), and only the missing ranges are asked for. Nothing kept is
+//! trusted without being hashed in order with the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -23,7 +26,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::partial::Checkpointer;
-use crate::transfer::sink::{Finished, Records, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES};
+use crate::transfer::sink::{
+    Finished, Records, Written, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES,
+};
 
 /// Batches in flight between all the parts and the writer thread.
 pub(super) const SCATTER_CHUNKS: usize = 16;
@@ -50,17 +55,18 @@ pub(super) struct ScatterThread {
     thread: Option<std::thread::JoinHandle<io::Result<()>>>,
 }
 
-/// Starts the writer over `file`, whose first `offset` bytes are kept
-/// (hashed again first); the record names the address and validator.
+/// Starts the writer over `file`, whose kept bytes are `kept` (its prefix
+/// is hashed again first, its ranges when the prefix reaches them); the
+/// record names the address and validator.
 pub(super) fn start(
     file: File,
-    offset: u64,
+    kept: Written,
     checkpoints: Checkpointer,
 ) -> io::Result<(Scatter, ScatterThread)> {
     let (tx, rx) = mpsc::channel(SCATTER_CHUNKS);
     let thread = std::thread::Builder::new()
         .name("gem-resources-writer".into())
-        .spawn(move || run(file, offset, checkpoints, rx))?;
+        .spawn(move || run(file, kept, checkpoints, rx))?;
     Ok((
         Scatter { tx },
         ScatterThread {
@@ -131,37 +137,48 @@ struct Writer {
     /// Each part's run of writes: where it ends → where its bytes not yet
     /// handed to the kernel's write-back start.
     runs: HashMap<u64, u64>,
-    /// The records of the durable prefix.
+    /// The records of the durable prefix and ranges.
     records: Records,
+    /// Bytes written in all (kept ones included): the prefix and `ahead`.
+    written: u64,
     buf: Vec<u8>,
 }
 
 fn run(
     file: File,
-    offset: u64,
+    kept: Written,
     mut checkpoints: Checkpointer,
     mut rx: mpsc::Receiver<Msg>,
 ) -> io::Result<()> {
-    if offset == 0 {
+    let total = kept.bytes();
+    if total == 0 {
         checkpoints.record(0)?;
     }
-    // Bytes past the trusted prefix are not trusted: cut them.
-    file.set_len(offset)?;
+    // Bytes past the trusted ones are not trusted: cut them.
+    let end = kept.ranges.last().map_or(kept.prefix, |r| r[1]);
+    file.set_len(end)?;
     let mut w = Writer {
         file,
         hasher: Sha256::new(),
         hashed: 0,
         ahead: BTreeMap::new(),
         runs: HashMap::new(),
-        records: Records::new(checkpoints, offset),
+        records: Records::new(checkpoints, total),
+        written: total,
         buf: vec![0u8; REHASH_BUFFER],
     };
-    w.ahead.insert(0, offset);
+    w.ahead.insert(0, kept.prefix);
+    for [s, e] in kept.ranges {
+        w.remember(s, e);
+    }
     w.catch_up()?;
     while let Some(msg) = rx.blocking_recv() {
         match msg {
             Msg::At(at, batch) => w.write(at, &batch)?,
-            Msg::Checkpoint => w.records.checkpoint(&w.file, w.hashed),
+            Msg::Checkpoint => {
+                let written = w.written_now();
+                w.records.checkpoint_written(&w.file, written);
+            }
             Msg::Close(reply) => {
                 if let Err(e) = w.keep() {
                     tracing::warn!("cannot keep the partial download: {e}");
@@ -187,6 +204,7 @@ impl Writer {
             end += chunk.len() as u64;
         }
         self.write_back(at, end);
+        self.written += end - at;
         if at == self.hashed {
             for chunk in batch {
                 self.hasher.update(chunk);
@@ -196,10 +214,19 @@ impl Writer {
             self.remember(at, end);
         }
         self.catch_up()?;
-        if self.hashed - self.records.requested() >= CHECKPOINT_BYTES {
-            self.records.checkpoint(&self.file, self.hashed);
+        if self.written - self.records.requested() >= CHECKPOINT_BYTES {
+            let written = self.written_now();
+            self.records.checkpoint_written(&self.file, written);
         }
         Ok(())
+    }
+
+    /// What is written now: the hashed prefix and the ranges ahead of it.
+    fn written_now(&self) -> Written {
+        Written {
+            prefix: self.hashed,
+            ranges: self.ahead.iter().map(|(&s, &e)| [s, e]).collect(),
+        }
     }
 
     /// Starts the kernel's write-back of a part's run once it holds
@@ -264,9 +291,11 @@ impl Writer {
         Ok(())
     }
 
-    /// Stopped early: keeps the prefix for resume when it can be resumed.
+    /// Stopped early: keeps the prefix and the ranges for resume when they
+    /// can be resumed.
     fn keep(&mut self) -> io::Result<()> {
-        self.records.keep(&self.file, self.hashed)
+        let written = self.written_now();
+        self.records.keep_written(&self.file, written)
     }
 
     fn finish(&mut self) -> io::Result<Finished> {
@@ -296,7 +325,7 @@ mod tests {
         let paths = PartialPaths::new(dir.path(), &"a".repeat(64), body.len() as u64);
         let file = paths.open_data().unwrap();
         let checkpoints = Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
-        let (scatter, thread) = start(file, 0, checkpoints).unwrap();
+        let (scatter, thread) = start(file, Written::default(), checkpoints).unwrap();
         // Three parts, the last first, each in two batches.
         for (s, e) in [
             (2_000_000, 3_000_000),
@@ -315,5 +344,48 @@ mod tests {
         assert_eq!(finished.len, body.len() as u64);
         assert_eq!(finished.sha256, hex::encode(Sha256::digest(&body)));
         assert_eq!(std::fs::read(&paths.data).unwrap(), body);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_ranges_are_read_back_and_recorded_with_the_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i * 11 % 253) as u8).collect();
+        let paths = PartialPaths::new(dir.path(), &"b".repeat(64), body.len() as u64);
+        // Kept: the first 500,000 bytes and [2,000,000, 2,500,000).
+        let mut kept = body.clone();
+        kept[500_000..2_000_000].fill(0);
+        kept.truncate(2_600_000);
+        std::fs::write(&paths.data, &kept).unwrap();
+        let file = paths.open_data().unwrap();
+        let checkpoints = Checkpointer::new(&paths, "https://cdn.test/b", Some("\"v\"".into()));
+        let written = Written {
+            prefix: 500_000,
+            ranges: vec![[2_000_000, 2_500_000]],
+        };
+        let (scatter, thread) = start(file, written, checkpoints).unwrap();
+        for (a, b) in [(2_500_000, 3_000_000), (1_000_000, 2_000_000)] {
+            let batch = vec![Bytes::copy_from_slice(&body[a..b])];
+            scatter.write_at(a as u64, batch).await.unwrap();
+        }
+        scatter.close().await;
+        drop(scatter);
+        thread.join().await.unwrap();
+        let (meta, _) = paths.kept().unwrap();
+        assert_eq!(meta.durable, 500_000);
+        assert_eq!(meta.ranges, vec![[1_000_000, 3_000_000]]);
+        // The missing range, and the whole file hashes right.
+        let file = paths.open_data().unwrap();
+        let checkpoints = Checkpointer::new(&paths, "https://cdn.test/b", Some("\"v\"".into()));
+        let written = Written {
+            prefix: meta.durable,
+            ranges: meta.ranges,
+        };
+        let (scatter, thread) = start(file, written, checkpoints).unwrap();
+        let batch = vec![Bytes::copy_from_slice(&body[500_000..1_000_000])];
+        scatter.write_at(500_000, batch).await.unwrap();
+        let finished = scatter.finish().await.unwrap();
+        drop(scatter);
+        thread.join().await.unwrap();
+        assert_eq!(finished.sha256, hex::encode(Sha256::digest(&body)));
     }
 }

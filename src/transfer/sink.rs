@@ -426,12 +426,39 @@ pub(super) struct Records {
     syncer: Option<Syncer>,
     /// The records' writer until the syncer takes it.
     checkpoints: Option<Checkpointer>,
-    /// Length at the last checkpoint asked for.
+    /// Durable bytes (prefix and ranges) at the last checkpoint asked for.
     requested: u64,
 }
 
+/// Bytes written before a flush: a prefix, and for parts the ranges beyond
+/// it (`[start, end)`, sorted and apart).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Written {
+    /// Bytes from the start.
+    pub prefix: u64,
+    /// Ranges beyond the prefix.
+    pub ranges: Vec<[u64; 2]>,
+}
+
+impl Written {
+    /// A prefix alone.
+    pub(super) fn prefix(len: u64) -> Written {
+        Written {
+            prefix: len,
+            ranges: Vec::new(),
+        }
+    }
+
+    /// The bytes in all.
+    pub(super) fn bytes(&self) -> u64 {
+        self.ranges
+            .iter()
+            .fold(self.prefix, |n, [s, e]| n.saturating_add(e - s))
+    }
+}
+
 impl Records {
-    /// Records of a file whose first `offset` bytes are already recorded.
+    /// Records of a file of which `offset` bytes are already recorded.
     pub(super) fn new(checkpoints: Checkpointer, offset: u64) -> Records {
         Records {
             syncer: None,
@@ -440,7 +467,7 @@ impl Records {
         }
     }
 
-    /// The length at the last checkpoint asked for.
+    /// The durable bytes at the last checkpoint asked for.
     pub(super) fn requested(&self) -> u64 {
         self.requested
     }
@@ -448,6 +475,13 @@ impl Records {
     /// Asks for the first `len` bytes of `file` to be flushed and recorded,
     /// without waiting.
     pub(super) fn checkpoint(&mut self, file: &File, len: u64) {
+        self.checkpoint_written(file, Written::prefix(len));
+    }
+
+    /// Asks for the bytes `written` into `file` to be flushed and
+    /// recorded, without waiting.
+    pub(super) fn checkpoint_written(&mut self, file: &File, written: Written) {
+        let len = written.bytes();
         if len == self.requested {
             return;
         }
@@ -467,7 +501,7 @@ impl Records {
             }
         }
         if let Some(syncer) = &self.syncer {
-            syncer.request(len);
+            syncer.request(written);
             self.requested = len;
         }
     }
@@ -484,7 +518,12 @@ impl Records {
     /// keeps them for resume when they can be resumed (waiting until they
     /// are flushed and recorded), removes them otherwise.
     pub(super) fn keep(&mut self, file: &File, len: u64) -> io::Result<()> {
-        self.checkpoint(file, len);
+        self.keep_written(file, Written::prefix(len))
+    }
+
+    /// [`Records::keep`] of the bytes `written` (a prefix and ranges).
+    pub(super) fn keep_written(&mut self, file: &File, written: Written) -> io::Result<()> {
+        self.checkpoint_written(file, written);
         match self.stop()? {
             Some(checkpoints) if !checkpoints.resumable() => checkpoints.discard(),
             _ => {}
@@ -494,26 +533,27 @@ impl Records {
 }
 
 /// A thread that flushes the partial file (`fdatasync`) and then records
-/// the flushed length, so the writer never waits for the disk before the
-/// end. Requests that pile up while a flush runs are merged into one.
+/// what was written before the flush, so the writer never waits for the
+/// disk before the end. Requests that pile up while a flush runs are merged
+/// into one (the last: what was written only grows).
 pub(super) struct Syncer {
-    tx: std::sync::mpsc::Sender<u64>,
+    tx: std::sync::mpsc::Sender<Written>,
     thread: std::thread::JoinHandle<io::Result<Checkpointer>>,
 }
 
 impl Syncer {
     pub(super) fn spawn(file: File, mut checkpoints: Checkpointer) -> io::Result<Syncer> {
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let (tx, rx) = std::sync::mpsc::channel::<Written>();
         let thread = std::thread::Builder::new()
             .name("gem-resources-sync".into())
             .spawn(move || {
-                while let Ok(mut len) = rx.recv() {
+                while let Ok(mut written) = rx.recv() {
                     while let Ok(later) = rx.try_recv() {
-                        len = later;
+                        written = later;
                     }
                     if checkpoints.resumable() {
                         file.sync_data()?;
-                        checkpoints.record(len)?;
+                        checkpoints.record_ranges(written.prefix, written.ranges)?;
                     }
                 }
                 Ok(checkpoints)
@@ -521,8 +561,8 @@ impl Syncer {
         Ok(Syncer { tx, thread })
     }
 
-    pub(super) fn request(&self, len: u64) {
-        let _ = self.tx.send(len);
+    pub(super) fn request(&self, written: Written) {
+        let _ = self.tx.send(written);
     }
 
     /// Waits for the requests made so far and returns the records' writer.

@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use crate::error::{Attempt, AttemptError};
+use crate::net::response::Response;
 use crate::store::partial::PartialPaths;
 use crate::transfer::body::{
     announced_mismatch, check_finished, local_write, open_sink, size_error, Body,
@@ -124,12 +125,7 @@ impl Fetcher {
                 error,
             })
         };
-        let cancelled = async {
-            match cancel {
-                Some(token) => token.cancelled().await,
-                None => std::future::pending().await,
-            }
-        };
+        let cancelled = until_cancelled(cancel);
         tokio::pin!(cancelled);
         // Taken before the first hop is checked: a change from here on is
         // seen, whatever the transfer is waiting for.
@@ -137,7 +133,7 @@ impl Fetcher {
         // A fresh large file asks for all of it as a range: the probe of
         // whether its server answers ranges exactly.
         let mut ask = match &resume {
-            Some(r) => Some(Ask::resume(r)),
+            Some(r) => Some(Ask::resume(r, parts)),
             None if parts => Some(Ask {
                 start: 0,
                 end: None,
@@ -165,11 +161,13 @@ impl Fetcher {
                 }
             }
         };
-        if let Some(detail) = announced_mismatch(&response, expected, limit, offset) {
+        let (end, ranges) = extent(&response, ask.as_ref(), resume.as_ref(), limit);
+        if let Some(detail) = announced_mismatch(&response, expected, end, offset) {
             return Err(fail(&hop, size_error(expected, limit, detail)));
         }
-        if offset > 0 {
-            reporter.resumed(offset);
+        let present = ranges.iter().fold(offset, |n, [s, e]| n + (e - s));
+        if present > 0 {
+            reporter.resumed(present);
         }
         if let (None, Some(announced)) = (expected, response.content_length()) {
             reporter.length(offset.saturating_add(announced));
@@ -179,12 +177,15 @@ impl Fetcher {
             _ => validator(&response),
         };
         if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
-            if response.status().as_u16() == 206 && limit - offset >= PARTS_MIN_BYTES {
+            let large = limit - offset >= PARTS_MIN_BYTES || end < limit;
+            if response.status().as_u16() == 206 && large {
                 let first = FirstPart {
                     hop,
                     response,
                     permit: host_permit,
                     offset,
+                    end,
+                    ranges,
                     validator: v.clone(),
                     policy: policy_changes.clone(),
                     also: also.to_vec(),
@@ -232,4 +233,32 @@ impl Fetcher {
             final_url: hop,
         }))
     }
+}
+
+/// Resolves when `cancel` fires (never without one).
+async fn until_cancelled(cancel: Option<&CancellationToken>) {
+    match cancel {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where an accepted response's body ends (a `206` ends where it was asked
+/// to: a kept range may follow), and the kept ranges of `resume` beyond it
+/// (none when the body runs to the end of the file).
+fn extent(
+    response: &Response,
+    ask: Option<&Ask>,
+    resume: Option<&Resume>,
+    limit: u64,
+) -> (u64, Vec<[u64; 2]>) {
+    let end = match (response.status().as_u16(), ask.and_then(|a| a.end)) {
+        (206, Some(last)) => last + 1,
+        _ => limit,
+    };
+    let ranges = match (end < limit, resume) {
+        (true, Some(r)) => r.ranges.clone(),
+        _ => Vec::new(),
+    };
+    (end, ranges)
 }

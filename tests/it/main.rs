@@ -44,6 +44,7 @@ mod prop_time;
 mod proxy;
 mod resume;
 mod resume_checks;
+mod resume_parts;
 mod scale;
 mod serve_reload;
 mod serve_scans;

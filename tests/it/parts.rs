@@ -18,11 +18,13 @@ fn paced(body: &[u8]) -> Behaviour {
     Behaviour::parts(body, "\"p1\"", 64 << 10, Duration::from_millis(40))
 }
 
+/// 64 KiB every 4 ms: about 16 MB/s per connection, below the rate at
+/// which a file is split into parts.
 fn faulty(body: &[u8], fault: PartsFault) -> Behaviour {
     Behaviour::Parts {
         body: std::sync::Arc::new(body.to_vec()),
         etag: "\"p1\"".into(),
-        pace: (256 << 10, Duration::ZERO),
+        pace: (64 << 10, Duration::from_millis(4)),
         fault,
     }
 }
@@ -82,6 +84,39 @@ async fn parts_run_at_once_and_end_verified() {
         "{served}"
     );
     eprintln!("{SIZE} bytes in parts took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_connection_fast_enough_is_not_split() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 42);
+    env.origin.route("/f.bin", faulty(&body, PartsFault::None));
+    let r = resource("f", &env.url("origin.test", "/f.bin"), &[], &body);
+    let cfg = env.config();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    // 16 MB/s is above a threshold of 1 MB/s: one connection.
+    let fetcher = Fetcher::new(&cfg).unwrap().with_split_below(1_000_000);
+    let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.ranges("/f.bin"), vec!["bytes=0-".to_string()]);
+    assert_eq!(env.origin.served("/f.bin"), SIZE as u64);
+    // Below a threshold of 64 MB/s: the same source in parts.
+    let other = bytes(SIZE, 43);
+    env.origin.route("/g.bin", faulty(&other, PartsFault::None));
+    let r = resource("g", &env.url("origin.test", "/g.bin"), &[], &other);
+    let fetcher = Fetcher::new(&cfg).unwrap().with_split_below(64_000_000);
+    let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), other);
+    assert!(
+        starts(&env, "/g.bin").len() >= 4,
+        "{:?}",
+        env.origin.ranges("/g.bin")
+    );
 }
 
 #[tokio::test]
@@ -289,58 +324,6 @@ async fn a_policy_change_stops_every_part_within_a_second() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(env.origin.served("/s.bin"), served, "a part still receives");
     assert!((served as usize) < SIZE / 2);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_the_next_run_asks_only_after_the_durable_prefix() {
-    let env = Env::new().await;
-    config(&env, "");
-    let body = bytes(SIZE, 39);
-    // 16 KiB every 50 ms per connection: about 5 s with eight.
-    env.origin.route(
-        "/k.bin",
-        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
-    );
-    let url = env.url("origin.test", "/k.bin");
-    let manifest = env.write_manifest("m.json", serde_json::json!([entry("k", &url, &body)]));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
-        .arg("--config")
-        .arg(env.dir.path().join("config.toml"))
-        .args(["fetch", manifest.to_str().unwrap()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let store = Store::open(&env.store_dir()).unwrap();
-    let sha = sha256_hex(&body);
-    // The prefix is flushed and recorded every couple of seconds.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while store.partial_len(&sha).unwrap_or(0) == 0 {
-        assert!(Instant::now() < deadline, "no durable prefix recorded");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let durable = store.partial_len(&sha).unwrap();
-    assert!(durable < SIZE as u64, "killed before the end");
-    let before = env.origin.ranges("/k.bin").len();
-    env.origin.route("/k.bin", faulty(&body, PartsFault::None));
-    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let again = env.origin.ranges("/k.bin").split_off(before);
-    assert_eq!(
-        again.first(),
-        Some(&format!("bytes={durable}-")),
-        "{again:?}"
-    );
-    let starts: Vec<u64> = again
-        .iter()
-        .filter_map(|r| r.strip_prefix("bytes=")?.split('-').next()?.parse().ok())
-        .collect();
-    assert!(starts.iter().all(|s| *s >= durable), "{again:?}");
-    assert!(starts.len() > 1, "the rest in parts again: {again:?}");
-    assert!(partial_files(&env).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

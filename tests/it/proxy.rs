@@ -424,3 +424,33 @@ async fn a_host_blocked_while_the_tunnel_is_set_up_gets_no_request() {
     assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
     assert_eq!(env.origin.hits("/t.bin"), 0, "no request after the change");
 }
+
+#[tokio::test]
+async fn an_origin_reset_mid_body_through_the_proxy_keeps_the_bytes_and_resumes() {
+    let (env, proxy) = setup("").await;
+    let body = bytes(1_000_000, 10);
+    let cut = 600_000;
+    env.origin.route(
+        "/x.bin",
+        Behaviour::Sequence(vec![
+            // The origin resets; the proxy can only close its side of the
+            // tunnel, so the client sees the TLS stream end without
+            // close_notify, not a reset.
+            Behaviour::ranged_cut(&body, "\"v1\"", cut),
+            Behaviour::ranged(&body, "\"v1\""),
+        ]),
+    );
+    let url = env.url("origin.test", "/x.bin");
+    let path = fetch(&env, &resource("x", &url, &[], &body), retries(1))
+        .await
+        .expect("the cut is a network failure, retried");
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(proxy.targets().len(), 2, "both requests through the proxy");
+    let headers = env.origin.last_headers("/x.bin").unwrap();
+    let range = headers.iter().find(|(k, _)| k == "range").map(|(_, v)| v);
+    let from: usize = range
+        .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
+        .unwrap_or_else(|| panic!("the retry continues the kept bytes: {headers:?}"));
+    assert!(from > 0 && from <= cut, "{from}");
+    assert!(headers.contains(&("if-range".into(), "\"v1\"".into())));
+}

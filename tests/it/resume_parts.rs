@@ -1,0 +1,197 @@
+//! Resume of a file fetched in ranged parts: the record says which ranges
+//! are durable, the next run asks only for the missing ones (each with
+//! `If-Range`), and a record that claims anything inexact is discarded.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gem_resources::partial::PartialMeta;
+
+use crate::support::*;
+
+/// Above the parts threshold (8 MiB).
+const SIZE: usize = 12 << 20;
+
+fn config(env: &Env) {
+    env.write_config_full("", "[service]\nmax_per_host = 8\n");
+}
+
+/// 64 KiB every 4 ms per connection: below the rate that splits a file.
+fn quick(body: &[u8]) -> Behaviour {
+    Behaviour::parts(body, "\"p1\"", 64 << 10, Duration::from_millis(4))
+}
+
+/// The record beside the partial file of `body`.
+fn record_path(env: &Env, body: &[u8]) -> PathBuf {
+    let name = format!("{}.{}.partial.json", sha256_hex(body), body.len());
+    store_root(env).join("tmp").join(name)
+}
+
+fn read_record(env: &Env, body: &[u8]) -> Option<PartialMeta> {
+    PartialMeta::parse(&std::fs::read(record_path(env, body)).ok()?)
+}
+
+/// `bytes=s-e` → `(s, e + 1)`; `bytes=s-` → `(s, size)`.
+fn asked(ranges: &[String], size: u64) -> Vec<(u64, u64)> {
+    ranges
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = r.strip_prefix("bytes=")?.split_once('-')?;
+            let end = if e.is_empty() {
+                size
+            } else {
+                e.parse::<u64>().ok()? + 1
+            };
+            Some((s.parse().ok()?, end))
+        })
+        .collect()
+}
+
+/// The ranges of `[0, size)` a record does not hold.
+fn missing(meta: &PartialMeta, size: u64) -> Vec<(u64, u64)> {
+    let mut gaps = Vec::new();
+    let mut at = meta.durable;
+    for [s, e] in &meta.ranges {
+        gaps.push((at, *s));
+        at = *e;
+    }
+    if at < size {
+        gaps.push((at, size));
+    }
+    gaps
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_the_next_run_asks_only_for_the_missing_ranges() {
+    let env = Env::new().await;
+    config(&env);
+    let body = bytes(SIZE, 51);
+    // 16 KiB every 50 ms per connection: about 5 s with eight.
+    env.origin.route(
+        "/k.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let url = env.url("origin.test", "/k.bin");
+    let manifest = env.write_manifest("m.json", serde_json::json!([entry("k", &url, &body)]));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+        .arg("--config")
+        .arg(env.dir.path().join("config.toml"))
+        .args(["fetch", manifest.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Checkpoints come every couple of seconds: wait for one that holds
+    // ranges written ahead of the prefix, by several parts.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_record(&env, &body).is_none_or(|m| m.ranges.len() < 2) {
+        assert!(Instant::now() < deadline, "no durable ranges recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let meta = read_record(&env, &body).unwrap();
+    let gaps = missing(&meta, SIZE as u64);
+    assert!(meta.durable_bytes() < SIZE as u64, "killed before the end");
+    let before = env.origin.ranges("/k.bin").len();
+    env.origin.route("/k.bin", quick(&body));
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let again = asked(&env.origin.ranges("/k.bin")[before..], SIZE as u64);
+    // Every range asked for lies inside one missing range...
+    for (s, e) in &again {
+        assert!(
+            gaps.iter().any(|(gs, ge)| gs <= s && e <= ge),
+            "asked {s}-{e} outside the missing {gaps:?} (record {meta:?})"
+        );
+    }
+    // ...and each missing range is asked for from its start.
+    for (gs, _) in &gaps {
+        assert!(
+            again.iter().any(|(s, _)| s == gs),
+            "{gs} not asked: {again:?}, missing {gaps:?}"
+        );
+    }
+    let headers = env.origin.last_headers("/k.bin").unwrap();
+    assert!(headers.contains(&("if-range".into(), "\"p1\"".into())));
+    assert!(partial_files(&env).is_empty());
+    assert_eq!(std::fs::read(&stored_files(&env, &body)[0]).unwrap(), body);
+}
+
+#[tokio::test]
+async fn a_record_of_ranges_that_is_not_exact_restarts_from_zero() {
+    let body = bytes(SIZE, 52);
+    let mib = 1u64 << 20;
+    // Overlapping ranges; unsorted ones; one past the data file's end
+    // (which holds 6 MiB); one touching the prefix.
+    let bad: [Vec<[u64; 2]>; 4] = [
+        vec![[2 * mib, 3 * mib], [2 * mib + 5, 4 * mib]],
+        vec![[4 * mib, 5 * mib], [2 * mib, 3 * mib]],
+        vec![[2 * mib, 7 * mib]],
+        vec![[mib, 2 * mib]],
+    ];
+    for ranges in bad {
+        let env = Env::new().await;
+        config(&env);
+        env.origin.route("/c.bin", quick(&body));
+        let url = env.url("origin.test", "/c.bin");
+        // What a run in parts would leave, but with the record altered.
+        let tmp = store_root(&env).join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let data = record_path(&env, &body).with_extension("");
+        let mut kept = body[..6 << 20].to_vec();
+        kept[(2 * mib + 10) as usize] ^= 0xff;
+        std::fs::write(&data, &kept).unwrap();
+        let record = serde_json::json!({
+            "address": url.as_str(), "validator": "\"p1\"", "durable": mib, "ranges": ranges,
+        });
+        std::fs::write(record_path(&env, &body), record.to_string()).unwrap();
+        let r = resource("c", &url, &[], &body);
+        let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), body);
+        let asked = env.origin.ranges("/c.bin");
+        assert_eq!(
+            asked.first().map(String::as_str),
+            Some("bytes=0-"),
+            "{ranges:?}: a fresh start, {asked:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn kept_ranges_are_hashed_in_order_with_the_rest() {
+    let env = Env::new().await;
+    config(&env);
+    let body = bytes(SIZE, 53);
+    env.origin.route("/h.bin", quick(&body));
+    let url = env.url("origin.test", "/h.bin");
+    let mib = 1u64 << 20;
+    // An exact record of a range alone (no prefix: the first part was the
+    // slowest) whose bytes hold a wrong one: it is hashed when the prefix
+    // reaches it, the file fails its SHA-256, and since bytes were kept the
+    // address is tried once more from zero.
+    let tmp = store_root(&env).join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let data = record_path(&env, &body).with_extension("");
+    let mut kept = body[..(4 * mib) as usize].to_vec();
+    kept[(3 * mib) as usize] ^= 0xff;
+    std::fs::write(&data, &kept).unwrap();
+    let record = serde_json::json!({
+        "address": url.as_str(), "validator": "\"p1\"", "durable": 0,
+        "ranges": [[2 * mib, 4 * mib]],
+    });
+    std::fs::write(record_path(&env, &body), record.to_string()).unwrap();
+    let r = resource("h", &url, &[], &body);
+    let logs = Logs::capture();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let asked = env.origin.ranges("/h.bin");
+    assert_eq!(
+        asked.first().map(String::as_str),
+        Some(format!("bytes=0-{}", 2 * mib - 1).as_str()),
+        "the first try asks for the gap only: {asked:?}"
+    );
+    assert!(asked.contains(&"bytes=0-".to_string()), "{asked:?}");
+    assert!(logs.text().contains("E_RESOURCE_SHA256"), "{}", logs.text());
+}
