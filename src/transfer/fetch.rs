@@ -51,6 +51,13 @@ use crate::store::partial::PartialPaths;
 /// Redirects followed at most; the next one is refused.
 pub const MAX_REDIRECTS: usize = 5;
 
+/// A large file is split into ranged parts only while its first connection
+/// brings less than this (bytes per second, over the parts' rate window of
+/// 250 ms): CDNs that cap one connection do so well below it, and a
+/// connection above it keeps a core busy already (decryption, SHA-256, the
+/// copy into the page cache).
+pub const SPLIT_BELOW_BYTES_PER_SEC: u64 = 64 << 20;
+
 /// What the bytes must be.
 #[derive(Debug, Clone, Copy)]
 pub struct Expected<'a> {
@@ -297,7 +304,7 @@ impl Fetcher {
                 .min(settings.max_per_host)
                 .max(1),
             spread: settings.spread_over_mirrors,
-            split_below: crate::transfer::parts::SPLIT_BELOW_BYTES_PER_SEC,
+            split_below: SPLIT_BELOW_BYTES_PER_SEC,
         })
     }
 
@@ -313,7 +320,7 @@ impl Fetcher {
     /// The same fetcher splitting a large file into parts only while its
     /// first connection brings less than `bytes_per_sec` (measured over
     /// [`RATE_WINDOW`](crate::transfer::parts::RATE_WINDOW)) instead of
-    /// [`SPLIT_BELOW_BYTES_PER_SEC`](crate::transfer::parts::SPLIT_BELOW_BYTES_PER_SEC):
+    /// [`SPLIT_BELOW_BYTES_PER_SEC`]:
     /// 0 never splits, `u64::MAX` splits at the first look.
     pub fn with_split_below(mut self, bytes_per_sec: u64) -> Fetcher {
         self.split_below = bytes_per_sec;

@@ -59,11 +59,7 @@ pub const PARTS_MIN_BYTES: u64 = 8 << 20;
 /// this much of it is still to come.
 pub const MIN_PART_BYTES: u64 = 1 << 20;
 
-/// The file is split into parts only while its first connection brings
-/// less than this (bytes per second, over [`RATE_WINDOW`]): CDNs that cap
-/// one connection do so well below it, and a connection above it keeps a
-/// core busy already (decryption, SHA-256, the copy into the page cache).
-pub const SPLIT_BELOW_BYTES_PER_SEC: u64 = 64 << 20;
+pub use crate::transfer::fetch::SPLIT_BELOW_BYTES_PER_SEC;
 
 /// The first connection's rate is measured over windows this long, from
 /// its first byte on...
