@@ -299,7 +299,7 @@ impl Registry {
         };
         let stamp = Stamp {
             generation,
-            file: crate::platform::FileStamp::of(&meta),
+            file: crate::platform::FileStamp::of(&path, &meta),
         };
         if let Some(hit) = self.entries().get(gem).filter(|c| c.stamp == stamp) {
             return Ok(Some(hit.clone()));
@@ -585,7 +585,7 @@ impl Registry {
                 fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
                 None
             }
-            Ok(meta) => Some(crate::platform::FileStamp::of(&meta)),
+            Ok(meta) => Some(crate::platform::FileStamp::of(&path, &meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
@@ -640,7 +640,7 @@ impl FailureLog {
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(crate::platform::FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
         self.lines += 1;
         self.torn = false;
         Ok(())
@@ -660,7 +660,7 @@ impl FailureLog {
         }
         write_atomic(path, &encode_failures(&self.records))?;
         let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(crate::platform::FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
         self.lines = self.records.len();
         self.torn = false;
         Ok(())
