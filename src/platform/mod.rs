@@ -10,6 +10,7 @@
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
 //! | [`same_file`], [`link_count`], [`allocated_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
+//! | [`remove_folder`] | `remove_dir_all` | `remove_dir_all`, clearing the read-only attribute of the files in it and trying again where Windows refuses |
 //! | [`replace_file`] | `rename` | `rename`, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
 //! | [`sync_dir`] | fsync of the folder | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
@@ -31,8 +32,9 @@ use portable as imp;
 
 pub(crate) use imp::{
     allocated_bytes, folder_problem, free_space, link_count, make_read_only, never_wait,
-    open_no_follow, owned_by_me, private_dir_builder, reflink, replace_file, same_file,
-    set_private_folder, start_write_back, sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
+    open_no_follow, owned_by_me, private_dir_builder, reflink, remove_folder, replace_file,
+    same_file, set_private_folder, start_write_back, sync_dir, try_lock_byte, FileStamp,
+    BYTE_LOCKS,
 };
 
 #[cfg(test)]
@@ -64,3 +66,6 @@ pub(crate) fn link_refused() -> std::io::Error {
         "is a symbolic link: the store does not trust it",
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -60,23 +60,105 @@ pub(crate) fn allocated_bytes(_meta: &Metadata) -> Option<u64> {
     None
 }
 
-/// What identifies one version of a file: its length and times.
+/// What identifies one version of a file: a change of content, a
+/// replacement or a rename over it changes the stamp. On Windows, the
+/// volume's serial number and the file's index (as Unix's device and
+/// inode), its length and its creation, write and change times; elsewhere
+/// (or when the file cannot be opened to ask) its length and times only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileStamp {
-    len: u64,
-    modified: Option<std::time::SystemTime>,
-    created: Option<std::time::SystemTime>,
+pub(crate) struct FileStamp(Version);
+
+/// The facts a [`FileStamp`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    /// From the open file (Windows' `GetFileInformationByHandle`).
+    // Only Windows reads these.
+    #[cfg_attr(not(windows), allow(dead_code))]
+    Handle {
+        volume: u32,
+        index: u64,
+        len: u64,
+        /// Creation, last write and change times (100 ns units).
+        times: [i64; 3],
+    },
+    /// From the metadata alone.
+    Metadata {
+        len: u64,
+        modified: Option<std::time::SystemTime>,
+        created: Option<std::time::SystemTime>,
+    },
 }
 
 impl FileStamp {
-    /// The stamp of the file `meta` describes.
-    pub(crate) fn of(meta: &Metadata) -> FileStamp {
-        FileStamp {
+    /// The stamp of the file at `path`, which `meta` (read just before,
+    /// not following a link) describes.
+    pub(crate) fn of(path: &Path, meta: &Metadata) -> FileStamp {
+        #[cfg(windows)]
+        if let Ok(version) = windows_version(path) {
+            return FileStamp(version);
+        }
+        #[cfg(not(windows))]
+        let _ = path;
+        FileStamp(Version::Metadata {
             len: meta.len(),
             modified: meta.modified().ok(),
             created: meta.created().ok(),
+        })
+    }
+
+    /// What tells this file from any other on the machine, when known:
+    /// the volume and the file index.
+    #[cfg(test)]
+    pub(crate) fn identity(&self) -> Option<(u64, u64)> {
+        match self.0 {
+            Version::Handle { volume, index, .. } => Some((u64::from(volume), index)),
+            Version::Metadata { .. } => None,
         }
     }
+}
+
+/// The stamp's facts of the file at `path`, from a handle opened without
+/// access to its content (so no share mode of another program refuses
+/// it), sharing everything, not following a link.
+#[cfg(windows)]
+fn windows_version(path: &Path) -> io::Result<Version> {
+    use std::os::windows::fs::OpenOptionsExt;
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{
+        FileBasicInfo, GetFileInformationByHandle, GetFileInformationByHandleEx,
+        BY_HANDLE_FILE_INFORMATION, FILE_BASIC_INFO, FILE_FLAG_BACKUP_SEMANTICS,
+        FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_DELETE, FILE_SHARE_READ, FILE_SHARE_WRITE,
+    };
+    let file = OpenOptions::new()
+        .access_mode(0)
+        .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT)
+        .open(path)?;
+    let handle = file.as_raw_handle();
+    // SAFETY: both are plain C structs for which all-zero is a valid value.
+    let (mut info, mut basic): (BY_HANDLE_FILE_INFORMATION, FILE_BASIC_INFO) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: `handle` is open for both calls (`file` lives to the end), and
+    // each buffer is a valid, writable struct of the size given.
+    let ok = unsafe {
+        GetFileInformationByHandle(handle, &mut info) != 0
+            && GetFileInformationByHandleEx(
+                handle,
+                FileBasicInfo,
+                (&mut basic as *mut FILE_BASIC_INFO).cast(),
+                std::mem::size_of::<FILE_BASIC_INFO>() as u32,
+            ) != 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    let wide = |high: u32, low: u32| (u64::from(high) << 32) | u64::from(low);
+    Ok(Version::Handle {
+        volume: info.dwVolumeSerialNumber,
+        index: wide(info.nFileIndexHigh, info.nFileIndexLow),
+        len: wide(info.nFileSizeHigh, info.nFileSizeLow),
+        times: [basic.CreationTime, basic.LastWriteTime, basic.ChangeTime],
+    })
 }
 
 /// Bytes the current user may still write on the volume of `dir`
@@ -153,6 +235,23 @@ fn clear_read_only(path: &Path) {
         #[allow(clippy::permissions_set_readonly_false)]
         perms.set_readonly(false);
         let _ = fs::set_permissions(path, perms);
+    }
+}
+
+/// Removes the folder `dir` and everything in it. Windows deletes a
+/// read-only file only where the file system takes POSIX deletion (NTFS
+/// on Windows 10 and later; not FAT or exFAT, many network shares, nor
+/// Wine): refused there, the read-only attribute of the files in `dir` (not
+/// followed links) is cleared and the removal tried again.
+pub(crate) fn remove_folder(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            for entry in fs::read_dir(dir)?.flatten() {
+                clear_read_only(&entry.path());
+            }
+            fs::remove_dir_all(dir)
+        }
+        result => result,
     }
 }
 

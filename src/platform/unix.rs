@@ -102,8 +102,9 @@ pub(crate) struct FileStamp {
 }
 
 impl FileStamp {
-    /// The stamp of the file `meta` describes.
-    pub(crate) fn of(meta: &Metadata) -> FileStamp {
+    /// The stamp of the file at `path`, which `meta` (read just before,
+    /// not following a link) describes: `meta` tells it all.
+    pub(crate) fn of(_path: &Path, meta: &Metadata) -> FileStamp {
         FileStamp {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -111,6 +112,13 @@ impl FileStamp {
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
         }
+    }
+
+    /// What tells this file from any other on the machine: the device and
+    /// the inode.
+    #[cfg(test)]
+    pub(crate) fn identity(&self) -> Option<(u64, u64)> {
+        Some((self.dev, self.ino))
     }
 }
 
@@ -123,6 +131,11 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
 /// Renames `from` to `to`, replacing `to` (atomic, even when `to` is open).
 pub(crate) fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
     fs::rename(from, to)
+}
+
+/// Removes the folder `dir` and everything in it (read-only files too).
+pub(crate) fn remove_folder(dir: &Path) -> io::Result<()> {
+    fs::remove_dir_all(dir)
 }
 
 /// Makes the entries of `dir` (a new or renamed file) durable; errors are

@@ -249,7 +249,7 @@ impl Store {
             return Ok(());
         }
         let dir = self.root.join("blobs").join(sha256);
-        match fs::remove_dir_all(&dir) {
+        match crate::platform::remove_folder(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io("cannot delete", &dir, e)),

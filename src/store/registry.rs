@@ -364,7 +364,7 @@ impl Registry {
         };
         let stamp = Stamp {
             generation,
-            file: crate::platform::FileStamp::of(&meta),
+            file: crate::platform::FileStamp::of(&path, &meta),
         };
         if let Some(hit) = self.entries().get(gem).filter(|c| c.stamp == stamp) {
             return Ok(Some(hit.clone()));
@@ -650,7 +650,7 @@ impl Registry {
                 fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
                 None
             }
-            Ok(meta) => Some(crate::platform::FileStamp::of(&meta)),
+            Ok(meta) => Some(crate::platform::FileStamp::of(&path, &meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
@@ -705,7 +705,7 @@ impl FailureLog {
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(crate::platform::FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
         self.lines += 1;
         self.torn = false;
         Ok(())
@@ -725,7 +725,7 @@ impl FailureLog {
         }
         write_atomic(path, &encode_failures(&self.records))?;
         let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
-        self.stamp = Some(crate::platform::FileStamp::of(&meta));
+        self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
         self.lines = self.records.len();
         self.torn = false;
         Ok(())

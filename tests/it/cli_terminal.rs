@@ -3,6 +3,7 @@
 //! said on every run; a manifest or configuration that is not a regular
 //! file is refused at once.
 
+#[cfg(unix)]
 use std::process::Command;
 
 use serde_json::json;
@@ -107,6 +108,7 @@ async fn active_dev_settings_are_said_on_every_run() {
     assert!(!stderr(&out).contains("[dev]"), "{}", stderr(&out));
 }
 
+#[cfg(unix)] // FIFOs by `mkfifo`
 fn fifo(env: &Env, name: &str) -> std::path::PathBuf {
     let path = env.dir.path().join(name);
     let made = Command::new("mkfifo").arg(&path).status().unwrap();
@@ -114,6 +116,7 @@ fn fifo(env: &Env, name: &str) -> std::path::PathBuf {
     path
 }
 
+#[cfg(unix)] // FIFOs by `mkfifo`
 /// Runs the binary with exactly `args`; a run that has not ended within
 /// 10 seconds is killed and fails the test (a read that waits on a FIFO
 /// would hang forever).
@@ -134,6 +137,7 @@ async fn run_bounded(env: &Env, args: &[&str]) -> (std::process::ExitStatus, Str
     (status, std::fs::read_to_string(&log).unwrap())
 }
 
+#[cfg(unix)] // FIFOs by `mkfifo`
 #[tokio::test]
 async fn a_fifo_manifest_or_configuration_fails_at_once_with_a_clear_error() {
     let env = Env::new().await;

@@ -3,6 +3,7 @@
 //! command quietly with its normal exit status.
 
 use std::process::{Command, Stdio};
+#[cfg(unix)]
 use std::time::Duration;
 
 use serde_json::json;
@@ -114,6 +115,7 @@ async fn a_closed_stdout_ends_the_command_quietly_with_its_exit_status() {
     );
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let env = Env::new().await;
@@ -138,6 +140,7 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     assert!(kept.is_some_and(|n| n > 0 && n <= cut as u64), "{kept:?}");
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 /// Waits until the origin sent `cut` bytes and the program wrote some of
 /// them to its partial file, sends SIGINT, and returns how the program
 /// ended.
@@ -172,6 +175,7 @@ async fn interrupt_once_bytes_are_kept(
     }
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_path_keeps_the_download_and_the_next_path_resumes() {
     let env = Env::new().await;
@@ -219,6 +223,7 @@ async fn ctrl_c_during_path_keeps_the_download_and_the_next_path_resumes() {
     assert_eq!(std::fs::read(path.trim()).unwrap(), body);
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 /// Bytes `pid` has read so far (`rchar` of `/proc/<pid>/io`).
 fn bytes_read(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/io"))
@@ -231,6 +236,7 @@ fn bytes_read(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 /// A 4 GiB sparse file (no disk used; hashing it takes seconds).
 fn sparse_file(env: &Env, name: &str) -> std::path::PathBuf {
     let path = env.dir.path().join(name);
@@ -241,6 +247,7 @@ fn sparse_file(env: &Env, name: &str) -> std::path::PathBuf {
     path
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 /// Sends SIGINT to `child` once it has read 64 MiB (it is hashing), and
 /// returns its exit status and stderr.
 async fn interrupt_while_reading(
@@ -261,6 +268,7 @@ async fn interrupt_while_reading(
     (exit.code(), std::fs::read_to_string(log).unwrap())
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_import_exits_130_and_says_what_was_done() {
     let env = Env::new().await;
@@ -284,6 +292,7 @@ async fn ctrl_c_during_import_exits_130_and_says_what_was_done() {
     );
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_verify_exits_130_and_removes_nothing_it_did_not_finish() {
     let env = Env::new().await;
@@ -307,6 +316,7 @@ async fn ctrl_c_during_verify_exits_130_and_removes_nothing_it_did_not_finish() 
     assert!(big.exists(), "a file verify did not finish was removed");
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_autofill_exits_130_and_says_nothing_was_kept() {
     let env = Env::new().await;

@@ -1,6 +1,7 @@
 //! `serve` follows its configuration: on SIGHUP and when the file changes,
 //! keeping the running configuration on an invalid edit.
 
+#[cfg(unix)]
 use std::process::Command;
 
 use serde_json::json;
@@ -65,6 +66,7 @@ async fn serve_applies_a_changed_config_file() {
     assert!(serve.0.try_wait().unwrap().is_none());
 }
 
+#[cfg(unix)] // SIGHUP, SIGTERM by `kill`; `mkfifo`
 #[tokio::test]
 async fn serve_reloads_on_sighup() {
     let env = Env::new().await;
@@ -198,6 +200,7 @@ async fn serve_says_so_when_a_reload_drops_the_network_section() {
     assert!(serve.0.try_wait().unwrap().is_none());
 }
 
+#[cfg(unix)] // SIGHUP, SIGTERM by `kill`; `mkfifo`
 #[tokio::test]
 async fn serve_refuses_a_fifo_config_without_blocking_and_still_stops_on_sigterm() {
     let env = Env::new().await;

@@ -2,7 +2,9 @@
 //! leaves nothing visible and the next start completes the job; `serve`
 //! follows a gems folder and stops cleanly on SIGTERM.
 
-use std::process::{Child, Command, ExitStatus};
+#[cfg(unix)]
+use std::process::Command;
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use gem_resources::Resources;
@@ -26,6 +28,7 @@ async fn wait_exit(child: &mut Child) -> ExitStatus {
     }
 }
 
+#[cfg(unix)] // SIGTERM by `kill`
 /// Sends SIGTERM to `child`.
 fn sigterm(child: &Child) {
     let status = Command::new("kill")
@@ -119,6 +122,7 @@ async fn a_lazy_download_killed_mid_way_is_completed_by_the_next_path_call() {
     assert_eq!(stored_files(&env, &body).len(), 1);
 }
 
+#[cfg(unix)] // SIGTERM by `kill`
 #[tokio::test]
 async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     let env = Env::new().await;
@@ -157,6 +161,7 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     assert_eq!(env.origin.hits("/served.bin"), 1);
 }
 
+#[cfg(unix)] // SIGTERM by `kill`
 #[tokio::test]
 async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_file() {
     let env = Env::new().await;
@@ -183,6 +188,7 @@ async fn serve_stops_an_in_flight_download_on_sigterm_without_leaving_a_partial_
     assert!(stored_files(&env, &body).is_empty());
 }
 
+#[cfg(unix)] // SIGTERM by `kill`
 #[tokio::test]
 async fn serve_stops_promptly_while_waiting_for_another_process_download() {
     let env = Env::new().await;

@@ -1,0 +1,94 @@
+# Sourced by scripts/crosscheck.sh and scripts/wine-test.sh: the toolchain
+# that builds the standard library of another target from source, and the
+# C compilers `ring` needs for each target.
+#
+# Set before sourcing: CROSS_TOOL (the name messages start with) and
+# CROSS_UNDONE (what a skip leaves undone, e.g. "the code was not checked").
+#
+# Knobs (environment):
+#   CROSS_CARGO=/usr/bin/cargo  CROSS_RUSTC=/usr/bin/rustc   Debian's
+#                                   rustc-web toolchain (std sources from
+#                                   rust-web-src, found through its sysroot)
+#   CROSS_NICE=19                   niceness of the builds
+
+CARGO=${CROSS_CARGO:-/usr/bin/cargo}
+RUSTC=${CROSS_RUSTC:-/usr/bin/rustc}
+NICE=${CROSS_NICE:-19}
+
+# Installs the Debian packages named when `probe` fails.
+need() {
+    local probe=$1
+    shift
+    if ! eval "$probe" >/dev/null 2>&1; then
+        echo "$CROSS_TOOL: installing $*" >&2
+        local sudo=
+        [ "$(id -u)" -eq 0 ] || sudo=sudo
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2 ||
+            { $sudo apt-get update >&2 && $sudo env DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y --no-install-recommends "$@" >&2; }
+    fi
+}
+
+# A tool that cannot be installed (no package registry reachable) skips the
+# work with a loud line instead of failing: it says nothing about the code.
+# Work that runs and fails always fails.
+skip() {
+    echo "$CROSS_TOOL: SKIPPED $1: cannot install $2 ($CROSS_UNDONE)" >&2
+}
+
+# Whether Debian's rustc-web toolchain and its std sources are there (or
+# could be installed).
+have_toolchain() {
+    need "test -x $RUSTC && test -x $CARGO" rustc-web cargo-web &&
+        need "test -f \$($RUSTC --print sysroot)/lib/rustlib/src/rust/library/Cargo.lock" rust-web-src
+}
+
+# The few TARGET_OS_* macros ring's C code asks Apple's SDK for; prints the
+# folder holding them.
+apple_include() {
+    local dir=$CARGO_TARGET_DIR/apple-include
+    mkdir -p "$dir"
+    cat >"$dir/TargetConditionals.h" <<'EOF'
+#pragma once
+#define TARGET_OS_MAC 1
+#define TARGET_OS_OSX 1
+#define TARGET_OS_IPHONE 0
+#define TARGET_OS_IOS 0
+#define TARGET_OS_WATCH 0
+#define TARGET_OS_TV 0
+#define TARGET_OS_SIMULATOR 0
+#define TARGET_OS_EMBEDDED 0
+EOF
+    echo "$dir"
+}
+
+# Sets CROSS_ENVS to the C compiler settings of `target`, installing the
+# compiler when missing; fails (after a skip line) when it cannot be.
+target_envs() {
+    local target=$1
+    local var=${target//-/_}
+    CROSS_ENVS=()
+    case $target in
+    *-windows-gnu)
+        need "command -v x86_64-w64-mingw32-gcc" gcc-mingw-w64-x86-64 ||
+            { skip "$target" gcc-mingw-w64-x86-64; return 1; }
+        CROSS_ENVS+=("CC_$var=x86_64-w64-mingw32-gcc" "AR_$var=x86_64-w64-mingw32-ar")
+        ;;
+    *-apple-darwin)
+        need "command -v clang-22" clang-22 || { skip "$target" clang-22; return 1; }
+        local inc
+        inc=$(apple_include)
+        CROSS_ENVS+=("CC_$var=clang-22" "AR_$var=ar"
+            "CFLAGS_$var=-ffreestanding -nostdlibinc -DRING_CORE_NOSTDLIBINC=1 -I$inc")
+        ;;
+    esac
+}
+
+# Runs `cargo SUBCOMMAND ARGS…` for `target` (set CROSS_ENVS first with
+# target_envs), std built from source, warnings as errors, nice'd.
+cross_cargo() {
+    local target=$1
+    shift
+    env "${CROSS_ENVS[@]}" RUSTC="$RUSTC" RUSTC_BOOTSTRAP=1 RUSTFLAGS="-D warnings" \
+        nice -n "$NICE" "$CARGO" "$@" -Zbuild-std=std,panic_abort --target "$target"
+}
