@@ -216,17 +216,32 @@ impl ExtraRootsVerifier {
         extra: Vec<CertificateDer<'static>>,
         provider: Arc<rustls::crypto::CryptoProvider>,
     ) -> Result<ExtraRootsVerifier> {
-        let platform = rustls_platform_verifier::Verifier::new_with_extra_roots(
-            extra.clone(),
-            provider.clone(),
-        );
+        // Without extra roots (production), the platform's verifier alone:
+        // on Windows that asks for no chain engine of our own.
+        let platform = if extra.is_empty() {
+            rustls_platform_verifier::Verifier::new(provider.clone())
+        } else {
+            rustls_platform_verifier::Verifier::new_with_extra_roots(
+                extra.clone(),
+                provider.clone(),
+            )
+        };
         let inner: Arc<dyn ServerCertVerifier> = match platform {
             Ok(verifier) => Arc::new(verifier),
+            Err(e) if extra.is_empty() => {
+                return Err(Error::Config(format!(
+                    "cannot set up the platform's certificate verification: {e}"
+                )))
+            }
             Err(e) => {
-                tracing::warn!(
-                    "the platform's certificate verification cannot be set up ({e}): \
-                     only the certificates of [dev] extra_root_certs are trusted"
-                );
+                // Said once per process, however many clients are built.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "the platform's certificate verification cannot be set up ({e}): \
+                         only the certificates of [dev] extra_root_certs are trusted"
+                    );
+                });
                 extra_roots_only(&extra, provider)?
             }
         };

@@ -492,10 +492,15 @@ impl Store {
         let locks = self.root.join("locks");
         for entry in fs::read_dir(&locks).into_iter().flatten().flatten() {
             let name = entry.file_name();
-            let legacy = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".lock"))
-                .is_some_and(is_sha256);
+            // Where locks are bytes of one shared file (Linux), a per-file
+            // lock file is a leftover of an earlier version; elsewhere it is
+            // the live lock of a download and must stay: removing it while
+            // held would let a second process take a new one beside it.
+            let legacy = crate::platform::BYTE_LOCKS
+                && name
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".lock"))
+                    .is_some_and(is_sha256);
             if legacy && fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
@@ -635,11 +640,16 @@ mod tests {
         let held = store.try_lock(&"c".repeat(64)).unwrap();
         assert!(held.is_some());
         fs::write(locks.join("registry.lock"), b"").unwrap();
-        assert_eq!(
-            store.clean_tmp(std::time::Duration::from_secs(60)).unwrap(),
-            1
-        );
-        assert!(!legacy.exists());
+        let removed = store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
+        if crate::platform::BYTE_LOCKS {
+            assert_eq!(removed, 1);
+            assert!(!legacy.exists());
+        } else {
+            // A per-file lock file is the live lock here: kept.
+            assert_eq!(removed, 0);
+            assert!(legacy.exists());
+            assert!(locks.join(format!("{}.lock", "c".repeat(64))).exists());
+        }
         assert!(locks.join("downloads.lock").exists());
         assert!(locks.join("registry.lock").exists());
         // The download lock still holds after the cleanup.
