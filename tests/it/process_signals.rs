@@ -343,6 +343,7 @@ async fn ctrl_c_during_autofill_exits_130_and_says_nothing_was_kept() {
     assert!(stderr.contains("interrupted: nothing was kept"), "{stderr}");
 }
 
+#[cfg(unix)] // SIGINT by `kill`, bytes read from /proc
 #[tokio::test]
 async fn ctrl_c_during_serve_says_what_each_download_in_flight_kept() {
     let env = Env::new().await;

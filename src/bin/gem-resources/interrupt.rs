@@ -25,7 +25,10 @@ pub struct Unfinished {
 /// Registers the stop signals now and returns a future that resolves at
 /// the first of them ([`crate::platform::stop_signal`]).
 pub fn signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    crate::platform::stop_signal()
+    let stop = crate::platform::stop_signal();
+    Box::pin(async move {
+        stop.await;
+    })
 }
 
 /// Clears the bars and says, once the downloads have stopped, what was

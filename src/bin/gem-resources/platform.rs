@@ -5,7 +5,7 @@
 //! | call | Unix | Windows |
 //! | --- | --- | --- |
 //! | [`terminal_size`] | the terminal on stderr | the console on stderr |
-//! | [`stop_signal`] | SIGINT or SIGTERM | Ctrl-C or Ctrl-Break |
+//! | [`stop_signal`] | SIGINT or SIGTERM | Ctrl-C or Ctrl-Break; console close, log-off, shutdown |
 //! | [`hangup_signal`] | SIGHUP | none (the configuration file is watched) |
 //! | [`keep_freed_memory`] | glibc's `mallopt` on Linux | nothing |
 
@@ -21,10 +21,21 @@ pub fn terminal_size() -> (u16, u16) {
         .unwrap_or((24, 80))
 }
 
+/// Which request stopped the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGINT; Ctrl-C or Ctrl-Break on Windows: the user, at the terminal.
+    Interrupt,
+    /// SIGTERM; on Windows the console closing, a log-off or the system
+    /// shutting down: a service manager or the system.
+    Terminate,
+}
+
 /// Registers the stop signals now (so that Ctrl-C no longer kills the
 /// process outright) and returns a future that resolves at the first of
-/// them: SIGINT or SIGTERM, or Ctrl-C or Ctrl-Break on Windows.
-pub fn stop_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
+/// them, saying which: SIGINT or SIGTERM; on Windows Ctrl-C, Ctrl-Break,
+/// the console's close, a log-off or a shutdown.
+pub fn stop_signal() -> Pin<Box<dyn Future<Output = Stop> + Send>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -34,26 +45,41 @@ pub fn stop_signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
         ) {
             return Box::pin(async move {
                 tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
+                    _ = int.recv() => Stop::Interrupt,
+                    _ = term.recv() => Stop::Terminate,
                 }
             });
         }
     }
     #[cfg(windows)]
     {
-        use tokio::signal::windows::{ctrl_break, ctrl_c};
+        use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close, ctrl_logoff, ctrl_shutdown};
         if let (Ok(mut c), Ok(mut brk)) = (ctrl_c(), ctrl_break()) {
+            // Close, log-off and shutdown are only delivered to some
+            // processes (a console's, a service's): each is optional.
+            let (close, logoff, shutdown) =
+                (ctrl_close().ok(), ctrl_logoff().ok(), ctrl_shutdown().ok());
             return Box::pin(async move {
+                let ended = async move {
+                    let (mut close, mut logoff, mut shutdown) = (close, logoff, shutdown);
+                    tokio::select! {
+                        Some(_) = async { close.as_mut()?.recv().await } => {}
+                        Some(_) = async { logoff.as_mut()?.recv().await } => {}
+                        Some(_) = async { shutdown.as_mut()?.recv().await } => {}
+                        else => std::future::pending::<()>().await,
+                    }
+                };
                 tokio::select! {
-                    _ = c.recv() => {}
-                    _ = brk.recv() => {}
+                    _ = c.recv() => Stop::Interrupt,
+                    _ = brk.recv() => Stop::Interrupt,
+                    () = ended => Stop::Terminate,
                 }
             });
         }
     }
     Box::pin(async {
         let _ = tokio::signal::ctrl_c().await;
+        Stop::Interrupt
     })
 }
 

@@ -9,9 +9,7 @@
 //! system, network mounts included.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -93,7 +91,9 @@ pub async fn run(
         ))
         .into());
     }
-    let mut signal = shutdown_signal();
+    // Registered before the service starts, so a signal during the start
+    // is not lost (nor kills the process before its downloads stop).
+    let mut signal = crate::platform::stop_signal();
     let mut hangup = crate::platform::hangup_signal();
     // The command line that started `serve` (it parsed once already):
     // its overrides hold over every reload of the file.
@@ -137,8 +137,8 @@ pub async fn run(
         crate::interrupt::report(service.store(), &unfinished);
     }
     Ok(match stop {
-        Stop::Interrupt => ExitCode::from(crate::interrupt::INTERRUPTED),
-        Stop::Terminate => ExitCode::SUCCESS,
+        crate::platform::Stop::Interrupt => ExitCode::from(crate::interrupt::INTERRUPTED),
+        crate::platform::Stop::Terminate => ExitCode::SUCCESS,
     })
 }
 
@@ -261,40 +261,4 @@ fn manifests(gems: &Path) -> anyhow::Result<Folders> {
         }
     }
     Ok((out, ignored))
-}
-
-/// Which signal stopped `serve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// SIGINT (Ctrl-C; Ctrl-C or Ctrl-Break on Windows).
-    Interrupt,
-    /// SIGTERM.
-    Terminate,
-}
-
-/// Registers the SIGINT and SIGTERM handlers now, so that a signal that
-/// arrives while the service starts up is not lost (nor kills the process
-/// before its downloads are stopped), and returns a future that resolves at
-/// the first of them, saying which.
-fn shutdown_signal() -> Pin<Box<dyn Future<Output = Stop> + Send>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            return Box::pin(async move {
-                tokio::select! {
-                    _ = int.recv() => Stop::Interrupt,
-                    _ = term.recv() => Stop::Terminate,
-                }
-            });
-        }
-    }
-    let signal = crate::interrupt::signal();
-    Box::pin(async move {
-        signal.await;
-        Stop::Interrupt
-    })
 }
