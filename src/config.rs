@@ -10,6 +10,8 @@
 //! stall_timeout_secs = 30
 //! proxy = "env"             # or "none", or "http://user:pass@proxy:3128"
 //! proxy_resolves = false
+//! [service]
+//! retry_failed_after = "10m"  # a failed required file is queued again (0: off)
 //! [dev]                     # development and tests only; empty in production
 //! extra_root_certs = ["ca.pem"]
 //! resolve = { "cdn.test" = ["127.0.0.1"] }
@@ -124,7 +126,8 @@ pub struct NetworkConfig {
     pub spread_over_mirrors: bool,
 }
 
-/// `[service]`: bounds on concurrent downloads.
+/// `[service]`: bounds on concurrent downloads, and the periodic retry of
+/// failed required files.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]

@@ -2,9 +2,11 @@
 //!
 //! A long-lived service does not wait for the next app start to try a
 //! required file again: `retry_failed_after` after its download failed, it
-//! is queued again. A file that keeps failing waits twice as long each time
-//! (at most an hour, or the setting when that is longer), and never less
-//! than a server's `Retry-After` among the failed attempts (at most a day).
+//! is queued again. A file that keeps failing waits twice as long each time,
+//! up to eight times the setting or an hour, whichever is shorter (10, 20,
+//! 40, 60, 60… minutes with the default of ten; a setting longer than an
+//! hour is kept as it is), and never less than a server's `Retry-After`
+//! among the failed attempts (at most a day).
 //! A success, here or by any other call, resets the count.
 //!
 //! When the timer fires, the file is queued only if an installed gem still
@@ -22,6 +24,8 @@ use crate::error::{AttemptError, Error};
 
 /// The longest wait the doubling reaches (unless the setting is longer).
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// The doubling stops at this many times the setting (or an hour).
+const MAX_GROWTH: u32 = 8;
 /// The longest `Retry-After` honoured by the periodic retry.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
 
@@ -74,12 +78,14 @@ impl Retries {
 }
 
 /// How long to wait before the next try after `failures` failures in a
-/// row: `base · 2^(failures−1)`, at most an hour (or `base`, when longer),
-/// and at least `retry_after`, the server's wish (at most a day).
+/// row: `base · 2^(failures−1)`, at most `8 · base` or an hour, whichever is
+/// shorter (and never less than `base`), and at least `retry_after`, the
+/// server's wish (at most a day).
 pub(crate) fn delay(base: Duration, failures: u32, retry_after: Option<Duration>) -> Duration {
     let doublings = failures.saturating_sub(1).min(32);
     let grown = base.saturating_mul(1u32 << doublings.min(31));
-    let backoff = grown.min(MAX_BACKOFF.max(base));
+    let ceiling = base.saturating_mul(MAX_GROWTH).min(MAX_BACKOFF).max(base);
+    let backoff = grown.min(ceiling);
     match retry_after {
         Some(wait) => backoff.max(wait.min(MAX_RETRY_AFTER)),
         None => backoff,
@@ -114,6 +120,10 @@ mod tests {
             .collect();
         assert_eq!(waits, [10, 20, 40, 60, 60, 60]);
         assert_eq!(delay(ten, u32::MAX, None), 60 * MIN);
+        // A short setting grows to eight times itself.
+        let five = Duration::from_secs(5);
+        let waits: Vec<u64> = (1..=6).map(|n| delay(five, n, None).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 40, 40]);
         // A setting longer than an hour is kept as it is.
         assert_eq!(delay(120 * MIN, 5, None), 120 * MIN);
         assert_eq!(delay(ten, 0, None), ten);
