@@ -315,7 +315,11 @@ impl Scheduler {
         }
         let (failures, timer) = self.retries.failed(key);
         let wait = retry::delay(base, failures, retry::retry_after(error));
-        tracing::debug!(failures, ?wait, "a failed required file is tried again after a wait");
+        tracing::debug!(
+            failures,
+            ?wait,
+            "a failed required file is tried again after a wait"
+        );
         let (this, key) = (self.clone(), key.to_string());
         let task = async move {
             tokio::select! {

@@ -339,14 +339,16 @@ impl Registry {
     /// returns how many.
     pub fn prune_served(&self, stored: impl Fn(&str) -> bool) -> usize {
         let mut removed = 0;
-        for entry in fs::read_dir(self.served_dir()).into_iter().flatten().flatten() {
+        for entry in fs::read_dir(self.served_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let name = entry.file_name();
             let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            if crate::store::is_sha256(sha)
-                && !stored(sha)
-                && fs::remove_file(entry.path()).is_ok()
+            if crate::store::is_sha256(sha) && !stored(sha) && fs::remove_file(entry.path()).is_ok()
             {
                 removed += 1;
             }
