@@ -7,9 +7,10 @@
 //! - Required files missing at app start are queued again by
 //!   [`Resources::start`]; lazy files download on first [`Resources::path`].
 //! - A required file whose download failed is queued again
-//!   `service.retry_failed_after` later, the wait doubling (up to an hour)
-//!   while it keeps failing, and never before a server's `Retry-After`: a service
-//!   that stays up for days does not wait for the next start.
+//!   `service.retry_failed_after` later, the wait doubling (up to eight
+//!   times the setting or an hour) while it keeps failing, and never before
+//!   a server's `Retry-After`: a service that stays up for days does not
+//!   wait for the next start. Lazy files wait for their next `path`.
 //! - Upgrades reuse every file whose `sha256` is unchanged (the store is
 //!   content-addressed), and delete files the new version no longer declares
 //!   only after the new registration is written. A file another installed

@@ -330,7 +330,13 @@ impl Scheduler {
             if !this.retries.fired(&key, &timer) {
                 return;
             }
-            for (gem, resource) in this.required_now(&key, &waiters) {
+            let due = this.required_now(&key, &waiters);
+            if due.is_empty() {
+                // Present by now, lazy, or no longer installed: nothing
+                // to keep for it.
+                this.retries.succeeded(&key);
+            }
+            for (gem, resource) in due {
                 this.ensure(&gem, &resource, false);
             }
         };
