@@ -10,6 +10,8 @@
 //! stall_timeout_secs = 30
 //! proxy = "env"             # or "none", or "http://user:pass@proxy:3128"
 //! proxy_resolves = false
+//! [service]
+//! retry_failed_after = "10m"  # a failed required file is queued again (0: off)
 //! [dev]                     # development and tests only; empty in production
 //! extra_root_certs = ["ca.pem"]
 //! resolve = { "cdn.test" = ["127.0.0.1"] }
@@ -124,7 +126,8 @@ pub struct NetworkConfig {
     pub spread_over_mirrors: bool,
 }
 
-/// `[service]`: bounds on concurrent downloads.
+/// `[service]`: bounds on concurrent downloads, and the periodic retry of
+/// failed required files.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -135,6 +138,19 @@ pub struct ServiceConfig {
     /// Downloads running at once against one host.
     #[serde(default = "default_max_per_host")]
     pub max_per_host: usize,
+    /// How long after a required file's download failed it is queued
+    /// again by a running service: `"10m"` (the default), `"30s"`, `"1h"`,
+    /// or a number of seconds; `0` turns the periodic retry off (failed
+    /// files then wait for the next start). A file that keeps failing waits
+    /// twice as long each time, up to an hour (or this setting, when
+    /// longer), and never less than a server's `Retry-After`.
+    #[serde(default = "default_retry_failed_after", with = "duration_serde")]
+    pub retry_failed_after: Duration,
+}
+
+/// Ten minutes.
+fn default_retry_failed_after() -> Duration {
+    Duration::from_secs(600)
 }
 
 fn default_mode() -> Mode {
@@ -205,7 +221,55 @@ impl Default for ServiceConfig {
         ServiceConfig {
             max_concurrent_downloads: default_max_downloads(),
             max_per_host: default_max_per_host(),
+            retry_failed_after: default_retry_failed_after(),
         }
+    }
+}
+
+/// A duration: a number of seconds, or text such as `"500ms"`, `"30s"`,
+/// `"10m"`, `"1h"`, `"1d"`.
+mod duration_serde {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Seconds(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = match Given::deserialize(d)? {
+            Given::Seconds(secs) => Some(secs),
+            Given::Text(text) => parse(&text),
+        };
+        secs.filter(|s| s.is_finite() && (0.0..1e9).contains(s))
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                serde::de::Error::custom(
+                    "a duration must be a number of seconds or text such as \"30s\", \"10m\", \"1h\"",
+                )
+            })
+    }
+
+    /// Seconds of `"10m"`, `"1.5h"`, `"500ms"`, `"20"` (seconds).
+    pub fn parse(text: &str) -> Option<f64> {
+        let text = text.trim();
+        let split = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let unit = match unit.trim() {
+            "ms" => 0.001,
+            "" | "s" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            "d" => 86_400.0,
+            _ => return None,
+        };
+        number.parse::<f64>().ok().map(|n| n * unit)
     }
 }
 
@@ -354,6 +418,14 @@ impl Config {
             backoff: Duration::from_secs_f64(self.network.retry_backoff_secs),
             retry_after_max: Duration::from_secs_f64(self.network.retry_after_max_secs),
         }
+    }
+
+    /// How long after a failure a running service queues a required file
+    /// again (`service.retry_failed_after`); `None` when that is turned
+    /// off (`0`).
+    pub fn retry_failed_after(&self) -> Option<Duration> {
+        let after = self.service.retry_failed_after;
+        (!after.is_zero()).then_some(after)
     }
 
     /// How long an interrupted download is kept for resume.
@@ -541,6 +613,29 @@ mod tests {
         assert!(c.dev.allow_addresses.is_empty());
         assert!(c.dev.resolve.is_empty());
         assert!(c.dev.extra_root_certs.is_empty());
+    }
+
+    #[test]
+    fn the_periodic_retry_takes_a_duration_and_zero_turns_it_off() {
+        let after = |text: &str| {
+            Config::parse(&format!("[service]\nretry_failed_after = {text}"))
+                .map(|c| c.retry_failed_after())
+        };
+        let default = Config::parse("").unwrap().retry_failed_after();
+        assert_eq!(default, Some(Duration::from_secs(600)));
+        assert_eq!(after("\"5s\"").unwrap(), Some(Duration::from_secs(5)));
+        assert_eq!(after("\"10m\"").unwrap(), Some(Duration::from_secs(600)));
+        assert_eq!(after("\"1h\"").unwrap(), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            after("\"250ms\"").unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(after("90").unwrap(), Some(Duration::from_secs(90)));
+        assert_eq!(after("0.5").unwrap(), Some(Duration::from_millis(500)));
+        assert_eq!(after("0").unwrap(), None);
+        for bad in ["\"10 parsecs\"", "\"m\"", "-1", "\"\"", "true"] {
+            assert!(after(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //!   returns once the registration is durable; required files are queued.
 //! - Required files missing at app start are queued again by
 //!   [`Resources::start`]; lazy files download on first [`Resources::path`].
+//! - A required file whose download failed is queued again
+//!   `service.retry_failed_after` later, the wait doubling (up to eight
+//!   times the setting or an hour) while it keeps failing, and never before
+//!   a server's `Retry-After`: a service that stays up for days does not
+//!   wait for the next start. Lazy files wait for their next `path`.
 //! - Upgrades reuse every file whose `sha256` is unchanged (the store is
 //!   content-addressed), and delete files the new version no longer declares
 //!   only after the new registration is written. A file another installed
@@ -18,6 +23,7 @@ pub mod events;
 pub mod gem;
 pub mod import;
 pub(crate) mod limiter;
+pub(crate) mod retry;
 pub(crate) mod scheduler;
 
 use std::collections::BTreeSet;
@@ -319,6 +325,7 @@ impl Resources {
             registry: registry.clone(),
             retry: config.retry_policy(),
             events: events.clone(),
+            retry_failed_after: config.retry_failed_after(),
         };
         let scheduler = Scheduler::new(
             deps,
@@ -581,13 +588,17 @@ impl Resources {
                 .await;
             unclaimed.push(sha);
         }
-        let store = inner.store.clone();
+        let (store, registry) = (inner.store.clone(), inner.registry.clone());
         let removal = move || {
             for sha in &unclaimed {
                 store.remove_partials(sha);
             }
             unclaimed.retain(|sha| store.has(sha));
-            remove_blobs(&store, &unclaimed)
+            let deleted = remove_blobs(&store, &unclaimed)?;
+            for sha in &deleted {
+                registry.forget_served_by(sha);
+            }
+            Ok(deleted)
         };
         let blobs = inner.store.root().join("blobs");
         let deleted = self.on_blocking(&blobs, removal).await?;
@@ -939,8 +950,13 @@ impl Resources {
                     declared_by: self.declared_by(&sha)?,
                 });
                 let (doomed, sha256) = (store.clone(), sha.clone());
-                self.on_blocking(store.root(), move || doomed.remove(&sha256))
-                    .await?;
+                let registry = self.inner.registry.clone();
+                let remove = move || {
+                    doomed.remove(&sha256)?;
+                    registry.forget_served_by(&sha256);
+                    Ok(())
+                };
+                self.on_blocking(store.root(), remove).await?;
                 self.emit(Event::Deleted {
                     sha256: sha.clone(),
                 });

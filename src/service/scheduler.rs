@@ -36,6 +36,7 @@ use crate::error::Error;
 use crate::manifest::Resource;
 use crate::service::events::{Event, Events};
 use crate::service::limiter::Limiter;
+use crate::service::retry::{self, Retries};
 use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
 use crate::transfer::download::{download_with, RetryPolicy};
@@ -161,6 +162,9 @@ pub(crate) struct Deps {
     pub retry: RetryPolicy,
     /// Event channel.
     pub events: Events,
+    /// How long after a failure a required file is queued again
+    /// (`service.retry_failed_after`); `None`: only at the next start.
+    pub retry_failed_after: Option<Duration>,
 }
 
 /// The download scheduler.
@@ -178,6 +182,8 @@ pub(crate) struct Scheduler {
     shutdown: CancellationToken,
     /// The runtime jobs run on, captured when the service was opened.
     handle: Handle,
+    /// Timers that queue failed required files again.
+    retries: Retries,
 }
 
 impl Scheduler {
@@ -190,6 +196,7 @@ impl Scheduler {
             tracker: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             handle,
+            retries: Retries::default(),
         }
     }
 
@@ -272,13 +279,17 @@ impl Scheduler {
         let (gem, resource) = (gem.to_string(), resource.clone());
         let task = async move {
             let result = this.run(&gem, &resource, &job).await;
-            if let Err(Error::Cancelled { reason, .. }) = &result {
-                this.each(&job, |w| Event::Cancelled {
-                    gem: w.gem.clone(),
-                    resource: w.resource.clone(),
-                    sha256: resource.sha256.clone(),
-                    reason: reason.clone(),
-                });
+            match &result {
+                Err(Error::Cancelled { reason, .. }) => {
+                    this.each(&job, |w| Event::Cancelled {
+                        gem: w.gem.clone(),
+                        resource: w.resource.clone(),
+                        sha256: resource.sha256.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                Err(error) => this.retry_later(&key, job.waiters(), error),
+                Ok(_) => this.retries.succeeded(&key),
             }
             {
                 let mut jobs = this.jobs();
@@ -290,6 +301,67 @@ impl Scheduler {
         };
         self.tracker.spawn_on(task, &self.handle);
         rx
+    }
+
+    /// Queues the job of `key` again once its wait is over (see
+    /// [`crate::service::retry`]), for those of `waiters` whose gem still
+    /// declares it as a required file that is missing.
+    fn retry_later(self: &Arc<Self>, key: &str, waiters: Vec<Waiter>, error: &Error) {
+        let Some(base) = self.deps.retry_failed_after else {
+            return;
+        };
+        if self.required_now(key, &waiters).is_empty() {
+            return;
+        }
+        let (failures, timer) = self.retries.failed(key);
+        let wait = retry::delay(base, failures, retry::retry_after(error));
+        tracing::debug!(
+            failures,
+            ?wait,
+            "a failed required file is tried again after a wait"
+        );
+        let (this, key) = (self.clone(), key.to_string());
+        let task = async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = timer.cancelled() => return,
+                () = this.shutdown.cancelled() => return,
+            }
+            if !this.retries.fired(&key, &timer) {
+                return;
+            }
+            let due = this.required_now(&key, &waiters);
+            if due.is_empty() {
+                // Present by now, lazy, or no longer installed: nothing
+                // to keep for it.
+                this.retries.succeeded(&key);
+            }
+            for (gem, resource) in due {
+                this.ensure(&gem, &resource, false);
+            }
+        };
+        self.tracker.spawn_on(task, &self.handle);
+    }
+
+    /// Those of `waiters` whose gem is installed and declares their resource,
+    /// with the job key `key`, as a required file missing from the store.
+    fn required_now(&self, key: &str, waiters: &[Waiter]) -> Vec<(String, Resource)> {
+        let mut out = Vec::new();
+        for w in waiters {
+            let Ok(Some(reg)) = self.deps.registry.get(&w.gem) else {
+                continue;
+            };
+            let declared = reg
+                .resources
+                .into_iter()
+                .find(|r| r.id == w.resource && r.required && job_key(r) == key);
+            if let Some(r) = declared {
+                if !self.deps.store.has(&r.sha256) {
+                    out.push((w.gem.clone(), r));
+                }
+            }
+        }
+        out
     }
 
     /// Publishes one event for each waiter of `job`.
@@ -419,8 +491,13 @@ impl Scheduler {
             let declared = registry.declares(&resource.sha256)?;
             if !declared {
                 let (store, sha256) = (self.deps.store.clone(), resource.sha256.clone());
-                crate::store::off_runtime(self.deps.store.root(), move || store.remove(&sha256))
-                    .await?;
+                let registry = registry.clone();
+                let remove = move || {
+                    store.remove(&sha256)?;
+                    registry.forget_served_by(&sha256);
+                    Ok(())
+                };
+                crate::store::off_runtime(self.deps.store.root(), remove).await?;
             }
             Ok::<bool, Error>(declared)
         };

@@ -137,8 +137,15 @@ pub async fn collect(store: &Store, registry: &Registry, dry_run: bool) -> Resul
             };
             if !dry_run {
                 remove(&store, &item)?;
+                if item.kind == Kind::Stored {
+                    registry.forget_served_by(&item.sha256);
+                }
             }
             report.removed.push(item);
+        }
+        if !dry_run {
+            // Records of files deleted without them (by earlier versions).
+            registry.prune_served(|sha| store.has(sha));
         }
         Ok(report)
     })

@@ -319,6 +319,43 @@ impl Registry {
             .map(|r| r.served_by)
     }
 
+    /// Forgets which address served the file of `sha256`: called when the
+    /// stored file is deleted, so that a later download of the same bytes
+    /// records its own address and nothing outlives its file.
+    pub fn forget_served_by(&self, sha256: &str) {
+        if !crate::store::is_sha256(sha256) {
+            return;
+        }
+        let path = self.served_dir().join(format!("{sha256}.json"));
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(sha256, "a record of what served a deleted file stays: {e}"),
+        }
+    }
+
+    /// Removes every `served/<sha256>.json` whose file `stored` says is not
+    /// in the store (left by a deletion that did not remove it), and
+    /// returns how many.
+    pub fn prune_served(&self, stored: impl Fn(&str) -> bool) -> usize {
+        let mut removed = 0;
+        for entry in fs::read_dir(self.served_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name();
+            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            if crate::store::is_sha256(sha) && !stored(sha) && fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
         let file = crate::store::lockfile::lock(&self.lock).await?;
@@ -986,6 +1023,29 @@ mod tests {
     }
 
     use sha2::Digest;
+
+    #[test]
+    fn a_record_of_what_served_a_file_goes_with_the_file() {
+        let (dir, registry) = open();
+        let sha = shas(3, 9);
+        for s in &sha {
+            registry.record_served_by(s, "https://cdn.example.com/x.bin");
+        }
+        registry.forget_served_by(&sha[0]);
+        assert_eq!(registry.served_by(&sha[0]), None);
+        assert!(registry.served_by(&sha[1]).is_some());
+        // Forgetting twice, or a name that is not a SHA-256, does nothing.
+        registry.forget_served_by(&sha[0]);
+        registry.forget_served_by("../gems/x");
+        // Orphans go; the record of a file still stored stays.
+        let served = dir.path().join("store-v1/served");
+        std::fs::write(served.join("notes.txt"), "keep").unwrap();
+        assert_eq!(registry.prune_served(|s| s == sha[1]), 1);
+        assert!(registry.served_by(&sha[1]).is_some());
+        assert_eq!(registry.served_by(&sha[2]), None);
+        assert!(served.join("notes.txt").exists());
+        assert_eq!(registry.prune_served(|s| s == sha[1]), 0);
+    }
 
     #[test]
     fn what_served_a_file_reads_back_and_a_store_without_the_record_says_none() {

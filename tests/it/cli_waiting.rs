@@ -192,3 +192,30 @@ async fn status_says_the_mirror_served_a_file_the_url_sent_wrong_bytes_of() {
         stdout(&out)
     );
 }
+
+#[tokio::test]
+async fn fetch_without_a_terminal_says_on_stderr_that_it_retries_and_why() {
+    let env = Env::new().await;
+    one_retry(&env);
+    let body = bytes(10_000, 39);
+    env.origin.route(
+        "/flaky.bin",
+        Behaviour::Sequence(vec![Behaviour::Status(503), Behaviour::Body(body.clone())]),
+    );
+    let url = env.url("origin.test", "/flaky.bin");
+    let manifest = env.write_manifest("m.json", json!([entry("r", &url, &body)]));
+    // stderr is a pipe here: no bar is drawn to carry the note.
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line = stderr(&out)
+        .lines()
+        .find(|l| l.contains("retrying"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no retry line: {}", stderr(&out)));
+    assert!(
+        line.starts_with("r: retrying in 0.0 s (attempt 2 of 2): "),
+        "{line}"
+    );
+    assert!(line.contains("503"), "{line}");
+    assert_eq!(env.origin.hits("/flaky.bin"), 2);
+}

@@ -53,6 +53,7 @@ mod service_concurrency;
 mod service_crash;
 mod service_lifecycle;
 mod service_races;
+mod service_retry;
 mod smoke;
 // The soak kills and signals processes the Unix way (kill -9, SIGHUP).
 #[cfg(unix)]

@@ -186,6 +186,11 @@ impl Bar {
         }
     }
 
+    /// Whether the bar is drawn (stderr is a terminal, JSON is off).
+    pub fn is_drawn(&self) -> bool {
+        self.bar.is_some()
+    }
+
     /// Bytes received so far.
     pub fn set(&self, bytes: u64) {
         if let Some((_, bar)) = &self.bar {
@@ -360,9 +365,14 @@ impl gem_resources::Reporter for Reporting<'_> {
                 "reason": reason,
             });
             json_event(&event);
-        } else {
+        } else if self.bar.is_drawn() {
             self.bar.set_note(&retry_note(wait, attempt, of, reason));
             self.noted = true;
+        } else {
+            // No bar to carry it (stderr is not a terminal): a line of its
+            // own, as `path` and `install` print it.
+            let note = retry_note(wait, attempt, of, reason);
+            crate::errln!("{}: {note}", self.resource);
         }
     }
 }

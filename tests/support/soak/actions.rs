@@ -29,6 +29,7 @@ impl Soak {
              connect_timeout_secs = 3\nstall_timeout_secs = 3\nretries = 2\n\
              retry_backoff_secs = 0.2\nretry_after_max_secs = 3\n\
              [service]\nmax_concurrent_downloads = 4\nmax_per_host = 3\n\
+             retry_failed_after = \"5s\"\n\
              [dev]\nextra_root_certs = [\"ca.pem\"]\n\
              resolve = {{ \"cdn.test\" = [\"127.0.0.1\"], \"mirror.test\" = [\"127.0.0.1\"], \
              \"other.test\" = [\"127.0.0.1\"], \"intranet.test\" = [\"127.0.0.2\"] }}\n\

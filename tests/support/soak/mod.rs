@@ -110,6 +110,8 @@ pub struct Soak {
     max_failures: (usize, u64),
     missing_before_restart: usize,
     settle_took: f64,
+    /// Seconds to converge again after the final restart.
+    restart_took: f64,
     serve_since: Instant,
     /// The last sample of `serve` before the final restart.
     last_long: Option<Sample>,
@@ -190,6 +192,7 @@ impl Soak {
             max_failures: (0, 0),
             missing_before_restart: 0,
             settle_took: 0.0,
+            restart_took: 0.0,
             serve_since: start,
             last_long: None,
             refused_seen: 0,

@@ -1,0 +1,157 @@
+//! The periodic retry of failed required files (`service.retry_failed_after`).
+//!
+//! A long-lived service does not wait for the next app start to try a
+//! required file again: `retry_failed_after` after its download failed, it
+//! is queued again. A file that keeps failing waits twice as long each time,
+//! up to eight times the setting or an hour, whichever is shorter (10, 20,
+//! 40, 60, 60… minutes with the default of ten; a setting longer than an
+//! hour is kept as it is), and never less than a server's `Retry-After`
+//! among the failed attempts (at most a day).
+//! A success, here or by any other call, resets the count.
+//!
+//! When the timer fires, the file is queued only if an installed gem still
+//! declares it as required (with the same SHA-256 and addresses) and it is
+//! not in the store: files of uninstalled gems are not retried, and lazy
+//! ("on first use") files wait for their next `path` call.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{AttemptError, Error};
+
+/// The longest wait the doubling reaches (unless the setting is longer).
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// The doubling stops at this many times the setting (or an hour).
+const MAX_GROWTH: u32 = 8;
+/// The longest `Retry-After` honoured by the periodic retry.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
+
+/// The retry timers of one scheduler, by job key.
+#[derive(Debug, Default)]
+pub(crate) struct Retries {
+    pending: Mutex<HashMap<String, Pending>>,
+}
+
+/// The retry state of one job key.
+#[derive(Debug)]
+struct Pending {
+    /// Failures in a row.
+    failures: u32,
+    /// Stops the timer that waits for the next try.
+    timer: CancellationToken,
+}
+
+impl Retries {
+    fn pending(&self) -> MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts one more failure of `key` and returns the count with a fresh
+    /// timer token (the previous timer, if any, is stopped).
+    pub(crate) fn failed(&self, key: &str) -> (u32, CancellationToken) {
+        let mut pending = self.pending();
+        let entry = pending.entry(key.to_string()).or_insert_with(|| Pending {
+            failures: 0,
+            timer: CancellationToken::new(),
+        });
+        entry.timer.cancel();
+        entry.failures = entry.failures.saturating_add(1);
+        entry.timer = CancellationToken::new();
+        (entry.failures, entry.timer.clone())
+    }
+
+    /// `key` succeeded: its count starts over and its timer stops.
+    pub(crate) fn succeeded(&self, key: &str) {
+        if let Some(p) = self.pending().remove(key) {
+            p.timer.cancel();
+        }
+    }
+
+    /// The timer of `key` fired: forgets it, unless a later failure
+    /// replaced it (then `false`).
+    pub(crate) fn fired(&self, key: &str, timer: &CancellationToken) -> bool {
+        !timer.is_cancelled() && self.pending().contains_key(key)
+    }
+}
+
+/// How long to wait before the next try after `failures` failures in a
+/// row: `base · 2^(failures−1)`, at most `8 · base` or an hour, whichever is
+/// shorter (and never less than `base`), and at least `retry_after`, the
+/// server's wish (at most a day).
+pub(crate) fn delay(base: Duration, failures: u32, retry_after: Option<Duration>) -> Duration {
+    let doublings = failures.saturating_sub(1).min(32);
+    let grown = base.saturating_mul(1u32 << doublings.min(31));
+    let ceiling = base.saturating_mul(MAX_GROWTH).min(MAX_BACKOFF).max(base);
+    let backoff = grown.min(ceiling);
+    match retry_after {
+        Some(wait) => backoff.max(wait.min(MAX_RETRY_AFTER)),
+        None => backoff,
+    }
+}
+
+/// The longest `Retry-After` a server gave among the attempts of `error`.
+pub(crate) fn retry_after(error: &Error) -> Option<Duration> {
+    match error {
+        Error::Unavailable { attempts, .. } => attempts
+            .iter()
+            .filter_map(|a| match &a.error {
+                AttemptError::Http { retry_after, .. } => *retry_after,
+                _ => None,
+            })
+            .max(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_wait_doubles_up_to_an_hour_and_never_goes_below_the_setting() {
+        let ten = 10 * MIN;
+        let waits: Vec<u64> = (1..=6)
+            .map(|n| delay(ten, n, None).as_secs() / 60)
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 60, 60, 60]);
+        assert_eq!(delay(ten, u32::MAX, None), 60 * MIN);
+        // A short setting grows to eight times itself.
+        let five = Duration::from_secs(5);
+        let waits: Vec<u64> = (1..=6).map(|n| delay(five, n, None).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 40, 40]);
+        // A setting longer than an hour is kept as it is.
+        assert_eq!(delay(120 * MIN, 5, None), 120 * MIN);
+        assert_eq!(delay(ten, 0, None), ten);
+    }
+
+    #[test]
+    fn a_servers_retry_after_is_waited_for_but_never_shortens_the_wait() {
+        let ten = 10 * MIN;
+        assert_eq!(delay(ten, 1, Some(30 * MIN)), 30 * MIN);
+        assert_eq!(delay(ten, 1, Some(MIN)), ten);
+        assert_eq!(
+            delay(ten, 1, Some(Duration::from_secs(u64::MAX))),
+            MAX_RETRY_AFTER
+        );
+    }
+
+    #[test]
+    fn a_success_starts_the_count_over_and_a_new_failure_stops_the_old_timer() {
+        let retries = Retries::default();
+        let (n, first) = retries.failed("k");
+        assert_eq!(n, 1);
+        let (n, second) = retries.failed("k");
+        assert_eq!(n, 2);
+        assert!(first.is_cancelled());
+        assert!(!retries.fired("k", &first));
+        assert!(retries.fired("k", &second));
+        retries.succeeded("k");
+        assert!(second.is_cancelled());
+        assert_eq!(retries.failed("k").0, 1);
+    }
+}

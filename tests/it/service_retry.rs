@@ -1,0 +1,141 @@
+//! A running service tries a failed required file again on its own
+//! (`service.retry_failed_after`), and only such files; the record of what
+//! served a file goes with the file.
+
+use std::time::{Duration, Instant};
+
+use gem_resources::{ResourceState, Resources};
+use serde_json::json;
+
+use crate::support::*;
+
+/// The service with the periodic retry set to `after`.
+fn open_retrying(env: &Env, after: Duration) -> Resources {
+    let mut config = env.config();
+    config.service.retry_failed_after = after;
+    Resources::open_at(&config, &env.store_dir()).unwrap()
+}
+
+/// Routes `path` to fail once with `first`, then serve `body`.
+fn fails_once(env: &Env, path: &str, first: Behaviour, body: &[u8]) -> url::Url {
+    env.origin.route(
+        path,
+        Behaviour::Sequence(vec![first, Behaviour::Body(body.to_vec())]),
+    );
+    env.url("origin.test", path)
+}
+
+fn state(service: &Resources, gem: &str) -> ResourceState {
+    service.status(Some(gem)).unwrap()[0].resources[0]
+        .state
+        .clone()
+}
+
+#[tokio::test]
+async fn a_failed_required_file_is_present_after_the_retry_interval_without_any_call() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 91);
+    let url = fails_once(&env, "/flaky.bin", Behaviour::Status(500), &body);
+    let service = open_retrying(&env, Duration::from_millis(300));
+    let began = Instant::now();
+    let m = manifest(json!([required_entry("model", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    wait_until("the file is present", || {
+        matches!(state(&service, "g"), ResourceState::Present { .. })
+    })
+    .await;
+    assert_eq!(env.origin.hits("/flaky.bin"), 2);
+    assert!(
+        began.elapsed() >= Duration::from_millis(300),
+        "tried again before the interval: {:?}",
+        began.elapsed()
+    );
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_servers_retry_after_is_waited_for_before_the_periodic_retry() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 92);
+    let busy = Behaviour::RetryAfter {
+        status: 503,
+        value: "2".into(),
+    };
+    let url = fails_once(&env, "/busy.bin", busy, &body);
+    let service = open_retrying(&env, Duration::from_millis(100));
+    let began = Instant::now();
+    let m = manifest(json!([required_entry("model", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    wait_until("the file is present", || {
+        matches!(state(&service, "g"), ResourceState::Present { .. })
+    })
+    .await;
+    assert_eq!(env.origin.hits("/busy.bin"), 2);
+    assert!(
+        began.elapsed() >= Duration::from_secs(2),
+        "tried again before the server's Retry-After: {:?}",
+        began.elapsed()
+    );
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_lazy_file_that_failed_waits_for_its_next_call() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 93);
+    let url = fails_once(&env, "/lazy.bin", Behaviour::Status(500), &body);
+    let service = open_retrying(&env, Duration::from_millis(100));
+    let m = manifest(json!([entry("model", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    assert!(service.path("g", "model").await.is_err());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(env.origin.hits("/lazy.bin"), 1, "a lazy file was retried");
+    assert!(matches!(state(&service, "g"), ResourceState::Failed { .. }));
+    // Its next call fetches it.
+    within("the next call", service.path("g", "model"))
+        .await
+        .unwrap();
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_file_of_a_gem_uninstalled_after_its_failure_is_not_retried() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 94);
+    let url = fails_once(&env, "/gone.bin", Behaviour::Status(500), &body);
+    let service = open_retrying(&env, Duration::from_millis(300));
+    let m = manifest(json!([required_entry("model", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    wait_until("the download has failed", || {
+        matches!(state(&service, "g"), ResourceState::Failed { .. })
+    })
+    .await;
+    service.uninstall("g").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        env.origin.hits("/gone.bin"),
+        1,
+        "an uninstalled gem's file was retried"
+    );
+    assert!(stored_files(&env, &body).is_empty());
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_record_of_what_served_a_file_is_removed_with_the_file() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 95);
+    let url = env.serve("/kept.bin", &body);
+    let service = open_retrying(&env, Duration::from_secs(600));
+    let m = manifest(json!([required_entry("model", &url, &body)]));
+    service.install("g", &m).await.unwrap();
+    within("the download", service.wait_idle()).await;
+    let record = store_root(&env)
+        .join("served")
+        .join(format!("{}.json", sha256_hex(&body)));
+    assert!(record.is_file(), "no record at {}", record.display());
+    service.uninstall("g").await.unwrap();
+    assert!(stored_files(&env, &body).is_empty());
+    assert!(!record.exists(), "the record outlived its file");
+    service.shutdown().await;
+}
