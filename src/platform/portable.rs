@@ -165,9 +165,8 @@ fn windows_version(path: &Path) -> io::Result<Version> {
 /// (`GetDiskFreeSpaceExW`, which counts the user's quota).
 #[cfg(windows)]
 pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
-    use std::os::windows::ffi::OsStrExt;
     use windows_sys::Win32::Storage::FileSystem::GetDiskFreeSpaceExW;
-    let wide: Vec<u16> = dir.as_os_str().encode_wide().chain(Some(0)).collect();
+    let wide = wide_path(dir);
     let mut free: u64 = 0;
     // SAFETY: `wide` is a NUL-terminated UTF-16 path that outlives the call,
     // `free` is a valid place for one u64, and the two totals not asked for
@@ -184,6 +183,27 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(free)
+}
+
+/// `path` as a NUL-terminated UTF-16 path for a Windows call: absolute,
+/// and in the verbatim form (`\\?\C:\…`, `\\?\UNC\server\…`) when it is
+/// long, as std does for its own calls, so a store deeper than `MAX_PATH`
+/// (260 characters) works without the system's long-path setting.
+#[cfg(windows)]
+fn wide_path(path: &Path) -> Vec<u16> {
+    use std::os::windows::ffi::OsStrExt;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let plain: Vec<u16> = absolute.as_os_str().encode_wide().collect();
+    let text = |s: &str| s.encode_utf16().collect::<Vec<u16>>();
+    let mut wide = if plain.len() < 248 || plain.starts_with(&text("\\\\?\\")) {
+        plain
+    } else if let Some(unc) = plain.strip_prefix(text("\\\\").as_slice()) {
+        [text("\\\\?\\UNC\\").as_slice(), unc].concat()
+    } else {
+        [text("\\\\?\\").as_slice(), plain.as_slice()].concat()
+    };
+    wide.push(0);
+    wide
 }
 
 /// Unknown here: as much as any file needs.
