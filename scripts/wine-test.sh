@@ -114,11 +114,33 @@ run_tests() {
     local result
     result=$(grep -a '^test result:' "$log" | tail -1 || true)
     grep -a -E '^test .* (FAILED|ok)$|^failures:|panicked' "$log" | grep -a -v ' ok$' >&2 || true
+    if [ "$status" -ne 0 ] && [ -n "$result" ] && retry_failed "$label" "$exe" "$log"; then
+        status=0
+        result="$result; passed on a second try: ${RETRIED[*]}"
+    fi
     if [ "$status" -ne 0 ] || [ -z "$result" ]; then
         FAILED=1
         [ -n "$result" ] || result="no result (exit status $status; see $log)"
     fi
     SUMMARY+=("$(printf '%-22s %4ss  %s' "$label" $((SECONDS - start)) "$result")")
+}
+
+# Wine itself fails now and then where Windows would not (CreateProcess
+# answering "Internal error", os error 1359, while many tests start
+# processes at once): a run with at most 3 failed tests runs those once more,
+# alone and by exact name. They pass only if they pass then; the summary
+# names them. More failures, or a second failure, fail the run.
+RETRIED=()
+retry_failed() {
+    local label=$1 exe=$2 log=$3
+    local -a failed
+    mapfile -t failed < <(grep -a -E '^test .* \.\.\. FAILED$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/')
+    [ "${#failed[@]}" -ge 1 ] && [ "${#failed[@]}" -le 3 ] || return 1
+    echo "wine-test: $label: trying ${failed[*]} once more, alone" >&2
+    timeout "${WINE_TIMEOUT:-1800}" "$WINE64" "$exe" --exact --test-threads=1 "${failed[@]}" \
+        >"$log.again" 2>&1 || return 1
+    grep -a -q "^test result: ok. ${#failed[@]} passed" "$log.again" || return 1
+    RETRIED=("${failed[@]}")
 }
 
 # The command-line scenario: a local HTTPS origin (Python, on Linux) and
