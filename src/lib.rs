@@ -153,6 +153,7 @@
 // No function longer than one screen (clippy.toml sets 120 lines).
 #![warn(clippy::too_many_lines)]
 
+pub mod api;
 pub mod config;
 pub mod error;
 pub mod manifest;
@@ -179,8 +180,8 @@ pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use policy::{Mode, Policy, PolicyError};
 pub use service::{
-    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, ResourceState, ResourceStatus,
-    Resources, ResourcesBuilder, UninstallReport, VerifyReport,
+    Blocking, BlockingGem, GemResources, GemStatus, InstallReport, PolicyChange, ResourceState,
+    ResourceStatus, Resources, ResourcesBuilder, UninstallReport, VerifyReport,
 };
 pub use store::Store;
 

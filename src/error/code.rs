@@ -68,6 +68,17 @@ pub enum ErrorCode {
     /// `E_RESOURCE_RUNTIME`: the service was opened outside a Tokio runtime.
     #[serde(rename = "E_RESOURCE_RUNTIME")]
     Runtime,
+    /// `E_RESOURCE_USAGE`: a command or an API request was malformed
+    /// (wrong arguments, unknown method, params it cannot take).
+    #[serde(rename = "E_RESOURCE_USAGE")]
+    Usage,
+    /// `E_RESOURCE_BUSY`: another service already holds the store.
+    #[serde(rename = "E_RESOURCE_BUSY")]
+    Busy,
+    /// `E_RESOURCE_SERVICE`: the service listening on the store could not
+    /// be reached, or its answer could not be read.
+    #[serde(rename = "E_RESOURCE_SERVICE")]
+    Service,
 }
 
 /// Every code, in the order of [`ErrorCode`]'s variants.
@@ -90,6 +101,9 @@ pub const CODES: &[ErrorCode] = &[
     ErrorCode::Cancelled,
     ErrorCode::Shutdown,
     ErrorCode::Runtime,
+    ErrorCode::Usage,
+    ErrorCode::Busy,
+    ErrorCode::Service,
 ];
 
 impl ErrorCode {
@@ -114,6 +128,9 @@ impl ErrorCode {
             ErrorCode::Cancelled => "E_RESOURCE_CANCELLED",
             ErrorCode::Shutdown => "E_RESOURCE_SHUTDOWN",
             ErrorCode::Runtime => "E_RESOURCE_RUNTIME",
+            ErrorCode::Usage => "E_RESOURCE_USAGE",
+            ErrorCode::Busy => "E_RESOURCE_BUSY",
+            ErrorCode::Service => "E_RESOURCE_SERVICE",
         }
     }
 

@@ -26,6 +26,7 @@
 //! [`Result`].
 
 mod code;
+pub mod data;
 mod refusal;
 
 use std::path::PathBuf;
@@ -303,6 +304,31 @@ pub enum Error {
         /// The method called (`path`, `install`, …).
         call: &'static str,
     },
+    /// The service listening on the store answered with an error: its code,
+    /// cause and message as it sent them ([`data::ErrorData`]).
+    #[error("{}", .0.message)]
+    Remote(Box<data::ErrorData>),
+    /// The service listening on the store could not be reached, or it
+    /// answered with something that is not the protocol
+    /// (`E_RESOURCE_SERVICE`).
+    #[error("the service at {socket}: {reason}")]
+    Service {
+        /// Its socket.
+        socket: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Another service already holds the store (`E_RESOURCE_BUSY`).
+    #[error("another service (process {pid}) already holds the store {}; stop it first, or use it through its socket", store.display())]
+    Busy {
+        /// The store folder.
+        store: PathBuf,
+        /// The process holding it (0 when it did not say).
+        pid: u32,
+    },
+    /// A request the API cannot take (`E_RESOURCE_USAGE`).
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<Attempt> for Error {
@@ -365,6 +391,10 @@ impl Error {
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NoRuntime => ErrorCode::Runtime,
             Error::BlockingInRuntime { .. } => ErrorCode::Runtime,
+            Error::Remote(data) => data.code,
+            Error::Service { .. } => ErrorCode::Service,
+            Error::Busy { .. } => ErrorCode::Busy,
+            Error::Usage(_) => ErrorCode::Usage,
         }
     }
 
@@ -378,6 +408,7 @@ impl Error {
                 ErrorCode::most_specific(attempts.iter().map(Attempt::code))
                     .unwrap_or(ErrorCode::Unavailable)
             }
+            Error::Remote(data) => data.primary_cause,
             other => other.code(),
         }
     }

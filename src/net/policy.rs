@@ -20,7 +20,7 @@ use url::Host;
 
 /// Allowlist: only listed hosts may be reached. Blocklist: listed hosts may
 /// not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Only hosts matching a pattern may be reached.

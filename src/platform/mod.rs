@@ -16,9 +16,12 @@
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
 //! | [`BYTE_LOCKS`], [`try_lock_byte`] | open-file-description locks (Linux) | a lock file per key |
+//! | [`local_socket`] | a Unix domain socket, the peer's uid checked (`SO_PEERCRED`, `getpeereid`) | a named pipe for this user only, remote clients rejected (Windows) |
 //!
 //! What the crate decides with these (which folders and files it trusts,
 //! what it says when it refuses one) stays with the caller.
+
+pub(crate) mod local_socket;
 
 #[cfg(unix)]
 mod unix;

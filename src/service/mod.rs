@@ -18,6 +18,7 @@
 //! - One download per SHA-256 however many callers wait, in this process
 //!   (one job) or across processes (the store's per-SHA-256 lock).
 
+pub mod autofill;
 pub mod blocking;
 pub mod events;
 pub mod gem;
@@ -32,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::runtime::Handle;
@@ -44,6 +45,7 @@ use crate::manifest::{Manifest, Resource};
 use crate::net::policy::Policy;
 use crate::service::events::{Event, Events, DEFAULT_EVENT_BUFFER};
 use crate::service::scheduler::{Deps, JobResult, JobState, Scheduler};
+use crate::store::policy_record;
 use crate::store::registry::{check_gem_id, FailureRecord, Registration, Registry};
 use crate::store::Store;
 use crate::transfer::fetch::Fetcher;
@@ -53,6 +55,9 @@ pub use crate::service::gem::{BlockingGem, GemResources};
 
 /// Files deleted at once by an uninstall or upgrade.
 const DELETE_WORKERS: usize = 16;
+
+/// How often a running service looks at the store's policy record.
+pub const POLICY_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The resource service. Cheap to clone; clones share everything.
 ///
@@ -133,10 +138,16 @@ struct Inner {
     events: Events,
     /// How long an interrupted download is kept for resume.
     partial_max_age: std::time::Duration,
+    /// The store's policy record as last seen.
+    policy_stamp: std::sync::Mutex<policy_record::Stamp>,
+    /// The most bytes auto-fill reads from one address.
+    autofill_max_bytes: u64,
+    /// Files auto-fill reads at once.
+    autofill_parallel: usize,
 }
 
 /// What [`Resources::install`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct InstallReport {
     /// The gem.
@@ -155,8 +166,18 @@ pub struct InstallReport {
     pub deleted: Vec<String>,
 }
 
+/// What [`Resources::set_policy_counted`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PolicyChange {
+    /// Downloads the new policy stopped (an address of theirs it refuses).
+    pub stopped: usize,
+    /// Failed required files queued again because it permits them now.
+    pub queued: usize,
+}
+
 /// What [`Resources::uninstall`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct UninstallReport {
     /// The gem.
@@ -168,7 +189,7 @@ pub struct UninstallReport {
 }
 
 /// The state of one resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ResourceState {
@@ -204,7 +225,7 @@ pub enum ResourceState {
 }
 
 /// One resource in [`Resources::status`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ResourceStatus {
     /// The resource id.
@@ -217,7 +238,7 @@ pub struct ResourceStatus {
     pub size: u64,
     /// Its description as the manifest gives it (`None`: none given, and
     /// `label` is the id).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The host of its `url`.
     pub host: String,
@@ -235,12 +256,12 @@ pub struct ResourceStatus {
     /// Bytes of an interrupted download kept for resuming, when the file is
     /// missing (or failed) and no download runs: the next one continues
     /// from there.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_bytes: Option<u64>,
 }
 
 /// One gem in [`Resources::status`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct GemStatus {
     /// The gem.
@@ -319,8 +340,18 @@ impl Resources {
         let store = Store::open(dir)?;
         let registry = Registry::new(&store);
         let events = Events::new(buffer);
+        let fetcher = Fetcher::new(config)?;
+        // The store's last policy holds when it is newer than the
+        // configuration file (see `store::policy_record`).
+        let policy = policy_record::effective(
+            fetcher.policy(),
+            config.source.as_deref(),
+            store.policy_record()?,
+        );
+        fetcher.set_policy(policy);
+        let policy_stamp = store.policy_stamp();
         let deps = Deps {
-            fetcher: Fetcher::new(config)?,
+            fetcher,
             store: store.clone(),
             registry: registry.clone(),
             retry: config.retry_policy(),
@@ -333,15 +364,67 @@ impl Resources {
             config.service.max_per_host,
             handle,
         );
-        Ok(Resources {
+        let service = Resources {
             inner: Arc::new(Inner {
                 store,
                 registry,
                 scheduler: Arc::new(scheduler),
                 events,
                 partial_max_age: config.partial_max_age(),
+                policy_stamp: std::sync::Mutex::new(policy_stamp),
+                autofill_max_bytes: config.network.autofill_max_bytes,
+                autofill_parallel: config.service.max_concurrent_downloads.max(1),
             }),
-        })
+        };
+        service.watch_policy_record();
+        Ok(service)
+    }
+
+    /// Follows the store's policy record while the service runs: a policy
+    /// that another process sets for this store applies here within
+    /// [`POLICY_WATCH_EVERY`] (and at once before each download starts).
+    fn watch_policy_record(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        self.handle().spawn(async move {
+            loop {
+                tokio::time::sleep(POLICY_WATCH_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let service = Resources { inner };
+                if service.is_shut_down() {
+                    return;
+                }
+                service.follow_policy_record();
+            }
+        });
+    }
+
+    /// Applies the store's policy record when it changed since last seen.
+    pub(crate) fn follow_policy_record(&self) {
+        let stamp = self.inner.store.policy_stamp();
+        {
+            let mut seen = self
+                .inner
+                .policy_stamp
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if *seen == stamp {
+                return;
+            }
+            *seen = stamp;
+        }
+        match self.inner.store.policy_record() {
+            Ok(Some(record)) if !policy_record::same(&record.policy, &self.policy()) => {
+                tracing::info!(
+                    pid = record.pid,
+                    "the network policy of this store was changed by another process: applying it"
+                );
+                if let Err(e) = self.apply_policy(record.policy) {
+                    tracing::warn!("cannot apply the store's policy record: {e}");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("{e}"),
+        }
     }
 
     /// How many registration files this service has parsed: for tests that
@@ -384,6 +467,11 @@ impl Resources {
     /// Whether [`Resources::shutdown`] was called (on any clone).
     pub fn is_shut_down(&self) -> bool {
         self.inner.scheduler.is_shut_down()
+    }
+
+    /// `Err(E_RESOURCE_SHUTDOWN)` once the service is shut down.
+    pub(crate) fn check_live(&self) -> Result<()> {
+        self.live()
     }
 
     /// `Err(E_RESOURCE_SHUTDOWN)` once the service is shut down.
@@ -621,6 +709,8 @@ impl Resources {
         if let Some(path) = self.find(&resource).await? {
             return Ok(path);
         }
+        // Another process may have set a policy a moment ago.
+        self.follow_policy_record();
         let mut done = self.inner.scheduler.ensure(gem, &resource, true);
         // A watch channel: waiting needs no runtime of its own.
         let result: JobResult = match done.wait_for(|r| r.is_some()).await {
@@ -768,7 +858,53 @@ impl Resources {
     /// are queued again at once; lazy ones wait for their next
     /// [`Resources::path`]. Emits [`Event::PolicyChanged`]; returns how many
     /// files were queued again.
+    ///
+    /// The policy is also written to the store's record
+    /// ([`crate::store::policy_record`]), so that every other process using
+    /// the store (a command-line run, another service) applies it too.
     pub fn set_policy(&self, policy: Policy) -> Result<usize> {
+        Ok(self.set_policy_counted(policy)?.queued)
+    }
+
+    /// [`Resources::set_policy`], saying also how many downloads the new
+    /// policy stopped.
+    pub fn set_policy_counted(&self, policy: Policy) -> Result<PolicyChange> {
+        self.live()?;
+        let stopped = self.stopped_by(&policy)?;
+        self.inner.store.write_policy_record(&policy)?;
+        // Our own write is not news to the watcher.
+        *self
+            .inner
+            .policy_stamp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = self.inner.store.policy_stamp();
+        let queued = self.apply_policy(policy)?;
+        Ok(PolicyChange { stopped, queued })
+    }
+
+    /// How many running downloads have an address that `policy` refuses and
+    /// the policy in force permits.
+    fn stopped_by(&self, policy: &Policy) -> Result<usize> {
+        let old = self.policy();
+        let running = self.inner.scheduler.running();
+        if running.is_empty() {
+            return Ok(0);
+        }
+        let regs = self.inner.registry.list()?;
+        Ok(running
+            .iter()
+            .filter(|sha| {
+                regs.iter()
+                    .flat_map(|r| r.resources.iter())
+                    .filter(|r| &&r.sha256 == sha)
+                    .flat_map(|r| r.addresses())
+                    .filter_map(|a| a.host_str().map(str::to_string))
+                    .any(|h| old.permits(&h) && !policy.permits(&h))
+            })
+            .count())
+    }
+
+    fn apply_policy(&self, policy: Policy) -> Result<usize> {
         self.live()?;
         let inner = &self.inner;
         let old = self.policy();

@@ -214,6 +214,16 @@ impl Scheduler {
         self.deps.events.send(event);
     }
 
+    /// What every job uses.
+    pub(crate) fn deps(&self) -> &Deps {
+        &self.deps
+    }
+
+    /// A token that fires at shutdown, for work outside the jobs.
+    pub(crate) fn stopping(&self) -> CancellationToken {
+        self.shutdown.child_token()
+    }
+
     /// The fetcher every job uses.
     pub(crate) fn fetcher(&self) -> &Fetcher {
         &self.deps.fetcher
@@ -515,6 +525,15 @@ impl Scheduler {
                 reason: "no installed gem declares it any more".into(),
             })
         }
+    }
+
+    /// The SHA-256s of the jobs that are transferring now.
+    pub(crate) fn running(&self) -> Vec<String> {
+        self.jobs()
+            .values()
+            .filter(|j| j.started.load(Ordering::Relaxed))
+            .map(|j| j.sha256.clone())
+            .collect()
     }
 
     /// What the job for `sha256` is doing, if there is one.

@@ -53,6 +53,7 @@ pub(crate) use space::{partial_write_failed, write_failed};
 pub mod gc;
 pub(crate) mod lockfile;
 pub mod partial;
+pub mod policy_record;
 pub mod registry;
 
 use std::fs::{self, File};

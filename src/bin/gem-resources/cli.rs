@@ -90,6 +90,11 @@ pub struct Args {
     /// Machine-readable JSON output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Work in this process even when a service listens on the store
+    /// (by default `path`, `status`, `install`, `uninstall`, `sync` and
+    /// `autofill` go through its local API).
+    #[arg(long, global = true)]
+    pub no_service: bool,
     /// Bandwidth cap for this command, in bytes per second, with k or M for
     /// KiB or MiB (e.g. 500k, 2M); overrides `network.max_bytes_per_sec`.
     #[arg(long, global = true, value_name = "RATE", value_parser = parse_rate)]

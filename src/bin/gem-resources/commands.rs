@@ -66,7 +66,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
         Command::Gc { dry_run } => crate::gc::run(&config, dry_run, json).await,
-        other => crate::service_commands::run(&config, other, json).await,
+        other => crate::service_commands::run(&config, other, json, args.no_service).await,
     }
 }
 
@@ -180,7 +180,7 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
                 error,
             };
             if json {
-                let mut value = render::attempt_json(&attempt);
+                let mut value = gem_resources::error::data::attempt_json(&attempt);
                 value["allowed"] = json!(false);
                 print_json(&value);
             } else {

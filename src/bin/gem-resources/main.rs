@@ -18,6 +18,7 @@ mod interrupt;
 mod platform;
 mod progress;
 mod reload;
+mod remote;
 mod render;
 mod report;
 mod serve;

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gem_resources::error::{Attempt, ErrorCode};
+use gem_resources::error::ErrorCode;
 use gem_resources::Error;
 use serde_json::{json, Value};
 
@@ -69,48 +69,10 @@ pub fn failure_text(code: ErrorCode, message: &str) -> String {
     format!("{code}: {message}")
 }
 
-/// One attempt as JSON.
-pub fn attempt_json(a: &Attempt) -> Value {
-    json!({
-        "address": a.address.as_str(),
-        "hop": a.hop.as_ref().map(|h| h.as_str()),
-        "code": a.code(),
-        "reason": a.error.to_string(),
-    })
-}
-
-/// An error as JSON: code, message and, where there are any, the attempts.
+/// An error as JSON: code, primary cause, message and what else it knows
+/// (the attempts, …): the API's error data.
 pub fn error_json(e: &Error) -> Value {
-    let mut value = json!({ "code": e.code(), "message": e.to_string() });
-    match e {
-        Error::Unavailable { resource, attempts } => {
-            value["resource"] = json!(resource);
-            value["attempts"] = attempts.iter().map(attempt_json).collect();
-        }
-        Error::Attempt(a) => {
-            value["attempts"] = json!([attempt_json(a)]);
-        }
-        Error::DiskSpace {
-            needed,
-            available,
-            reserved,
-            ..
-        } => {
-            // The message says them in human units; here, in bytes.
-            value["needed_bytes"] = json!(needed);
-            value["free_bytes"] = json!(available);
-            value["reserved_bytes"] = json!(reserved);
-        }
-        Error::Manifest(m) => {
-            value["problems"] = m
-                .problems
-                .iter()
-                .map(|p| json!({ "path": p.path, "message": p.message }))
-                .collect();
-        }
-        _ => {}
-    }
-    value
+    json!(gem_resources::error::data::ErrorData::of(e))
 }
 
 /// The line `import` prints for one file: `FILE: imported GEM/ID, …`,

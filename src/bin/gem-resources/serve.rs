@@ -101,9 +101,22 @@ pub async fn run(
         .map(|args| Overrides::of(&args))
         .unwrap_or_default();
     let mut reloader = Reloader::new(config, overrides);
+    // The local API: every other process using the store goes through it.
+    let api = service.listen()?;
+    if json {
+        crate::render::print_json(&serde_json::json!({
+            "event": "listening",
+            "socket": api.socket(),
+            "pid": std::process::id(),
+        }));
+    }
     let watcher = watch::spawn(service, json, Output::Stdout);
     let queued = service.start().await?;
-    tracing::info!("{}", start_line(config, gems));
+    tracing::info!(
+        "{}; local API on {}",
+        start_line(config, gems),
+        api.socket()
+    );
     match crate::context::dev_warning(config) {
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
@@ -130,6 +143,7 @@ pub async fn run(
     tracing::info!("stopping: cancelling downloads");
     let unfinished = crate::interrupt::unfinished(service, None);
     crate::progress::clear_all();
+    api.stop().await;
     service.shutdown().await;
     watcher.stop().await;
     // What each download in flight kept, as every command says it.

@@ -14,9 +14,29 @@ use crate::report::{self, Outcome};
 use crate::watch::{Output, Show, Watcher};
 
 /// Runs a service subcommand.
-pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &Config,
+    command: Command,
+    json: bool,
+    no_service: bool,
+) -> anyhow::Result<ExitCode> {
     if matches!(command, Command::Status { .. }) {
         crate::context::warn_dev(config);
+    }
+    // A service listening on the store does the work: its live policy,
+    // its events, one download per file for every process.
+    let through_api = matches!(
+        command,
+        Command::Path { .. }
+            | Command::Status { .. }
+            | Command::Install { .. }
+            | Command::Uninstall { .. }
+            | Command::Sync
+    );
+    if through_api {
+        if let Some(client) = crate::remote::client(config, no_service).await {
+            return crate::remote::run(&client, command, json).await;
+        }
     }
     // Looking at a store must not create one.
     if matches!(
@@ -36,16 +56,12 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
-            let status = service.status(gem.as_deref())?;
-            let (files, bytes) = undeclared(&service)?;
+            let result = gem_resources::api::status_of(&service, gem.as_deref())?;
             if json {
-                print_json(&json!({
-                    "gems": status,
-                    "undeclared_files": files,
-                    "undeclared_bytes": bytes,
-                }));
+                print_json(&json!(result));
             } else {
-                report::print_status(&status);
+                report::print_status(&result.gems);
+                let (files, bytes) = (result.undeclared_files, result.undeclared_bytes);
                 if let Some(line) = render::undeclared_line(files, bytes) {
                     crate::outln!("{line}");
                 }
@@ -59,15 +75,6 @@ pub async fn run(config: &Config, command: Command, json: bool) -> anyhow::Resul
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
-}
-
-/// How many stored and kept partial files no installed gem declares, and
-/// the bytes they take (what `gc` would remove).
-fn undeclared(service: &Resources) -> anyhow::Result<(usize, u64)> {
-    let store = service.store();
-    let registry = gem_resources::registry::Registry::new(store);
-    let items = gem_resources::store::gc::undeclared(store, &registry)?;
-    Ok((items.len(), items.iter().map(|u| u.bytes).sum()))
 }
 
 /// `path GEM RESOURCE`: the file's path, downloading it first when it is
@@ -142,7 +149,9 @@ fn nothing_installed(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             Err(Error::NotFound(format!("gem {gem:?} is not installed (nothing is)")).into())
         }
         Command::Status { gem: None } if json => {
-            print_json(&json!({ "gems": [], "undeclared_files": 0, "undeclared_bytes": 0 }));
+            print_json(
+                &json!({ "gems": [], "undeclared_files": 0, "undeclared_bytes": 0, "service": null }),
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Uninstall { gem } => {
@@ -239,7 +248,12 @@ async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result
     }
     let report = service.uninstall(gem).await?;
     if json {
-        print_json(&json!(report));
+        print_json(&json!(gem_resources::api::protocol::UninstallResult {
+            gem: report.gem.clone(),
+            installed: true,
+            deleted: report.deleted.clone(),
+            kept: report.kept.clone(),
+        }));
     } else {
         crate::errln!(
             "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
@@ -312,7 +326,7 @@ fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// `gem/resource` of every required resource that is not present.
-fn failed_required(status: &[GemStatus]) -> Vec<String> {
+pub fn failed_required(status: &[GemStatus]) -> Vec<String> {
     status
         .iter()
         .flat_map(|g| {

@@ -1,0 +1,539 @@
+// Client of the gem-resources service's local API, protocol 1 (PROTOCOL.md
+// at the root of the repository is the contract).
+//
+// One JSON-RPC 2.0 message per line over a Unix domain socket (a named pipe
+// on Windows). Answers are matched to requests by id, whatever their order.
+// Each subscription gets a connection of its own: its events are its alone,
+// and a page that reads them slowly never delays the answers of the client.
+
+import fs from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+
+/** The protocol this client speaks. */
+export const PROTOCOL = 1;
+
+/** The connection to the service failed or closed (a client-side code). */
+export const E_RESOURCE_SERVICE = 'E_RESOURCE_SERVICE';
+/** A subscription fell behind and was ended by the service. */
+export const E_RESOURCE_LAGGED = 'E_RESOURCE_LAGGED';
+
+/** Events a subscription holds before it stops reading its socket; the
+ * service then queues for it, and past its own limit sends `lagged`. */
+const SUBSCRIPTION_BUFFER = 256;
+
+/**
+ * An error of the service (a JSON-RPC error answer) or of the connection to
+ * it. `code` is the library's stable code (`E_RESOURCE_UNAVAILABLE`, …, or
+ * `E_RESOURCE_SERVICE` for the connection itself), `primaryCause` the most
+ * specific code among the attempts (`E_RESOURCE_POLICY` when the network
+ * policy refused an address), `attempts` each address with its own code and
+ * reason, `data` the whole error object, `rpcCode` the JSON-RPC code
+ * (`-32000` for every error of the library; absent for connection errors).
+ */
+export class ResourceError extends Error {
+  constructor(message, { code, primaryCause, attempts, data, rpcCode } = {}) {
+    super(message);
+    this.name = 'ResourceError';
+    this.code = code ?? E_RESOURCE_SERVICE;
+    this.primaryCause = primaryCause ?? this.code;
+    this.attempts = attempts ?? [];
+    this.data = data;
+    this.rpcCode = rpcCode;
+  }
+
+  /** The error of a JSON-RPC error object. */
+  static fromRpc(error) {
+    const data = error && typeof error.data === 'object' && error.data !== null ? error.data : undefined;
+    const message = (data && typeof data.message === 'string' && data.message) ||
+      (error && typeof error.message === 'string' && error.message) ||
+      'the service answered with an error';
+    return new ResourceError(message, {
+      code: data?.code ?? rpcCodeName(error?.code),
+      primaryCause: data?.primary_cause,
+      attempts: Array.isArray(data?.attempts) ? data.attempts : [],
+      data,
+      rpcCode: error?.code,
+    });
+  }
+}
+
+/** A code for an error answer that carries no `data`. */
+function rpcCodeName(rpcCode) {
+  switch (rpcCode) {
+    case -32602:
+      return 'E_RESOURCE_USAGE';
+    default:
+      return E_RESOURCE_SERVICE;
+  }
+}
+
+function serviceError(message, cause) {
+  const error = new ResourceError(message, { code: E_RESOURCE_SERVICE });
+  if (cause !== undefined) error.cause = cause;
+  return error;
+}
+
+/** `<store>/store-v1`: the folder that holds the store's layout. */
+export function storeLayout(store) {
+  return path.join(store, 'store-v1');
+}
+
+/**
+ * What `<store>/store-v1/service.json` says about the service listening on
+ * `store`: `{protocol, socket, pid, version}`, or null when no service has
+ * written one. A file left by a service killed with `kill -9` names a socket
+ * that refuses connections; `connect` says so.
+ */
+export async function findService(store) {
+  const file = path.join(storeLayout(store), 'service.json');
+  let text;
+  try {
+    text = await fs.readFile(file, 'utf8');
+  } catch (e) {
+    if (e && (e.code === 'ENOENT' || e.code === 'ENOTDIR')) return null;
+    throw serviceError(`cannot read ${file}: ${e.message}`, e);
+  }
+  let info;
+  try {
+    info = JSON.parse(text);
+  } catch (e) {
+    throw serviceError(`${file} is not JSON: ${e.message}`, e);
+  }
+  if (!info || typeof info !== 'object' || typeof info.socket !== 'string') {
+    throw serviceError(`${file} names no socket`);
+  }
+  return info;
+}
+
+/**
+ * Connects to the service of a store (`{store}`: found through its
+ * service.json) or to a socket (`{socket}`), and checks that it speaks
+ * protocol 1. Rejects with code `E_RESOURCE_SERVICE` when no service
+ * listens there.
+ */
+export async function connect(options = {}) {
+  let socketPath = options.socket;
+  let info = null;
+  let where;
+  if (typeof socketPath === 'string') {
+    where = `socket ${socketPath}`;
+  } else if (typeof options.store === 'string') {
+    info = await findService(options.store);
+    if (info === null) {
+      throw serviceError(
+        `no gem-resources service listens on the store ${options.store} ` +
+          `(no ${path.join(storeLayout(options.store), 'service.json')}; start one with \`gem-resources serve\`)`,
+      );
+    }
+    socketPath = info.socket;
+    where = `the service of the store ${options.store} (socket ${socketPath}, pid ${info.pid})`;
+  } else {
+    throw new TypeError('connect() needs {store} or {socket}');
+  }
+  const socket = await open(socketPath, where, info !== null);
+  const client = new Client(socket, socketPath, where);
+  try {
+    const hello = await client.hello();
+    if (hello.protocol !== PROTOCOL) {
+      throw serviceError(`${where} speaks protocol ${hello.protocol}, this client ${PROTOCOL}`);
+    }
+    client.service = hello;
+  } catch (e) {
+    client.close();
+    throw e;
+  }
+  return client;
+}
+
+/** A connected socket, or an E_RESOURCE_SERVICE error naming `where`. */
+function open(socketPath, where, fromServiceFile) {
+  return new Promise((resolve, reject) => {
+    const socket = net.createConnection(socketPath);
+    const onError = (e) => {
+      socket.destroy();
+      const stale = fromServiceFile && (e.code === 'ECONNREFUSED' || e.code === 'ENOENT')
+        ? ': its service.json is stale (the service stopped without removing it); no service listens'
+        : '';
+      reject(serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale}`, e));
+    };
+    socket.once('error', onError);
+    socket.once('connect', () => {
+      socket.off('error', onError);
+      resolve(socket);
+    });
+  });
+}
+
+/**
+ * One line-delimited JSON-RPC connection: requests, answers matched by id,
+ * notifications handed to `onNotification`.
+ */
+class Connection {
+  constructor(socket, where, onNotification) {
+    this.socket = socket;
+    this.where = where;
+    this.onNotification = onNotification;
+    this.nextId = 0;
+    this.pending = new Map();
+    this.closed = false;
+    this.closeError = null;
+    this.buffer = '';
+    this.onClose = [];
+    socket.setEncoding('utf8');
+    socket.on('data', (chunk) => this.receive(chunk));
+    socket.on('error', (e) => {
+      const closed = e.code === 'EPIPE' || e.code === 'ECONNRESET';
+      this.fail(serviceError(`the connection to ${where} ${closed ? 'closed' : 'failed'} (${e.code ?? e.message})`, e));
+    });
+    socket.on('close', () => this.fail(serviceError(`the connection to ${where} closed`)));
+  }
+
+  receive(chunk) {
+    this.buffer += chunk;
+    let start = 0;
+    for (;;) {
+      const end = this.buffer.indexOf('\n', start);
+      if (end < 0) break;
+      const line = this.buffer.slice(start, end);
+      start = end + 1;
+      if (line.trim() !== '') this.message(line);
+      if (this.closed) return;
+    }
+    this.buffer = this.buffer.slice(start);
+  }
+
+  message(line) {
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      this.fail(serviceError(`${this.where} sent a line that is not JSON: ${line.slice(0, 200)}`));
+      this.socket.destroy();
+      return;
+    }
+    if (msg === null || typeof msg !== 'object') return;
+    if (typeof msg.method === 'string' && msg.id === undefined) {
+      this.onNotification(msg.method, msg.params);
+      return;
+    }
+    const waiter = this.pending.get(msg.id);
+    if (!waiter) return; // an answer to no request of ours (an error about an unreadable line has id null)
+    this.pending.delete(msg.id);
+    if (msg.error !== undefined) waiter.reject(ResourceError.fromRpc(msg.error));
+    else waiter.resolve(msg.result);
+  }
+
+  request(method, params) {
+    if (this.closed) return Promise.reject(this.closeError);
+    const id = ++this.nextId;
+    const message = { jsonrpc: '2.0', id, method };
+    if (params !== undefined) message.params = params;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, method });
+      this.socket.write(JSON.stringify(message) + '\n');
+    });
+  }
+
+  /** Ends the connection: every pending request is rejected with `error`. */
+  fail(error) {
+    if (this.closed) return;
+    this.closed = true;
+    this.closeError = error;
+    for (const [, waiter] of this.pending) {
+      const e = serviceError(
+        `${error.message} before it answered \`${waiter.method}\``,
+        error.cause,
+      );
+      waiter.reject(e);
+    }
+    this.pending.clear();
+    this.socket.destroy();
+    for (const f of this.onClose) f(error);
+  }
+
+  close() {
+    this.fail(serviceError(`the connection to ${this.where} was closed by the client`));
+  }
+}
+
+/**
+ * A connection to the service. Every method returns a promise of the
+ * method's result, exactly as PROTOCOL.md gives it, or rejects with a
+ * `ResourceError`.
+ */
+export class Client {
+  constructor(socket, socketPath, where) {
+    this.socketPath = socketPath;
+    this.where = where ?? `socket ${socketPath}`;
+    /** The answer to `hello` that `connect` checked. */
+    this.service = null;
+    this.subscriptions = new Set();
+    this.connection = new Connection(socket, this.where, () => {});
+  }
+
+  /** Sends one request; its result, or a ResourceError. */
+  request(method, params) {
+    return this.connection.request(method, params);
+  }
+
+  /** `{protocol, version, store, pid}`. */
+  hello() {
+    return this.request('hello');
+  }
+
+  /** `{gems, undeclared_files, undeclared_bytes, service}`; one gem's only with `gem`. */
+  status(gem) {
+    return this.request('status', gem === undefined ? undefined : { gem });
+  }
+
+  /** `{gem, resource, path}`, downloading the file first when it is missing. */
+  path(gem, id) {
+    return this.request('path', { gem, id });
+  }
+
+  /** The install report; required files then download in the background. */
+  install(gem, manifest) {
+    return this.request('install', { gem, manifest });
+  }
+
+  /** `{gem, installed, deleted, kept}`. */
+  uninstall(gem) {
+    return this.request('uninstall', { gem });
+  }
+
+  /** `{changed}`: the file goes ahead of background work. */
+  downloadNow(gem, id) {
+    return this.request('download_now', { gem, id });
+  }
+
+  /** `{changed}`. */
+  cancel(gem, id) {
+    return this.request('cancel', { gem, id });
+  }
+
+  /** `{changed}`. */
+  retry(gem, id) {
+    return this.request('retry', { gem, id });
+  }
+
+  /** `{size, sha256, served_by}` of a URL, by the download rules; nothing is kept. */
+  autofill(url) {
+    return this.request('autofill', { url });
+  }
+
+  /** `{manifest, resources}`: the manifest with `size` and `sha256` filled. */
+  autofillManifest(manifest, { all } = {}) {
+    const params = { manifest };
+    if (all !== undefined) params.all = Boolean(all);
+    return this.request('autofill', params);
+  }
+
+  /** `{mode, hosts}`. */
+  policy() {
+    return this.request('policy');
+  }
+
+  /** `{stopped, queued}`; applies at once, to every client of the service. */
+  setPolicy({ mode, hosts }) {
+    return this.request('set_policy', { mode, hosts });
+  }
+
+  /**
+   * Subscribes to the service's events (one gem's and `policy_changed`
+   * with `{gem}`). Resolves to a `Subscription` once the service has
+   * answered, with `status` as it stood then; iterate it for the events
+   * that follow.
+   */
+  async subscribe({ gem } = {}) {
+    if (this.connection.closed) throw this.connection.closeError;
+    const socket = await open(this.socketPath, this.where, false);
+    const sub = new Subscription(socket, this.where);
+    this.subscriptions.add(sub);
+    sub.onEnd = () => this.subscriptions.delete(sub);
+    try {
+      await sub.start(gem);
+    } catch (e) {
+      sub.close();
+      throw e;
+    }
+    return sub;
+  }
+
+  /** The service scoped to one gem: what a tool's `ctx.resources` is. */
+  forGem(gem) {
+    return new GemResources(this, gem);
+  }
+
+  /** Closes the connection and every subscription; pending requests reject. */
+  close() {
+    for (const sub of [...this.subscriptions]) sub.close();
+    this.connection.close();
+  }
+}
+
+/** One gem's resources: `path(id)`, `status()`, `downloadNow(id)`, `cancel(id)`, `retry(id)`, `subscribe()`. */
+export class GemResources {
+  constructor(client, gem) {
+    this.client = client;
+    this.gem = gem;
+  }
+
+  /** A promise of the file's local path, downloading it first when missing. */
+  async path(id) {
+    return (await this.client.path(this.gem, id)).path;
+  }
+
+  /** The gem's `GemStatus`: `{gem, resources}`. */
+  async status() {
+    const status = await this.client.status(this.gem);
+    const found = status.gems.find((g) => g.gem === this.gem);
+    if (!found) {
+      throw new ResourceError(`gem ${JSON.stringify(this.gem)} is not installed`, { code: 'E_RESOURCE_NOT_FOUND' });
+    }
+    return found;
+  }
+
+  downloadNow(id) {
+    return this.client.downloadNow(this.gem, id);
+  }
+
+  cancel(id) {
+    return this.client.cancel(this.gem, id);
+  }
+
+  retry(id) {
+    return this.client.retry(this.gem, id);
+  }
+
+  /** The gem's events (and `policy_changed`). */
+  subscribe() {
+    return this.client.subscribe({ gem: this.gem });
+  }
+}
+
+/**
+ * The events of one subscription, as an async iterator:
+ * `for await (const event of sub)`. `status` is the status the service
+ * answered `subscribe` with; events follow it.
+ *
+ * The iteration ends after `close()`. It throws a `ResourceError` with
+ * code `E_RESOURCE_LAGGED` (`missed`: how many events were lost) after the
+ * service said the subscription fell behind, once the events received before
+ * are read: subscribe again and redraw from the new `status`. It throws code
+ * `E_RESOURCE_SERVICE` when the connection to the service ends.
+ */
+export class Subscription {
+  constructor(socket, where) {
+    this.where = where;
+    /** `[GemStatus…]` as of the subscription. */
+    this.status = [];
+    /** The service's number for it. */
+    this.id = null;
+    this.queue = [];
+    this.waiters = [];
+    this.done = false;
+    this.error = null;
+    this.paused = false;
+    this.onEnd = () => {};
+    this.connection = new Connection(socket, where, (method, params) => this.notification(method, params));
+    this.connection.onClose.push((error) => this.finish(error));
+  }
+
+  async start(gem) {
+    const result = await this.connection.request('subscribe', gem === undefined ? {} : { gem });
+    this.id = result.subscription;
+    this.status = result.status;
+  }
+
+  notification(method, params) {
+    if (this.done) return;
+    if (method === 'event') {
+      this.push(params);
+    } else if (method === 'lagged') {
+      const missed = params?.missed;
+      const error = new ResourceError(
+        `the subscription fell behind and the service ended it (${missed ?? 'some'} event(s) missed): subscribe again and redraw from its status`,
+        { code: E_RESOURCE_LAGGED, data: params },
+      );
+      error.missed = missed;
+      error.subscription = params?.subscription;
+      this.finish(error);
+      this.connection.close();
+    }
+  }
+
+  push(event) {
+    const waiter = this.waiters.shift();
+    if (waiter) {
+      waiter.resolve({ value: event, done: false });
+      return;
+    }
+    this.queue.push(event);
+    if (!this.paused && this.queue.length >= SUBSCRIPTION_BUFFER) {
+      // Not read: let the socket fill, so the service sees it and, past its
+      // own queue, says `lagged`.
+      this.paused = true;
+      this.connection.socket.pause();
+    }
+  }
+
+  /** Ends the iteration: with `error` (thrown once the queue is read), or normally. */
+  finish(error) {
+    if (this.done) return;
+    this.done = true;
+    this.error = error;
+    this.onEnd();
+    while (this.waiters.length > 0 && this.queue.length === 0) {
+      const waiter = this.waiters.shift();
+      if (this.error) waiter.reject(this.error);
+      else waiter.resolve({ value: undefined, done: true });
+    }
+  }
+
+  next() {
+    if (this.queue.length > 0) {
+      const value = this.queue.shift();
+      if (this.paused && this.queue.length < SUBSCRIPTION_BUFFER / 2) {
+        this.paused = false;
+        if (!this.done) this.connection.socket.resume();
+      }
+      return Promise.resolve({ value, done: false });
+    }
+    if (this.done) {
+      if (this.error) {
+        const error = this.error;
+        this.error = null; // thrown once; the iteration is over
+        return Promise.reject(error);
+      }
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  return() {
+    this.close();
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  /**
+   * Ends the subscription: sends `unsubscribe`, then closes its connection.
+   * The iteration ends once the events already received are read.
+   */
+  close() {
+    if (this.done) return;
+    this.finish(null);
+    const connection = this.connection;
+    connection.socket.resume(); // to read the answer
+    connection.request('unsubscribe', this.id === null ? {} : { subscription: this.id })
+      .catch(() => {})
+      .finally(() => connection.close());
+    // Nothing more is read from a closed subscription: a service that does
+    // not answer `unsubscribe` in time does not keep the socket open.
+    setTimeout(() => connection.close(), 1000).unref();
+  }
+}

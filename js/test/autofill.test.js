@@ -1,0 +1,49 @@
+// Auto-fill through the API: the network policy, and the mirrors.
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { Fixture } from './fixture.js';
+
+test('autofill refuses a blocked host, and autofillManifest follows the mirrors', { timeout: 30_000 }, async (t) => {
+  const ctx = await Fixture.start(t, { network: { mode: 'blocklist', hosts: ['blocked.test'] } });
+  const file = ctx.origin.add('dict.bin', { size: 300 * 1024 });
+  const client = await ctx.connect();
+
+  const refused = await client.autofill(file.url('blocked.test')).then(
+    (r) => assert.fail(`a blocked host was read: ${JSON.stringify(r)}`),
+    (e) => e,
+  );
+  assert.ok(
+    refused.code === 'E_RESOURCE_POLICY' || refused.primaryCause === 'E_RESOURCE_POLICY',
+    `${refused.code}/${refused.primaryCause}: ${refused.message}`,
+  );
+  assert.equal(refused.primaryCause, 'E_RESOURCE_POLICY');
+  assert.equal(refused.rpcCode, -32000);
+  assert.equal(ctx.origin.hostRequests('blocked.test'), 0, 'the blocked host got a request');
+
+  // Permitted: the same file from cdn.test.
+  assert.deepEqual(await client.autofill(file.url()), { size: file.size, sha256: file.sha256, served_by: file.url() });
+
+  // The url answers 404; the mirror has it.
+  const manifest = ctx.manifest('notes', [
+    { id: 'dict', url: ctx.origin.url('gone.bin'), mirrors: [file.url('mirror.test')], required: false },
+  ]);
+  const filled = await client.autofillManifest(manifest);
+  assert.equal(filled.resources.length, 1, JSON.stringify(filled));
+  assert.deepEqual(filled.resources[0], { id: 'dict', size: file.size, sha256: file.sha256, served_by: file.url('mirror.test') });
+  const entry = filled.manifest.resources[0];
+  assert.equal(entry.size, file.size);
+  assert.equal(entry.sha256, file.sha256);
+  assert.equal(entry.url, ctx.origin.url('gone.bin'));
+  assert.equal(ctx.origin.requestCount('gone.bin', { host: 'cdn.test' }), 1);
+  assert.equal(ctx.origin.requestCount('dict.bin', { host: 'mirror.test' }), 1);
+
+  // A manifest whose only address is blocked: that resource names the policy.
+  const blocked = await client.autofillManifest(
+    ctx.manifest('notes', [{ id: 'b', url: file.url('blocked.test'), required: false }]),
+  );
+  assert.equal(blocked.resources[0].id, 'b');
+  assert.equal(blocked.resources[0].primary_cause, 'E_RESOURCE_POLICY', JSON.stringify(blocked.resources[0]));
+  assert.equal(ctx.origin.hostRequests('blocked.test'), 0, 'the blocked host got a request');
+});

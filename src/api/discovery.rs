@@ -1,0 +1,133 @@
+//! Where a store's service listens, and who holds the store.
+//!
+//! - `<store>/store-v1/service.json` names the socket and the process
+//!   while a service listens; it is written atomically once the socket is
+//!   bound and removed when the service stops.
+//! - `<store>/store-v1/run/service.lock` is held by the listening service
+//!   for as long as it runs: a second service on the store is refused, and
+//!   a `service.json` whose lock is free is stale (its process was killed).
+//! - The socket is `<store>/store-v1/run/api.sock` (the folder is `0700`)
+//!   when that path fits a socket address; otherwise a short path in the
+//!   user's runtime folder, named by a digest of the store's path
+//!   ([`crate::platform`] decides; on Windows it is a named pipe).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::api::protocol::{ServiceInfo, PROTOCOL};
+use crate::error::{Error, Result};
+use crate::store::atomic::{self, Durability};
+use crate::store::{lockfile, trust, Store};
+
+/// The discovery file's name in `<store>/store-v1`.
+pub const SERVICE_FILE: &str = "service.json";
+
+/// What `service.json` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceFile {
+    /// The protocol the service speaks.
+    pub protocol: u32,
+    /// Its socket (or named pipe).
+    pub socket: String,
+    /// Its process.
+    pub pid: u32,
+    /// Its crate version.
+    pub version: String,
+}
+
+/// `<store>/store-v1/run`: the service's own folder, `0700`.
+pub fn run_dir(store: &Store) -> PathBuf {
+    store.root().join("run")
+}
+
+/// A 16-hex-digit name for the store, the same in every process.
+pub fn store_key(store: &Store) -> String {
+    let digest = Sha256::digest(store.root().as_os_str().as_encoded_bytes());
+    hex::encode(&digest[..8])
+}
+
+/// The socket a service on `store` listens on by default.
+pub fn default_socket(store: &Store) -> Result<PathBuf> {
+    let inside = run_dir(store).join("api.sock");
+    crate::platform::local_socket::choose_path(&inside, &store_key(store))
+}
+
+/// Holds the store for one service; released when dropped (its
+/// `service.json` removed first).
+#[derive(Debug)]
+pub struct ServiceLock {
+    _file: File,
+    info: PathBuf,
+}
+
+impl Drop for ServiceLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.info);
+    }
+}
+
+/// Takes the store for a service, or says which process holds it.
+pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
+    let run = run_dir(store);
+    trust::create_folder(&run).map_err(|e| Error::io("cannot create", &run, e))?;
+    trust::check_folder(&run)?;
+    let lock = run.join("service.lock");
+    match lockfile::try_lock(&lock)? {
+        Some(file) => Ok(ServiceLock {
+            _file: file,
+            info: store.root().join(SERVICE_FILE),
+        }),
+        None => Err(Error::Busy {
+            store: store_dir.to_path_buf(),
+            pid: read(store).map_or(0, |f| f.pid),
+        }),
+    }
+}
+
+/// Writes `service.json` for the holder of `lock`.
+pub fn publish(store: &Store, _lock: &ServiceLock, socket: &str) -> Result<()> {
+    let file = ServiceFile {
+        protocol: PROTOCOL,
+        socket: socket.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let bytes = serde_json::to_vec_pretty(&file)
+        .map_err(|e| Error::Invalid(format!("cannot write {SERVICE_FILE}: {e}")))?;
+    let path = store.root().join(SERVICE_FILE);
+    atomic::replace(&path, ".service.", &bytes, Durability::Hint)
+        .map_err(|e| Error::io(e.step, &e.path, e.error))
+}
+
+/// What `service.json` says, whether or not its service still runs.
+pub fn read(store: &Store) -> Option<ServiceFile> {
+    let bytes = trust::read_own(&store.root().join(SERVICE_FILE), 64 * 1024).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The service listening on `store` now: its `service.json`, when the
+/// lock says its process still holds the store.
+pub fn live(store: &Store) -> Option<ServiceFile> {
+    let file = read(store)?;
+    if file.protocol != PROTOCOL {
+        return None;
+    }
+    let lock = run_dir(store).join("service.lock");
+    match lockfile::try_lock(&lock) {
+        // Free: nobody listens (a killed service left the file).
+        Ok(Some(_released_on_drop)) => None,
+        Ok(None) => Some(file),
+        Err(_) => None,
+    }
+}
+
+/// [`live`] as the status rows carry it.
+pub fn info(store: &Store) -> Option<ServiceInfo> {
+    live(store).map(|f| ServiceInfo {
+        socket: f.socket,
+        pid: f.pid,
+    })
+}

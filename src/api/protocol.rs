@@ -1,0 +1,278 @@
+//! The local API's messages, defined once: the server answers with them,
+//! the command line prints the same types with `--json`, and the client
+//! reads them back. `PROTOCOL.md` describes them for other languages.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+pub use crate::error::data::{attempt_json, ErrorData};
+use crate::error::{Error, ErrorCode};
+use crate::net::policy::{Mode, Policy};
+use crate::service::GemStatus;
+
+/// The protocol's version, answered by `hello`. A change that an old
+/// client cannot read gets a new number.
+pub const PROTOCOL: u32 = 1;
+
+/// Longest request line the server reads (1 MiB, its `\n` excluded).
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Connections a service accepts at once; the next is closed at once.
+pub const MAX_CONNECTIONS: usize = 2048;
+
+/// Subscriptions one connection may hold at once.
+pub const MAX_SUBSCRIPTIONS: usize = 16;
+
+/// Messages queued for one connection before its subscriptions are
+/// dropped with a `lagged` notification.
+pub const CONNECTION_QUEUE: usize = 1024;
+
+/// Requests of one connection answered at once; more wait for a turn.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// JSON-RPC's code for a line that is not JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC's code for JSON that is not a request.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC's code for an unknown method.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC's code for params a method cannot take.
+pub const INVALID_PARAMS: i64 = -32602;
+/// The code of every error of the library; `data` carries it.
+pub const SERVICE_ERROR: i64 = -32000;
+
+/// A request as read from a line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// Always `"2.0"`.
+    pub jsonrpc: String,
+    /// The caller's id for the answer; absent for a notification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<Value>,
+    /// The method.
+    pub method: String,
+    /// Its params (an object), when it takes any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<Value>,
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// The JSON-RPC code (`-32000` for the library's errors).
+    pub code: i64,
+    /// The message, for people.
+    pub message: String,
+    /// The library's error: [`ErrorData`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ErrorData>,
+}
+
+impl RpcError {
+    /// A protocol error (parse, request, method, params), its `data`
+    /// carrying `E_RESOURCE_USAGE`.
+    pub fn usage(code: i64, message: impl Into<String>) -> RpcError {
+        let message = message.into();
+        RpcError {
+            code,
+            data: Some(ErrorData {
+                code: ErrorCode::Usage,
+                primary_cause: ErrorCode::Usage,
+                message: message.clone(),
+                details: Map::new(),
+            }),
+            message,
+        }
+    }
+
+    /// The library's `error`.
+    pub fn of(error: &Error) -> RpcError {
+        let data = ErrorData::of(error);
+        RpcError {
+            code: SERVICE_ERROR,
+            message: data.message.clone(),
+            data: Some(data),
+        }
+    }
+
+    /// This error as the library's [`Error`] (a client's view).
+    pub fn into_error(self) -> Error {
+        match self.data {
+            Some(data) => Error::Remote(Box::new(data)),
+            None => Error::Remote(Box::new(ErrorData {
+                code: ErrorCode::Service,
+                primary_cause: ErrorCode::Service,
+                message: self.message,
+                details: Map::new(),
+            })),
+        }
+    }
+}
+
+/// A request's answer, as one line.
+pub fn answer(id: Value, outcome: Result<Value, RpcError>) -> Value {
+    match outcome {
+        Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+        Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+    }
+}
+
+/// A notification from the server (`event`, `lagged`).
+pub fn notification(method: &str, params: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "method": method, "params": params })
+}
+
+/// `hello`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL`].
+    pub protocol: u32,
+    /// The crate's version.
+    pub version: String,
+    /// The store folder.
+    pub store: PathBuf,
+    /// The service's process.
+    pub pid: u32,
+}
+
+/// Where a service listens on a store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceInfo {
+    /// The socket (or named pipe).
+    pub socket: String,
+    /// The service's process.
+    pub pid: u32,
+}
+
+/// `status`'s answer, and `status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusResult {
+    /// Every installed gem (or the one asked for).
+    pub gems: Vec<GemStatus>,
+    /// Stored and partial files no installed gem declares.
+    pub undeclared_files: usize,
+    /// The bytes they hold.
+    pub undeclared_bytes: u64,
+    /// The service listening on the store, `null` when none is.
+    pub service: Option<ServiceInfo>,
+}
+
+/// `path`'s answer, and `path --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathResult {
+    /// The gem.
+    pub gem: String,
+    /// The resource id.
+    pub resource: String,
+    /// The local path.
+    pub path: PathBuf,
+}
+
+/// `uninstall`'s answer, and `uninstall --json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UninstallResult {
+    /// The gem.
+    pub gem: String,
+    /// Whether it was installed (nothing was done when not).
+    pub installed: bool,
+    /// SHA-256s of files deleted.
+    pub deleted: Vec<String>,
+    /// SHA-256s kept because another installed gem declares them.
+    pub kept: Vec<String>,
+}
+
+/// The answer of `download_now`, `cancel` and `retry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changed {
+    /// Whether anything was started or stopped.
+    pub changed: bool,
+}
+
+/// `autofill {url}`'s answer, and `autofill --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autofilled {
+    /// The size in bytes.
+    pub size: u64,
+    /// The SHA-256.
+    pub sha256: String,
+    /// The address that served it (the url or a mirror, as given).
+    pub served_by: String,
+}
+
+/// `policy`'s answer, and `set_policy`'s params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyBody {
+    /// `allowlist` or `blocklist`.
+    pub mode: Mode,
+    /// The host patterns, as given.
+    pub hosts: Vec<String>,
+}
+
+impl From<&Policy> for PolicyBody {
+    fn from(p: &Policy) -> Self {
+        PolicyBody {
+            mode: p.mode(),
+            hosts: p.hosts().to_vec(),
+        }
+    }
+}
+
+/// `subscribe`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscribed {
+    /// This subscription's number on its connection.
+    pub subscription: u64,
+    /// The status taken after subscribing: every later change arrives as
+    /// an event.
+    pub status: Vec<GemStatus>,
+}
+
+/// Params naming a gem's resource.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResourceParams {
+    /// The gem.
+    pub gem: String,
+    /// The resource id.
+    pub id: String,
+}
+
+/// Params naming a gem, or none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GemParams {
+    /// The gem.
+    #[serde(default)]
+    pub gem: Option<String>,
+}
+
+/// `install`'s params.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstallParams {
+    /// The gem.
+    pub gem: String,
+    /// The manifest, as a JSON object.
+    pub manifest: Value,
+}
+
+/// `autofill`'s params: a url, or a manifest.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AutofillParams {
+    /// One address.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A manifest, as a JSON object.
+    #[serde(default)]
+    pub manifest: Option<Value>,
+    /// With a manifest: every resource, not only those lacking a value.
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// `unsubscribe`'s params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UnsubscribeParams {
+    /// One subscription; every one of the connection when absent.
+    #[serde(default)]
+    pub subscription: Option<u64>,
+}

@@ -1,0 +1,224 @@
+//! The service commands through the local API, when a service listens on
+//! the store: `path`, `status`, `install`, `uninstall`, `sync` then share
+//! its live policy, its events and its single download per file.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use gem_resources::api::protocol::{PathResult, StatusResult, UninstallResult};
+use gem_resources::api::Client;
+use gem_resources::{Config, Error, GemStatus, InstallReport, ResourceState, Store};
+use serde_json::{json, Value};
+
+use crate::cli::Command;
+use crate::context::store_exists;
+use crate::interrupt;
+use crate::render::{self, print_json};
+use crate::report::{self, Outcome};
+
+/// How often a waiting command looks at the service's status.
+const POLL: Duration = Duration::from_millis(200);
+
+/// The service listening on the configured store, unless `--no-service`
+/// or nothing listens.
+pub async fn client(config: &Config, no_service: bool) -> Option<Client> {
+    if no_service || !store_exists(config) {
+        return None;
+    }
+    let store = Store::open(&config.store_dir()).ok()?;
+    Client::for_store(&store).await
+}
+
+/// Runs a service command through `client`.
+pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+    tracing::debug!(socket = client.socket(), "using the service's local API");
+    let mut interrupted = interrupt::signal();
+    let work = async {
+        match command {
+            Command::Path { gem, resource } => path(client, &gem, &resource, json).await,
+            Command::Status { gem } => status(client, gem.as_deref(), json).await,
+            Command::Install {
+                gem,
+                manifest,
+                no_wait,
+            } => install(client, &gem, &manifest, no_wait, json).await,
+            Command::Uninstall { gem } => uninstall(client, &gem, json).await,
+            Command::Sync => sync(client, json).await,
+            other => anyhow::bail!("unexpected command {other:?}"),
+        }
+    };
+    tokio::select! {
+        outcome = work => outcome,
+        () = &mut interrupted => {
+            crate::errln!("interrupted: the service (process listening on {}) goes on with the download", client.socket());
+            Ok(ExitCode::from(interrupt::INTERRUPTED))
+        }
+    }
+}
+
+async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let result: PathResult = match client.call("path", json!({ "gem": gem, "id": id })).await {
+        Ok(r) => r,
+        Err(e) => return fail(&e, json),
+    };
+    if json {
+        print_json(&json!(result));
+    } else {
+        crate::outln!("{}", result.path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(client: &Client, gem: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
+    let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
+    if json {
+        print_json(&json!(result));
+    } else {
+        report::print_status(&result.gems);
+        if let Some(line) =
+            render::undeclared_line(result.undeclared_files, result.undeclared_bytes)
+        {
+            crate::outln!("{line}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn install(
+    client: &Client,
+    gem: &str,
+    manifest: &std::path::Path,
+    no_wait: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    // Checked here as in process, so the errors name the file.
+    let (_, declared) = crate::context::read_manifest_declaring(manifest)?;
+    if let Some(declared) = declared.filter(|d| d != gem) {
+        crate::errln!(
+            "warning: the manifest declares the gem id {}, installing it as {}",
+            crate::text::field(&declared),
+            crate::text::field(gem)
+        );
+    }
+    let bytes = gem_resources::manifest::read_manifest_file(manifest)?;
+    let value: Value = serde_json::from_slice(&bytes)?;
+    let report: InstallReport = client
+        .call("install", json!({ "gem": gem, "manifest": value }))
+        .await?;
+    if no_wait {
+        if json {
+            print_json(
+                &json!({ "event": "install_report", "report": report::report_json(&report) }),
+            );
+        } else {
+            crate::errln!(
+                "{}: {} resource(s), {} present",
+                report::headline(&report),
+                report.resources,
+                report.present
+            );
+            if report.queued > 0 {
+                crate::errln!(
+                    "queued: {} file(s); the service downloads them",
+                    report.queued
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = settled(client, Some(gem)).await?;
+    let outcome = Outcome::of(&report, &status);
+    if json {
+        print_json(&json!({
+            "event": "install_report",
+            "report": report::report_json(&report),
+            "downloaded": outcome.downloaded,
+            "failed": outcome.failed,
+        }));
+    } else {
+        crate::errln!("{}", report::install_summary(&report, &outcome));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The status once no required file (of `gem`, or of any gem) is queued
+/// or downloading.
+async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemStatus>> {
+    loop {
+        let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
+        let busy = result.gems.iter().flat_map(|g| &g.resources).any(|r| {
+            r.required
+                && matches!(
+                    r.state,
+                    ResourceState::Queued | ResourceState::Downloading { .. }
+                )
+        });
+        if !busy {
+            return Ok(result.gems);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn uninstall(client: &Client, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let result: UninstallResult = client.call("uninstall", json!({ "gem": gem })).await?;
+    if json {
+        print_json(&json!(result));
+    } else if !result.installed {
+        crate::errln!("{gem} is not installed; nothing to do");
+    } else {
+        crate::errln!(
+            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
+            result.gem,
+            result.deleted.len(),
+            result.kept.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sync`: every missing required file queued now (a failed one retried),
+/// then waited for.
+async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let result: StatusResult = client.call("status", json!({})).await?;
+    let mut queued = 0;
+    for gem in &result.gems {
+        for r in gem.resources.iter().filter(|r| r.required) {
+            let method = match r.state {
+                ResourceState::Present { .. }
+                | ResourceState::Queued
+                | ResourceState::Downloading { .. } => continue,
+                ResourceState::Failed { .. } => "retry",
+                _ => "download_now",
+            };
+            let _: Value = client
+                .call(method, json!({ "gem": gem.gem, "id": r.id }))
+                .await?;
+            queued += 1;
+        }
+    }
+    let status = settled(client, None).await?;
+    let failed = crate::service_commands::failed_required(&status);
+    if json {
+        print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
+    } else {
+        crate::errln!(
+            "sync: {queued} required file(s) were missing, {} still missing",
+            failed.len()
+        );
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        print_json(&render::error_json(e));
+    } else {
+        crate::errln!("{}", render::error_text(e));
+    }
+    Ok(ExitCode::from(1))
+}

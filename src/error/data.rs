@@ -1,0 +1,79 @@
+//! An error as data: what the local API's error objects and the command
+//! line's `--json` errors carry.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::error::{Attempt, Error, ErrorCode};
+
+/// An error as the API and `--json` give it: the code, the most specific
+/// cause, the message, and what else the error knows (`resource`,
+/// `attempts`, `needed_bytes`, `problems`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorData {
+    /// The error code.
+    pub code: ErrorCode,
+    /// The most specific code among its causes ([`Error::primary_cause`]).
+    pub primary_cause: ErrorCode,
+    /// The full message, never cut.
+    pub message: String,
+    /// The rest, by name.
+    #[serde(flatten)]
+    pub details: Map<String, Value>,
+}
+
+impl ErrorData {
+    /// What `error` says, as data.
+    pub fn of(error: &Error) -> ErrorData {
+        let mut details = Map::new();
+        match error {
+            Error::Remote(data) => return (**data).clone(),
+            Error::Unavailable { resource, attempts } => {
+                details.insert("resource".into(), json!(resource));
+                details.insert(
+                    "attempts".into(),
+                    attempts.iter().map(attempt_json).collect(),
+                );
+            }
+            Error::Attempt(a) => {
+                details.insert("attempts".into(), json!([attempt_json(a)]));
+            }
+            Error::DiskSpace {
+                needed,
+                available,
+                reserved,
+                ..
+            } => {
+                // The message says them in human units; here, in bytes.
+                details.insert("needed_bytes".into(), json!(needed));
+                details.insert("free_bytes".into(), json!(available));
+                details.insert("reserved_bytes".into(), json!(reserved));
+            }
+            Error::Manifest(m) => {
+                let problems = m
+                    .problems
+                    .iter()
+                    .map(|p| json!({ "path": p.path, "message": p.message }))
+                    .collect();
+                details.insert("problems".into(), problems);
+            }
+            _ => {}
+        }
+        ErrorData {
+            code: error.code(),
+            primary_cause: error.primary_cause(),
+            message: error.to_string(),
+            details,
+        }
+    }
+}
+
+/// One address's failure as JSON: `address`, `hop`, `code`, `reason`.
+pub fn attempt_json(a: &Attempt) -> Value {
+    json!({
+        "address": a.address.as_str(),
+        "hop": a.hop.as_ref().map(|h| h.as_str()),
+        "code": a.code(),
+        "reason": a.error.to_string(),
+    })
+}
