@@ -405,6 +405,18 @@ impl Config {
             .map_err(|e| Error::Config(redact_userinfo(&format!("network.hosts: {e}"))))
     }
 
+    /// The policy a process using this configuration's store must apply:
+    /// the store's last policy ([`crate::store::policy_record`]) when it
+    /// is newer than the configuration file, else [`Config::policy`].
+    pub fn effective_policy(&self) -> Result<Policy> {
+        let record = crate::store::policy_record::read_in(&self.store_dir())?;
+        Ok(crate::store::policy_record::effective(
+            self.policy()?,
+            self.source.as_deref(),
+            record,
+        ))
+    }
+
     /// The connect timeout.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.network.connect_timeout_secs)

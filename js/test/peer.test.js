@@ -64,17 +64,22 @@ test('a peer of another user is refused: it cannot reach the socket, and the ser
   const ctx = await Fixture.start(t);
   const socket = ctx.service.socket;
 
-  // The socket's folder is the user's alone: another user cannot even reach it.
-  const blocked = await connectAs(user, socket);
-  assert.equal(blocked.connected, false, `another user connected: ${JSON.stringify(blocked)}`);
-  assert.equal(blocked.error, 'EACCES', JSON.stringify(blocked));
-
-  // Made reachable for this test only, the server's own check refuses it.
-  const folders = [];
-  for (let dir = path.dirname(socket); dir.startsWith(ctx.dir); dir = path.dirname(dir)) folders.push(dir);
-  const modes = [...folders, socket].map((p) => [p, fs.statSync(p).mode & 0o7777]);
+  assert.ok(socket.startsWith(ctx.dir + path.sep), `the socket ${socket} is not in the store`);
+  const run = path.dirname(socket);
+  assert.equal(fs.statSync(run).mode & 0o777, 0o700, `the socket's folder ${run} is not 0700`);
+  // Every folder above it made reachable, for this test only.
+  const above = [];
+  for (let dir = path.dirname(run); dir.startsWith(ctx.dir); dir = path.dirname(dir)) above.push(dir);
+  const modes = [...above, run, socket].map((p) => [p, fs.statSync(p).mode & 0o7777]);
   try {
-    for (const folder of folders) fs.chmodSync(folder, 0o711);
+    for (const folder of above) fs.chmodSync(folder, 0o711);
+    // The socket's folder is the user's alone: another user cannot reach the socket.
+    const blocked = await connectAs(user, socket);
+    assert.equal(blocked.connected, false, `another user connected through the 0700 folder: ${JSON.stringify(blocked)}`);
+    assert.equal(blocked.error, 'EACCES', JSON.stringify(blocked));
+
+    // With the folder and the socket opened up too, the server's own check refuses it.
+    fs.chmodSync(run, 0o711);
     fs.chmodSync(socket, 0o777);
     const refused = await connectAs(user, socket);
     assert.equal(refused.connected, true, `could not connect as ${USER} to test the server's check: ${JSON.stringify(refused)}`);

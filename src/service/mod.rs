@@ -344,7 +344,7 @@ impl Resources {
         // The store's last policy holds when it is newer than the
         // configuration file (see `store::policy_record`).
         let policy = policy_record::effective(
-            fetcher.policy(),
+            config.policy()?,
             config.source.as_deref(),
             store.policy_record()?,
         );

@@ -12,7 +12,7 @@
 //! user edited it) holds until the next `set_policy`. A configuration
 //! built in code has no file: the record, when there is one, holds.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -84,25 +84,7 @@ impl Store {
     /// that cannot be read or parsed is an error naming the file: a
     /// process must not fall back to an older policy.
     pub fn policy_record(&self) -> Result<Option<PolicyRecord>> {
-        let path = self.policy_record_path();
-        let bytes = match trust::read_own(&path, MAX_BYTES) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io("cannot read the policy record", &path, e)),
-        };
-        let bad = |why: String| {
-            Error::Config(format!(
-                "{}: not a policy record ({why}); remove it or set the policy again",
-                path.display()
-            ))
-        };
-        let stored: Stored = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        let policy = Policy::new(stored.mode, &stored.hosts).map_err(|e| bad(e.to_string()))?;
-        Ok(Some(PolicyRecord {
-            policy,
-            set_at: UNIX_EPOCH + Duration::from_millis(stored.set_at_ms),
-            pid: stored.pid,
-        }))
+        read_at(&self.policy_record_path())
     }
 
     /// A cheap look at the record (no read): changes whenever it is
@@ -113,12 +95,39 @@ impl Store {
     }
 }
 
+/// The last policy set for the store in `store_dir` (the folder the
+/// configuration names), read without creating anything.
+pub fn read_in(store_dir: &Path) -> Result<Option<PolicyRecord>> {
+    read_at(&store_dir.join(crate::store::LAYOUT).join(FILE))
+}
+
+fn read_at(path: &Path) -> Result<Option<PolicyRecord>> {
+    let bytes = match trust::read_own(path, MAX_BYTES) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read the policy record", path, e)),
+    };
+    let bad = |why: String| {
+        Error::Config(format!(
+            "{}: not a policy record ({why}); remove it or set the policy again",
+            path.display()
+        ))
+    };
+    let stored: Stored = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    let policy = Policy::new(stored.mode, &stored.hosts).map_err(|e| bad(e.to_string()))?;
+    Ok(Some(PolicyRecord {
+        policy,
+        set_at: UNIX_EPOCH + Duration::from_millis(stored.set_at_ms),
+        pid: stored.pid,
+    }))
+}
+
 /// The policy a process must use: the record's when it is newer than the
 /// configuration file (or the configuration has no file), else the
 /// configuration's.
 pub fn effective(
     configured: Policy,
-    config_file: Option<&std::path::Path>,
+    config_file: Option<&Path>,
     record: Option<PolicyRecord>,
 ) -> Policy {
     let Some(record) = record else {

@@ -9,7 +9,7 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use gem_resources::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
 use gem_resources::transfer::autofill::{autofill_addresses, Filled};
-use gem_resources::{Attempt, AttemptError, Config, Error, Fetcher};
+use gem_resources::{Config, Error, Fetcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -31,9 +31,18 @@ pub struct Request<'a> {
 }
 
 /// Runs `autofill`.
-pub async fn run(config: &Config, request: Request<'_>, json: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &Config,
+    request: Request<'_>,
+    json: bool,
+    no_service: bool,
+) -> anyhow::Result<ExitCode> {
     if request.manifest.is_none() && (request.all || request.write) {
         anyhow::bail!("--all and --write go with --manifest FILE");
+    }
+    // A service listening on the store reads under its live policy.
+    if let Some(client) = crate::remote::client(config, no_service).await {
+        return remote(&client, &request, json).await;
     }
     match (request.manifest, request.url) {
         (Some(path), _) => manifest(config, path, &request, json).await,
@@ -72,7 +81,7 @@ async fn read(
 
 async fn one_url(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
     let url = Url::parse(text).with_context(|| format!("not a valid URL: {text:?}"))?;
-    let fetcher = Fetcher::new(config)?;
+    let fetcher = crate::context::fetcher(config)?;
     let cancel = CancellationToken::new();
     let mut interrupted = crate::interrupt::signal();
     let label = file_label(&url);
@@ -132,7 +141,7 @@ async fn manifest(
         .into_iter()
         .filter(|e| request.all || e.lacks_any())
         .collect();
-    let fetcher = Fetcher::new(config)?;
+    let fetcher = crate::context::fetcher(config)?;
     let cancel = CancellationToken::new();
     let one = |entry: Unfilled| {
         let (fetcher, cancel) = (&fetcher, &cancel);
@@ -147,7 +156,7 @@ async fn manifest(
                 cancel,
             )
             .await
-            .and_then(|filled| agrees(&entry, filled));
+            .and_then(|filled| gem_resources::service::autofill::agrees(&entry, filled));
             (entry, outcome)
         }
     };
@@ -185,39 +194,6 @@ async fn manifest(
         ExitCode::from(FAILED)
     } else {
         ExitCode::SUCCESS
-    })
-}
-
-/// A value already declared must match what was read (only the missing
-/// one is filled), as in a download: otherwise the entry is not filled.
-/// With `--all` (nothing lacks) the values read replace the declared ones,
-/// with a warning.
-fn agrees(entry: &Unfilled, filled: Filled) -> Result<Filled, Error> {
-    let (got, declared) = (&filled.transfer, &entry.resource);
-    let error = if !entry.lacks_sha256 && got.sha256 != declared.sha256 {
-        AttemptError::Sha256 {
-            expected: declared.sha256.clone(),
-            actual: got.sha256.clone(),
-        }
-    } else if !entry.lacks_size && got.size != declared.size {
-        AttemptError::Size {
-            expected: declared.size,
-            detail: format!("got {} bytes", got.size),
-        }
-    } else {
-        return Ok(filled);
-    };
-    if !entry.lacks_any() {
-        tracing::warn!(resource = %declared.id, address = %filled.address, "{error}; the manifest's values are replaced");
-        return Ok(filled);
-    }
-    Err(Error::Unavailable {
-        resource: declared.id.clone(),
-        attempts: vec![Attempt {
-            address: filled.address,
-            hop: None,
-            error,
-        }],
     })
 }
 
@@ -294,4 +270,97 @@ fn write_back(path: &Path, text: &str) -> anyhow::Result<()> {
         .map_err(|e| e.error)
         .with_context(context)?;
     Ok(())
+}
+
+/// `autofill` through the service's local API.
+async fn remote(
+    client: &gem_resources::api::Client,
+    request: &Request<'_>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use gem_resources::api::protocol::Autofilled;
+    use gem_resources::service::autofill::{AutofillReport, FilledResource};
+    let mut interrupted = crate::interrupt::signal();
+    let Some(path) = request.manifest else {
+        let text = request.url.unwrap_or_default();
+        let call = client.call::<Autofilled>("autofill", json!({ "url": text }));
+        let filled = tokio::select! {
+            filled = call => filled?,
+            () = &mut interrupted => return Ok(interrupted_exit()),
+        };
+        if json {
+            print_json(&json!({
+                "size": filled.size,
+                "sha256": filled.sha256,
+                "url": text,
+                "served_by": filled.served_by,
+            }));
+        } else {
+            crate::outln!("size: {}", filled.size);
+            crate::outln!("sha256: {}", filled.sha256);
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let in_file = |e: Error| crate::context::in_file(e, path);
+    let bytes = gem_resources::manifest::read_manifest_file(path).map_err(in_file)?;
+    let entries = parse_unfilled(&bytes).map_err(|e| in_file(e.into()))?;
+    let text = String::from_utf8(bytes).context("the manifest is not UTF-8")?;
+    let manifest: serde_json::Value = serde_json::from_str(&text)?;
+    let call = client.call::<AutofillReport>(
+        "autofill",
+        json!({ "manifest": manifest, "all": request.all }),
+    );
+    let report = tokio::select! {
+        report = call => report?,
+        () = &mut interrupted => return Ok(interrupted_exit()),
+    };
+    // The values go into this file's own text, its layout kept.
+    let fills: Vec<Fill> = report
+        .resources
+        .iter()
+        .filter_map(|r| match r {
+            FilledResource::Filled {
+                id, size, sha256, ..
+            } => {
+                let entry = entries.iter().find(|e| &e.resource.id == id)?;
+                Some(Fill {
+                    index: entry.index,
+                    size: *size,
+                    sha256: sha256.clone(),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    let filled_text =
+        fill_text(&text, &fills).context("the manifest changed its shape while it was read")?;
+    if request.write && !fills.is_empty() {
+        write_back(path, &filled_text)?;
+    }
+    let failed = !report.ok;
+    if json {
+        print_json(&json!({
+            "ok": report.ok,
+            "file": path,
+            "written": request.write && !fills.is_empty(),
+            "resources": report.resources,
+            "manifest": report.manifest,
+        }));
+    } else {
+        for r in &report.resources {
+            if let FilledResource::Failed { id, error, .. } = r {
+                crate::errln!("not filled: {id}: {}: {}", error.code, error.message);
+            }
+        }
+        if request.write {
+            crate::errln!("filled {} resource(s) in {}", fills.len(), path.display());
+        } else {
+            crate::render::write_out_exact(format_args!("{}", filled_text.trim_end_matches('\n')));
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

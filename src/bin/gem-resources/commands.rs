@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use futures_util::StreamExt;
-use gem_resources::{download_with, Config, Error, Fetcher, Resource, Route, Store};
+use gem_resources::{download_with, Config, Error, Resource, Route, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -61,7 +61,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 all,
                 write,
             };
-            crate::autofill::run(&config, request, json).await
+            crate::autofill::run(&config, request, json, args.no_service).await
         }
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
@@ -142,7 +142,7 @@ fn parse_url(text: &str) -> anyhow::Result<Url> {
 async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<ExitCode> {
     warn_dev(config);
     let url = parse_url(text)?;
-    let fetcher = Fetcher::new(config)?;
+    let fetcher = crate::context::fetcher(config)?;
     let checked = match fetcher.route(&url).await {
         Ok(Route::Direct) => fetcher.check_url(&url).await.map(|a| (a, None)),
         Ok(Route::Proxy {
@@ -208,7 +208,7 @@ async fn fetch(
         }
     }
     let store = Store::open(&config.store_dir())?;
-    let fetcher = Fetcher::new(config)?;
+    let fetcher = crate::context::fetcher(config)?;
     let retry = config.retry_policy();
     let selected: Vec<&Resource> = manifest
         .resources

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use gem_resources::{parse_manifest, Config, Error, Manifest};
+use gem_resources::{parse_manifest, Config, Error, Fetcher, Manifest};
 
 /// Exit status for a failed operation.
 pub const FAILED: u8 = 1;
@@ -77,4 +77,13 @@ pub fn warn_dev(config: &Config) {
     if let Some(warning) = dev_warning(config) {
         crate::errln!("warning: {warning}");
     }
+}
+
+/// A fetcher for this command under the store's last policy: the one a
+/// service or an app set for the store ([`Config::effective_policy`]),
+/// when it is newer than the configuration file.
+pub fn fetcher(config: &Config) -> Result<Fetcher, Error> {
+    let fetcher = Fetcher::new(config)?;
+    fetcher.set_policy(config.effective_policy()?);
+    Ok(fetcher)
 }

@@ -1,0 +1,298 @@
+// Types of gem-resources-client: the local API of gem-resources, protocol 1.
+
+/** The protocol this client speaks. */
+export const PROTOCOL: 1;
+/** The connection to the service failed, closed, or no service listens (a client-side code). */
+export const E_RESOURCE_SERVICE: 'E_RESOURCE_SERVICE';
+/** A subscription fell behind and the service ended it. */
+export const E_RESOURCE_LAGGED: 'E_RESOURCE_LAGGED';
+
+/** The library's stable error codes, and this client's own two. */
+export type ErrorCode =
+  | 'E_PERM_INVALID'
+  | 'E_RESOURCE_SCHEME'
+  | 'E_RESOURCE_ADDRESS'
+  | 'E_RESOURCE_POLICY'
+  | 'E_RESOURCE_REDIRECTS'
+  | 'E_RESOURCE_HTTP'
+  | 'E_RESOURCE_NETWORK'
+  | 'E_RESOURCE_SIZE'
+  | 'E_RESOURCE_SHA256'
+  | 'E_RESOURCE_DISK_SPACE'
+  | 'E_RESOURCE_UNAVAILABLE'
+  | 'E_RESOURCE_NOT_FOUND'
+  | 'E_RESOURCE_CANCELLED'
+  | 'E_RESOURCE_IO'
+  | 'E_RESOURCE_CONFIG'
+  | 'E_RESOURCE_GEM_ID'
+  | 'E_RESOURCE_SHUTDOWN'
+  | 'E_RESOURCE_RUNTIME'
+  | 'E_RESOURCE_BUSY'
+  | 'E_RESOURCE_USAGE'
+  | 'E_RESOURCE_SERVICE'
+  | 'E_RESOURCE_LAGGED'
+  | (string & {});
+
+/** One address tried, with its own code and reason. */
+export interface Attempt {
+  address: string;
+  hop: string | null;
+  code: ErrorCode;
+  reason: string;
+  [key: string]: unknown;
+}
+
+/** The library's error, as the `data` of a JSON-RPC error (and `--json` errors). */
+export interface ErrorData {
+  code: ErrorCode;
+  primary_cause: ErrorCode;
+  message: string;
+  resource?: string;
+  attempts?: Attempt[];
+  [key: string]: unknown;
+}
+
+/** An error of the service, or of the connection to it. */
+export class ResourceError extends Error {
+  constructor(
+    message: string,
+    fields?: { code?: ErrorCode; primaryCause?: ErrorCode; attempts?: Attempt[]; data?: ErrorData; rpcCode?: number },
+  );
+  /** `data.code`, e.g. `E_RESOURCE_UNAVAILABLE`; `E_RESOURCE_SERVICE` for the connection. */
+  code: ErrorCode;
+  /** `data.primary_cause`, e.g. `E_RESOURCE_POLICY`. */
+  primaryCause: ErrorCode;
+  /** `data.attempts`: each address with its own code and reason (empty when none). */
+  attempts: Attempt[];
+  /** The whole `data` object of the error answer. */
+  data: ErrorData | undefined;
+  /** The JSON-RPC code: -32000 for the library's errors, -32700, -32600, -32601, -32602. */
+  rpcCode: number | undefined;
+  /** With `E_RESOURCE_LAGGED`: the events missed. */
+  missed?: number;
+  /** With `E_RESOURCE_LAGGED`: the service's number of the subscription. */
+  subscription?: number;
+  static fromRpc(error: { code: number; message: string; data?: ErrorData }): ResourceError;
+}
+
+/** What `<store>/store-v1/service.json` says. */
+export interface ServiceInfo {
+  protocol: number;
+  socket: string;
+  pid: number;
+  version: string;
+}
+
+export interface Hello {
+  protocol: number;
+  version: string;
+  store: string;
+  pid: number;
+}
+
+export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'failed';
+
+/** One row of `status --json`. */
+export interface ResourceStatus {
+  id: string;
+  label: string;
+  file: string;
+  size: number;
+  description?: string;
+  host: string;
+  addresses: string[];
+  hosts: string[];
+  required: boolean;
+  sha256: string;
+  state: ResourceState;
+  /** When present. */
+  path?: string;
+  /** When present: the url or mirror that served it, `"import"`, or null. */
+  served_by?: string | null;
+  /** When downloading: the bytes really held. */
+  bytes?: number;
+  /** When failed. */
+  code?: ErrorCode;
+  primary_cause?: ErrorCode;
+  message?: string;
+  attempts?: Attempt[];
+  at?: string;
+  /** Bytes of an interrupted download kept for resuming. */
+  partial_bytes?: number;
+  [key: string]: unknown;
+}
+
+export interface GemStatus {
+  gem: string;
+  resources: ResourceStatus[];
+}
+
+export interface Status {
+  gems: GemStatus[];
+  undeclared_files: number;
+  undeclared_bytes: number;
+  service: { socket: string; pid: number };
+}
+
+export interface PathResult {
+  gem: string;
+  resource: string;
+  path: string;
+}
+
+/** A manifest entry (`resources[]` of notochord.json or manifest.json). */
+export interface ManifestResource {
+  id: string;
+  url: string;
+  mirrors?: string[];
+  sha256?: string;
+  size?: number;
+  required?: boolean;
+  description?: string;
+}
+
+export interface Manifest {
+  resources?: ManifestResource[];
+  [key: string]: unknown;
+}
+
+export interface InstallReport {
+  gem: string;
+  upgrade: boolean;
+  unchanged: boolean;
+  resources: number;
+  present: number;
+  queued: number;
+  deleted: string[];
+  [key: string]: unknown;
+}
+
+export interface UninstallReport {
+  gem: string;
+  installed: boolean;
+  deleted: string[];
+  kept: string[];
+}
+
+export interface Changed {
+  changed: boolean;
+}
+
+export interface Autofilled {
+  size: number;
+  sha256: string;
+  served_by: string;
+}
+
+export type AutofillResource =
+  | ({ id: string } & Autofilled)
+  | { id: string; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
+
+export interface AutofilledManifest {
+  manifest: Manifest;
+  resources: AutofillResource[];
+}
+
+export type PolicyMode = 'allowlist' | 'blocklist';
+
+export interface Policy {
+  mode: PolicyMode;
+  hosts: string[];
+}
+
+export interface PolicyChange {
+  /** Downloads stopped because the new policy refuses their host. */
+  stopped: number;
+  /** Failed files queued again because it permits them now. */
+  queued: number;
+}
+
+interface Timed {
+  /** When the service observed it: RFC 3339, UTC, milliseconds. */
+  at: string;
+}
+
+interface OfFile extends Timed {
+  gem: string;
+  resource: string;
+  sha256: string;
+}
+
+/** The service's events (`params` of an `event` notification). */
+export type Event =
+  | ({ event: 'installed'; gem: string; resources: ResourceStatus[] } & Timed)
+  | ({ event: 'uninstalled'; gem: string } & Timed)
+  | ({ event: 'policy_changed'; old_mode: PolicyMode; old_hosts: string[]; new_mode: PolicyMode; new_hosts: string[] } & Timed)
+  | ({ event: 'queued'; size: number } & OfFile)
+  | ({ event: 'started'; size: number; address: string } & OfFile)
+  | ({ event: 'resumed'; offset: number; size: number; address: string } & OfFile)
+  | ({ event: 'progress'; bytes: number; size: number; address: string } & OfFile)
+  | ({ event: 'retrying'; address: string; attempt: number; of: number; wait_ms: number; reason: string } & OfFile)
+  | ({ event: 'fell_back'; from: string; to: string; code: ErrorCode; reason: string } & OfFile)
+  | ({ event: 'waiting' } & OfFile)
+  | ({ event: 'verified'; path: string; served_by: string } & OfFile)
+  | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string } & OfFile)
+  | ({ event: 'cancelled'; reason: string } & OfFile)
+  | ({ event: 'deleted' } & OfFile);
+
+/**
+ * One subscription's events: `for await (const event of sub)`. Ends after
+ * `close()`; throws `E_RESOURCE_LAGGED` after the service ended it for
+ * falling behind (subscribe again, redraw from the new `status`), and
+ * `E_RESOURCE_SERVICE` when the connection ends.
+ */
+export class Subscription implements AsyncIterableIterator<Event> {
+  /** The status as of the subscription: draw from it, then apply the events. */
+  readonly status: GemStatus[];
+  /** The service's number for it. */
+  readonly id: number | null;
+  next(): Promise<IteratorResult<Event, undefined>>;
+  return(): Promise<IteratorResult<Event, undefined>>;
+  [Symbol.asyncIterator](): Subscription;
+  /** Sends `unsubscribe` and ends the iteration once the events received are read. */
+  close(): void;
+}
+
+/** One gem's resources: what a tool's `ctx.resources` is. */
+export class GemResources {
+  readonly gem: string;
+  /** The file's local path, downloading it first when missing. */
+  path(id: string): Promise<string>;
+  status(): Promise<GemStatus>;
+  downloadNow(id: string): Promise<Changed>;
+  cancel(id: string): Promise<Changed>;
+  retry(id: string): Promise<Changed>;
+  subscribe(): Promise<Subscription>;
+}
+
+export class Client {
+  /** The socket (or named pipe) it is connected to. */
+  readonly socketPath: string;
+  /** The answer to `hello` that `connect` checked. */
+  service: Hello | null;
+  /** Any method, by name; its result. */
+  request<T = unknown>(method: string, params?: object): Promise<T>;
+  hello(): Promise<Hello>;
+  status(gem?: string): Promise<Status>;
+  path(gem: string, id: string): Promise<PathResult>;
+  install(gem: string, manifest: Manifest): Promise<InstallReport>;
+  uninstall(gem: string): Promise<UninstallReport>;
+  downloadNow(gem: string, id: string): Promise<Changed>;
+  cancel(gem: string, id: string): Promise<Changed>;
+  retry(gem: string, id: string): Promise<Changed>;
+  autofill(url: string): Promise<Autofilled>;
+  autofillManifest(manifest: Manifest, options?: { all?: boolean }): Promise<AutofilledManifest>;
+  policy(): Promise<Policy>;
+  setPolicy(policy: Policy): Promise<PolicyChange>;
+  subscribe(options?: { gem?: string }): Promise<Subscription>;
+  forGem(gem: string): GemResources;
+  /** Closes the connection and its subscriptions; pending requests reject with E_RESOURCE_SERVICE. */
+  close(): void;
+}
+
+/** `<store>/store-v1`. */
+export function storeLayout(store: string): string;
+/** What `<store>/store-v1/service.json` says, or null when there is none. */
+export function findService(store: string): Promise<ServiceInfo | null>;
+/** A client of the service of a store (found through its service.json), or of a socket. */
+export function connect(options: { store: string } | { socket: string }): Promise<Client>;
