@@ -222,7 +222,8 @@ interface OfFile extends Timed {
 export type Event =
   | ({ event: 'installed'; gem: string; resources: ResourceStatus[] } & Timed)
   | ({ event: 'uninstalled'; gem: string } & Timed)
-  | ({ event: 'policy_changed'; old_mode: PolicyMode; old_hosts: string[]; new_mode: PolicyMode; new_hosts: string[] } & Timed)
+  /** `old_hosts`, `new_hosts`: how many host patterns each policy lists. */
+  | ({ event: 'policy_changed'; old_mode: PolicyMode; old_hosts: number; new_mode: PolicyMode; new_hosts: number } & Timed)
   | ({ event: 'queued'; size: number } & OfFile)
   | ({ event: 'started'; size: number; address: string } & OfFile)
   | ({ event: 'resumed'; offset: number; size: number; address: string } & OfFile)

@@ -5,6 +5,8 @@
 mod support;
 
 mod address_guard;
+#[cfg(unix)]
+mod api_server;
 mod autofill;
 mod autofill_manifest;
 mod cli_basics;

@@ -4,6 +4,8 @@
 // Each test module uses part of this.
 #![allow(dead_code)]
 
+#[cfg(unix)]
+pub mod api;
 pub mod files;
 pub mod origin;
 pub mod proxy;

@@ -1,0 +1,572 @@
+//! The local API, from a client's side: discovery, framing and its limits,
+//! one policy for the store, autofill and events, and who may connect.
+
+use std::time::{Duration, Instant};
+
+use gem_resources::{ErrorCode, Mode, Policy, Resources};
+use serde_json::{json, Value};
+
+use crate::support::api::{Line, Listening};
+use crate::support::*;
+
+fn lazy(id: &str, url: &url::Url, body: &[u8]) -> Value {
+    entry(id, url, body)
+}
+
+fn manifest_value(resources: Value) -> Value {
+    json!({ "resources": resources })
+}
+
+#[tokio::test]
+async fn hello_and_service_json_say_where_and_who() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let mut client = api.client().await;
+    let hello = client.result("hello", json!(null)).await;
+    assert_eq!(hello["protocol"], 1);
+    assert_eq!(hello["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(hello["pid"], std::process::id());
+    assert_eq!(
+        hello["store"].as_str().unwrap(),
+        std::path::absolute(env.store_dir())
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    // Found from the store path alone.
+    let file = env.store_dir().join("store-v1/service.json");
+    let found: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(found["socket"], api.socket().as_str());
+    assert_eq!(found["pid"], std::process::id());
+    // The socket's folder is the user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let run = std::path::Path::new(&api.socket())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert_eq!(
+        std::fs::metadata(&run).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let status = client.result("status", json!({})).await;
+    assert_eq!(status["service"]["socket"], api.socket().as_str());
+    let socket = api.socket();
+    api.stop().await;
+    assert!(!file.exists(), "service.json outlived the service");
+    assert!(
+        !std::path::Path::new(&socket).exists(),
+        "the socket outlived the service"
+    );
+}
+
+#[tokio::test]
+async fn a_second_service_on_the_store_is_refused_naming_the_holder() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let other = Resources::open(&env.config()).unwrap();
+    let e = other.listen().unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Busy, "{e}");
+    assert!(
+        e.to_string().contains(&std::process::id().to_string()),
+        "{e}"
+    );
+    other.shutdown().await;
+    api.stop().await;
+    // Once it stopped, the store is free again.
+    let again = Listening::start(&env);
+    again.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_lines_leave_everyone_served() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let mut bad = api.client().await;
+    bad.send_raw(b"this is not json\n").await;
+    let answer = bad.recv().await.unwrap();
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    assert_eq!(answer["error"]["data"]["code"], "E_RESOURCE_USAGE");
+    bad.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":9}\n").await;
+    let answer = bad.recv().await.unwrap();
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    assert_eq!(answer["id"], 9);
+    let answer = bad.call("no_such_method", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32601, "{answer}");
+    let answer = bad.call("path", json!({ "gem": 5 })).await;
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    // The same connection still works.
+    assert_eq!(bad.result("hello", json!(null)).await["protocol"], 1);
+
+    let mut huge = api.client().await;
+    let mut line = vec![b'x'; gem_resources::api::protocol::MAX_LINE + 10];
+    line.push(b'\n');
+    huge.send_raw(&line).await;
+    let answer = huge.recv().await.unwrap();
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    assert!(
+        huge.recv().await.is_none(),
+        "an oversized line keeps its connection"
+    );
+
+    let mut other = api.client().await;
+    assert_eq!(other.result("hello", json!(null)).await["protocol"], 1);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_events_slows_nobody_and_is_told_it_lagged() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let mut stuck = api.client().await;
+    stuck.result("subscribe", json!({})).await;
+    // Events pile up for the stuck client: far more than its queue and
+    // its socket's buffer hold.
+    let mut busy = api.client().await;
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..3000 {
+        let hosts = vec![format!("h{i}.example.com"); 8];
+        let t = Instant::now();
+        busy.result("set_policy", json!({ "mode": "blocklist", "hosts": hosts }))
+            .await;
+        slowest = slowest.max(t.elapsed());
+    }
+    // Another client is answered at once meanwhile.
+    let mut other = api.client().await;
+    let t = Instant::now();
+    other.result("hello", json!(null)).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "hello took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a call waited {slowest:?} while a client did not read (total {:?})",
+        started.elapsed()
+    );
+    // The stuck client, once it reads, finds a `lagged` after the events
+    // that fit: its subscription ended there.
+    let mut lagged = false;
+    let mut events = 0;
+    while let Some(message) = stuck.recv().await {
+        match message["method"].as_str() {
+            Some("event") => events += 1,
+            Some("lagged") => {
+                lagged = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(lagged, "no lagged notification after {events} events");
+    assert!(
+        events < 3000,
+        "{events} events were queued for a client that did not read"
+    );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscriber_sees_the_whole_course_of_a_download() {
+    let env = Env::new().await;
+    let body = bytes(300_000, 17);
+    let url = env.serve("/c.bin", &body);
+    let api = Listening::start(&env);
+    let mut client = api.client().await;
+    client
+        .result(
+            "install",
+            json!({ "gem": "g", "manifest": manifest_value(json!([lazy("c", &url, &body)])) }),
+        )
+        .await;
+    let mut watcher = api.client().await;
+    let subscribed = watcher.result("subscribe", json!({ "gem": "g" })).await;
+    assert_eq!(subscribed["status"][0]["resources"][0]["state"], "missing");
+    let path = client
+        .result("path", json!({ "gem": "g", "id": "c" }))
+        .await;
+    assert_eq!(std::fs::read(path["path"].as_str().unwrap()).unwrap(), body);
+    let mut kinds = Vec::new();
+    while let Some(message) = watcher.recv().await {
+        let event = &message["params"];
+        assert_eq!(message["method"], "event", "{message}");
+        assert_eq!(event["gem"], "g", "{event}");
+        let kind = event["event"].as_str().unwrap().to_string();
+        kinds.push(kind.clone());
+        if kind == "verified" {
+            assert_eq!(event["path"], path["path"]);
+            break;
+        }
+    }
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("queued"),
+        "{kinds:?}"
+    );
+    assert!(kinds.iter().any(|k| k == "started"), "{kinds:?}");
+    assert!(kinds.iter().any(|k| k == "progress"), "{kinds:?}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn five_clients_asking_for_one_missing_file_cause_one_request() {
+    let env = Env::new().await;
+    let body = bytes(200_000, 23);
+    env.origin.route(
+        "/five.bin",
+        Behaviour::Slow {
+            body: body.clone(),
+            chunk: 20_000,
+            delay: Duration::from_millis(30),
+        },
+    );
+    let url = env.url("origin.test", "/five.bin");
+    let api = Listening::start(&env);
+    let mut installer = api.client().await;
+    installer
+        .result(
+            "install",
+            json!({ "gem": "g", "manifest": manifest_value(json!([lazy("f", &url, &body)])) }),
+        )
+        .await;
+    let mut asks = Vec::new();
+    for _ in 0..5 {
+        let mut client = api.client().await;
+        asks.push(tokio::spawn(async move {
+            client
+                .result("path", json!({ "gem": "g", "id": "f" }))
+                .await
+        }));
+    }
+    let mut paths = Vec::new();
+    for ask in asks {
+        paths.push(ask.await.unwrap()["path"].as_str().unwrap().to_string());
+    }
+    paths.dedup();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    assert_eq!(env.origin.hits("/five.bin"), 1);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn set_policy_through_the_api_stops_the_download_and_holds_for_every_process() {
+    let env = Env::new().await;
+    let body = bytes(2_000_000, 29);
+    env.origin.route(
+        "/slow.bin",
+        Behaviour::Slow {
+            body: body.clone(),
+            chunk: 16_384,
+            delay: Duration::from_millis(50),
+        },
+    );
+    let slow = env.url("origin.test", "/slow.bin");
+    let other_body = bytes(50_000, 31);
+    let other = env.serve("/other.bin", &other_body);
+    let api = Listening::start(&env);
+    let mut app = api.client().await;
+    let manifest = manifest_value(json!([
+        lazy("slow", &slow, &body),
+        lazy("other", &other, &other_body)
+    ]));
+    app.result("install", json!({ "gem": "g", "manifest": manifest }))
+        .await;
+    let mut tool = api.client().await;
+    let waiting =
+        tokio::spawn(async move { tool.call("path", json!({ "gem": "g", "id": "slow" })).await });
+    wait_until("the download runs", || env.origin.hits("/slow.bin") > 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let changed = app
+        .result(
+            "set_policy",
+            json!({ "mode": "blocklist", "hosts": ["origin.test"] }),
+        )
+        .await;
+    assert_eq!(changed["stopped"], 1, "{changed}");
+    let answer = within("the download stops", waiting).await.unwrap();
+    assert_eq!(
+        answer["error"]["data"]["primary_cause"], "E_RESOURCE_POLICY",
+        "{answer}"
+    );
+    assert_eq!(
+        app.result("policy", json!(null)).await["hosts"],
+        json!(["origin.test"])
+    );
+
+    // The command line, through the service: refused, nothing requested.
+    let out = env.run(&["--json", "path", "g", "other"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let error: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(error["primary_cause"], "E_RESOURCE_POLICY", "{error}");
+    assert_eq!(env.origin.hits("/other.bin"), 0);
+    api.stop().await;
+
+    // And in its own process once the service is gone: the store's record.
+    for args in [
+        ["--json", "path", "g", "other"].as_slice(),
+        ["--json", "--no-service", "path", "g", "other"].as_slice(),
+    ] {
+        let out = env.run(args).await;
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let error: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert_eq!(error["primary_cause"], "E_RESOURCE_POLICY", "{error}");
+    }
+    assert_eq!(env.origin.hits("/other.bin"), 0);
+}
+
+#[tokio::test]
+async fn a_policy_set_by_one_service_applies_in_another_on_the_same_store() {
+    let env = Env::new().await;
+    let body = bytes(40_000, 37);
+    let url = env.serve("/p.bin", &body);
+    let first = Resources::open(&env.config()).unwrap();
+    let second = Resources::open(&env.config()).unwrap();
+    first
+        .install("g", &manifest(json!([lazy("p", &url, &body)])))
+        .await
+        .unwrap();
+    first
+        .set_policy(Policy::new(Mode::Blocklist, &["origin.test".into()]).unwrap())
+        .unwrap();
+    // At once, before the watcher's next look: a download checks first.
+    let e = second.path("g", "p").await.unwrap_err();
+    assert_eq!(e.primary_cause(), ErrorCode::Policy, "{e}");
+    assert_eq!(env.origin.hits("/p.bin"), 0);
+    // And the watcher applies it by itself.
+    wait_until("the second service follows", || {
+        second.policy().hosts() == ["origin.test".to_string()]
+    })
+    .await;
+    // Lifting it in the second is followed by the first.
+    second.set_policy(Policy::allow_all()).unwrap();
+    wait_until("the first service follows", || {
+        first.policy().hosts().is_empty()
+    })
+    .await;
+    assert_eq!(
+        first
+            .path("g", "p")
+            .await
+            .map(|p| std::fs::read(p).unwrap())
+            .unwrap(),
+        body
+    );
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn autofill_through_the_api_follows_the_policy_and_the_mirrors() {
+    let env = Env::new().await;
+    let body = bytes(70_000, 41);
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let gone = env.url("origin.test", "/gone.bin");
+    let mirror = env.serve("/m.bin", &body);
+    let mirror = env.url("mirror.test", mirror.path());
+    env.origin
+        .route("/blocked.bin", Behaviour::Body(body.clone()));
+    let blocked = env.url("blocked.test", "/blocked.bin");
+    let api = Listening::start(&env);
+    let mut client = api.client().await;
+    client
+        .result(
+            "set_policy",
+            json!({ "mode": "blocklist", "hosts": ["blocked.test"] }),
+        )
+        .await;
+    let answer = client
+        .call("autofill", json!({ "url": blocked.as_str() }))
+        .await;
+    assert_eq!(
+        answer["error"]["data"]["code"], "E_RESOURCE_POLICY",
+        "{answer}"
+    );
+    assert_eq!(env.origin.hits("/blocked.bin"), 0);
+    let manifest =
+        json!({ "resources": [{ "id": "m", "url": gone.as_str(), "mirrors": [mirror.as_str()] }] });
+    let filled = client
+        .result("autofill", json!({ "manifest": manifest }))
+        .await;
+    assert_eq!(filled["ok"], true, "{filled}");
+    assert_eq!(filled["resources"][0]["sha256"], sha256_hex(&body));
+    assert_eq!(filled["resources"][0]["size"], body.len());
+    assert_eq!(filled["resources"][0]["served_by"], mirror.as_str());
+    assert_eq!(filled["manifest"]["resources"][0]["size"], body.len());
+    let one = client
+        .result("autofill", json!({ "url": mirror.as_str() }))
+        .await;
+    assert_eq!(one["sha256"], sha256_hex(&body));
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_store_path_still_listens() {
+    let env = Env::new().await;
+    let deep = env
+        .dir
+        .path()
+        .join("a-rather-long-folder-name-for-a-store-".repeat(3));
+    let mut config = env.config();
+    config.store = Some(deep.clone());
+    let service = Resources::open(&config).unwrap();
+    let server = service.listen().unwrap();
+    assert!(server.socket().len() <= 100, "{}", server.socket());
+    let mut client = Line::connect(server.socket()).await;
+    assert_eq!(
+        client.result("hello", json!(null)).await["store"],
+        deep.to_str().unwrap()
+    );
+    server.stop().await;
+    service.shutdown().await;
+}
+
+/// A user other than root, created for the test when missing.
+fn other_user() -> Option<(u32, u32)> {
+    const NAME: &str = "gr-api-test";
+    let id = |flag: &str| -> Option<u32> {
+        let out = std::process::Command::new("id")
+            .args([flag, NAME])
+            .output()
+            .ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    if id("-u").is_none() {
+        let _ = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .status();
+    }
+    Some((id("-u")?, id("-g")?))
+}
+
+#[tokio::test]
+async fn a_peer_of_another_user_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_peer_of_another_user_is_refused: needs root to create a user");
+        return;
+    }
+    let Some((uid, gid)) = other_user() else {
+        eprintln!("SKIPPED a_peer_of_another_user_is_refused: useradd failed");
+        return;
+    };
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let socket = api.socket();
+    // Let the other user reach the socket, to see the service's own check
+    // (normally the 0700 folders already stop it).
+    use std::os::unix::fs::PermissionsExt;
+    let mut dir = std::path::Path::new(&socket)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    while dir.starts_with(env.dir.path()) || dir == env.dir.path() {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        if !dir.pop() {
+            break;
+        }
+    }
+    let mut up = env.dir.path().to_path_buf();
+    while up.pop() {
+        let mode = std::fs::metadata(&up).unwrap().permissions().mode();
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(&up, std::fs::Permissions::from_mode(mode | 0o001)).unwrap();
+        }
+    }
+    // Connected, then closed without an answer (the write may already
+    // find the connection closed).
+    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ntry:\n  s.sendall(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\\n')\n  s.settimeout(10)\n  got = s.recv(65536).decode()\nexcept OSError:\n  got = ''\nprint('answer:' + got)\n";
+    let socket_arg = socket.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("setpriv")
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".into(),
+            ])
+            .args(["/usr/bin/python3", "-c", script, &socket_arg])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), "answer:", "another user was answered: {text}");
+    // This user still is.
+    let mut me = api.client().await;
+    assert_eq!(me.result("hello", json!(null)).await["protocol"], 1);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
+    let env = Env::new().await;
+    let body = bytes(30_000, 43);
+    let url = env.serve("/s.bin", &body);
+    let gems = write_gem_folder(&env, "g", json!([lazy("s", &url, &body)]));
+    let log = env.dir.path().join("serve.log");
+    let mut serve = spawn_logged(
+        &env,
+        &[
+            "--json",
+            "serve",
+            "--gems",
+            gems.to_str().unwrap(),
+            "--interval",
+            "0.1",
+        ],
+        &log,
+    );
+    let events = serve.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Reads the first line, then drains the rest so serve never blocks.
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(events);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    let first =
+        tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(20)).unwrap())
+            .await
+            .unwrap();
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["event"], "listening", "{first}");
+    assert_eq!(first["pid"], serve.0.id());
+    let socket = first["socket"].as_str().unwrap().to_string();
+    wait_until("serve installed the gem", || {
+        env.store_dir().join("store-v1/gems/g.json").exists()
+    })
+    .await;
+    let out = env.run(&["--json", "status"]).await;
+    let status: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(status["service"]["socket"], socket.as_str(), "{status}");
+    assert_eq!(status["service"]["pid"], serve.0.id());
+    let out = env.run(&["path", "g", "s"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(stdout(&out).trim()).unwrap(), body);
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("local API on"),
+        "the start log names the socket"
+    );
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    wait_output(&mut serve).await;
+    let out = env.run(&["--json", "status"]).await;
+    let status: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(status["service"], Value::Null, "{status}");
+}
