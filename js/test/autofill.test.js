@@ -26,8 +26,9 @@ test('autofill refuses a blocked host, and autofillManifest follows the mirrors'
   assert.deepEqual(await client.autofill(file.url()), { size: file.size, sha256: file.sha256, served_by: file.url() });
 
   // The url answers 404; the mirror has it.
+  ctx.origin.behave('dict.bin', { status: 404, hosts: ['cdn.test'] });
   const manifest = ctx.manifest('notes', [
-    { id: 'dict', url: ctx.origin.url('gone.bin'), mirrors: [file.url('mirror.test')], required: false },
+    { id: 'dict', url: file.url(), mirrors: [file.url('mirror.test')], required: false },
   ]);
   const filled = await client.autofillManifest(manifest);
   assert.equal(filled.resources.length, 1, JSON.stringify(filled));
@@ -35,8 +36,9 @@ test('autofill refuses a blocked host, and autofillManifest follows the mirrors'
   const entry = filled.manifest.resources[0];
   assert.equal(entry.size, file.size);
   assert.equal(entry.sha256, file.sha256);
-  assert.equal(entry.url, ctx.origin.url('gone.bin'));
-  assert.equal(ctx.origin.requestCount('gone.bin', { host: 'cdn.test' }), 1);
+  assert.equal(entry.url, file.url());
+  assert.deepEqual(entry.mirrors, [file.url('mirror.test')]);
+  assert.equal(ctx.origin.requestCount('dict.bin', { host: 'cdn.test' }), 2, 'the url was not tried first');
   assert.equal(ctx.origin.requestCount('dict.bin', { host: 'mirror.test' }), 1);
 
   // A manifest whose only address is blocked: that resource names the policy.

@@ -38,6 +38,17 @@ export const HOSTS = ['cdn.test', 'mirror.test', 'blocked.test'];
 /** An instant as the service writes it: RFC 3339, UTC, milliseconds. */
 export const RFC3339_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 
+/**
+ * On Linux, every child is started through `setpriv --pdeathsig KILL`
+ * (which then runs the program itself, with the same pid): the kernel kills
+ * it if the test process dies without cleaning up.
+ */
+const setpriv = process.platform === 'linux' && ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => fs.existsSync(p));
+
+function spawnGuarded(bin, args, options) {
+  return setpriv ? spawn(setpriv, ['--pdeathsig', 'KILL', '--', bin, ...args], options) : spawn(bin, args, options);
+}
+
 /** Every process a fixture started and has not seen exit, killed if the test runner leaves early. */
 const living = new Set();
 process.on('exit', () => {
@@ -160,7 +171,8 @@ export class Origin {
   /**
    * Changes how `name` is served, from the next chunk on: `rate` (bytes per
    * second, per response), `hold` (send the head, then no byte while true),
-   * `status` (answer every request with this status and no file).
+   * `status` (answer every request with this status and no file);
+   * `hosts` (a list: the behavior holds only for requests to these hosts).
    * `undefined` values reset a setting.
    */
   behave(name, behavior) {
@@ -206,8 +218,9 @@ export class Origin {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not here\n');
       return;
     }
-    if (file.behavior.status) {
-      res.writeHead(file.behavior.status, { 'content-type': 'text/plain' }).end('failing on purpose\n');
+    const behavior = !file.behavior.hosts || file.behavior.hosts.includes(host) ? file.behavior : {};
+    if (behavior.status) {
+      res.writeHead(behavior.status, { 'content-type': 'text/plain' }).end('failing on purpose\n');
       return;
     }
     let start = 0;
@@ -236,10 +249,13 @@ export class Origin {
       res.end();
       return;
     }
-    this.stream(file, url.pathname, res, start, end + 1);
+    this.stream(file, behavior, url.pathname, res, start, end + 1);
   }
 
-  async stream(file, key, res, start, end) {
+  /** Sends bytes [start, end) of `file`, as `behavior` (read again before each chunk) says. */
+  async stream(file, behavior, key, res, start, end) {
+    // The file's behavior as it is now, unless it did not apply to this request.
+    const live = () => (behavior === file.behavior ? file.behavior : {});
     this.active.set(key, (this.active.get(key) ?? 0) + 1);
     let gone = false;
     res.on('close', () => {
@@ -251,15 +267,15 @@ export class Origin {
       let at = start;
       let windowStart = Date.now();
       let windowBytes = 0;
-      let rateSeen = file.behavior.rate;
+      let rateSeen = live().rate;
       while (at < end && !gone) {
-        if (file.behavior.hold) {
+        if (live().hold) {
           await sleep(20);
           windowStart = Date.now();
           windowBytes = 0;
           continue;
         }
-        const rate = file.behavior.rate;
+        const rate = live().rate;
         if (rate !== rateSeen) {
           rateSeen = rate;
           windowStart = Date.now();
@@ -310,7 +326,7 @@ function drained(res) {
 /** A child process with its output collected: `{code, signal, stdout, stderr, json}`. */
 function run(bin, args, { timeout = 30_000, env } = {}) {
   return new Promise((resolve, reject) => {
-    const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NO_COLOR: '1', ...env } });
+    const child = spawnGuarded(bin, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NO_COLOR: '1', ...env } });
     living.add(child);
     let stdout = '';
     let stderr = '';
@@ -552,7 +568,7 @@ export class Fixture {
     if (!fs.existsSync(binary)) {
       throw new Error(`no binary at ${binary}: build it with \`cargo build --bin gem-resources\`, or set GEM_RESOURCES_BIN`);
     }
-    const child = spawn(binary, [...this.baseArgs(), '--json', 'serve', '--gems', this.gems, '--interval', '0.2'], {
+    const child = spawnGuarded(binary, [...this.baseArgs(), '--json', 'serve', '--gems', this.gems, '--interval', '0.2'], {
       stdio: ['ignore', 'pipe', 'pipe'],
       env: { ...process.env, NO_COLOR: '1' },
     });

@@ -6,9 +6,9 @@ import path from 'node:path';
 import { test } from 'node:test';
 
 import { connect, findService, storeLayout, E_RESOURCE_SERVICE } from '../index.js';
-import { Fixture } from './fixture.js';
+import { Fixture, waitFor, within } from './fixture.js';
 
-test('hello answers protocol 1, the store and the pid; service.json is found from the store path alone', { timeout: 30_000 }, async (t) => {
+test('hello answers protocol 1, the store and the pid; service.json is found from the store path alone, and is gone once the service stops', { timeout: 30_000 }, async (t) => {
   const ctx = await Fixture.start(t);
   const info = await findService(ctx.store);
   assert.ok(info, 'no service.json while the service listens');
@@ -37,8 +37,21 @@ test('hello answers protocol 1, the store and the pid; service.json is found fro
   assert.equal(status.service.pid, ctx.service.pid);
   assert.equal(status.service.socket, info.socket);
 
+  // A request pending when the service stops is answered or rejected, never left hanging.
+  const held = ctx.origin.add('held.bin', { size: 64 * 1024 });
+  ctx.origin.behave('held.bin', { hold: true });
+  await ctx.installGem('notes', [ctx.resource(held, { id: 'held' })], client);
+  const pending = client.path('notes', 'held').then(
+    () => assert.fail('path answered with a path although its file never came'),
+    (e) => e,
+  );
+  await waitFor('the held download to connect', () => ctx.origin.activeResponses('held.bin') === 1);
+
   // Once it stops, service.json is gone and connect says no service listens on the store.
   const exit = await ctx.stopService();
+  const stopped = await within(5000, pending, 'the pending path');
+  t.diagnostic(`a path pending at the stop: ${stopped.code}: ${stopped.message}`);
+  assert.ok(['E_RESOURCE_SERVICE', 'E_RESOURCE_SHUTDOWN', 'E_RESOURCE_CANCELLED'].includes(stopped.code), `${stopped.code}: ${stopped.message}`);
   assert.deepEqual(exit, { code: 0, signal: null });
   assert.equal(await findService(ctx.store), null);
   assert.equal(fs.existsSync(path.join(storeLayout(ctx.store), 'service.json')), false);

@@ -120,5 +120,5 @@ test('a subscriber that never reads holds up no download and no other client, an
   const again = await client.subscribe({ gem: 'tools' });
   assert.equal(again.status[0].resources.find((r) => r.id === 'small').state, 'present');
   again.close();
-  t.diagnostic(`${ROUNDS} rounds in ${floodMs} ms; hello answered in ${helloMs} ms during them; the idle subscription read ${read} events`);
+  t.diagnostic(`${ROUNDS} rounds in ${floodMs} ms; hello answered in ${helloMs} ms during them; the idle subscription read ${read} events; the stuck one got ${JSON.stringify(lagged.params)}, the idle one missed ${error.missed}`);
 });
