@@ -21,6 +21,7 @@ mod cli_waiting;
 mod embed_config;
 mod embed_controls;
 mod embed_errors;
+mod embed_event_fields;
 mod embed_events;
 mod embed_events_course;
 mod embed_lifecycle;
