@@ -23,6 +23,18 @@
 //!   `sha256`. When several gems wait on one download (the same bytes from
 //!   the same addresses), each gets its own copy of every event, named with
 //!   its own gem and id.
+//! - The order of one download, for each waiter: [`Event::Queued`] first,
+//!   then [`Event::Started`] before anything else about its addresses:
+//!   `Retrying`, `FellBack`, `Resumed` and `Progress` only ever follow a
+//!   `Started`. `Started` goes out with the download's first connection, or
+//!   with its first retry or fallback when a try failed before it connected
+//!   (a host that refuses connections, the network policy or the address
+//!   rule refusing the url while a mirror is left). A download whose only
+//!   try is refused before connecting sends no `Started`: `Failed` follows
+//!   `Queued`. [`Event::Waiting`] (another process holds the file) may come
+//!   before `Started`, or with none at all when that process's file is used.
+//!   A gem that joins a download already started gets `Queued` and
+//!   `Started` at once, then the download's later events.
 //! - `Started`, `Resumed` and `Progress` carry the `address` being tried:
 //!   the url or a mirror, as declared. After a `FellBack`, the next
 //!   `Progress` (and the `Started` of a gem that joins later) names the new
@@ -129,7 +141,9 @@ pub enum Event {
         /// Declared size.
         size: u64,
     },
-    /// A download started (its first connection).
+    /// A download started: the first report about its addresses (a
+    /// connection, a retry or a fallback) follows. See the module
+    /// documentation for the order.
     #[non_exhaustive]
     Started {
         /// When the service observed it (RFC 3339 in UTC with

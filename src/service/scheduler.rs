@@ -66,8 +66,8 @@ struct Job {
     urgent: Arc<AtomicBool>,
     /// Stops the job.
     cancel: CancellationToken,
-    /// Whether its `Started` went out (with its first connection); set
-    /// under the `waiters` lock.
+    /// Whether its `Started` went out (with its first report about an
+    /// address); set under the `waiters` lock.
     started: Arc<AtomicBool>,
     /// The address being tried (the url or a mirror, as declared), for
     /// the events that name it.
@@ -388,8 +388,10 @@ impl Scheduler {
         }
     }
 
-    /// Publishes `Started` for every waiter of `job`, once: with its first
-    /// connection.
+    /// Publishes `Started` for every waiter of `job`, once: the first
+    /// report about one of its addresses (a connection, a retry, a
+    /// fallback) calls it before its own event, so that nothing about the
+    /// addresses ever comes before `Started`.
     fn start(&self, job: &Job, sha256: &str, size: u64) {
         if job.started.load(Ordering::Relaxed) {
             return;
@@ -643,8 +645,9 @@ impl JobProgress<'_> {
 }
 
 impl crate::transfer::fetch::Reporter for JobProgress<'_> {
-    /// `Started` goes out with the job's first connection: a try refused
-    /// before connecting (policy, address rule) announces nothing.
+    /// `Started` goes out with the job's first connection, or with a
+    /// retry or fallback that comes first: a try refused before connecting
+    /// (policy, address rule) announces nothing by itself.
     fn connected(&mut self) {
         self.start();
     }
@@ -654,6 +657,7 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        self.start();
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let address = self.job.address();
         self.scheduler.each(self.job, |w, at| Event::Retrying {
@@ -679,6 +683,9 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn fell_back(&mut self, failed: &crate::error::Attempt, next: &url::Url) {
+        // An address that failed before any connection (refused, not
+        // permitted) has not announced the download yet.
+        self.start();
         let reason = match &failed.hop {
             Some(hop) if hop != &failed.address => {
                 format!("{} (redirected to {hop})", failed.error)

@@ -355,3 +355,63 @@ async fn after_a_fallback_the_next_events_name_the_mirror() {
     }
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_address_that_fails_before_connecting_is_announced_by_started_before_its_retry_or_fallback(
+) {
+    let env = Env::new().await;
+    // The url of "policy" is refused by the policy, that of "refused" by
+    // its host (nothing listens on port 1): neither connects, and a
+    // refused connection is tried again.
+    retrying_config(&env, 1, "mode = \"blocklist\"\nhosts = [\"blocked.test\"]");
+    let (p, r) = (bytes(40_000, 98), bytes(40_000, 99));
+    let p_url = env.url("blocked.test", "/p.bin");
+    let r_url = url::Url::parse("https://origin.test:1/r.bin").unwrap();
+    let p_mirror = env.serve("/p.bin", &p);
+    let r_mirror = env.serve("/r.bin", &r);
+    let mut entries = json!([
+        required_entry("policy", &p_url, &p),
+        required_entry("refused", &r_url, &r)
+    ]);
+    entries[0]["mirrors"] = json!([p_mirror.as_str()]);
+    entries[1]["mirrors"] = json!([r_mirror.as_str()]);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    service.install("g", &manifest(entries)).await.unwrap();
+    within("the downloads", service.wait_idle()).await;
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push(e);
+    }
+    for (id, url, mirror) in [
+        ("policy", &p_url, &p_mirror),
+        ("refused", &r_url, &r_mirror),
+    ] {
+        let mine = of(&seen, "g", id);
+        assert!(matches!(mine[0], Event::Queued { .. }), "{id}: {mine:?}");
+        assert!(
+            matches!(mine[1], Event::Started { address, .. } if address == url.as_str()),
+            "{id}: the first event after Queued is Started, from the url: {mine:?}"
+        );
+        let fell = mine
+            .iter()
+            .position(|e| matches!(e, Event::FellBack { .. }))
+            .unwrap_or_else(|| panic!("{id}: {mine:?}"));
+        assert_eq!(
+            address(mine[fell + 1]),
+            Some(mirror.as_str()),
+            "{id}: {mine:?}"
+        );
+        assert!(
+            matches!(mine.last(), Some(Event::Verified { served_by: Some(s), .. }) if s == mirror.as_str()),
+            "{id}: {mine:?}"
+        );
+    }
+    assert!(
+        of(&seen, "g", "refused")
+            .iter()
+            .any(|e| matches!(e, Event::Retrying { .. })),
+        "the refused connection was tried again: {seen:?}"
+    );
+    service.shutdown().await;
+}
