@@ -40,6 +40,14 @@
 //!   `Progress` (and the `Started` of a gem that joins later) names the new
 //!   address. [`Event::Verified`]'s `served_by` names the address that
 //!   delivered the file, as [`crate::Resources::status`] does.
+//! - How often [`Event::Progress`] comes: at most once per 100 ms for each
+//!   download (the first no sooner than 100 ms after the download took its
+//!   slot), and once more when the bytes reach the declared size, so a
+//!   download publishes at most one `Progress` per interval plus the last
+//!   one, however fast its bytes arrive; each waiter gets a copy of each.
+//!   Within one try, `bytes` never goes back. A download that ends before
+//!   its first interval (a small file) has just the last one, and one that
+//!   fails early may have none.
 //! - A download ends with exactly one of [`Event::Verified`],
 //!   [`Event::Failed`] or [`Event::Cancelled`] for each waiter. A download
 //!   stopped by a policy change ends with `Failed` whose `code` is
@@ -183,7 +191,8 @@ pub enum Event {
         /// as declared).
         address: String,
     },
-    /// Bytes received so far (throttled).
+    /// Bytes received so far; at most one every 100 ms per download, plus
+    /// the last (see the module documentation).
     #[non_exhaustive]
     Progress {
         /// When the service observed it (RFC 3339 in UTC with

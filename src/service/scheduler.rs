@@ -42,7 +42,9 @@ use crate::store::Store;
 use crate::transfer::download::{download_with, RetryPolicy};
 use crate::transfer::fetch::Fetcher;
 
-/// How often progress events are published per download at most.
+/// How often progress events are published per download at most (the last
+/// one, at the declared size, aside): the cadence the events module
+/// documents.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome every waiter of a job gets.
@@ -451,6 +453,7 @@ impl Scheduler {
             sha256: &sha256,
             size,
             last: Instant::now(),
+            last_bytes: None,
         };
         let outcome = download_with(
             &deps.fetcher,
@@ -633,8 +636,11 @@ struct JobProgress<'a> {
     scheduler: &'a Scheduler,
     sha256: &'a str,
     size: u64,
-    /// When the last progress event went out.
+    /// When the last progress event went out (at first: when the job took
+    /// its slot).
     last: Instant,
+    /// The bytes the last progress event of the current try said.
+    last_bytes: Option<u64>,
 }
 
 impl JobProgress<'_> {
@@ -653,6 +659,8 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn trying(&mut self, address: &url::Url) {
+        // A new try reaches the size afresh.
+        self.last_bytes = None;
         *self.job.address.lock().unwrap_or_else(|p| p.into_inner()) = address.to_string();
     }
 
@@ -719,13 +727,17 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
         });
     }
 
+    /// At most one `Progress` per [`PROGRESS_EVERY`], and the one that
+    /// reaches the declared size (once).
     fn bytes(&mut self, bytes: u64) {
         self.job.bytes.store(bytes, Ordering::Relaxed);
-        if self.last.elapsed() < PROGRESS_EVERY && bytes != self.size {
+        let last = bytes == self.size && self.last_bytes != Some(bytes);
+        if self.last.elapsed() < PROGRESS_EVERY && !last {
             return;
         }
         self.start();
         self.last = Instant::now();
+        self.last_bytes = Some(bytes);
         let address = self.job.address();
         self.scheduler.each(self.job, |w, at| Event::Progress {
             at,
