@@ -192,7 +192,10 @@ pub enum ResourceState {
     /// Being downloaded (here or by another process sharing the store).
     #[non_exhaustive]
     Downloading {
-        /// Bytes received so far.
+        /// Bytes of the file held so far: the live count of this service's
+        /// download; for another process's, the durable bytes its partial
+        /// file's record names (the prefix and every range its parts
+        /// wrote), else what that file occupies on disk, never its length.
         bytes: u64,
     },
     /// The last download failed (and nothing is running now).
@@ -235,7 +238,8 @@ pub struct ResourceStatus {
     pub state: ResourceState,
     /// Bytes of an interrupted download kept for resuming, when the file is
     /// missing (or failed) and no download runs: the next one continues
-    /// from there.
+    /// from there. The durable bytes its record names (the prefix and every
+    /// range), never the partial file's length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partial_bytes: Option<u64>,
 }

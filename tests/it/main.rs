@@ -62,3 +62,4 @@ mod soak;
 #[cfg(unix)]
 mod store_trust;
 mod tls_trust;
+mod true_progress;
