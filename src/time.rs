@@ -1,19 +1,34 @@
-//! Timestamps: [`SystemTime`] in the API, RFC 3339 (UTC, whole seconds,
-//! `2026-11-30T00:53:20Z`) in JSON.
+//! Timestamps: [`SystemTime`] in the API, RFC 3339 in UTC in JSON: whole
+//! seconds in records (`2026-11-30T00:53:20Z`), milliseconds in events
+//! (`2026-11-30T00:53:20.513Z`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `time` as RFC 3339 in UTC, to the second: `2026-11-30T00:53:20Z`.
 /// Instants before 1970 are written as 1970-01-01T00:00:00Z.
 pub fn to_rfc3339(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("{}Z", date_and_time(since.as_secs()))
+}
+
+/// `time` as RFC 3339 in UTC, to the millisecond (truncated, always three
+/// digits): `2026-11-30T00:53:20.513Z`. Instants before 1970 are written
+/// as 1970-01-01T00:00:00.000Z.
+pub fn to_rfc3339_millis(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!(
+        "{}.{:03}Z",
+        date_and_time(since.as_secs()),
+        since.subsec_millis()
+    )
+}
+
+/// `YYYY-MM-DDThh:mm:ss` of `secs` seconds since the Unix epoch, in UTC.
+fn date_and_time(secs: u64) -> String {
     let (year, month, day) = civil_from_days((secs / 86_400) as i64);
     let rem = secs % 86_400;
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         rem / 3_600,
         rem % 3_600 / 60,
         rem % 60
@@ -135,6 +150,19 @@ pub mod rfc3339 {
     }
 }
 
+/// Serde for a [`SystemTime`] field written as RFC 3339 with
+/// milliseconds ([`to_rfc3339_millis`]): the `at` of every event.
+pub mod rfc3339_millis {
+    use std::time::SystemTime;
+
+    use serde::Serializer;
+
+    /// Writes `time` as RFC 3339 with milliseconds.
+    pub fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::to_rfc3339_millis(*time))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +181,31 @@ mod tests {
             assert_eq!(to_rfc3339(at(secs)), text);
             assert_eq!(from_rfc3339(text), Some(at(secs)));
         }
+    }
+
+    #[test]
+    fn milliseconds_are_three_digits_truncated_and_read_back_to_the_second() {
+        for (time, text) in [
+            (at(0), "1970-01-01T00:00:00.000Z"),
+            (
+                at(1_796_000_000) + Duration::from_micros(513_999),
+                "2026-11-30T00:53:20.513Z",
+            ),
+            (
+                at(951_782_400) + Duration::from_millis(7),
+                "2000-02-29T00:00:00.007Z",
+            ),
+            (
+                UNIX_EPOCH - Duration::from_secs(1),
+                "1970-01-01T00:00:00.000Z",
+            ),
+        ] {
+            assert_eq!(to_rfc3339_millis(time), text);
+        }
+        assert_eq!(
+            from_rfc3339("2026-11-30T00:53:20.513Z"),
+            Some(at(1_796_000_000))
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
-//! | [`same_file`], [`link_count`], [`allocated_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
+//! | [`same_file`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
 //! | [`remove_folder`] | `remove_dir_all` | `remove_dir_all`, clearing the read-only attribute of the files in it and trying again where Windows refuses |
 //! | [`replace_file`] | `rename` | `rename`, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
@@ -42,6 +42,15 @@ pub(crate) use imp::{
 
 #[cfg(test)]
 pub(crate) use imp::DISK_FULL_CODES;
+
+/// The bytes a file holds: the blocks it occupies on disk, at most its
+/// length (a sparse file, written at offsets far apart, holds less than
+/// its length says; a small file takes a whole block for fewer bytes);
+/// its length where blocks are not known.
+pub(crate) fn held_bytes(meta: &std::fs::Metadata) -> u64 {
+    let len = meta.len();
+    allocated_bytes(meta).map_or(len, |blocks| blocks.min(len))
+}
 
 /// Why a store folder cannot be trusted ([`folder_problem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

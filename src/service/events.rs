@@ -12,11 +12,42 @@
 //! gives a subscription and a status taken after it, so nothing falls
 //! between the two.
 //!
+//! As JSON (`serde`), an event is one flat object: `event` names its kind
+//! in snake case, `at` is when the service observed it ([`Event::at`];
+//! RFC 3339 in UTC with milliseconds), then the variant's fields:
+//! `{"event":"progress","at":"2026-12-01T18:40:02.513Z","gem":"notes",…}`.
+//! PROTOCOL.md ("Events") lists every kind with its fields.
+//!
 //! What a subscriber can count on:
 //! - Every event about a resource names the gem, the resource id and its
 //!   `sha256`. When several gems wait on one download (the same bytes from
 //!   the same addresses), each gets its own copy of every event, named with
 //!   its own gem and id.
+//! - The order of one download, for each waiter: [`Event::Queued`] first,
+//!   then [`Event::Started`] before anything else about its addresses:
+//!   `Retrying`, `FellBack`, `Resumed` and `Progress` only ever follow a
+//!   `Started`. `Started` goes out with the download's first connection, or
+//!   with its first retry or fallback when a try failed before it connected
+//!   (a host that refuses connections, the network policy or the address
+//!   rule refusing the url while a mirror is left). A download whose only
+//!   try is refused before connecting sends no `Started`: `Failed` follows
+//!   `Queued`. [`Event::Waiting`] (another process holds the file) may come
+//!   before `Started`, or with none at all when that process's file is used.
+//!   A gem that joins a download already started gets `Queued` and
+//!   `Started` at once, then the download's later events.
+//! - `Started`, `Resumed` and `Progress` carry the `address` being tried:
+//!   the url or a mirror, as declared. After a `FellBack`, the next
+//!   `Progress` (and the `Started` of a gem that joins later) names the new
+//!   address. [`Event::Verified`]'s `served_by` names the address that
+//!   delivered the file, as [`crate::Resources::status`] does.
+//! - How often [`Event::Progress`] comes: at most once per 100 ms for each
+//!   download (the first no sooner than 100 ms after the download took its
+//!   slot), and once more when the bytes reach the declared size, so a
+//!   download publishes at most one `Progress` per interval plus the last
+//!   one, however fast its bytes arrive; each waiter gets a copy of each.
+//!   Within one try, `bytes` never goes back. A download that ends before
+//!   its first interval (a small file) has just the last one, and one that
+//!   fails early may have none.
 //! - A download ends with exactly one of [`Event::Verified`],
 //!   [`Event::Failed`] or [`Event::Cancelled`] for each waiter. A download
 //!   stopped by a policy change ends with `Failed` whose `code` is
@@ -33,6 +64,10 @@
 //!   downloads, the `Deleted` events of its files that no gem declares any
 //!   more, then [`Event::Uninstalled`], last. An uninstall of a gem that
 //!   is not installed publishes nothing.
+//! - [`Event::Deleted`] names the gem and resource whose uninstall or
+//!   upgrade removed the file; for a file that failed
+//!   [`crate::Resources::verify`], the first installed gem (in the order
+//!   [`crate::Resources::status`] lists them) that declares it, or none.
 //! - [`crate::Resources::shutdown`] ends every subscription: once the
 //!   downloads it stopped have sent their last events, each receiver gets
 //!   what is still in its buffer and then
@@ -41,12 +76,14 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::error::ErrorCode;
 use crate::net::policy::Mode;
+use crate::service::ResourceStatus;
 
 /// How many events each subscriber's buffer holds by default.
 pub const DEFAULT_EVENT_BUFFER: usize = 1024;
@@ -59,14 +96,24 @@ pub enum Event {
     /// A gem's resources were registered (install or upgrade).
     #[non_exhaustive]
     Installed {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem.
         gem: String,
-        /// How many resources it declares.
-        resources: usize,
+        /// Its resources in manifest order, each as [`crate::Resources::status`]
+        /// shows it once the registration is written (before any of its
+        /// downloads is queued).
+        resources: Vec<ResourceStatus>,
     },
     /// The network policy was replaced ([`crate::Resources::set_policy`]).
     #[non_exhaustive]
     PolicyChanged {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The mode before (serialised as `allowlist` or `blocklist`).
         old_mode: Mode,
         /// Host patterns listed before.
@@ -79,12 +126,20 @@ pub enum Event {
     /// A gem was removed.
     #[non_exhaustive]
     Uninstalled {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem.
         gem: String,
     },
     /// A download is waiting for a free slot.
     #[non_exhaustive]
     Queued {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -94,9 +149,15 @@ pub enum Event {
         /// Declared size.
         size: u64,
     },
-    /// A download started.
+    /// A download started: the first report about its addresses (a
+    /// connection, a retry or a fallback) follows. See the module
+    /// documentation for the order.
     #[non_exhaustive]
     Started {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -105,11 +166,17 @@ pub enum Event {
         sha256: String,
         /// Declared size.
         size: u64,
+        /// The address being tried (the url or a mirror, as declared).
+        address: String,
     },
     /// An attempt continues bytes kept from an interrupted one: the
     /// server agreed to send the rest from `offset`.
     #[non_exhaustive]
     Resumed {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -120,10 +187,18 @@ pub enum Event {
         offset: u64,
         /// Declared size.
         size: u64,
+        /// The address that agreed to continue them (the url or a mirror,
+        /// as declared).
+        address: String,
     },
-    /// Bytes received so far (throttled).
+    /// Bytes received so far; at most one every 100 ms per download, plus
+    /// the last (see the module documentation).
     #[non_exhaustive]
     Progress {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -134,10 +209,17 @@ pub enum Event {
         bytes: u64,
         /// Declared size.
         size: u64,
+        /// The address the bytes come from (the url or a mirror, as
+        /// declared; the url when parts also come from the mirrors).
+        address: String,
     },
     /// The file was verified and is in place.
     #[non_exhaustive]
     Verified {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -146,11 +228,19 @@ pub enum Event {
         sha256: String,
         /// Its local path.
         path: PathBuf,
+        /// The address from the manifest (the url or a mirror, as
+        /// declared, before any redirect) that delivered the file, as the
+        /// status row's `served_by` says: `null` when that is not known.
+        served_by: Option<String>,
     },
     /// Every address failed, or a policy change stopped the download (see
     /// the module documentation for its codes).
     #[non_exhaustive]
     Failed {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -174,6 +264,10 @@ pub enum Event {
     /// the file.
     #[non_exhaustive]
     Cancelled {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that waited for it.
         gem: String,
         /// The resource id.
@@ -187,14 +281,28 @@ pub enum Event {
     /// it failed verification).
     #[non_exhaustive]
     Deleted {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// Its SHA-256.
         sha256: String,
+        /// The gem whose uninstall or upgrade removed it (the gem that
+        /// declared it); for a file that failed [`crate::Resources::verify`],
+        /// the first installed gem that declares it, `None` when none does.
+        gem: Option<String>,
+        /// That gem's id for the file, `None` with `gem`.
+        resource: Option<String>,
     },
     /// A try of an address failed for a reason worth another try: the same
     /// address is tried again in `wait_ms` milliseconds (the backoff, or
     /// the server's `Retry-After`).
     #[non_exhaustive]
     Retrying {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -217,6 +325,10 @@ pub enum Event {
     /// then uses its file.
     #[non_exhaustive]
     Waiting {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -228,6 +340,10 @@ pub enum Event {
     /// retry mends, such as wrong bytes): the next address is tried.
     #[non_exhaustive]
     FellBack {
+        /// When the service observed it (RFC 3339 in UTC with
+        /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
+        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        at: SystemTime,
         /// The gem that asked for it.
         gem: String,
         /// The resource id.
@@ -243,6 +359,28 @@ pub enum Event {
         /// Why it failed.
         reason: String,
     },
+}
+
+impl Event {
+    /// When the service observed it (its `at`).
+    pub fn at(&self) -> SystemTime {
+        match self {
+            Event::Installed { at, .. }
+            | Event::PolicyChanged { at, .. }
+            | Event::Uninstalled { at, .. }
+            | Event::Queued { at, .. }
+            | Event::Started { at, .. }
+            | Event::Resumed { at, .. }
+            | Event::Progress { at, .. }
+            | Event::Verified { at, .. }
+            | Event::Failed { at, .. }
+            | Event::Cancelled { at, .. }
+            | Event::Deleted { at, .. }
+            | Event::Retrying { at, .. }
+            | Event::Waiting { at, .. }
+            | Event::FellBack { at, .. } => *at,
+        }
+    }
 }
 
 /// The service's event channel, shared by everything that publishes:
@@ -304,12 +442,128 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::time::{Duration, UNIX_EPOCH};
     use tokio::sync::broadcast::error::RecvError;
+
+    /// 2026-12-01T18:40:02.513Z.
+    fn at() -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(1_796_150_402_513)
+    }
 
     fn deleted() -> Event {
         Event::Deleted {
+            at: at(),
             sha256: "a".repeat(64),
+            gem: Some("notes".into()),
+            resource: Some("ocr".into()),
         }
+    }
+
+    #[test]
+    fn events_are_flat_json_with_their_kind_and_time_first() {
+        let sha = "a".repeat(64);
+        let progress = Event::Progress {
+            at: at(),
+            gem: "notes".into(),
+            resource: "ocr".into(),
+            sha256: sha.clone(),
+            bytes: 1_048_576,
+            size: 4_194_304,
+            address: "https://cdn.test/ocr.onnx".into(),
+        };
+        let text = serde_json::to_string(&progress).unwrap();
+        assert!(
+            text.starts_with(r#"{"event":"progress","at":"2026-12-01T18:40:02.513Z","#),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::to_value(&progress).unwrap(),
+            json!({
+                "event": "progress", "at": "2026-12-01T18:40:02.513Z", "gem": "notes",
+                "resource": "ocr", "sha256": sha, "bytes": 1_048_576, "size": 4_194_304,
+                "address": "https://cdn.test/ocr.onnx",
+            })
+        );
+        let started = Event::Started {
+            at: at(),
+            gem: "notes".into(),
+            resource: "ocr".into(),
+            sha256: sha.clone(),
+            size: 4,
+            address: "https://mirror.test/ocr.onnx".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&started).unwrap(),
+            json!({
+                "event": "started", "at": "2026-12-01T18:40:02.513Z", "gem": "notes",
+                "resource": "ocr", "sha256": sha, "size": 4,
+                "address": "https://mirror.test/ocr.onnx",
+            })
+        );
+        let verified = Event::Verified {
+            at: at(),
+            gem: "notes".into(),
+            resource: "ocr".into(),
+            sha256: sha.clone(),
+            path: PathBuf::from("/s/ocr.onnx"),
+            served_by: Some("https://mirror.test/ocr.onnx".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&verified).unwrap(),
+            json!({
+                "event": "verified", "at": "2026-12-01T18:40:02.513Z", "gem": "notes",
+                "resource": "ocr", "sha256": sha, "path": "/s/ocr.onnx",
+                "served_by": "https://mirror.test/ocr.onnx",
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(deleted()).unwrap(),
+            json!({
+                "event": "deleted", "at": "2026-12-01T18:40:02.513Z", "sha256": sha,
+                "gem": "notes", "resource": "ocr",
+            })
+        );
+        let unclaimed = Event::Deleted {
+            at: at(),
+            sha256: sha.clone(),
+            gem: None,
+            resource: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&unclaimed).unwrap(),
+            json!({
+                "event": "deleted", "at": "2026-12-01T18:40:02.513Z", "sha256": sha,
+                "gem": null, "resource": null,
+            })
+        );
+        let row = ResourceStatus {
+            id: "ocr".into(),
+            label: "ocr".into(),
+            file: "ocr.onnx".into(),
+            size: 4,
+            description: None,
+            host: "cdn.test".into(),
+            addresses: vec!["https://cdn.test/ocr.onnx".into()],
+            hosts: vec!["cdn.test".into()],
+            required: true,
+            sha256: sha.clone(),
+            state: crate::service::ResourceState::Missing,
+            partial_bytes: None,
+        };
+        let installed = Event::Installed {
+            at: at(),
+            gem: "notes".into(),
+            resources: vec![row.clone()],
+        };
+        assert_eq!(
+            serde_json::to_value(&installed).unwrap(),
+            json!({
+                "event": "installed", "at": "2026-12-01T18:40:02.513Z", "gem": "notes",
+                "resources": [serde_json::to_value(&row).unwrap()],
+            })
+        );
+        assert_eq!(installed.at(), at());
     }
 
     #[tokio::test]

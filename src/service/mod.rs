@@ -27,11 +27,12 @@ pub(crate) mod limiter;
 pub(crate) mod retry;
 pub(crate) mod scheduler;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -212,7 +213,10 @@ pub enum ResourceState {
     /// Being downloaded (here or by another process sharing the store).
     #[non_exhaustive]
     Downloading {
-        /// Bytes received so far.
+        /// Bytes of the file held so far: the live count of this service's
+        /// download; for another process's, the durable bytes its partial
+        /// file's record names (the prefix and every range its parts
+        /// wrote), else what that file occupies on disk, never its length.
         bytes: u64,
     },
     /// The last download failed (and nothing is running now).
@@ -255,7 +259,8 @@ pub struct ResourceStatus {
     pub state: ResourceState,
     /// Bytes of an interrupted download kept for resuming, when the file is
     /// missing (or failed) and no download runs: the next one continues
-    /// from there.
+    /// from there. The durable bytes its record names (the prefix and every
+    /// range), never the partial file's length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_bytes: Option<u64>,
 }
@@ -565,18 +570,20 @@ impl Resources {
         self.on_blocking(inner.store.root(), move || registry.put(&registration))
             .await?;
         self.emit(Event::Installed {
+            at: SystemTime::now(),
             gem: gem.to_string(),
-            resources: manifest.resources.len(),
+            resources: self.rows(gem, &manifest.resources),
         });
         // The upgrade has succeeded: only now may dropped files go.
-        let dropped: BTreeSet<String> = match &old {
-            Some(old) => shas(&old.resources)
-                .difference(&shas(&manifest.resources))
-                .cloned()
+        let kept = shas(&manifest.resources);
+        let dropped: BTreeMap<String, String> = match &old {
+            Some(old) => ids_by_sha(&old.resources)
+                .into_iter()
+                .filter(|(sha, _)| !kept.contains(sha))
                 .collect(),
-            None => BTreeSet::new(),
+            None => BTreeMap::new(),
         };
-        let (deleted, _) = self.delete_unclaimed(dropped).await?;
+        let (deleted, _) = self.delete_unclaimed(gem, dropped).await?;
         drop(lock);
         let mut report = InstallReport {
             gem: gem.to_string(),
@@ -641,9 +648,12 @@ impl Resources {
         let (registry, owner) = (inner.registry.clone(), gem.to_string());
         self.on_blocking(inner.store.root(), move || registry.remove(&owner))
             .await?;
-        let (deleted, kept) = self.delete_unclaimed(shas(&old.resources)).await?;
+        let (deleted, kept) = self
+            .delete_unclaimed(gem, ids_by_sha(&old.resources))
+            .await?;
         drop(lock);
         self.emit(Event::Uninstalled {
+            at: SystemTime::now(),
             gem: gem.to_string(),
         });
         Ok(UninstallReport {
@@ -653,11 +663,14 @@ impl Resources {
         })
     }
 
-    /// Deletes those of `candidates` no registration declares (cancelling
-    /// their downloads first). Call with the registry lock held.
+    /// Deletes those of `candidates` (SHA-256 → the id `gem` gave it) no
+    /// registration declares (cancelling their downloads first); each
+    /// [`Event::Deleted`] names `gem` and that id. Call with the registry
+    /// lock held.
     async fn delete_unclaimed(
         &self,
-        candidates: BTreeSet<String>,
+        gem: &str,
+        candidates: BTreeMap<String, String>,
     ) -> Result<(Vec<String>, Vec<String>)> {
         let inner = &self.inner;
         let mut claimed = BTreeSet::new();
@@ -665,7 +678,7 @@ impl Resources {
             claimed.extend(shas(&reg.resources));
         }
         let (mut unclaimed, mut kept) = (Vec::new(), Vec::new());
-        for sha in candidates {
+        for sha in candidates.keys().cloned() {
             if claimed.contains(&sha) {
                 kept.push(sha);
                 continue;
@@ -690,9 +703,13 @@ impl Resources {
         };
         let blobs = inner.store.root().join("blobs");
         let deleted = self.on_blocking(&blobs, removal).await?;
+        let at = SystemTime::now();
         for sha in &deleted {
             self.emit(Event::Deleted {
+                at,
                 sha256: sha.clone(),
+                gem: Some(gem.to_string()),
+                resource: candidates.get(sha).cloned(),
             });
         }
         Ok((deleted, kept))
@@ -909,6 +926,7 @@ impl Resources {
         let inner = &self.inner;
         let old = self.policy();
         self.emit(Event::PolicyChanged {
+            at: SystemTime::now(),
             old_mode: old.mode(),
             old_hosts: old.host_count(),
             new_mode: policy.mode(),
@@ -993,33 +1011,51 @@ impl Resources {
         let mut out = Vec::new();
         for reg in regs {
             let failures = inner.registry.failures(&reg.gem)?;
-            let resources = reg
-                .resources
-                .iter()
-                .map(|r| {
-                    let state = self.state_of(r, failures.get(&r.id));
-                    ResourceStatus {
-                        id: r.id.clone(),
-                        label: r.label().to_string(),
-                        description: r.description.clone(),
-                        file: r.file_name(),
-                        size: r.size,
-                        host: r.url.host_str().unwrap_or_default().to_string(),
-                        addresses: r.addresses().map(|a| a.to_string()).collect(),
-                        hosts: hosts(r),
-                        required: r.required,
-                        sha256: r.sha256.clone(),
-                        partial_bytes: self.partial_of(r, &state),
-                        state,
-                    }
-                })
-                .collect();
             out.push(GemStatus {
+                resources: self.rows_with(&reg.resources, &failures),
                 gem: reg.gem,
-                resources,
             });
         }
         Ok(out)
+    }
+
+    /// The status rows of `gem`'s `resources`, for [`Event::Installed`]: a
+    /// failure record that cannot be read shows as none, since the install
+    /// has succeeded by then.
+    fn rows(&self, gem: &str, resources: &[Resource]) -> Vec<ResourceStatus> {
+        let failures = self.inner.registry.failures(gem).unwrap_or_else(|e| {
+            tracing::debug!(gem, "failure records unread for the installed event: {e}");
+            BTreeMap::new()
+        });
+        self.rows_with(resources, &failures)
+    }
+
+    /// One status row per resource, in their order.
+    fn rows_with(
+        &self,
+        resources: &[Resource],
+        failures: &BTreeMap<String, FailureRecord>,
+    ) -> Vec<ResourceStatus> {
+        resources
+            .iter()
+            .map(|r| {
+                let state = self.state_of(r, failures.get(&r.id));
+                ResourceStatus {
+                    id: r.id.clone(),
+                    label: r.label().to_string(),
+                    description: r.description.clone(),
+                    file: r.file_name(),
+                    size: r.size,
+                    host: r.url.host_str().unwrap_or_default().to_string(),
+                    addresses: r.addresses().map(|a| a.to_string()).collect(),
+                    hosts: hosts(r),
+                    required: r.required,
+                    sha256: r.sha256.clone(),
+                    partial_bytes: self.partial_of(r, &state),
+                    state,
+                }
+            })
+            .collect()
     }
 
     fn state_of(&self, r: &Resource, failure: Option<&FailureRecord>) -> ResourceState {
@@ -1077,13 +1113,18 @@ impl Resources {
             if good {
                 report.ok += 1;
             } else {
+                let declared_by = self.declared_by(&sha)?;
+                let first = declared_by.first().cloned();
                 report.removed.push(RemovedFile {
                     sha256: sha.clone(),
                     files: files
                         .iter()
                         .filter_map(|f| f.file_name()?.to_str().map(str::to_string))
                         .collect(),
-                    declared_by: self.declared_by(&sha)?,
+                    declared_by: declared_by
+                        .iter()
+                        .map(|(gem, id)| format!("{gem}/{id}"))
+                        .collect(),
                 });
                 let (doomed, sha256) = (store.clone(), sha.clone());
                 let registry = self.inner.registry.clone();
@@ -1093,8 +1134,12 @@ impl Resources {
                     Ok(())
                 };
                 self.on_blocking(store.root(), remove).await?;
+                let (gem, resource) = first.unzip();
                 self.emit(Event::Deleted {
+                    at: SystemTime::now(),
                     sha256: sha.clone(),
+                    gem,
+                    resource,
                 });
                 report.corrupted.push(sha);
             }
@@ -1104,8 +1149,9 @@ impl Resources {
 }
 
 impl Resources {
-    /// `gem/resource` of every installed resource whose SHA-256 is `sha256`.
-    fn declared_by(&self, sha256: &str) -> Result<Vec<String>> {
+    /// The gem and resource id of every installed resource whose SHA-256
+    /// is `sha256`, in the order of [`Resources::status`].
+    fn declared_by(&self, sha256: &str) -> Result<Vec<(String, String)>> {
         Ok(self
             .inner
             .registry
@@ -1115,7 +1161,7 @@ impl Resources {
                 reg.resources
                     .iter()
                     .filter(|r| r.sha256 == sha256)
-                    .map(|r| format!("{}/{}", reg.gem, r.id))
+                    .map(|r| (reg.gem.clone(), r.id.clone()))
             })
             .collect())
     }
@@ -1178,6 +1224,16 @@ fn remove_blobs(store: &Store, doomed: &[String]) -> Result<Vec<String>> {
 
 fn shas(resources: &[Resource]) -> BTreeSet<String> {
     resources.iter().map(|r| r.sha256.clone()).collect()
+}
+
+/// Each SHA-256 of `resources` with the id of the first resource that
+/// declares it.
+fn ids_by_sha(resources: &[Resource]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for r in resources {
+        out.entry(r.sha256.clone()).or_insert_with(|| r.id.clone());
+    }
+    out
 }
 
 async fn hash_file(path: &Path) -> Result<String> {

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -42,7 +42,9 @@ use crate::store::Store;
 use crate::transfer::download::{download_with, RetryPolicy};
 use crate::transfer::fetch::Fetcher;
 
-/// How often progress events are published per download at most.
+/// How often progress events are published per download at most (the last
+/// one, at the declared size, aside): the cadence the events module
+/// documents.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome every waiter of a job gets.
@@ -66,8 +68,12 @@ struct Job {
     urgent: Arc<AtomicBool>,
     /// Stops the job.
     cancel: CancellationToken,
-    /// Whether it holds its slots and is transferring.
+    /// Whether its `Started` went out (with its first report about an
+    /// address); set under the `waiters` lock.
     started: Arc<AtomicBool>,
+    /// The address being tried (the url or a mirror, as declared), for
+    /// the events that name it.
+    address: Arc<Mutex<String>>,
     /// Bytes received by the current attempt.
     bytes: Arc<AtomicU64>,
     /// Resolves once with the outcome.
@@ -75,7 +81,8 @@ struct Job {
     /// The SHA-256 it downloads.
     sha256: String,
     /// Every gem and resource waiting on it, for their events and
-    /// failure records.
+    /// failure records. Held while its events are published, so a waiter
+    /// that joins gets its `Queued` and `Started` before any later event.
     waiters: Arc<Mutex<Vec<Waiter>>>,
     /// Why it was cancelled, when something other than shutdown did.
     why: Arc<Mutex<Option<String>>>,
@@ -103,20 +110,17 @@ impl Waiter {
 }
 
 impl Job {
-    /// Adds a waiter; `false` when it was waiting already.
-    fn add_waiter(&self, waiter: Waiter) -> bool {
-        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        let new = !waiters
-            .iter()
-            .any(|w| w.gem == waiter.gem && w.resource == waiter.resource);
-        if new {
-            waiters.push(waiter);
-        }
-        new
+    fn lock_waiters(&self) -> MutexGuard<'_, Vec<Waiter>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn waiters(&self) -> Vec<Waiter> {
-        self.waiters
+        self.lock_waiters().clone()
+    }
+
+    /// The address being tried.
+    fn address(&self) -> String {
+        self.address
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -249,11 +253,19 @@ impl Scheduler {
                 job.urgent.store(true, Ordering::Relaxed);
                 self.slots.urgent_flagged();
             }
-            if job.add_waiter(Waiter::of(gem, resource)) {
-                // The new waiter learns at once where the download stands.
+            let mut waiters = job.lock_waiters();
+            let new = !waiters
+                .iter()
+                .any(|w| w.gem == gem && w.resource == resource.id);
+            if new {
+                waiters.push(Waiter::of(gem, resource));
+                // The new waiter learns at once where the download stands,
+                // before any later event of the job (the lock is held).
+                let at = SystemTime::now();
                 let (gem, id) = (gem.to_string(), resource.id.clone());
                 let (sha256, size) = (resource.sha256.clone(), resource.size);
                 self.emit(Event::Queued {
+                    at,
                     gem: gem.clone(),
                     resource: id.clone(),
                     sha256: sha256.clone(),
@@ -261,13 +273,16 @@ impl Scheduler {
                 });
                 if job.started.load(Ordering::Relaxed) {
                     self.emit(Event::Started {
+                        at,
                         gem,
                         resource: id,
                         sha256,
                         size,
+                        address: job.address(),
                     });
                 }
             }
+            drop(waiters);
             tracing::debug!(gem, resource = %resource.id, "joining the download in progress");
             return job.done.clone();
         }
@@ -277,6 +292,7 @@ impl Scheduler {
             urgent: Arc::new(AtomicBool::new(urgent)),
             cancel: self.shutdown.child_token(),
             started: Arc::new(AtomicBool::new(false)),
+            address: Arc::new(Mutex::new(resource.url.to_string())),
             bytes: Arc::new(AtomicU64::new(0)),
             done: rx.clone(),
             sha256: resource.sha256.clone(),
@@ -291,7 +307,8 @@ impl Scheduler {
             let result = this.run(&gem, &resource, &job).await;
             match &result {
                 Err(Error::Cancelled { reason, .. }) => {
-                    this.each(&job, |w| Event::Cancelled {
+                    this.each(&job, |w, at| Event::Cancelled {
+                        at,
                         gem: w.gem.clone(),
                         resource: w.resource.clone(),
                         sha256: resource.sha256.clone(),
@@ -374,10 +391,37 @@ impl Scheduler {
         out
     }
 
-    /// Publishes one event for each waiter of `job`.
-    fn each(&self, job: &Job, event: impl Fn(&Waiter) -> Event) {
-        for waiter in job.waiters() {
-            self.emit(event(&waiter));
+    /// Publishes one event for each waiter of `job`, all observed at the
+    /// same instant.
+    fn each(&self, job: &Job, event: impl Fn(&Waiter, SystemTime) -> Event) {
+        let at = SystemTime::now();
+        for waiter in job.lock_waiters().iter() {
+            self.emit(event(waiter, at));
+        }
+    }
+
+    /// Publishes `Started` for every waiter of `job`, once: the first
+    /// report about one of its addresses (a connection, a retry, a
+    /// fallback) calls it before its own event, so that nothing about the
+    /// addresses ever comes before `Started`.
+    fn start(&self, job: &Job, sha256: &str, size: u64) {
+        if job.started.load(Ordering::Relaxed) {
+            return;
+        }
+        let waiters = job.lock_waiters();
+        if job.started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (at, address) = (SystemTime::now(), job.address());
+        for w in waiters.iter() {
+            self.emit(Event::Started {
+                at,
+                gem: w.gem.clone(),
+                resource: w.resource.clone(),
+                sha256: sha256.to_string(),
+                size,
+                address: address.clone(),
+            });
         }
     }
 
@@ -397,7 +441,8 @@ impl Scheduler {
     async fn run(&self, gem: &str, resource: &Resource, job: &Job) -> JobResult {
         let deps = &self.deps;
         let (sha256, size) = (resource.sha256.clone(), resource.size);
-        self.each(job, |w| Event::Queued {
+        self.each(job, |w, at| Event::Queued {
+            at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: sha256.clone(),
@@ -418,7 +463,7 @@ impl Scheduler {
             sha256: &sha256,
             size,
             last: Instant::now(),
-            address: resource.url.to_string(),
+            last_bytes: None,
         };
         let outcome = download_with(
             &deps.fetcher,
@@ -445,13 +490,16 @@ impl Scheduler {
                 }
                 // Each waiter's own name for the bytes, as `path` gives (a
                 // link or a copy: file work, off the runtime's workers).
-                let named = waiter_paths(&deps.store, &sha256, job.waiters(), &path).await;
+                let (named, served_by) = waiter_paths(deps, &sha256, job.waiters(), &path).await;
+                let at = SystemTime::now();
                 for (w, file) in named {
                     self.emit(Event::Verified {
+                        at,
                         gem: w.gem,
                         resource: w.resource,
                         sha256: sha256.clone(),
                         path: file,
+                        served_by: served_by.clone(),
                     });
                 }
                 Ok(path)
@@ -472,7 +520,8 @@ impl Scheduler {
                             .set_failure(&w.gem, &w.resource, Some(record.clone()));
                     record_outcome(job, &w, write).await;
                 }
-                self.each(job, |w| Event::Failed {
+                self.each(job, |w, at| Event::Failed {
+                    at,
                     gem: w.gem.clone(),
                     resource: w.resource.clone(),
                     sha256: sha256.clone(),
@@ -606,37 +655,44 @@ struct JobProgress<'a> {
     scheduler: &'a Scheduler,
     sha256: &'a str,
     size: u64,
-    /// When the last progress event went out.
+    /// When the last progress event went out (at first: when the job took
+    /// its slot).
     last: Instant,
-    /// The address being tried.
-    address: String,
+    /// The bytes the last progress event of the current try said.
+    last_bytes: Option<u64>,
+}
+
+impl JobProgress<'_> {
+    /// `Started`, unless it went out already.
+    fn start(&self) {
+        self.scheduler.start(self.job, self.sha256, self.size);
+    }
 }
 
 impl crate::transfer::fetch::Reporter for JobProgress<'_> {
-    /// `Started` goes out with the job's first connection: a try refused
-    /// before connecting (policy, address rule) announces nothing.
+    /// `Started` goes out with the job's first connection, or with a
+    /// retry or fallback that comes first: a try refused before connecting
+    /// (policy, address rule) announces nothing by itself.
     fn connected(&mut self) {
-        if !self.job.started.swap(true, Ordering::Relaxed) {
-            self.scheduler.each(self.job, |w| Event::Started {
-                gem: w.gem.clone(),
-                resource: w.resource.clone(),
-                sha256: self.sha256.to_string(),
-                size: self.size,
-            });
-        }
+        self.start();
     }
 
     fn trying(&mut self, address: &url::Url) {
-        self.address = address.to_string();
+        // A new try reaches the size afresh.
+        self.last_bytes = None;
+        *self.job.address.lock().unwrap_or_else(|p| p.into_inner()) = address.to_string();
     }
 
     fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        self.start();
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        self.scheduler.each(self.job, |w| Event::Retrying {
+        let address = self.job.address();
+        self.scheduler.each(self.job, |w, at| Event::Retrying {
+            at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
-            address: self.address.clone(),
+            address: address.clone(),
             attempt,
             of,
             wait_ms,
@@ -645,7 +701,8 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn waiting(&mut self) {
-        self.scheduler.each(self.job, |w| Event::Waiting {
+        self.scheduler.each(self.job, |w, at| Event::Waiting {
+            at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
@@ -653,13 +710,17 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn fell_back(&mut self, failed: &crate::error::Attempt, next: &url::Url) {
+        // An address that failed before any connection (refused, not
+        // permitted) has not announced the download yet.
+        self.start();
         let reason = match &failed.hop {
             Some(hop) if hop != &failed.address => {
                 format!("{} (redirected to {hop})", failed.error)
             }
             _ => failed.error.to_string(),
         };
-        self.scheduler.each(self.job, |w| Event::FellBack {
+        self.scheduler.each(self.job, |w, at| Event::FellBack {
+            at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
@@ -671,57 +732,72 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn resumed(&mut self, offset: u64) {
+        self.start();
         self.job.bytes.store(offset, Ordering::Relaxed);
-        self.scheduler.each(self.job, |w| Event::Resumed {
+        let address = self.job.address();
+        self.scheduler.each(self.job, |w, at| Event::Resumed {
+            at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
             offset,
             size: self.size,
+            address: address.clone(),
         });
     }
 
+    /// At most one `Progress` per [`PROGRESS_EVERY`], and the one that
+    /// reaches the declared size (once).
     fn bytes(&mut self, bytes: u64) {
         self.job.bytes.store(bytes, Ordering::Relaxed);
-        if self.last.elapsed() >= PROGRESS_EVERY || bytes == self.size {
-            self.last = Instant::now();
-            self.scheduler.each(self.job, |w| Event::Progress {
-                gem: w.gem.clone(),
-                resource: w.resource.clone(),
-                sha256: self.sha256.to_string(),
-                bytes,
-                size: self.size,
-            });
+        let last = bytes == self.size && self.last_bytes != Some(bytes);
+        if self.last.elapsed() < PROGRESS_EVERY && !last {
+            return;
         }
+        self.start();
+        self.last = Instant::now();
+        self.last_bytes = Some(bytes);
+        let address = self.job.address();
+        self.scheduler.each(self.job, |w, at| Event::Progress {
+            at,
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: self.sha256.to_string(),
+            bytes,
+            size: self.size,
+            address: address.clone(),
+        });
     }
 }
 
 /// Each waiter with its own name for the verified bytes of `sha256` at
-/// `path`, made on a blocking thread; `path` itself where no name can be
-/// made.
+/// `path` (`path` itself where no name can be made), and the address that
+/// served them as the registry records it: file work, on a blocking thread.
 async fn waiter_paths(
-    store: &Store,
+    deps: &Deps,
     sha256: &str,
     waiters: Vec<Waiter>,
     path: &Path,
-) -> Vec<(Waiter, PathBuf)> {
-    let (store, sha256) = (store.clone(), sha256.to_string());
+) -> (Vec<(Waiter, PathBuf)>, Option<String>) {
+    let (store, registry) = (deps.store.clone(), deps.registry.clone());
+    let sha256 = sha256.to_string();
     let files: Vec<String> = waiters.iter().map(|w| w.file.clone()).collect();
     let name = move || {
         let named = files.iter().map(|f| store.find(&sha256, f).ok().flatten());
-        Ok(named.collect::<Vec<_>>())
+        Ok((named.collect::<Vec<_>>(), registry.served_by(&sha256)))
     };
-    let named = crate::store::off_runtime(path, name)
+    let (named, served_by) = crate::store::off_runtime(path, name)
         .await
         .unwrap_or_default();
     let mut named = named.into_iter();
-    waiters
+    let named = waiters
         .into_iter()
         .map(|w| {
             let file = named.next().flatten();
             (w, file.unwrap_or_else(|| path.to_path_buf()))
         })
-        .collect()
+        .collect();
+    (named, served_by)
 }
 
 /// Writes a job's failure record (or clears it) unless the job is cancelled

@@ -47,7 +47,10 @@ pub struct Undeclared {
     /// The SHA-256 it holds (or will hold, for a partial file).
     pub sha256: String,
     /// Bytes it takes: one copy of a verified file however many names it
-    /// has (hard links); a partial file with its record.
+    /// has (hard links); for a partial file, what it holds (the durable
+    /// bytes its record claims, else the blocks it occupies, at most its
+    /// length; never the length of a file written in parts far apart) with
+    /// its record and any other file of its SHA-256 in `tmp/`.
     pub bytes: u64,
     /// Stored or partial.
     pub kind: Kind,
@@ -219,12 +222,18 @@ fn partials(store: &Store, declared: &BTreeSet<String>) -> Result<Vec<Undeclared
         if !is_sha256(sha) || declared.contains(sha) {
             continue;
         }
-        // The entry itself, never a link followed.
-        let len = entry.metadata().map_or(0, |m| m.len());
+        // The entry itself, never a link followed. A partial data file
+        // counts what it holds of the download.
+        let held = match super::partial::parse_name(&name) {
+            Some((sha, size)) => PartialPaths::new(&tmp, sha, size).held(),
+            None => entry
+                .metadata()
+                .map_or(0, |m| crate::platform::held_bytes(&m)),
+        };
         by_sha
             .entry(sha.to_string())
             .or_default()
-            .push((entry.path(), len));
+            .push((entry.path(), held));
     }
     let mut out = Vec::new();
     for (sha, mut files) in by_sha {

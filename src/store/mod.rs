@@ -393,7 +393,8 @@ impl Store {
     }
 
     /// Bytes kept for a resumable download of `sha256` (flushed, with a
-    /// validator), if any.
+    /// validator), if any: the durable bytes its record claims, the prefix
+    /// and every range summed, never the partial file's length.
     pub fn partial_len(&self, sha256: &str) -> Option<u64> {
         let tmp = self.root.join("tmp");
         partial_files(&tmp)
@@ -447,18 +448,23 @@ impl Store {
             .sum()
     }
 
-    /// Bytes written so far by another process downloading `sha256`, when
-    /// one holds its lock.
+    /// The bytes another process downloading `sha256` holds so far, when
+    /// one holds its lock: the durable bytes of its partial file's record
+    /// (the prefix and every range the parts wrote), or, before it has one
+    /// (or from a server whose bytes cannot be resumed), what the file
+    /// occupies on disk; never the file's length, which a download in
+    /// parts sets by its furthest write.
     pub fn downloading_elsewhere(&self, sha256: &str) -> Option<u64> {
         if !matches!(self.try_lock(sha256), Ok(None)) {
             return None;
         }
-        let written = partial_files(&self.root.join("tmp"))
+        let tmp = self.root.join("tmp");
+        let held = partial_files(&tmp)
             .filter(|(_, sha, _)| sha == sha256)
-            .filter_map(|(path, _, _)| fs::symlink_metadata(path).ok().map(|m| m.len()))
+            .map(|(_, sha, size)| PartialPaths::new(&tmp, &sha, size).held())
             .max()
             .unwrap_or(0);
-        Some(written)
+        Some(held)
     }
 
     /// Removes what no download can use any more, among the files of

@@ -138,6 +138,23 @@ impl PartialPaths {
         (kept > 0 && meta.end() <= data.len()).then_some((meta, kept))
     }
 
+    /// The bytes of the download the data file holds: the durable bytes its
+    /// record claims (the prefix and every range), when the record is
+    /// usable; else what the file occupies ([`crate::platform::held_bytes`]).
+    /// Never its length alone: a file written in ranged parts, each at its
+    /// offset, is as long as its furthest write.
+    pub(crate) fn held(&self) -> u64 {
+        if let Some((_, kept)) = self.kept() {
+            return kept;
+        }
+        match fs::symlink_metadata(&self.data) {
+            Ok(data) if crate::store::trust::is_own_file(&data) => {
+                crate::platform::held_bytes(&data)
+            }
+            _ => 0,
+        }
+    }
+
     /// Bytes the data file holds beyond its first `kept`, which a download
     /// cuts before it writes (at most what the file takes on disk).
     pub(crate) fn untrusted_tail(&self, kept: u64) -> u64 {

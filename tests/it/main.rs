@@ -23,6 +23,7 @@ mod cli_waiting;
 mod embed_config;
 mod embed_controls;
 mod embed_errors;
+mod embed_event_fields;
 mod embed_events;
 mod embed_events_course;
 mod embed_lifecycle;
@@ -63,3 +64,4 @@ mod soak;
 #[cfg(unix)]
 mod store_trust;
 mod tls_trust;
+mod true_progress;

@@ -495,7 +495,7 @@ async fn events_report_queued_started_progress_and_verified_in_order() {
     };
     let installed = position(
         "installed",
-        &|e| matches!(e, Event::Installed { gem, resources: 1, .. } if gem == "g"),
+        &|e| matches!(e, Event::Installed { gem, resources, .. } if gem == "g" && resources.len() == 1),
     );
     let queued = position(
         "queued",
