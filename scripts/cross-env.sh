@@ -37,10 +37,21 @@ skip() {
 }
 
 # Whether Debian's rustc-web toolchain and its std sources are there (or
-# could be installed).
+# could be installed), in a version that builds the crate (its
+# `rust-version` in Cargo.toml). An older one, the only one the package
+# registry offers, is said loudly: the work is skipped, as for a toolchain
+# that cannot be installed.
 have_toolchain() {
     need "test -x $RUSTC && test -x $CARGO" rustc-web cargo-web &&
-        need "test -f \$($RUSTC --print sysroot)/lib/rustlib/src/rust/library/Cargo.lock" rust-web-src
+        need "test -f \$($RUSTC --print sysroot)/lib/rustlib/src/rust/library/Cargo.lock" rust-web-src ||
+        return 1
+    local want have
+    want=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+    have=$($RUSTC --version | awk '{print $2}')
+    if [ -n "$want" ] && [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -1)" != "$want" ]; then
+        echo "$CROSS_TOOL: Debian's rustc-web is $have, older than the crate's rust-version $want" >&2
+        return 1
+    fi
 }
 
 # The few TARGET_OS_* macros ring's C code asks Apple's SDK for; prints the

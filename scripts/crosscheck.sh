@@ -38,7 +38,7 @@ CROSS_UNDONE="the code was not checked"
 . scripts/cross-env.sh
 
 if ! have_toolchain; then
-    skip "${TARGETS[*]}" "Debian's rustc-web toolchain"
+    skip "${TARGETS[*]}" "Debian's rustc-web toolchain in the crate's rust-version"
     exit 0
 fi
 

@@ -50,7 +50,7 @@ CROSS_UNDONE="the Windows tests were not run"
 . scripts/cross-env.sh
 
 if ! have_toolchain; then
-    skip "$TARGET" "Debian's rustc-web toolchain"
+    skip "$TARGET" "Debian's rustc-web toolchain in the crate's rust-version"
     exit 0
 fi
 target_envs "$TARGET" || exit 0

@@ -185,10 +185,10 @@ pub use service::{
 };
 pub use store::Store;
 
-/// Addresses, as the API takes them ([`Resource::url`], [`Resources::autofill`]).
-pub use url::Url;
 /// Stops a download or a wait ([`download_with`]).
 pub use tokio_util::sync::CancellationToken;
+/// Addresses, as the API takes them ([`Resource::url`], [`Resources::autofill`]).
+pub use url::Url;
 
 /// Installs the process-wide TLS crypto provider (ring) once.
 pub fn install_crypto_provider() {

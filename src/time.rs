@@ -153,13 +153,33 @@ pub mod rfc3339 {
 /// Serde for a [`SystemTime`] field written as RFC 3339 with
 /// milliseconds ([`to_rfc3339_millis`]): the `at` of every event.
 pub mod rfc3339_millis {
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
 
-    use serde::Serializer;
+    use serde::{Deserialize, Deserializer, Serializer};
 
     /// Writes `time` as RFC 3339 with milliseconds.
     pub fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&super::to_rfc3339_millis(*time))
+    }
+
+    /// Reads what [`serialize`] writes, milliseconds included.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        let text = String::deserialize(d)?;
+        let whole = super::from_rfc3339(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("not an RFC 3339 time: {text:?}")))?;
+        let millis = text
+            .get(19..)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .map(|digits| {
+                let digits: String = digits
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .take(3)
+                    .collect();
+                format!("{digits:0<3}").parse::<u64>().unwrap_or(0)
+            })
+            .unwrap_or(0);
+        Ok(whole + Duration::from_millis(millis))
     }
 }
 

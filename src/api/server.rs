@@ -494,8 +494,11 @@ async fn subscribe(
             ),
         )));
     }
+    // A gem that is not installed (yet) has no rows; its events come once
+    // it is, so a page may subscribe before the install.
     let (events, status) = match shared.service.subscribe_with_status(gem.as_deref()) {
         Ok(pair) => pair,
+        Err(crate::Error::NotFound(_)) if gem.is_some() => (shared.service.subscribe(), Vec::new()),
         Err(e) => return Some(Err(RpcError::of(&e))),
     };
     let number = conn.next_subscription.fetch_add(1, Ordering::Relaxed);
@@ -545,13 +548,17 @@ async fn forward(
             }
             Err(broadcast::error::RecvError::Closed) => break,
         };
-        let Ok(params) = serde_json::to_value(&event) else {
+        let Ok(mut params) = serde_json::to_value(&event) else {
             continue;
         };
         if let (Some(want), Some(of)) = (&gem, params.get("gem").and_then(Value::as_str)) {
             if want != of {
                 continue;
             }
+        }
+        // Which subscription it is for, when a connection holds several.
+        if let Some(fields) = params.as_object_mut() {
+            fields.insert("subscription".into(), json!(number));
         }
         let message = line(&notification("event", params));
         if let Err(mpsc::error::TrySendError::Full(_)) = conn.out.try_send(message) {

@@ -78,7 +78,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::error::ErrorCode;
@@ -89,7 +89,7 @@ use crate::service::ResourceStatus;
 pub const DEFAULT_EVENT_BUFFER: usize = 1024;
 
 /// Something that happened to a resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Event {
@@ -98,7 +98,7 @@ pub enum Event {
     Installed {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem.
         gem: String,
@@ -112,7 +112,7 @@ pub enum Event {
     PolicyChanged {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The mode before (serialised as `allowlist` or `blocklist`).
         old_mode: Mode,
@@ -128,7 +128,7 @@ pub enum Event {
     Uninstalled {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem.
         gem: String,
@@ -138,7 +138,7 @@ pub enum Event {
     Queued {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -156,7 +156,7 @@ pub enum Event {
     Started {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -175,7 +175,7 @@ pub enum Event {
     Resumed {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -197,7 +197,7 @@ pub enum Event {
     Progress {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -218,7 +218,7 @@ pub enum Event {
     Verified {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -239,7 +239,7 @@ pub enum Event {
     Failed {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -266,7 +266,7 @@ pub enum Event {
     Cancelled {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that waited for it.
         gem: String,
@@ -283,7 +283,7 @@ pub enum Event {
     Deleted {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// Its SHA-256.
         sha256: String,
@@ -301,7 +301,7 @@ pub enum Event {
     Retrying {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -327,7 +327,7 @@ pub enum Event {
     Waiting {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,
@@ -342,7 +342,7 @@ pub enum Event {
     FellBack {
         /// When the service observed it (RFC 3339 in UTC with
         /// milliseconds in JSON: `2026-12-01T18:40:02.513Z`).
-        #[serde(serialize_with = "crate::time::rfc3339_millis::serialize")]
+        #[serde(with = "crate::time::rfc3339_millis")]
         at: SystemTime,
         /// The gem that asked for it.
         gem: String,

@@ -564,6 +564,21 @@ async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
             .contains("local API on"),
         "the start log names the socket"
     );
+    // A gem a client installs through the API is not the folder's: the
+    // scans leave it installed.
+    let mut client = Line::connect(&socket).await;
+    let api_gem = manifest_value(json!([lazy("s", &url, &body)]));
+    client
+        .result("install", json!({ "gem": "from-api", "manifest": api_gem }))
+        .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let status = client.result("status", json!({ "gem": "from-api" })).await;
+    assert_eq!(status["gems"][0]["gem"], "from-api", "{status}");
+    // A subscription may name a gem that is not installed yet.
+    let subscribed = client
+        .result("subscribe", json!({ "gem": "not-yet" }))
+        .await;
+    assert_eq!(subscribed["status"], json!([]));
     unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
     wait_output(&mut serve).await;
     let out = env.run(&["--json", "status"]).await;

@@ -33,6 +33,8 @@ mod fetch_rules;
 mod fuzz_regressions;
 mod hostile_input;
 mod import;
+#[cfg(unix)]
+mod js_client;
 mod live_policy;
 mod manifest_cli;
 mod no_proxy;

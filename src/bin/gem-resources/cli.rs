@@ -36,7 +36,8 @@ Each sub-folder of the gems folder is one installed gem, named by its id; its
 manifest is notochord.json, or manifest.json when there is no notochord.json.
 The folder is scanned every --interval seconds: a new or changed manifest is
 installed (upgraded), a removed folder uninstalled; an invalid manifest is
-reported and the gem keeps its installed version.
+reported and the gem keeps its installed version. A gem installed through the
+local API (not in the folder) is left alone by the scans.
 
 The configuration file is read again on SIGHUP, and when it changes (once it
 has stopped changing).

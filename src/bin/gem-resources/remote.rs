@@ -15,6 +15,7 @@ use crate::context::store_exists;
 use crate::interrupt;
 use crate::render::{self, print_json};
 use crate::report::{self, Outcome};
+use crate::watch::{Output, Show, Watcher};
 
 /// How often a waiting command looks at the service's status.
 const POLL: Duration = Duration::from_millis(200);
@@ -50,14 +51,33 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
     tokio::select! {
         outcome = work => outcome,
         () = &mut interrupted => {
+            crate::progress::clear_all();
             crate::errln!("interrupted: the service (process listening on {}) goes on with the download", client.socket());
             Ok(ExitCode::from(interrupt::INTERRUPTED))
         }
     }
 }
 
+/// Follows `gem`'s events from the service while a command waits: bars on
+/// a terminal, JSON lines on stderr with `--json`, as in process.
+async fn watch(client: &Client, gem: Option<&str>, show: Show) -> anyhow::Result<Watcher> {
+    let (_, notifications) = client.subscribe(gem).await?;
+    Ok(crate::watch::spawn_remote(notifications, show))
+}
+
 async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let result: PathResult = match client.call("path", json!({ "gem": gem, "id": id })).await {
+    // The command's own error reports a failure: no event line too.
+    let show = Show {
+        json,
+        output: Output::Stderr,
+        failures: false,
+    };
+    let watcher = watch(client, Some(gem), show).await?;
+    let outcome = client
+        .call::<PathResult>("path", json!({ "gem": gem, "id": id }))
+        .await;
+    watcher.stop().await;
+    let result = match outcome {
         Ok(r) => r,
         Err(e) => return fail(&e, json),
     };
@@ -102,6 +122,16 @@ async fn install(
     }
     let bytes = gem_resources::manifest::read_manifest_file(manifest)?;
     let value: Value = serde_json::from_slice(&bytes)?;
+    let show = Show {
+        json,
+        output: Output::Stderr,
+        failures: true,
+    };
+    let watcher = if no_wait {
+        None
+    } else {
+        Some(watch(client, Some(gem), show).await?)
+    };
     let report: InstallReport = client
         .call("install", json!({ "gem": gem, "manifest": value }))
         .await?;
@@ -127,6 +157,9 @@ async fn install(
         return Ok(ExitCode::SUCCESS);
     }
     let status = settled(client, Some(gem)).await?;
+    if let Some(watcher) = watcher {
+        watcher.stop().await;
+    }
     let outcome = Outcome::of(&report, &status);
     if json {
         print_json(&json!({
@@ -180,6 +213,12 @@ async fn uninstall(client: &Client, gem: &str, json: bool) -> anyhow::Result<Exi
 /// `sync`: every missing required file queued now (a failed one retried),
 /// then waited for.
 async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let show = Show {
+        json,
+        output: Output::Stderr,
+        failures: true,
+    };
+    let watcher = watch(client, None, show).await?;
     let result: StatusResult = client.call("status", json!({})).await?;
     let mut queued = 0;
     for gem in &result.gems {
@@ -198,6 +237,7 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     let status = settled(client, None).await?;
+    watcher.stop().await;
     let failed = crate::service_commands::failed_required(&status);
     if json {
         print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));

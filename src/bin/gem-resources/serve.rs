@@ -43,6 +43,11 @@ struct Seen {
     missing: BTreeMap<String, u32>,
     /// Folders ignored at the last scan, with why (each is logged once).
     ignored: BTreeMap<String, String>,
+    /// The gems the folder answers for: those installed when the first
+    /// scan ran, and every gem seen in the folder since. A gem a client
+    /// installed through the local API is none of these, and a scan
+    /// leaves it alone.
+    known: Option<BTreeSet<String>>,
 }
 
 /// What `serve` runs with, said once at start: the configuration file,
@@ -166,6 +171,8 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     }
     seen.ignored = ignored;
     let installed_before: BTreeSet<String> = service.installed()?.into_iter().collect();
+    let known = seen.known.get_or_insert_with(|| installed_before.clone());
+    known.extend(present.keys().cloned());
     let keeping = |gem: &str| {
         if installed_before.contains(gem) {
             "keeping the installed version"
@@ -217,7 +224,11 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     let installed: BTreeSet<String> = service.installed()?.into_iter().collect();
     seen.missing
         .retain(|gem, _| installed.contains(gem) && !present.contains_key(gem));
-    for gem in installed.difference(&present.keys().cloned().collect()) {
+    let known = seen.known.clone().unwrap_or_default();
+    for gem in installed
+        .difference(&present.keys().cloned().collect())
+        .filter(|gem| known.contains(*gem))
+    {
         let scans = seen.missing.entry(gem.clone()).or_default();
         *scans += 1;
         tracing::info!(
@@ -229,6 +240,9 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
         seen.missing.remove(gem);
         seen.manifests.remove(gem);
+        if let Some(known) = seen.known.as_mut() {
+            known.remove(gem);
+        }
         match service.uninstall(gem).await {
             Ok(report) => tracing::info!(gem, deleted = report.deleted.len(), "uninstalled"),
             Err(e) => tracing::error!(gem, "uninstall failed: {}", error_text(&e)),

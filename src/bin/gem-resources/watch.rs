@@ -103,6 +103,47 @@ pub fn spawn_with(service: &Resources, show: Show) -> Watcher {
     Watcher { task, stop }
 }
 
+/// Follows the events a service sends through its local API (the
+/// notifications of a subscription), as [`spawn_with`] follows those of a
+/// service in this process.
+pub fn spawn_remote(
+    mut notifications: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    show: Show,
+) -> Watcher {
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut bars = Transfers::default();
+        let mut show_one = |message: serde_json::Value| {
+            if message.get("method").and_then(|m| m.as_str()) != Some("event") {
+                return;
+            }
+            let mut params = message.get("params").cloned().unwrap_or_default();
+            if let Some(fields) = params.as_object_mut() {
+                fields.remove("subscription");
+            }
+            if let Ok(event) = serde_json::from_value::<Event>(params) {
+                follow(&mut bars, &event, show);
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                biased;
+                m = notifications.recv() => m,
+                () = token.cancelled() => break,
+            };
+            match message {
+                Some(m) => show_one(m),
+                None => break,
+            }
+        }
+        while let Ok(message) = notifications.try_recv() {
+            show_one(message);
+        }
+    });
+    Watcher { task, stop }
+}
+
 fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
     let json = show.json;
     match event {
