@@ -9,7 +9,9 @@
 # Knobs (environment):
 #   BENCH_RUNS=5          runs per tool and case (median reported); runs are
 #                         interleaved: run 1 of every tool, then run 2, ...
-#   BENCH_CASES="big mid many tiny"
+#   BENCH_CASES="big mid many tiny"   (also: api, capped)
+#   BENCH_API_CALLS=2000 BENCH_API_SUBSCRIBERS=1000 BENCH_API_MIB=256
+#                         the "api" case (js/bench/api.mjs; needs Node)
 #   BENCH_BIG_MIB=1024    size of the "big" file
 #   BENCH_MID_MIB=64      size of the "mid" file
 #   BENCH_MANY=200 BENCH_MANY_KIB=1024     the many-files case
@@ -65,6 +67,17 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 if [ ! -x "$BIN" ]; then
     say "building the release binary"
     (cd "$ROOT" && cargo build --release --quiet)
+fi
+
+# --- the local API (case "api"): node js/bench/api.mjs ----------------------
+# path of a present file over the API from Node against the CLI per call,
+# one download with and without BENCH_API_SUBSCRIBERS subscribers, the
+# idle service's memory. Its own origin (the JavaScript tests' fixture).
+if [[ " $CASES " == *" api "* ]]; then
+    say "the local API (js/bench/api.mjs)"
+    GEM_RESOURCES_BIN=$BIN node "$ROOT/js/bench/api.mjs"
+    CASES=${CASES/api/}
+    [ -z "${CASES// /}" ] && exit 0
 fi
 
 # --- work folder, cleaned up on exit ---------------------------------------
