@@ -26,6 +26,9 @@
 //! - [`service`]: [`Resources`], the service the app embeds: the scheduler
 //!   and its fair, bounded slots, progress [`events`], offline
 //!   [`import`], and the [`blocking`] calls for code without an executor.
+//! - [`api`]: the local API, one service for every process: the protocol's
+//!   messages, defined once, the server ([`Resources::listen`]), where a
+//!   store's service listens, and a Rust client.
 //! - [`time`]: RFC 3339 timestamps.
 //! - `platform`: every call that differs between operating systems
 //!   (modes and owners, links, free space, directory fsync, write-back,
@@ -80,7 +83,12 @@
 //! 6. **Settings.** [`Resources::set_policy`] applies a new network policy
 //!    at once; [`Resources::policy`] reads it ([`Policy::mode`],
 //!    [`Policy::hosts`]), and [`Event::PolicyChanged`] says when it changed.
-//! 7. **Quit.** [`Resources::shutdown`] stops downloads, keeping their
+//! 7. **Other processes.** [`Resources::listen`] accepts the app's other
+//!    processes (JavaScript tools, a web-view page, the command line) on
+//!    the store's local socket (see [`api`] and `PROTOCOL.md`); they then
+//!    share this service's policy, events and downloads. Stop it with
+//!    [`api::ApiServer::stop`] before quitting.
+//! 8. **Quit.** [`Resources::shutdown`] stops downloads, keeping their
 //!    resumable bytes for the next run, waits for them, and ends every
 //!    event subscription (`Closed`, after the events still buffered);
 //!    afterwards every call, [`Resources::import`] included, returns

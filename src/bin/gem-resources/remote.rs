@@ -52,7 +52,7 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
         outcome = work => outcome,
         () = &mut interrupted => {
             crate::progress::clear_all();
-            crate::errln!("interrupted: the service (process listening on {}) goes on with the download", client.socket());
+            crate::errln!("interrupted: the download goes on in the service listening on {}", client.socket());
             Ok(ExitCode::from(interrupt::INTERRUPTED))
         }
     }
