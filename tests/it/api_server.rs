@@ -585,3 +585,43 @@ async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
     let status: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(status["service"], Value::Null, "{status}");
 }
+
+#[tokio::test]
+async fn a_running_fetch_follows_a_policy_set_for_its_store() {
+    let env = Env::new().await;
+    let body = bytes(3_000_000, 47);
+    env.origin.route(
+        "/long.bin",
+        Behaviour::Slow {
+            body: body.clone(),
+            chunk: 16_384,
+            delay: Duration::from_millis(40),
+        },
+    );
+    let url = env.url("origin.test", "/long.bin");
+    let manifest = env.write_manifest("m.json", json!([lazy("long", &url, &body)]));
+    let service = Resources::open(&env.config()).unwrap();
+    let config = env.dir.path().join("config.toml");
+    let args: Vec<String> = vec![
+        "--config".into(),
+        config.display().to_string(),
+        "--json".into(),
+        "fetch".into(),
+        manifest.display().to_string(),
+    ];
+    let fetch = tokio::spawn(run_bin(args));
+    wait_until("the fetch downloads", || env.origin.hits("/long.bin") > 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    service
+        .set_policy(Policy::new(Mode::Blocklist, &["origin.test".into()]).unwrap())
+        .unwrap();
+    let out = within("the fetch stops", fetch).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("E_RESOURCE_POLICY") || stderr(&out).contains("E_RESOURCE_POLICY"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    service.shutdown().await;
+}

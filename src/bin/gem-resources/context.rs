@@ -82,8 +82,37 @@ pub fn warn_dev(config: &Config) {
 /// A fetcher for this command under the store's last policy: the one a
 /// service or an app set for the store ([`Config::effective_policy`]),
 /// when it is newer than the configuration file.
+///
+/// While the command runs, a policy that a service or an app sets for the
+/// store applies to it too, within a quarter of a second: transfers in
+/// flight to a host it refuses stop.
 pub fn fetcher(config: &Config) -> Result<Fetcher, Error> {
     let fetcher = Fetcher::new(config)?;
     fetcher.set_policy(config.effective_policy()?);
+    let (following, config) = (fetcher.clone(), config.clone());
+    let record = config
+        .store_dir()
+        .join(gem_resources::store::LAYOUT)
+        .join(gem_resources::store::policy_record::FILE);
+    let stamp = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stamp(&record);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(gem_resources::service::POLICY_WATCH_EVERY).await;
+            let now = stamp(&record);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match config.effective_policy() {
+                Ok(policy) => following.set_policy(policy),
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+    });
     Ok(fetcher)
 }
