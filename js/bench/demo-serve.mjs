@@ -1,6 +1,7 @@
 // A service to look at by hand: the test fixture's origin (one 40 MiB file
-// at 2 MiB/s per response) and a real serve; prints the arguments to give
-// the command line, and runs until Ctrl-C.
+// at 256 KiB/s per response, held for 8 s of every 16 s with DEMO_STALL=1)
+// and a real serve; prints the arguments to give the command line, and
+// runs until Ctrl-C.
 //
 //   node js/bench/demo-serve.mjs
 import { Fixture } from '../test/fixture.js';
@@ -16,4 +17,11 @@ process.on('SIGINT', async () => {
   for (const fn of cleanups.reverse()) await fn();
   process.exit(0);
 });
+if (process.env.DEMO_STALL) {
+  let held = false;
+  setInterval(() => {
+    held = !held;
+    ctx.origin.behave('big.bin', { hold: held });
+  }, 8000);
+}
 setInterval(() => {}, 1 << 30);

@@ -212,6 +212,15 @@ pub enum Event {
         /// The address the bytes come from (the url or a mirror, as
         /// declared; the url when parts also come from the mirrors).
         address: String,
+        /// The current rate: this try's bytes over the last three seconds
+        /// ([`crate::transfer::meter::Meter`]; a resumed prefix never
+        /// counts).
+        #[serde(default)]
+        bytes_per_sec: u64,
+        /// The time left at that rate, in seconds; `null` when it cannot
+        /// be told (no rate yet, or stalled).
+        #[serde(default)]
+        eta_secs: Option<u64>,
     },
     /// The file was verified and is in place.
     #[non_exhaustive]
@@ -471,6 +480,8 @@ mod tests {
             bytes: 1_048_576,
             size: 4_194_304,
             address: "https://cdn.test/ocr.onnx".into(),
+            bytes_per_sec: 2_097_152,
+            eta_secs: Some(1),
         };
         let text = serde_json::to_string(&progress).unwrap();
         assert!(
@@ -482,7 +493,7 @@ mod tests {
             json!({
                 "event": "progress", "at": "2026-12-01T18:40:02.513Z", "gem": "notes",
                 "resource": "ocr", "sha256": sha, "bytes": 1_048_576, "size": 4_194_304,
-                "address": "https://cdn.test/ocr.onnx",
+                "address": "https://cdn.test/ocr.onnx", "bytes_per_sec": 2_097_152, "eta_secs": 1,
             })
         );
         let started = Event::Started {

@@ -218,6 +218,10 @@ pub enum ResourceState {
         /// file's record names (the prefix and every range its parts
         /// wrote), else what that file occupies on disk, never its length.
         bytes: u64,
+        /// The current rate in bytes per second, as the progress events
+        /// say it; `null` for another process's download.
+        #[serde(default)]
+        bytes_per_sec: Option<u64>,
     },
     /// The last download failed (and nothing is running now).
     #[non_exhaustive]
@@ -1071,11 +1075,19 @@ impl Resources {
         }
         match self.inner.scheduler.state(&r.sha256) {
             Some(JobState::Queued) => return ResourceState::Queued,
-            Some(JobState::Downloading(bytes)) => return ResourceState::Downloading { bytes },
+            Some(JobState::Downloading(bytes, bytes_per_sec)) => {
+                return ResourceState::Downloading {
+                    bytes,
+                    bytes_per_sec: Some(bytes_per_sec),
+                }
+            }
             None => {}
         }
         if let Some(bytes) = store.downloading_elsewhere(&r.sha256) {
-            return ResourceState::Downloading { bytes };
+            return ResourceState::Downloading {
+                bytes,
+                bytes_per_sec: None,
+            };
         }
         match failure {
             Some(f) => ResourceState::Failed { failure: f.clone() },

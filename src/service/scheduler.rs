@@ -41,6 +41,7 @@ use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
 use crate::transfer::download::{download_with, RetryPolicy};
 use crate::transfer::fetch::Fetcher;
+use crate::transfer::meter::Meter;
 
 /// How often progress events are published per download at most (the last
 /// one, at the declared size, aside): the cadence the events module
@@ -55,8 +56,9 @@ pub(crate) type JobResult = Result<PathBuf, Error>;
 pub enum JobState {
     /// Waiting for a slot.
     Queued,
-    /// Transferring; bytes received so far.
-    Downloading(u64),
+    /// Transferring; bytes received so far, and the current rate in bytes
+    /// per second ([`Meter`]).
+    Downloading(u64, u64),
 }
 
 /// A running or queued job.
@@ -76,6 +78,8 @@ struct Job {
     address: Arc<Mutex<String>>,
     /// Bytes received by the current attempt.
     bytes: Arc<AtomicU64>,
+    /// The current try's rate in bytes per second, as its [`Meter`] says.
+    rate: Arc<AtomicU64>,
     /// Resolves once with the outcome.
     done: watch::Receiver<Option<JobResult>>,
     /// The SHA-256 it downloads.
@@ -294,6 +298,7 @@ impl Scheduler {
             started: Arc::new(AtomicBool::new(false)),
             address: Arc::new(Mutex::new(resource.url.to_string())),
             bytes: Arc::new(AtomicU64::new(0)),
+            rate: Arc::new(AtomicU64::new(0)),
             done: rx.clone(),
             sha256: resource.sha256.clone(),
             waiters: Arc::new(Mutex::new(vec![Waiter::of(gem, resource)])),
@@ -464,6 +469,7 @@ impl Scheduler {
             size,
             last: Instant::now(),
             last_bytes: None,
+            meter: Meter::new(Instant::now()),
         };
         let outcome = download_with(
             &deps.fetcher,
@@ -592,7 +598,10 @@ impl Scheduler {
         mine.peek()?;
         let started = mine.find(|j| j.started.load(Ordering::Relaxed));
         Some(match started {
-            Some(job) => JobState::Downloading(job.bytes.load(Ordering::Relaxed)),
+            Some(job) => JobState::Downloading(
+                job.bytes.load(Ordering::Relaxed),
+                job.rate.load(Ordering::Relaxed),
+            ),
             None => JobState::Queued,
         })
     }
@@ -660,6 +669,8 @@ struct JobProgress<'a> {
     last: Instant,
     /// The bytes the last progress event of the current try said.
     last_bytes: Option<u64>,
+    /// This try's figures: its rate and time left.
+    meter: Meter,
 }
 
 impl JobProgress<'_> {
@@ -734,6 +745,7 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     fn resumed(&mut self, offset: u64) {
         self.start();
         self.job.bytes.store(offset, Ordering::Relaxed);
+        self.meter.resumed(Instant::now(), offset);
         let address = self.job.address();
         self.scheduler.each(self.job, |w, at| Event::Resumed {
             at,
@@ -749,7 +761,11 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     /// At most one `Progress` per [`PROGRESS_EVERY`], and the one that
     /// reaches the declared size (once).
     fn bytes(&mut self, bytes: u64) {
+        let now = Instant::now();
+        self.meter.update(now, bytes);
+        let rate = self.meter.rate(now);
         self.job.bytes.store(bytes, Ordering::Relaxed);
+        self.job.rate.store(rate as u64, Ordering::Relaxed);
         let last = bytes == self.size && self.last_bytes != Some(bytes);
         if self.last.elapsed() < PROGRESS_EVERY && !last {
             return;
@@ -758,6 +774,7 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
         self.last = Instant::now();
         self.last_bytes = Some(bytes);
         let address = self.job.address();
+        let eta_secs = self.meter.time_left(now, self.size).map(|d| d.as_secs());
         self.scheduler.each(self.job, |w, at| Event::Progress {
             at,
             gem: w.gem.clone(),
@@ -766,6 +783,8 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
             bytes,
             size: self.size,
             address: address.clone(),
+            bytes_per_sec: rate as u64,
+            eta_secs,
         });
     }
 }

@@ -14,6 +14,7 @@ mod body;
 pub mod download;
 mod exchange;
 pub mod fetch;
+pub mod meter;
 pub mod parts;
 pub mod retry;
 mod scatter;

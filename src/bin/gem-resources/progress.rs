@@ -11,7 +11,13 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gem_resources::transfer::meter::Meter;
+use indicatif::{
+    MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle, TermLike,
+};
 
 /// The bars on screen, created at the first bar.
 static BARS: OnceLock<MultiProgress> = OnceLock::new();
@@ -163,27 +169,59 @@ pub fn clear_all() {
 }
 
 /// A progress bar for one transfer, drawn only when stderr is a terminal
-/// and JSON output is off.
+/// and JSON output is off. Its rate, time left and stall come from one
+/// [`Meter`]: this run's bytes over a sliding window, falling while
+/// nothing arrives (`stalled for 12 s`, time left `--`).
+///
+/// Without a terminal (and without `--json`) a long transfer prints a
+/// line of its figures at most every [`LINE_EVERY`], as aria2's summaries.
 pub struct Bar {
     bar: Option<(u64, ProgressBar)>,
+    meter: Arc<Mutex<Meter>>,
+    /// The label and size, for the lines printed without a terminal.
+    label: String,
+    size: Mutex<Option<u64>>,
+    /// Lines without a terminal: when the last one was printed (`None`:
+    /// none are, with `--json` or a bar).
+    last_line: Option<Mutex<Instant>>,
 }
+
+/// The shortest time between two progress lines without a terminal.
+pub const LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// How a bar announces a resume, and for how long.
+const RESUMING: &str = "resuming at";
+const RESUME_NOTE_FOR: Duration = Duration::from_secs(3);
 
 impl Bar {
     /// A bar for `label` of `size` bytes (`None`: unknown size).
     pub fn new(label: &str, size: Option<u64>, json: bool) -> Bar {
-        if json || !std::io::stderr().is_terminal() {
-            return Bar { bar: None };
+        let meter = Arc::new(Mutex::new(Meter::new(Instant::now())));
+        let mut this = Bar {
+            bar: None,
+            meter: meter.clone(),
+            label: crate::text::field(label).into_owned(),
+            size: Mutex::new(size),
+            last_line: None,
+        };
+        if json {
+            return this;
+        }
+        if !std::io::stderr().is_terminal() {
+            this.last_line = Some(Mutex::new(Instant::now()));
+            return this;
         }
         let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
-        bar.set_style(style(size.is_some()));
-        bar.set_prefix(crate::text::field(label).into_owned());
+        bar.set_style(style(size.is_some(), &meter));
+        bar.set_prefix(this.label.clone());
+        // Redrawn while nothing arrives, so a stall shows.
+        bar.enable_steady_tick(Duration::from_millis(500));
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((id, bar.clone()));
-        Bar {
-            bar: Some((id, bar)),
-        }
+        this.bar = Some((id, bar));
+        this
     }
 
     /// Whether the bar is drawn (stderr is a terminal, JSON is off).
@@ -191,30 +229,69 @@ impl Bar {
         self.bar.is_some()
     }
 
+    fn meter(&self) -> std::sync::MutexGuard<'_, Meter> {
+        self.meter.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Bytes received so far.
     pub fn set(&self, bytes: u64) {
+        let now = Instant::now();
+        self.meter().update(now, bytes);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(bytes);
+            // A resume is announced for a few seconds, then the bar has
+            // its room again.
+            let resumed = self.meter().started();
+            if now.saturating_duration_since(resumed) > RESUME_NOTE_FOR
+                && bar.message().starts_with(RESUMING)
+            {
+                bar.set_message("");
+            }
         }
+        if let Some(last) = &self.last_line {
+            let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+            if now.saturating_duration_since(*last) >= LINE_EVERY {
+                *last = now;
+                crate::errln!("{}: {}", self.label, self.figures(now));
+            }
+        }
+    }
+
+    /// The figures as one line says them: `12.3 MiB of 40.0 MiB (31 %),
+    /// 2.35 MiB/s, 12 s left`.
+    pub fn figures(&self, now: Instant) -> String {
+        let size = *self.size.lock().unwrap_or_else(|p| p.into_inner());
+        let meter = self.meter();
+        let bytes = meter.bytes();
+        let mut text = crate::render::bytes(bytes);
+        if let Some(size) = size.filter(|s| *s > 0) {
+            let percent = bytes.saturating_mul(100) / size;
+            text.push_str(&format!(" of {} ({percent} %)", crate::render::bytes(size)));
+        }
+        text.push_str(&format!(", {}", rate_text(meter.rate(now))));
+        text.push_str(&format!(", {}", left_text(&meter, now, size)));
+        text
     }
 
     /// The whole size became known (a `Content-Length`): the bar shows
     /// the total and the time left.
     pub fn set_length(&self, total: u64) {
+        *self.size.lock().unwrap_or_else(|p| p.into_inner()) = Some(total);
         if let Some((_, bar)) = &self.bar {
             if bar.length() != Some(total) {
                 bar.set_length(total);
-                bar.set_style(style(true));
+                bar.set_style(style(true, &self.meter));
             }
         }
     }
 
-    /// The transfer continues kept bytes: the bar starts at `offset`, and
-    /// its rate and time left count only the bytes of this run.
+    /// The transfer continues kept bytes: the bar starts at `offset`, says
+    /// so, and its rate and time left count only the bytes of this run.
     pub fn resumed_at(&self, offset: u64) {
+        self.meter().resumed(Instant::now(), offset);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(offset);
-            bar.reset_eta();
+            bar.set_message(format!("{RESUMING} {}", crate::render::bytes(offset)));
         }
     }
 
@@ -238,21 +315,61 @@ impl Bar {
     }
 }
 
-/// The look of a bar whose total is known (`sized`) or not.
-fn style(sized: bool) -> ProgressStyle {
+/// `2.35 MiB/s`.
+fn rate_text(rate: f64) -> String {
+    format!("{}/s", crate::render::bytes(rate.max(0.0) as u64))
+}
+
+/// The time left as a bar says it: `12s`, `5m 10s`, `2h 5m`; `stalled for
+/// 12 s` while nothing arrives; `--` when it cannot be told.
+fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
+    if let Some(idle) = meter.stalled_for(now) {
+        return format!("stalled for {} s", idle.as_secs());
+    }
+    match size.and_then(|total| meter.time_left(now, total)) {
+        Some(left) => {
+            let secs = left.as_secs();
+            match secs {
+                0..=59 => format!("{secs}s"),
+                60..=3599 => format!("{}m {}s", secs / 60, secs % 60),
+                _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
+            }
+        }
+        None => "--".to_string(),
+    }
+}
+
+/// The look of a bar whose total is known (`sized`) or not; its rate and
+/// time left read `meter`.
+fn style(sized: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
     let template = if sized {
         TEMPLATE_SIZED
     } else {
-        "{prefix:24!} {spinner} {bytes} {bytes_per_sec} {msg}"
+        "{prefix:20!} {spinner} {bytes} {rate} {msg}"
     };
+    let (for_rate, for_left) = (meter.clone(), meter.clone());
     ProgressStyle::with_template(template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key(
+            "rate",
+            move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let meter = for_rate.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = w.write_str(&rate_text(meter.rate(Instant::now())));
+            },
+        )
+        .with_key(
+            "left",
+            move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let meter = for_left.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = w.write_str(&left_text(&meter, Instant::now(), state.len()));
+            },
+        )
         .progress_chars("=> ")
 }
 
-/// The template of a bar whose total is known.
-const TEMPLATE_SIZED: &str =
-    "{prefix:24!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta} {msg}";
+/// The template of a bar whose total is known: the bar takes the width
+/// the terminal leaves.
+const TEMPLATE_SIZED: &str = "{prefix:20!} [{wide_bar}] {bytes}/{total_bytes} {rate} {left} {msg}";
 
 /// Writes one `--json` event line on stderr (no bars are drawn with
 /// `--json`).
@@ -292,6 +409,10 @@ pub struct Reporting<'a> {
     pub json: bool,
     /// A note is on the bar (cleared by the next bytes).
     pub noted: bool,
+    /// When the last `--json` progress event went out.
+    last_event: Option<Instant>,
+    /// The address being tried.
+    address: Option<String>,
 }
 
 impl<'a> Reporting<'a> {
@@ -302,6 +423,8 @@ impl<'a> Reporting<'a> {
             resource,
             json,
             noted: false,
+            last_event: None,
+            address: None,
         }
     }
 }
@@ -312,6 +435,43 @@ impl gem_resources::Reporter for Reporting<'_> {
         if std::mem::take(&mut self.noted) {
             self.bar.set_note("");
         }
+        if self.json {
+            // The service's progress events, as `fetch --json` gives them
+            // too: at most one every 250 ms, and the last.
+            let now = Instant::now();
+            let size = *self.bar.size.lock().unwrap_or_else(|p| p.into_inner());
+            let due = self
+                .last_event
+                .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_millis(250));
+            if due || size == Some(total) {
+                self.last_event = Some(now);
+                let rate = self.bar.meter().rate(now);
+                let event = serde_json::json!({
+                    "event": "progress",
+                    "at": gem_resources::time::to_rfc3339_millis(std::time::SystemTime::now()),
+                    "resource": self.resource,
+                    "bytes": total,
+                    "size": size,
+                    "bytes_per_sec": rate as u64,
+                    "address": self.address,
+                });
+                json_event(&event);
+            }
+        }
+    }
+
+    fn connected(&mut self) {
+        self.bar.set_note("connected, waiting for the response");
+        self.noted = true;
+    }
+
+    fn trying(&mut self, address: &url::Url) {
+        self.address = Some(address.to_string());
+        self.bar.set_note(&format!(
+            "connecting to {}",
+            address.host_str().unwrap_or_default()
+        ));
+        self.noted = true;
     }
 
     fn length(&mut self, total: u64) {
@@ -437,10 +597,15 @@ mod tests {
     fn drawn_bar(screen: &Screen) -> Bar {
         let target = ProgressDrawTarget::term_like_with_hz(Box::new(screen.clone()), 250);
         let bar = ProgressBar::with_draw_target(None, target);
-        bar.set_style(style(false));
+        let meter = Arc::new(Mutex::new(Meter::new(Instant::now())));
+        bar.set_style(style(false, &meter));
         bar.set_prefix("ocr-v3.onnx");
         Bar {
             bar: Some((0, bar)),
+            meter,
+            label: "ocr-v3.onnx".into(),
+            size: Mutex::new(None),
+            last_line: None,
         }
     }
 

@@ -155,7 +155,22 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
         } => {
             let key = format!("{gem}/{resource}");
             let bar = Bar::new(&key, Some(*size), json);
+            bar.set_note("connected, waiting for the response");
+            transfers.noted.insert(key.clone());
             transfers.bars.insert(key, bar);
+        }
+        Event::Resumed {
+            gem,
+            resource,
+            offset,
+            ..
+        } => {
+            let key = format!("{gem}/{resource}");
+            if let Some(bar) = transfers.bars.get(&key) {
+                // The rate counts this run's bytes only; the bar says so.
+                bar.resumed_at(*offset);
+                transfers.noted.remove(&key);
+            }
         }
         Event::Progress {
             gem,
