@@ -2,7 +2,9 @@
 //! [`crate::Fetcher`] (`[network] max_bytes_per_sec`).
 //!
 //! The bucket holds at most one second's worth of bytes, so a burst after a
-//! quiet moment is short. A transfer takes tokens for each chunk it
+//! quiet moment is short; it starts empty, so the first second keeps to
+//! the cap too (as curl's `--limit-rate`), and a bar shows the cap from the
+//! start. A transfer takes tokens for each chunk it
 //! received before reading the next; when the bucket is short it goes into
 //! debt and sleeps until the debt is paid, which keeps the average rate at
 //! the cap whatever the chunk sizes and shares it between transfers in the
@@ -35,7 +37,7 @@ impl Throttle {
         let bucket = bytes_per_sec.filter(|r| *r > 0).map(|rate| {
             Arc::new(Mutex::new(Bucket {
                 rate: rate as f64,
-                tokens: rate as f64,
+                tokens: 0.0,
                 at: Instant::now(),
             }))
         });
@@ -107,8 +109,8 @@ mod tests {
         for transfers in [1, 2] {
             let secs = 10;
             let total = through(rate, transfers, secs).await as f64;
-            // One second of burst, then the cap.
-            let expected = (rate * (secs + 1)) as f64;
+            // The cap from the start: the bucket starts empty.
+            let expected = (rate * secs) as f64;
             let error = (total - expected).abs() / expected;
             assert!(
                 error < 0.05,

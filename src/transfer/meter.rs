@@ -165,7 +165,7 @@ mod tests {
         for i in 1..=30 {
             m.update(
                 t0 + Duration::from_millis(100 * i),
-                17 * MIB + (22 * MIB / 100) * i as u64,
+                17 * MIB + (22 * MIB / 100) * i,
             );
         }
         let now = t0 + Duration::from_secs(3);
@@ -180,7 +180,7 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Meter::new(t0);
         for i in 1..=20 {
-            m.update(t0 + Duration::from_millis(100 * i), MIB * i as u64 / 10);
+            m.update(t0 + Duration::from_millis(100 * i), MIB * i / 10);
         }
         let t1 = t0 + Duration::from_secs(2);
         let before = m.rate(t1);

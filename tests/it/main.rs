@@ -9,6 +9,8 @@ mod address_guard;
 mod api_server;
 mod autofill;
 mod autofill_manifest;
+#[cfg(unix)]
+mod cli_bars;
 mod cli_basics;
 mod cli_gc;
 mod cli_install;

@@ -493,3 +493,96 @@ pub async fn fetch_with(
     let store = gem_resources::Store::open(&config.store_dir()).unwrap();
     gem_resources::download(&fetcher, &store, r, retry, &mut |_| {}).await
 }
+
+/// What the binary showed on a terminal `cols` columns wide (a
+/// pseudo-terminal made by `script`), stdout and stderr together, and its
+/// exit status.
+#[cfg(unix)]
+pub async fn run_in_terminal(env: &Env, args: &[&str], cols: u16) -> (Option<i32>, String) {
+    let config = env.dir.path().join("config.toml");
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let mut command = format!(
+        "stty cols {cols} rows 24; exec {} --config {}",
+        quote(env!("CARGO_BIN_EXE_gem-resources")),
+        quote(&config.display().to_string())
+    );
+    for arg in args {
+        command.push(' ');
+        command.push_str(&quote(arg));
+    }
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("script")
+            .args(["-qefc", &command, "/dev/null"])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .env("TERM", "xterm")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The rows a terminal shows of `output` (escape sequences dropped, each
+/// redraw after a carriage return a row of its own).
+pub fn terminal_rows(output: &str) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut row = String::new();
+    let mut chars = output.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => {
+                // CSI: ESC [ parameters final-byte.
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    while let Some(p) = chars.next() {
+                        if ('@'..='~').contains(&p) {
+                            break;
+                        }
+                    }
+                }
+                if !row.trim().is_empty() {
+                    rows.push(std::mem::take(&mut row));
+                }
+                row.clear();
+            }
+            '\r' | '\n' => {
+                if !row.trim().is_empty() {
+                    rows.push(std::mem::take(&mut row));
+                }
+                row.clear();
+            }
+            c => row.push(c),
+        }
+    }
+    if !row.trim().is_empty() {
+        rows.push(row);
+    }
+    rows
+}
+
+/// The rates (`2.35 MiB/s`) the rows show, in bytes per second.
+pub fn shown_rates(rows: &[String]) -> Vec<f64> {
+    let mut rates = Vec::new();
+    for row in rows {
+        let words: Vec<&str> = row.split_whitespace().collect();
+        for pair in words.windows(2) {
+            let unit = match pair[1] {
+                "B/s" => 1.0,
+                "KiB/s" => 1024.0,
+                "MiB/s" => 1024.0 * 1024.0,
+                "GiB/s" => 1024.0 * 1024.0 * 1024.0,
+                _ => continue,
+            };
+            if let Ok(n) = pair[0].parse::<f64>() {
+                rates.push(n * unit);
+            }
+        }
+    }
+    rates
+}

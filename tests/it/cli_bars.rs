@@ -1,0 +1,151 @@
+//! The bars on a terminal tell the truth: after a resume the rate counts
+//! only this run's bytes, a stall shows as one, a capped download shows
+//! the cap, and a bar fits the terminal's width. Each runs the binary on
+//! a pseudo-terminal (`script`) and reads the rows it drew.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+const MIB: usize = 1 << 20;
+
+/// A manifest with one resource `f` of `body` at `path` on origin.test.
+fn one_file(env: &Env, path: &str, body: &[u8]) -> String {
+    let url = env.url("origin.test", path);
+    let manifest = env.write_manifest("m.json", json!([entry("f", &url, body)]));
+    manifest.display().to_string()
+}
+
+#[tokio::test]
+async fn after_a_resume_the_rate_is_this_runs_and_the_resume_is_said() {
+    let env = Env::new().await;
+    let body = bytes(6 * MIB, 51);
+    let paced = Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"r1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        // About 1.2 MiB/s.
+        pace: Some((64 * 1024, Duration::from_millis(50))),
+    };
+    env.origin.route(
+        "/r.bin",
+        Behaviour::Sequence(vec![Behaviour::ranged_cut(&body, "\"r1\"", 4 * MIB), paced]),
+    );
+    let manifest = one_file(&env, "/r.bin", &body);
+    let first = env.run(&["fetch", &manifest]).await;
+    assert_eq!(first.status.code(), Some(1), "{}", stderr(&first));
+    assert!(
+        !partial_files(&env).is_empty(),
+        "nothing was kept to resume"
+    );
+
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 100).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rows = terminal_rows(&shown);
+    assert!(
+        rows.iter().any(|r| r.contains("resuming at 4.0 MiB")),
+        "{rows:#?}"
+    );
+    let rates = shown_rates(&rows);
+    assert!(!rates.is_empty(), "{rows:#?}");
+    let highest = rates.iter().cloned().fold(0.0, f64::max) / MIB as f64;
+    // The origin sends about 1.2 MiB/s; counting the kept 4 MiB would
+    // show several times that.
+    assert!(
+        highest < 2.5,
+        "a rate of {highest:.1} MiB/s was shown: {rows:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stall_is_shown_as_one_with_the_rate_falling() {
+    let env = Env::new().await;
+    env.write_config("stall_timeout_secs = 6");
+    let body = bytes(4 * MIB, 53);
+    env.origin
+        .route("/s.bin", Behaviour::ranged_held(&body, "\"s1\"", MIB));
+    let manifest = one_file(&env, "/s.bin", &body);
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 100).await;
+    assert_eq!(code, Some(1), "{shown}");
+    let rows = terminal_rows(&shown);
+    let stalled: Vec<&String> = rows.iter().filter(|r| r.contains("stalled for")).collect();
+    assert!(!stalled.is_empty(), "{rows:#?}");
+    // The last rows of the stall show the rate fallen to nothing.
+    let last = stalled.last().unwrap();
+    let rate = shown_rates(&[last.to_string()]);
+    assert_eq!(rate, vec![0.0], "{last}");
+    assert!(
+        last.contains("stalled for 5 s") || last.contains("stalled for 4 s"),
+        "{last}"
+    );
+}
+
+#[tokio::test]
+async fn a_capped_download_shows_the_cap_not_its_first_burst() {
+    let env = Env::new().await;
+    let body = bytes(5 * MIB, 55);
+    let manifest = {
+        let url = env.serve("/c.bin", &body);
+        env.write_manifest("m.json", json!([entry("f", &url, &body)]))
+    };
+    let manifest = manifest.display().to_string();
+    let (code, shown) =
+        run_in_terminal(&env, &["--limit-rate", "1M", "fetch", &manifest], 100).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rates = shown_rates(&terminal_rows(&shown));
+    assert!(rates.len() >= 4, "{rates:?}");
+    let cap = MIB as f64;
+    // The cap's first burst (its bucket starts full) is spread over a
+    // second at least: never the many times the cap a plain average of
+    // the first instants gives.
+    let highest = rates.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        highest < 2.5 * cap,
+        "a burst showed {:.2} MiB/s",
+        highest / cap
+    );
+    // From the middle on (past 2 s of 5), within 20 % of the cap.
+    for rate in &rates[rates.len() / 2..] {
+        assert!(
+            (rate / cap - 1.0).abs() <= 0.2,
+            "{:.2} MiB/s under a 1 MiB/s cap: {rates:?}",
+            rate / cap
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bar_fits_an_80_column_terminal() {
+    let env = Env::new().await;
+    let body = bytes(3 * MIB, 57);
+    let paced = Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"w1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        pace: Some((128 * 1024, Duration::from_millis(50))),
+    };
+    env.origin
+        .route("/a-rather-long-file-name-for-a-bar.bin", paced);
+    let manifest = one_file(&env, "/a-rather-long-file-name-for-a-bar.bin", &body);
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 80).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rows = terminal_rows(&shown);
+    let bars: Vec<&String> = rows
+        .iter()
+        .filter(|r| r.contains("MiB/s") || r.contains("KiB/s"))
+        .collect();
+    assert!(!bars.is_empty(), "{rows:#?}");
+    for row in bars {
+        assert!(
+            row.chars().count() <= 80,
+            "{} columns: {row}",
+            row.chars().count()
+        );
+    }
+}
