@@ -540,7 +540,7 @@ pub fn terminal_rows(output: &str) -> Vec<String> {
                 // CSI: ESC [ parameters final-byte.
                 if chars.peek() == Some(&'[') {
                     chars.next();
-                    while let Some(p) = chars.next() {
+                    for p in chars.by_ref() {
                         if ('@'..='~').contains(&p) {
                             break;
                         }
