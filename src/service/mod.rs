@@ -285,7 +285,9 @@ pub struct GemStatus {
 pub struct VerifyReport {
     /// Stored files checked (every name of every stored file).
     pub checked: usize,
-    /// Stored contents (SHA-256s) whose bytes still match.
+    /// Stored contents (SHA-256s) whose bytes still match (`intact` in
+    /// JSON, where `ok` says whether nothing was corrupted).
+    #[serde(rename = "intact")]
     pub ok: usize,
     /// SHA-256s of files that did not match and were removed.
     pub corrupted: Vec<String>,

@@ -96,7 +96,18 @@ async fn a_download_says_when_each_step_was_seen_where_it_comes_from_and_what_se
     let progress = seen.iter().find(|e| kind(e) == "progress").unwrap();
     assert_eq!(
         keys(progress),
-        ["address", "at", "bytes", "event", "gem", "resource", "sha256", "size"]
+        [
+            "address",
+            "at",
+            "bytes",
+            "bytes_per_sec",
+            "eta_secs",
+            "event",
+            "gem",
+            "resource",
+            "sha256",
+            "size"
+        ]
     );
     assert_eq!(
         keys(seen.last().unwrap()),

@@ -14,6 +14,7 @@ mod cli_bars;
 mod cli_basics;
 mod cli_gc;
 mod cli_install;
+mod cli_json;
 mod cli_messages;
 mod cli_newcomer;
 mod cli_rate;

@@ -367,3 +367,38 @@ async fn ctrl_c_during_serve_says_what_each_download_in_flight_kept() {
     let kept = store.partial_len(&sha256_hex(&body));
     assert!(kept.is_some_and(|n| n > 0 && n <= cut as u64), "{kept:?}");
 }
+
+#[tokio::test]
+#[cfg(unix)] // SIGINT by `kill`
+async fn ctrl_c_with_json_ends_stdout_with_a_document_and_keeps_stderr_json() {
+    let env = Env::new().await;
+    let body = bytes(2_000_000, 86);
+    let cut = body.len() / 2;
+    env.origin
+        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
+    let url = env.url("origin.test", "/held.bin");
+    let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
+    let log = env.dir.path().join("fetch.log");
+    let mut child = spawn_logged(&env, &["--json", "fetch", manifest.to_str().unwrap()], &log);
+    let exit = interrupt_once_bytes_are_kept(&env, &mut child, cut).await;
+    let out = child_stdout(&mut child);
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    let last = out.lines().last().unwrap_or_default();
+    let doc: serde_json::Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(doc["ok"], false, "{doc}");
+    assert_eq!(doc["interrupted"], true, "{doc}");
+    assert!(
+        doc["files"][0]["kept_bytes"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "{doc}"
+    );
+    // stderr holds JSON lines only (debug logs aside, which this run asked
+    // for with RUST_LOG: they are tracing's lines, never an `interrupted`).
+    assert!(!stderr.contains("interrupted:"), "{stderr}");
+    for line in stderr.lines().filter(|l| l.starts_with('{')) {
+        serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+}

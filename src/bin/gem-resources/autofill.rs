@@ -112,7 +112,7 @@ async fn one_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Exit
 
 fn interrupted_exit() -> ExitCode {
     crate::progress::clear_all();
-    crate::errln!("interrupted: nothing was kept");
+    crate::interrupt::say("interrupted: nothing was kept", json!({}));
     ExitCode::from(crate::interrupt::INTERRUPTED)
 }
 

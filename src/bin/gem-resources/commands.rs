@@ -24,9 +24,10 @@ pub async fn run(args: Args) -> ExitCode {
             // environment problem reported with its context.
             match e.downcast_ref::<Error>() {
                 Some(err) => report_error(err, json),
-                None if json => {
-                    print_json(&json!({ "code": "E_RESOURCE_USAGE", "message": format!("{e:#}") }))
-                }
+                None if json => render::print_doc(
+                    json!({ "code": "E_RESOURCE_USAGE", "primary_cause": "E_RESOURCE_USAGE", "message": format!("{e:#}") }),
+                    false,
+                ),
                 None => crate::errln!("error: {e:#}"),
             }
             let usage = e.downcast_ref::<Error>().is_none();
@@ -37,7 +38,7 @@ pub async fn run(args: Args) -> ExitCode {
 
 fn report_error(e: &Error, json: bool) {
     if json {
-        print_json(&render::error_json(e));
+        render::print_doc(render::error_json(e), false);
     } else {
         crate::errln!("{}", render::error_text(e));
     }
@@ -102,7 +103,7 @@ fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             "ok": true,
             "resources": manifest.resources.iter().map(|r| json!({
                 "id": r.id, "url": r.url.as_str(), "size": r.size, "sha256": r.sha256,
-                "required": r.required, "mirrors": r.mirrors.len(),
+                "required": r.required, "mirrors": r.mirrors.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }));
     } else {
@@ -156,8 +157,9 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
         Ok((addresses, proxy)) => {
             if json {
                 let proxy = proxy.map(|(p, c)| json!({ "url": p, "connect": c }));
-                print_json(
-                    &json!({ "url": url.as_str(), "allowed": true, "addresses": addresses, "proxy": proxy }),
+                render::print_doc(
+                    json!({ "url": url.as_str(), "allowed": true, "addresses": addresses, "proxy": proxy }),
+                    true,
                 );
             } else {
                 let list: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
@@ -182,7 +184,7 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
             if json {
                 let mut value = gem_resources::error::data::attempt_json(&attempt);
                 value["allowed"] = json!(false);
-                print_json(&value);
+                render::print_doc(value, false);
             } else {
                 crate::errln!("refused: {attempt}");
             }

@@ -36,10 +36,13 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
                 () = &mut interrupted => {
                     // A file is published whole or not at all, never half.
                     service.shutdown().await;
-                    crate::errln!(
-                        "interrupted while importing {}: {done} of {} file(s) done before it; run `import` again for the rest",
-                        file.display(),
-                        files.len()
+                    crate::interrupt::say(
+                        &format!(
+                            "interrupted while importing {}: {done} of {} file(s) done before it; run `import` again for the rest",
+                            file.display(),
+                            files.len()
+                        ),
+                        serde_json::json!({ "done": done, "files": files.len() }),
                     );
                     return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
                 }

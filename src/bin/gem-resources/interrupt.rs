@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gem_resources::{ResourceState, Resources, Store};
 
@@ -31,26 +32,66 @@ pub fn signal() -> Pin<Box<dyn Future<Output = ()> + Send>> {
     })
 }
 
+/// Whether the command runs with `--json`: then an interruption is said
+/// as the last JSON document on stdout, and nothing on stderr.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Sets the output mode for [`say`] (once, at start).
+pub fn set_json(json: bool) {
+    JSON.store(json, Ordering::Relaxed);
+}
+
+/// Says that the command was interrupted: `text` on stderr, or with
+/// `--json` the document `{"ok": false, "interrupted": true, "code":
+/// "E_RESOURCE_CANCELLED", "message": text, …fields}` as the last line on
+/// stdout.
+pub fn say(text: &str, fields: serde_json::Value) {
+    crate::progress::clear_all();
+    if JSON.load(Ordering::Relaxed) {
+        let mut doc = serde_json::json!({
+            "ok": false,
+            "interrupted": true,
+            "code": "E_RESOURCE_CANCELLED",
+            "primary_cause": "E_RESOURCE_CANCELLED",
+            "message": text,
+        });
+        if let (Some(doc), Some(extra)) = (doc.as_object_mut(), fields.as_object()) {
+            doc.extend(extra.clone());
+        }
+        render::print_json(&doc);
+    } else {
+        crate::errln!("{text}");
+    }
+}
+
 /// Clears the bars and says, once the downloads have stopped, what was
 /// kept of each unfinished file.
 pub fn report(store: &Store, unfinished: &[Unfinished]) {
-    crate::progress::clear_all();
+    let mut lines = Vec::new();
+    let mut files = Vec::new();
     if unfinished.is_empty() {
-        crate::errln!("interrupted: no download was running");
+        lines.push("interrupted: no download was running".to_string());
     }
     for file in unfinished {
-        match store.partial_len(&file.sha256).filter(|n| *n > 0) {
-            Some(kept) => crate::errln!(
+        let kept = store.partial_len(&file.sha256).filter(|n| *n > 0);
+        lines.push(match kept {
+            Some(kept) => format!(
                 "interrupted: {} of {} kept; the next run continues",
                 render::bytes(kept),
                 file.name
             ),
-            None => crate::errln!(
+            None => format!(
                 "interrupted: the unfinished {} was removed; the next run downloads it again",
                 file.name
             ),
-        }
+        });
+        files.push(serde_json::json!({
+            "file": file.name,
+            "sha256": file.sha256,
+            "kept_bytes": kept.unwrap_or(0),
+        }));
     }
+    say(&lines.join("\n"), serde_json::json!({ "files": files }));
 }
 
 /// The downloads running now (of `gem`, or of every gem), each file once,

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
     if let cli::Command::Help { command } = &args.command {
         return help(command.as_deref());
     }
+    interrupt::set_json(args.json);
     // The long-running service says what it does; one-shot commands only
     // warn, so their output stays clean.
     let default_log = match args.command {

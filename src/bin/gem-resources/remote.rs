@@ -51,8 +51,10 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
     tokio::select! {
         outcome = work => outcome,
         () = &mut interrupted => {
-            crate::progress::clear_all();
-            crate::errln!("interrupted: the download goes on in the service listening on {}", client.socket());
+            interrupt::say(
+                &format!("interrupted: the download goes on in the service listening on {}", client.socket()),
+                json!({ "service": client.socket() }),
+            );
             Ok(ExitCode::from(interrupt::INTERRUPTED))
         }
     }
@@ -82,7 +84,7 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
         Err(e) => return fail(&e, json),
     };
     if json {
-        print_json(&json!(result));
+        render::print_doc(json!(result), true);
     } else {
         crate::outln!("{}", result.path.display());
     }
@@ -92,7 +94,7 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
 async fn status(client: &Client, gem: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
     if json {
-        print_json(&json!(result));
+        render::print_doc(json!(result), true);
     } else {
         report::print_status(&result.gems);
         if let Some(line) =
@@ -162,12 +164,15 @@ async fn install(
     }
     let outcome = Outcome::of(&report, &status);
     if json {
-        print_json(&json!({
-            "event": "install_report",
-            "report": report::report_json(&report),
-            "downloaded": outcome.downloaded,
-            "failed": outcome.failed,
-        }));
+        render::print_doc(
+            json!({
+                "event": "install_report",
+                "report": report::report_json(&report),
+                "downloaded": outcome.downloaded,
+                "failed": outcome.failed,
+            }),
+            true,
+        );
     } else {
         crate::errln!("{}", report::install_summary(&report, &outcome));
     }
@@ -196,7 +201,7 @@ async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemSt
 async fn uninstall(client: &Client, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
     let result: UninstallResult = client.call("uninstall", json!({ "gem": gem })).await?;
     if json {
-        print_json(&json!(result));
+        render::print_doc(json!(result), true);
     } else if !result.installed {
         crate::errln!("{gem} is not installed; nothing to do");
     } else {
@@ -240,7 +245,11 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     watcher.stop().await;
     let failed = crate::service_commands::failed_required(&status);
     if json {
-        print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
+        let ok = failed.is_empty();
+        render::print_doc(
+            json!({ "event": "sync_report", "queued": queued, "failed": failed }),
+            ok,
+        );
     } else {
         crate::errln!(
             "sync: {queued} required file(s) were missing, {} still missing",
@@ -256,7 +265,7 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
 
 fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        print_json(&render::error_json(e));
+        render::print_doc(render::error_json(e), false);
     } else {
         crate::errln!("{}", render::error_text(e));
     }

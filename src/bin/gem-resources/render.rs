@@ -92,6 +92,16 @@ pub fn import_line(file: &std::path::Path, outcome: &gem_resources::ImportOutcom
 
 /// Prints a JSON value on stdout, one line, its strings exactly as they
 /// are (JSON escapes what it must; nothing else is escaped).
+/// Prints a command's `--json` document with `"ok"` saying whether the
+/// command succeeded (kept when the document says it already).
+pub fn print_doc(mut value: Value, ok: bool) {
+    if let Some(fields) = value.as_object_mut() {
+        fields.entry("ok").or_insert(Value::Bool(ok));
+    }
+    print_json(&value);
+}
+
+/// Prints one JSON line on stdout.
 pub fn print_json(value: &Value) {
     write_out_exact(format_args!("{value}"));
 }

@@ -58,7 +58,7 @@ pub async fn run(
         Command::Status { gem } => {
             let result = gem_resources::api::status_of(&service, gem.as_deref())?;
             if json {
-                print_json(&json!(result));
+                render::print_doc(json!(result), true);
             } else {
                 report::print_status(&result.gems);
                 let (files, bytes) = (result.undeclared_files, result.undeclared_bytes);
@@ -101,7 +101,10 @@ async fn path(
     match result {
         Ok(path) => {
             if json {
-                print_json(&json!({ "gem": gem, "resource": resource, "path": path }));
+                render::print_doc(
+                    json!({ "gem": gem, "resource": resource, "path": path }),
+                    true,
+                );
             } else {
                 crate::outln!("{}", path.display());
             }
@@ -124,14 +127,15 @@ async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
             while let Ok(event) = events.try_recv() {
                 removed += usize::from(matches!(event, Event::Deleted { .. }));
             }
-            crate::errln!(
-                "interrupted: verify stopped before the end; {removed} corrupted file(s) removed until then"
+            interrupt::say(
+                &format!("interrupted: verify stopped before the end; {removed} corrupted file(s) removed until then"),
+                json!({ "removed": removed }),
             );
             return Ok(ExitCode::from(interrupt::INTERRUPTED));
         }
     };
     if json {
-        print_json(&json!(report));
+        render::print_doc(json!(report), report.corrupted.is_empty());
     } else {
         report::print_verify(&report);
     }
@@ -159,7 +163,7 @@ fn nothing_installed(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify if json => {
-            print_json(&json!(gem_resources::VerifyReport::default()));
+            render::print_doc(json!(gem_resources::VerifyReport::default()), true);
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => {
@@ -197,8 +201,9 @@ async fn install(
         // `sync` downloads the files.
         service.shutdown().await;
         if json {
-            print_json(
-                &json!({ "event": "install_report", "report": report::report_json(&report) }),
+            render::print_doc(
+                json!({ "event": "install_report", "report": report::report_json(&report) }),
+                true,
             );
         } else {
             crate::errln!(
@@ -226,12 +231,15 @@ async fn install(
     let status = service.status(Some(gem))?;
     let outcome = Outcome::of(&report, &status);
     if json {
-        print_json(&json!({
-            "event": "install_report",
-            "report": report::report_json(&report),
-            "downloaded": outcome.downloaded,
-            "failed": outcome.failed,
-        }));
+        render::print_doc(
+            json!({
+                "event": "install_report",
+                "report": report::report_json(&report),
+                "downloaded": outcome.downloaded,
+                "failed": outcome.failed,
+            }),
+            true,
+        );
     } else {
         crate::errln!("{}", report::install_summary(&report, &outcome));
     }
@@ -248,12 +256,15 @@ async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result
     }
     let report = service.uninstall(gem).await?;
     if json {
-        print_json(&json!(gem_resources::api::protocol::UninstallResult {
-            gem: report.gem.clone(),
-            installed: true,
-            deleted: report.deleted.clone(),
-            kept: report.kept.clone(),
-        }));
+        render::print_doc(
+            json!(gem_resources::api::protocol::UninstallResult {
+                gem: report.gem.clone(),
+                installed: true,
+                deleted: report.deleted.clone(),
+                kept: report.kept.clone(),
+            }),
+            true,
+        );
     } else {
         crate::errln!(
             "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
@@ -267,7 +278,10 @@ async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result
 
 fn not_installed(gem: &str, json: bool) {
     if json {
-        print_json(&json!({ "gem": gem, "installed": false, "deleted": [], "kept": [] }));
+        render::print_doc(
+            json!({ "gem": gem, "installed": false, "deleted": [], "kept": [] }),
+            true,
+        );
     } else {
         crate::errln!("{gem} is not installed; nothing to do");
     }
@@ -285,7 +299,11 @@ async fn sync(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
     let status = service.status(None)?;
     let failed = failed_required(&status);
     if json {
-        print_json(&json!({ "event": "sync_report", "queued": queued, "failed": failed }));
+        let ok = failed.is_empty();
+        render::print_doc(
+            json!({ "event": "sync_report", "queued": queued, "failed": failed }),
+            ok,
+        );
     } else {
         crate::errln!(
             "sync: {queued} required file(s) were missing, {} still missing",
@@ -318,7 +336,7 @@ async fn stop(
 
 fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        print_json(&render::error_json(e));
+        render::print_doc(render::error_json(e), false);
     } else {
         crate::errln!("{}", render::error_text(e));
     }

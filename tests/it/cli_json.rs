@@ -1,0 +1,71 @@
+//! Every `--json` document says `ok`, counts live in named fields, and
+//! failures carry `primary_cause`.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn doc(out: &std::process::Output) -> Value {
+    let text = stdout(out);
+    let last = text.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {text:?} / {}", stderr(out)))
+}
+
+#[tokio::test]
+async fn every_json_document_says_ok() {
+    let env = Env::new().await;
+    let body = bytes(20_000, 61);
+    let url = env.serve("/j.bin", &body);
+    let mirror = env.url("mirror.test", "/j.bin");
+    let mut resource = required_entry("j", &url, &body);
+    resource["mirrors"] = json!([mirror.as_str()]);
+    let manifest = env.write_manifest("m.json", json!([resource]));
+    let m = manifest.to_str().unwrap();
+
+    let check = doc(&env.run(&["--json", "check", m]).await);
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(
+        check["resources"][0]["mirrors"],
+        json!([mirror.as_str()]),
+        "{check}"
+    );
+    for args in [
+        vec!["--json", "install", "g", m],
+        vec!["--json", "status"],
+        vec!["--json", "path", "g", "j"],
+        vec!["--json", "sync"],
+        vec!["--json", "verify"],
+    ] {
+        let out = env.run(&args).await;
+        let d = doc(&out);
+        assert_eq!(d["ok"], true, "{args:?}: {d}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {d}");
+    }
+    let verify = doc(&env.run(&["--json", "verify"]).await);
+    assert_eq!(verify["intact"], 1, "{verify}");
+
+    // A corrupted file: verify says ok false, and counts by name.
+    let stored = stored_files(&env, &body);
+    let file = stored.first().unwrap();
+    let mut perms = std::fs::metadata(file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(file, perms).unwrap();
+    std::fs::write(file, b"not the bytes").unwrap();
+    let out = env.run(&["--json", "verify"]).await;
+    let verify = doc(&out);
+    assert_eq!(verify["ok"], false, "{verify}");
+    assert_eq!(verify["intact"], 0, "{verify}");
+    assert_eq!(out.status.code(), Some(1));
+
+    // A failure: ok false, with its code and primary cause.
+    let out = env.run(&["--json", "path", "g", "nope"]).await;
+    let failure = doc(&out);
+    assert_eq!(failure["ok"], false, "{failure}");
+    assert_eq!(failure["code"], "E_RESOURCE_NOT_FOUND");
+    assert_eq!(failure["primary_cause"], "E_RESOURCE_NOT_FOUND");
+
+    let uninstall = doc(&env.run(&["--json", "uninstall", "g"]).await);
+    assert_eq!(uninstall["ok"], true, "{uninstall}");
+    assert_eq!(uninstall["installed"], true, "{uninstall}");
+}
