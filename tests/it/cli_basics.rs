@@ -248,3 +248,23 @@ async fn configured_retries_ask_the_same_address_again() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(env.origin.hits("/busy.bin"), 2);
 }
+
+#[tokio::test]
+async fn completions_and_a_manual_page_are_printed() {
+    let env = Env::new().await;
+    for shell in ["bash", "zsh", "fish", "powershell"] {
+        let out = env.run(&["completions", shell]).await;
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        for word in ["gem-resources", "install", "autofill", "no-service"] {
+            assert!(script.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    let out = env.run(&["man"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let page = stdout(&out);
+    assert!(page.contains(".TH gem-resources 1"), "{page}");
+    assert!(page.contains("serve"), "{page}");
+    let out = env.run(&["completions", "nope"]).await;
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -379,8 +379,8 @@ async fn check_json_output_lists_the_resources() {
         json!({
             "ok": true,
             "resources": [
-                { "id": "a", "url": "https://cdn.example.com/a.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": 0 },
-                { "id": "b", "url": "https://cdn.example.com/b.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": 2 },
+                { "id": "a", "url": "https://cdn.example.com/a.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": [] },
+                { "id": "b", "url": "https://cdn.example.com/b.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": ["https://m.example.com/b", "https://n.example.com/b"] },
             ]
         })
     );

@@ -209,6 +209,19 @@ pub enum Command {
         #[arg(long, default_value_t = 2.0)]
         interval: f64,
     },
+    /// Print a shell's completion script (bash, zsh, fish, powershell, elvish).
+    #[command(
+        after_long_help = "Example:\n  gem-resources completions bash > ~/.local/share/bash-completion/completions/gem-resources\n  gem-resources completions zsh > ~/.zfunc/_gem-resources"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), for `man`.
+    #[command(
+        after_long_help = "Example:\n  gem-resources man > ~/.local/share/man/man1/gem-resources.1"
+    )]
+    Man,
     /// Print the help of the program or of a subcommand.
     #[command(after_long_help = "Example:\n  gem-resources help install")]
     Help {

@@ -32,8 +32,11 @@ use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
-    if let cli::Command::Help { command } = &args.command {
-        return help(command.as_deref());
+    match &args.command {
+        cli::Command::Help { command } => return help(command.as_deref()),
+        cli::Command::Completions { shell } => return completions(*shell),
+        cli::Command::Man => return man(),
+        _ => {}
     }
     interrupt::set_json(args.json);
     // The long-running service says what it does; one-shot commands only
@@ -89,5 +92,24 @@ fn help(command: Option<&str>) -> ExitCode {
     };
     // A closed stdout is not an error.
     let _ = shown;
+    ExitCode::SUCCESS
+}
+
+/// `completions SHELL`: the shell's completion script on stdout.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut cli = cli::Args::command();
+    clap_complete::generate(shell, &mut cli, "gem-resources", &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+/// `man`: the manual page (roff) on stdout.
+fn man() -> ExitCode {
+    let page = clap_mangen::Man::new(cli::Args::command());
+    let mut out = Vec::new();
+    if let Err(e) = page.render(&mut out) {
+        crate::errln!("error: cannot write the manual page: {e}");
+        return ExitCode::from(1);
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), &out);
     ExitCode::SUCCESS
 }
