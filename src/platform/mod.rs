@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | [`private_dir_builder`], [`set_private_folder`] | mode `0700` whatever the umask | the OS's default access |
 //! | [`folder_problem`], [`owned_by_me`] | owner and group/other write bits | nothing to refuse |
+//! | [`path_problem`] | a link of another user, or a folder others may write without the sticky bit, on the way to the store | nothing to refuse |
 //! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
@@ -35,9 +36,9 @@ use portable as imp;
 
 pub(crate) use imp::{
     allocated_bytes, folder_problem, free_space, link_count, make_read_only, never_wait,
-    open_no_follow, owned_by_me, private_dir_builder, reflink, remove_folder, replace_file,
-    same_file, set_private_folder, start_write_back, sync_dir, try_lock_byte, FileStamp,
-    BYTE_LOCKS,
+    open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
+    remove_folder, replace_file, same_file, set_private_folder, start_write_back, sync_dir,
+    try_lock_byte, FileStamp, BYTE_LOCKS,
 };
 
 #[cfg(test)]

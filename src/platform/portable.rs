@@ -27,6 +27,11 @@ pub(crate) fn owned_by_me(_meta: &Metadata) -> bool {
     true
 }
 
+/// No owners to tell apart here.
+pub(crate) fn owned_by_root(_meta: &Metadata) -> bool {
+    false
+}
+
 /// Opens `path` with `options`, refusing a symbolic link found there.
 pub(crate) fn open_no_follow(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
     if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
@@ -299,3 +304,9 @@ pub(crate) fn try_lock_byte(_file: &File, _offset: i64) -> io::Result<bool> {
 /// `ERROR_DISK_QUOTA_EXCEEDED`.
 #[cfg(test)]
 pub(crate) const DISK_FULL_CODES: [i32; 2] = [112, 1295];
+
+/// Nothing to refuse where the platform has no Unix modes (the folders'
+/// own access lists decide).
+pub(crate) fn path_problem(_path: &Path) -> Option<(std::path::PathBuf, String)> {
+    None
+}

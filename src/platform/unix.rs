@@ -52,6 +52,11 @@ pub(crate) fn owned_by_me(meta: &Metadata) -> bool {
     meta.uid() == current_uid()
 }
 
+/// Whether root owns the entry `meta` describes.
+pub(crate) fn owned_by_root(meta: &Metadata) -> bool {
+    meta.uid() == 0
+}
+
 /// Opens `path` with `options` without following a symbolic link and
 /// without waiting on a FIFO; a file it creates is `0600`.
 pub(crate) fn open_no_follow(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
@@ -219,3 +224,45 @@ pub(crate) fn try_lock_byte(file: &File, offset: i64) -> io::Result<bool> {
 /// make their own).
 #[cfg(test)]
 pub(crate) const DISK_FULL_CODES: [i32; 2] = [libc::ENOSPC, libc::EDQUOT];
+
+/// The first place on the way to `path` (an absolute path; itself and each
+/// folder above it) that another user could change: a symbolic link owned
+/// by someone other than root or the current user, or a folder that group
+/// or others may write without the sticky bit (`/tmp`'s `1777` is fine).
+/// Root's own and the user's own links (`/var` → `/private/var`) pass.
+pub(crate) fn path_problem(path: &Path) -> Option<(std::path::PathBuf, String)> {
+    let me = current_uid();
+    let mut here = Some(path);
+    while let Some(at) = here {
+        if let Ok(meta) = fs::symlink_metadata(at) {
+            let owner = meta.uid();
+            if meta.file_type().is_symlink() {
+                if owner != 0 && owner != me {
+                    return Some((
+                        at.to_path_buf(),
+                        format!(
+                            "is a symbolic link of user id {owner}, who could point it elsewhere"
+                        ),
+                    ));
+                }
+            } else if meta.is_dir() {
+                let mode = meta.permissions().mode();
+                let sticky = mode & 0o1000 != 0;
+                if mode & 0o022 != 0 && !sticky {
+                    return Some((
+                        at.to_path_buf(),
+                        format!("can be written by other users (mode {:04o}) and has no sticky bit: another user could rename what is in it", mode & 0o7777),
+                    ));
+                }
+                if owner != 0 && owner != me {
+                    return Some((
+                        at.to_path_buf(),
+                        format!("belongs to user id {owner}, who could rename what is in it"),
+                    ));
+                }
+            }
+        }
+        here = at.parent();
+    }
+    None
+}

@@ -99,6 +99,25 @@ impl Store {
         // folder.
         let dir = std::path::absolute(dir)
             .map_err(|e| Error::io("cannot resolve store folder", dir, e))?;
+        // Every folder on the way must be out of other users' reach: one
+        // who can rename the store away and put a tree of theirs in its
+        // place could have their bytes published as verified.
+        let above = dir.parent().unwrap_or(&dir);
+        if let Some((at, why)) = crate::platform::path_problem(above) {
+            return Err(Error::Config(format!(
+                "store folder {}: {} {why}; use a store in a folder of your own (`store` in config.toml, or --store)",
+                dir.display(),
+                at.display()
+            )));
+        }
+        if let Ok(meta) = fs::symlink_metadata(&dir) {
+            if meta.file_type().is_symlink() && !trust::is_own_link(&meta) {
+                return Err(Error::Config(format!(
+                    "store folder {} is a symbolic link of another user, who could point it elsewhere; use a store of your own",
+                    dir.display()
+                )));
+            }
+        }
         let root = dir.join(LAYOUT);
         let subs = ["blobs", "tmp", "locks", "gems", "failures"];
         let folders = [dir.clone(), root.clone()]

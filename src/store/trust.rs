@@ -69,6 +69,12 @@ pub(crate) fn check_folder(path: &Path) -> Result<()> {
     }
 }
 
+/// Whether `meta` (of a symbolic link, not followed) is a link of the
+/// current user (or root's).
+pub(crate) fn is_own_link(meta: &Metadata) -> bool {
+    platform::owned_by_me(meta) || platform::owned_by_root(meta)
+}
+
 /// Whether `meta` (of an entry, not followed) is a regular file the store
 /// can trust: not a symbolic link, and owned by the current user. (Its mode
 /// matters less: nobody else can reach it through the store's `0700`

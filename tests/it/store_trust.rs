@@ -324,3 +324,78 @@ async fn another_name_for_stored_bytes_replaces_a_link_planted_at_that_name() {
     assert_untouched(&target);
     assert_eq!(env.origin.hits("/n.bin"), 1);
 }
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_store_below_a_folder_others_can_rename_in_is_refused_naming_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new().await;
+    let open = env.dir.path().join("shared");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let manifest = env.write_manifest("m.json", serde_json::json!([]));
+    let out = env
+        .run(&[
+            "--store",
+            open.join("store").to_str().unwrap(),
+            "install",
+            "g",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_CONFIG"), "{err}");
+    assert!(
+        err.contains(open.to_str().unwrap()) && err.contains("sticky"),
+        "{err}"
+    );
+    // With the sticky bit (as /tmp has), nobody may rename another's
+    // entries: accepted.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = env
+        .run(&[
+            "--store",
+            open.join("store").to_str().unwrap(),
+            "install",
+            "g",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_store_path_that_is_another_users_link_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_store_path_that_is_another_users_link_is_refused: needs root to give a link to another user");
+        return;
+    }
+    let env = Env::new().await;
+    let real = env.dir.path().join("real-store");
+    std::fs::create_dir(&real).unwrap();
+    let link = env.dir.path().join("store-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    // Another user's link (uid 65534, nobody).
+    let c = std::ffi::CString::new(link.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
+    let manifest = env.write_manifest("m.json", serde_json::json!([]));
+    let out = env
+        .run(&[
+            "--store",
+            link.to_str().unwrap(),
+            "install",
+            "g",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("symbolic link of another user"),
+        "{}",
+        stderr(&out)
+    );
+}
