@@ -332,6 +332,8 @@ impl Config {
     /// Parses TOML text (paths are kept as written). An error says on which
     /// line and for which key.
     pub fn parse(text: &str) -> std::result::Result<Config, crate::error::ConfigError> {
+        // A byte-order mark (which Windows editors write) is skipped.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let config: Config =
             toml::from_str(text).map_err(|e| redact_userinfo(&locate(text, &e)))?;
         config.check().map_err(|e| redact_userinfo(&e))?;

@@ -173,6 +173,21 @@ pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
         ))
     };
     let metadata = std::fs::metadata(path).map_err(io)?;
+    if metadata.is_dir() {
+        // A gem's folder given for its manifest.
+        let inside = ["notochord.json", "manifest.json"]
+            .iter()
+            .map(|n| path.join(n))
+            .find(|p| p.is_file());
+        let hint = match inside {
+            Some(file) => format!("a folder; did you mean {}?", file.display()),
+            None => "a folder, with no notochord.json or manifest.json in it".to_string(),
+        };
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            hint,
+        )));
+    }
     if !metadata.is_file() {
         return Err(not_regular());
     }
@@ -222,10 +237,35 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ManifestError> {
             too_large(bytes.len() as u64),
         ));
     }
+    // A UTF-8 byte-order mark (which Windows editors write) is skipped, as
+    // RFC 8259 allows.
+    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
     let value: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ManifestError::single("manifest", format!("is not valid JSON ({error})"))
+        let hint = json_hint(bytes, &error);
+        ManifestError::single("manifest", format!("is not valid JSON ({error}){hint}"))
     })?;
     validate(&value)
+}
+
+/// The UTF-8 byte-order mark.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// What a JSON syntax error most likely means, for the two mistakes people
+/// make most: a comment, or a trailing comma.
+fn json_hint(bytes: &[u8], error: &serde_json::Error) -> &'static str {
+    let text = String::from_utf8_lossy(bytes);
+    let at = text
+        .lines()
+        .nth(error.line().saturating_sub(1))
+        .and_then(|line| line.get(error.column().saturating_sub(1)..))
+        .unwrap_or_default();
+    if at.starts_with("//") || at.starts_with("/*") {
+        "; JSON has no comments: remove them"
+    } else if error.to_string().contains("trailing comma") {
+        "; remove the comma before the closing bracket"
+    } else {
+        ""
+    }
 }
 
 /// Validates an already-parsed JSON value.
@@ -277,7 +317,12 @@ pub fn parse_https_url(text: &str) -> Result<Url, String> {
         ));
     }
     if !text.starts_with("https://") {
-        return Err(format!("must start with https://, got {}", shown()));
+        let hint = if !text.contains("://") {
+            " (add https:// in front)"
+        } else {
+            ""
+        };
+        return Err(format!("must start with https://{hint}, got {}", shown()));
     }
     let url = match Url::parse(text) {
         Ok(url) => url,
@@ -568,6 +613,13 @@ fn check_sha256(value: Option<&Value>, path: &str, report: &mut Report) -> Optio
     } else {
         format!("must be 64 lowercase hex digits, got {}", quote(text))
     };
+    // `sha256:…` (as some tools print it): the digits alone are wanted.
+    let message = match text.split_once(':') {
+        Some((prefix, rest)) if prefix.eq_ignore_ascii_case("sha256") && rest.len() == 64 => {
+            format!("{message} (drop the \"{prefix}:\" prefix)")
+        }
+        _ => message,
+    };
     report.add(path, message);
     None
 }
@@ -599,6 +651,9 @@ fn check_size(value: Option<&Value>, path: &str, report: &mut Report) -> Option<
             Some(size) => return Some(size),
             None => cut(&number.to_string()),
         },
+        Value::String(text) if text.trim().parse::<u64>().is_ok() => {
+            format!("the string {} (remove the quotes)", quote(text))
+        }
         other => type_name(other).to_string(),
     };
     report.add(path, format!("must be a non-negative integer, got {shown}"));

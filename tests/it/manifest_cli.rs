@@ -479,3 +479,79 @@ async fn a_description_with_terminal_controls_or_bidi_overrides_is_refused() {
     .await;
     assert_eq!(code, Some(0), "{lines:?}");
 }
+
+#[tokio::test]
+async fn messages_name_the_fix_for_the_usual_mistakes() {
+    let env = Env::new().await;
+    let (code, lines) = check(
+        &env,
+        json!([
+            entry_with("quoted", "size", json!("6000")),
+            entry_with("prefixed", "sha256", json!(format!("sha256:{HASH}"))),
+            entry_with("bare", "url", json!("cdn.example.com/bare.bin")),
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    let all = lines.join("\n");
+    assert!(all.contains("resources[0].size: must be a non-negative integer, got the string \"6000\" (remove the quotes)"), "{all}");
+    assert!(all.contains("(drop the \"sha256:\" prefix)"), "{all}");
+    assert!(all.contains("(add https:// in front)"), "{all}");
+
+    // A comment.
+    let commented = env.dir.path().join("commented.json");
+    std::fs::write(&commented, "{\n  // the model\n  \"resources\": []\n}\n").unwrap();
+    let (code, lines) = check_file(&env, &commented).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        lines.join("\n").contains("JSON has no comments"),
+        "{lines:?}"
+    );
+
+    // A gem's folder given for its manifest.
+    let folder = env.dir.path().join("my-gem");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("notochord.json"), "{\"resources\": []}").unwrap();
+    let out = env.run(&["check", folder.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let all = stderr(&out);
+    assert!(
+        all.contains("did you mean") && all.contains("notochord.json"),
+        "{all}"
+    );
+
+    // A byte-order mark is skipped, and said.
+    let bom = env.dir.path().join("bom.json");
+    let mut bytes = b"\xEF\xBB\xBF".to_vec();
+    bytes.extend_from_slice(json!({ "resources": [valid("a")] }).to_string().as_bytes());
+    std::fs::write(&bom, bytes).unwrap();
+    let out = env.run(&["check", bom.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("byte-order mark"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn quiet_says_only_errors_and_verbose_says_more() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 63);
+    let url = env.serve("/q.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([required_entry_for(&url, &body)]));
+    let out = env
+        .run(&["-q", "install", "g", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        !err.contains("verified") && !err.contains("warning"),
+        "{err}"
+    );
+    let out = env.run(&["-v", "status"]).await;
+    assert!(stderr(&out).contains("warning: [dev]"), "{}", stderr(&out));
+    std::fs::remove_dir_all(env.store_dir()).unwrap();
+    let out = env.run(&["-vv", "fetch", manifest.to_str().unwrap()]).await;
+    assert!(stderr(&out).contains("DEBUG"), "{}", stderr(&out));
+}
+
+fn required_entry_for(url: &url::Url, body: &[u8]) -> Value {
+    required_entry("q", url, body)
+}

@@ -14,8 +14,8 @@ Exit status:
   130  interrupted (Ctrl-C); what was kept is printed
 
 Environment:
-  RUST_LOG   log filter on stderr (default: warn; serve: info), e.g. RUST_LOG=debug
-             for the full chain of a network failure
+  RUST_LOG   log filter on stderr (default: warn; serve: info; -v info, -vv debug,
+             -q error), e.g. RUST_LOG=debug for the full chain of a network failure
   NO_COLOR   set to anything: no colour in log lines (there is none when stderr
              is not a terminal either)
 
@@ -91,6 +91,12 @@ pub struct Args {
     /// Machine-readable JSON output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Say more: `-v` logs what is done (info), `-vv` everything (debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Say only errors: no progress bars or lines, no warnings.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
     /// Work in this process even when a service listens on the store
     /// (by default `path`, `status`, `install`, `uninstall`, `sync` and
     /// `autofill` go through its local API).

@@ -98,6 +98,14 @@ fn config_file_error(e: Error, path: &Path) -> Error {
 
 fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let manifest = read_manifest(path)?;
+    let bom = gem_resources::manifest::read_manifest_file(path)
+        .is_ok_and(|b| b.starts_with(gem_resources::manifest::UTF8_BOM));
+    if bom && !json {
+        crate::errln!(
+            "note: {} starts with a UTF-8 byte-order mark; it was skipped",
+            path.display()
+        );
+    }
     if json {
         print_json(&json!({
             "ok": true,

@@ -74,6 +74,9 @@ pub fn dev_warning(config: &Config) -> Option<String> {
 
 /// Prints the `[dev]` warning on stderr, if any key is active.
 pub fn warn_dev(config: &Config) {
+    if crate::progress::quiet() {
+        return;
+    }
     if let Some(warning) = dev_warning(config) {
         crate::errln!("warning: {warning}");
     }

@@ -41,10 +41,14 @@ fn main() -> ExitCode {
     interrupt::set_json(args.json);
     // The long-running service says what it does; one-shot commands only
     // warn, so their output stays clean.
-    let default_log = match args.command {
-        cli::Command::Serve { .. } => "info",
-        _ => "warn",
+    let default_log = match (args.quiet, args.verbose, &args.command) {
+        (true, _, _) => "error",
+        (_, 0, cli::Command::Serve { .. }) => "info",
+        (_, 0, _) => "warn",
+        (_, 1, _) => "info",
+        _ => "debug",
     };
+    progress::set_quiet(args.quiet);
     render::init_logging(default_log);
     platform::keep_freed_memory();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -186,6 +186,19 @@ pub struct Bar {
     last_line: Option<Mutex<Instant>>,
 }
 
+/// `--quiet`: no bars and no progress lines.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Sets `--quiet` (once, at start).
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// Whether `--quiet` is on: only errors are said.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
 /// The shortest time between two progress lines without a terminal.
 pub const LINE_EVERY: Duration = Duration::from_secs(10);
 
@@ -204,7 +217,7 @@ impl Bar {
             size: Mutex::new(size),
             last_line: None,
         };
-        if json {
+        if json || QUIET.load(Ordering::Relaxed) {
             return this;
         }
         if !std::io::stderr().is_terminal() {
@@ -508,7 +521,7 @@ impl gem_resources::Reporter for Reporting<'_> {
                 "reason": reason,
             });
             json_event(&event);
-        } else {
+        } else if !quiet() {
             let line = fallback_warning(self.resource, from, code.as_str(), &reason, next.as_str());
             crate::errln!("{line}");
         }
@@ -528,7 +541,7 @@ impl gem_resources::Reporter for Reporting<'_> {
         } else if self.bar.is_drawn() {
             self.bar.set_note(&retry_note(wait, attempt, of, reason));
             self.noted = true;
-        } else {
+        } else if !quiet() {
             // No bar to carry it (stderr is not a terminal): a line of its
             // own, as `path` and `install` print it.
             let note = retry_note(wait, attempt, of, reason);

@@ -115,7 +115,7 @@ async fn install(
 ) -> anyhow::Result<ExitCode> {
     // Checked here as in process, so the errors name the file.
     let (_, declared) = crate::context::read_manifest_declaring(manifest)?;
-    if let Some(declared) = declared.filter(|d| d != gem) {
+    if let Some(declared) = declared.filter(|d| d != gem && !crate::progress::quiet()) {
         crate::errln!(
             "warning: the manifest declares the gem id {}, installing it as {}",
             crate::text::field(&declared),

@@ -185,7 +185,7 @@ async fn install(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let (manifest, declared) = crate::context::read_manifest_declaring(manifest)?;
-    if let Some(declared) = declared.filter(|d| d != gem) {
+    if let Some(declared) = declared.filter(|d| d != gem && !crate::progress::quiet()) {
         crate::errln!(
             "warning: the manifest declares the gem id {}, installing it as {}",
             crate::text::field(&declared),

@@ -249,6 +249,9 @@ impl Watcher {
 
 /// Renders one event: a JSON line, or a log line on stderr.
 pub fn print_event(event: &Event, json: bool, output: Output) {
+    if !json && crate::progress::quiet() && !matches!(event, Event::Failed { .. }) {
+        return;
+    }
     if json {
         match output {
             Output::Stdout => print_json(&json!(event)),
