@@ -317,7 +317,7 @@ pub fn parse_https_url(text: &str) -> Result<Url, String> {
         ));
     }
     if !text.starts_with("https://") {
-        let hint = if !text.contains("://") {
+        let hint = if !text.is_empty() && !text.contains("://") && text.contains('.') {
             " (add https:// in front)"
         } else {
             ""
@@ -1269,7 +1269,7 @@ mod tests {
             (
                 "size",
                 json!("12"),
-                "size: must be a non-negative integer, got string",
+                "size: must be a non-negative integer, got the string \"12\" (remove the quotes)",
             ),
             (
                 "size",
@@ -1407,7 +1407,7 @@ mod tests {
             ),
             (
                 "cdn.example.com/a",
-                "must start with https://, got \"cdn.example.com/a\"",
+                "must start with https:// (add https:// in front), got \"cdn.example.com/a\"",
             ),
             ("", "must start with https://, got \"\""),
             (
@@ -1646,7 +1646,8 @@ mod tests {
             ("1.5", "1.5"),
             ("-1", "-1"),
             ("1e3", "1000.0"),
-            ("\"12\"", "string"),
+            ("\"12\"", "the string \"12\" (remove the quotes)"),
+            ("\"twelve\"", "string"),
             ("18446744073709551616", "1.8446744073709552e+19"),
             ("0.0", "0.0"),
             ("-0", "-0.0"),
