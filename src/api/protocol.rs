@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 pub use crate::error::data::{attempt_json, ErrorData};
 use crate::error::{Error, ErrorCode};
 use crate::net::policy::{Mode, Policy};
+pub use crate::service::autofill::Autofilled;
 use crate::service::GemStatus;
 
 /// The protocol's version, answered by `hello`. A change that an old
@@ -188,17 +189,6 @@ pub struct UninstallResult {
 pub struct Changed {
     /// Whether anything was started or stopped.
     pub changed: bool,
-}
-
-/// `autofill {url}`'s answer, and `autofill --json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Autofilled {
-    /// The size in bytes.
-    pub size: u64,
-    /// The SHA-256.
-    pub sha256: String,
-    /// The address that served it (the url or a mirror, as given).
-    pub served_by: String,
 }
 
 /// `policy`'s answer, and `set_policy`'s params.

@@ -15,8 +15,17 @@ use crate::service::Resources;
 use crate::transfer::autofill::{autofill_addresses, Filled};
 use crate::transfer::fetch::Reporter;
 
-/// What [`Resources::autofill`] read.
-pub use crate::api::protocol::Autofilled;
+/// What [`Resources::autofill`] read: `autofill {url}`'s answer in the
+/// local API, and `autofill --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autofilled {
+    /// The size in bytes.
+    pub size: u64,
+    /// The SHA-256.
+    pub sha256: String,
+    /// The address that served it (the url or a mirror, as given).
+    pub served_by: String,
+}
 
 /// One resource of [`Resources::autofill_manifest`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

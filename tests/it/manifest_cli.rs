@@ -226,7 +226,7 @@ async fn each_entry_rule_has_its_own_message() {
         ),
         (
             entry_with("x", "size", json!("10")),
-            format!("{r0}.size: must be a non-negative integer, got string"),
+            format!("{r0}.size: must be a non-negative integer, got the string \"10\" (remove the quotes)"),
         ),
         (
             entry_with("x", "required", json!("yes")),

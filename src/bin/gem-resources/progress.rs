@@ -276,10 +276,10 @@ impl Bar {
         let size = *self.size.lock().unwrap_or_else(|p| p.into_inner());
         let meter = self.meter();
         let bytes = meter.bytes();
-        let mut text = crate::render::bytes(bytes);
+        let mut text = crate::text::bytes(bytes);
         if let Some(size) = size.filter(|s| *s > 0) {
             let percent = bytes.saturating_mul(100) / size;
-            text.push_str(&format!(" of {} ({percent} %)", crate::render::bytes(size)));
+            text.push_str(&format!(" of {} ({percent} %)", crate::text::bytes(size)));
         }
         text.push_str(&format!(", {}", rate_text(meter.rate(now))));
         text.push_str(&format!(", {}", left_text(&meter, now, size)));
@@ -304,7 +304,7 @@ impl Bar {
         self.meter().resumed(Instant::now(), offset);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(offset);
-            bar.set_message(format!("{RESUMING} {}", crate::render::bytes(offset)));
+            bar.set_message(format!("{RESUMING} {}", crate::text::bytes(offset)));
         }
     }
 
@@ -330,7 +330,7 @@ impl Bar {
 
 /// `2.35 MiB/s`.
 fn rate_text(rate: f64) -> String {
-    format!("{}/s", crate::render::bytes(rate.max(0.0) as u64))
+    format!("{}/s", crate::text::bytes(rate.max(0.0) as u64))
 }
 
 /// The time left as a bar says it: `12s`, `5m 10s`, `2h 5m`; `stalled for

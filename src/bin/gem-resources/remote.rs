@@ -243,7 +243,7 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
     }
     let status = settled(client, None).await?;
     watcher.stop().await;
-    let failed = crate::service_commands::failed_required(&status);
+    let failed = report::failed_required(&status);
     if json {
         let ok = failed.is_empty();
         render::print_doc(

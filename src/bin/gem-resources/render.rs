@@ -156,21 +156,7 @@ macro_rules! errln {
     ($($arg:tt)*) => { $crate::render::write_err(format_args!($($arg)*)) };
 }
 
-/// Human-readable byte count.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use crate::text::bytes;
 
 /// The `status` line about files no installed gem declares, when there
 /// are any: `not declared by any gem: 2 files, 1.2 GiB (run `gem-resources gc`)`.

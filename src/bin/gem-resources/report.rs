@@ -225,3 +225,16 @@ pub fn print_verify(report: &VerifyReport) {
         }
     }
 }
+
+/// `gem/resource` of every required resource that is not present.
+pub fn failed_required(status: &[GemStatus]) -> Vec<String> {
+    status
+        .iter()
+        .flat_map(|g| {
+            g.resources
+                .iter()
+                .filter(|r| r.required && !matches!(r.state, ResourceState::Present { .. }))
+                .map(move |r| format!("{}/{}", g.gem, r.id))
+        })
+        .collect()
+}

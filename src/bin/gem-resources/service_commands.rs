@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use gem_resources::{Config, Error, Event, GemStatus, ResourceState, Resources};
+use gem_resources::{Config, Error, Event, Resources};
 use serde_json::json;
 
 use crate::cli::Command;
@@ -297,7 +297,7 @@ async fn sync(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
     }
     watcher.stop().await;
     let status = service.status(None)?;
-    let failed = failed_required(&status);
+    let failed = report::failed_required(&status);
     if json {
         let ok = failed.is_empty();
         render::print_doc(
@@ -341,17 +341,4 @@ fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
         crate::errln!("{}", render::error_text(e));
     }
     Ok(ExitCode::from(1))
-}
-
-/// `gem/resource` of every required resource that is not present.
-pub fn failed_required(status: &[GemStatus]) -> Vec<String> {
-    status
-        .iter()
-        .flat_map(|g| {
-            g.resources
-                .iter()
-                .filter(|r| r.required && !matches!(r.state, ResourceState::Present { .. }))
-                .map(move |r| format!("{}/{}", g.gem, r.id))
-        })
-        .collect()
 }
