@@ -49,3 +49,53 @@ async fn ignored_folders_are_logged_once_with_why_and_an_invalid_new_gem_is_not_
     assert!(text.contains("rejected; not installed"), "{text}");
     assert!(!text.contains("keeping the installed version"), "{text}");
 }
+
+#[cfg(unix)] // symbolic links by `std::os::unix`
+#[tokio::test]
+async fn a_manifest_linked_out_of_the_gems_folder_is_refused_once_and_never_read() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let gems = env.dir.path().join("gems");
+    // Shaped so that a rejection would quote the value it holds.
+    let secret = env.dir.path().join("secret.json");
+    std::fs::write(
+        &secret,
+        "{\"resources\": [{\"id\": \"x\", \"url\": \"http://root-only-secret\"}]}",
+    )
+    .unwrap();
+    files::set_mode(&secret, 0o600);
+    std::fs::create_dir_all(gems.join("leak")).unwrap();
+    std::os::unix::fs::symlink(&secret, gems.join("leak/notochord.json")).unwrap();
+    // A link to a whole folder outside is refused the same way.
+    let outside = env.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::copy(&secret, outside.join("manifest.json")).unwrap();
+    std::os::unix::fs::symlink(&outside, gems.join("away")).unwrap();
+    // A link that stays in the gems folder is followed.
+    std::fs::create_dir_all(gems.join("real")).unwrap();
+    std::fs::write(gems.join("real/notochord.json"), "{\"resources\": []}").unwrap();
+    std::fs::create_dir_all(gems.join("alias")).unwrap();
+    std::os::unix::fs::symlink("../real/notochord.json", gems.join("alias/notochord.json"))
+        .unwrap();
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.1", &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until("the aliased gem is installed", || {
+        text().contains("installed gem=\"alias\"")
+    })
+    .await;
+    // Several scans later, each refusal is still said once.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let text = text();
+    assert!(!text.contains("root-only-secret"), "{text}");
+    for gem in ["leak", "away"] {
+        let said = format!("gem=\"{gem}\"");
+        let refusals: Vec<&str> = text.lines().filter(|l| l.contains(&said)).collect();
+        assert_eq!(refusals.len(), 1, "{text}");
+        assert!(
+            refusals[0].contains("a symbolic link leading out of the gems folder"),
+            "{text}"
+        );
+    }
+    assert!(text.contains("installed gem=\"real\""), "{text}");
+}
