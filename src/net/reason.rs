@@ -108,20 +108,71 @@ fn certificate_reason(c: &rustls::CertificateError, host: &str) -> String {
         ),
         C::BadEncoding => "it cannot be read".into(),
         C::InvalidPurpose | C::InvalidPurposeContext { .. } => "it is not meant for a server".into(),
+        C::UnsupportedSignatureAlgorithmContext { .. }
+        | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => WEAK_SIGNATURE.into(),
         C::Other(other) => match other.0.downcast_ref::<webpki::Error>() {
-            Some(webpki::Error::CaUsedAsEndEntity) => format!(
-                "it is a CA certificate used as a server certificate (the server must present a certificate issued by that CA; {EXTRA_ROOTS_HINT})"
-            ),
-            Some(webpki::Error::EndEntityUsedAsCa) => {
-                "a server certificate was used as a certificate authority".into()
-            }
-            Some(webpki::Error::UnknownIssuer) => {
-                format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})")
-            }
-            Some(other) => format!("{other}"),
+            Some(e) => webpki_reason(e),
             None => other.to_string(),
         },
-        other => format!("{other:?}"),
+        #[allow(deprecated)]
+        C::UnsupportedSignatureAlgorithm => WEAK_SIGNATURE.into(),
+        other => in_words(&format!("{other:?}")),
+    }
+}
+
+/// A certificate signed with an algorithm that is refused.
+const WEAK_SIGNATURE: &str =
+    "it is signed with an algorithm this program does not accept (such as SHA-1 or MD5)";
+
+/// What a certificate error of the WebPKI verifier (the platform's, on
+/// Linux) means, in words. The variants without context are still made
+/// by some verifiers, so they are read too.
+#[allow(deprecated)]
+fn webpki_reason(e: &webpki::Error) -> String {
+    use webpki::Error as W;
+    match e {
+        W::CaUsedAsEndEntity => format!(
+            "it is a CA certificate used as a server certificate (the server must present a certificate issued by that CA; {EXTRA_ROOTS_HINT})"
+        ),
+        W::EndEntityUsedAsCa => "a server certificate was used as a certificate authority".into(),
+        W::UnknownIssuer => {
+            format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})")
+        }
+        W::UnsupportedSignatureAlgorithm
+        | W::UnsupportedSignatureAlgorithmContext(_)
+        | W::UnsupportedSignatureAlgorithmForPublicKey
+        | W::UnsupportedSignatureAlgorithmForPublicKeyContext(_) => WEAK_SIGNATURE.into(),
+        W::InvalidSignatureForPublicKey => {
+            "its signature does not verify against the key that should have made it".into()
+        }
+        W::CertExpired { .. } => "it has expired".into(),
+        W::CertNotValidYet { .. } => "it is not valid yet".into(),
+        W::RequiredEkuNotFound | W::RequiredEkuNotFoundContext(_) => {
+            "it is not meant for a server".into()
+        }
+        other => in_words(&format!("{other:?}")),
+    }
+}
+
+/// A Rust variant's name as words: `MalformedExtensions { .. }`
+/// → `malformed extensions`; what follows the name (its
+/// fields) is left out.
+fn in_words(debug: &str) -> String {
+    let name: String = debug
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let mut words = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    if words.is_empty() {
+        "it was refused".into()
+    } else {
+        words
     }
 }
 
@@ -189,5 +240,35 @@ mod tests {
             reason(C::Expired),
             "TLS: the server's certificate is not trusted: it has expired"
         );
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn refused_signature_algorithms_and_other_failures_read_as_words() {
+        use rustls::{CertificateError as C, OtherError};
+        let reason = |c: C| tls_reason(&rustls::Error::InvalidCertificate(c), "cdn.test");
+        let sha1 = C::UnsupportedSignatureAlgorithmContext {
+            signature_algorithm_id: vec![6, 9, 42, 134, 72],
+            supported_algorithms: vec![],
+        };
+        let webpki_sha1 = C::Other(OtherError(std::sync::Arc::new(
+            webpki::Error::UnsupportedSignatureAlgorithm,
+        )));
+        for c in [sha1, webpki_sha1] {
+            let shown = reason(c);
+            assert!(shown.ends_with(WEAK_SIGNATURE), "{shown}");
+        }
+        let other = C::Other(OtherError(std::sync::Arc::new(
+            webpki::Error::MalformedExtensions,
+        )));
+        assert_eq!(
+            reason(other),
+            "TLS: the server's certificate is not trusted: malformed extensions"
+        );
+        assert_eq!(
+            in_words("ApplicationVerificationFailure"),
+            "application verification failure"
+        );
+        assert_eq!(in_words("Foo { a: [1, 2] }"), "foo");
     }
 }
