@@ -6,6 +6,36 @@
 use std::error::Error as StdError;
 use std::io;
 
+use crate::error::AttemptError;
+
+/// A failure to connect or to read as an attempt's error: a certificate
+/// that failed verification is [`AttemptError::Certificate`] (the same
+/// address would present it again), anything else
+/// [`AttemptError::Network`]; both with [`network_reason`]'s words.
+pub(crate) fn network_failure(e: &(dyn StdError + 'static), host: &str) -> AttemptError {
+    let reason = network_reason(e, host);
+    if matches!(tls_in_chain(e), Some(rustls::Error::InvalidCertificate(_))) {
+        AttemptError::Certificate { reason }
+    } else {
+        AttemptError::Network { reason }
+    }
+}
+
+/// The TLS error in `e`'s chain, if any.
+fn tls_in_chain<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(tls) = s.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = s.downcast_ref::<io::Error>().and_then(tls_inside) {
+            return Some(tls);
+        }
+        source = s.source();
+    }
+    None
+}
+
 /// The reason for a failure to connect or to read, from an error chain.
 pub(crate) fn network_reason(e: &(dyn StdError + 'static), host: &str) -> String {
     tracing::debug!(host, "network failure: {}", chain(e));
@@ -198,6 +228,10 @@ mod tests {
     fn reasons_are_short() {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(network_reason(&refused, "x"), "connection refused");
+        assert!(matches!(
+            network_failure(&refused, "x"),
+            AttemptError::Network { .. }
+        ));
         let tls = io::Error::other(rustls::Error::InvalidCertificate(
             rustls::CertificateError::NotValidForName,
         ));
@@ -205,6 +239,10 @@ mod tests {
             network_reason(&tls, "cdn.test"),
             "TLS: the server's certificate is not trusted: it is not valid for cdn.test"
         );
+        assert!(matches!(
+            network_failure(&tls, "cdn.test"),
+            AttemptError::Certificate { .. }
+        ));
         // As a connector wraps it.
         let wrapped = io::Error::other(io::Error::new(io::ErrorKind::InvalidData, tls));
         assert_eq!(

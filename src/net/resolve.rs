@@ -56,15 +56,29 @@ impl SystemLookup for SystemDns {
             let fqdn = format!("{name}.");
             match resolver.lookup_ip(fqdn.as_str()).await {
                 Ok(lookup) => Ok(lookup.iter().collect()),
-                Err(e) => Err(AttemptError::Network {
-                    reason: dns_reason(name, &e),
-                }),
+                Err(e) => Err(dns_error(name, &e)),
             }
         })
     }
 }
 
-/// A DNS failure in words (never the resolver's `Debug` text).
+/// A DNS failure as an attempt's error, in words (never the resolver's
+/// `Debug` text): a name that does not exist or has no address is the
+/// name server's answer ([`AttemptError::UnknownHost`]); a failed or
+/// timed-out lookup may succeed later ([`AttemptError::Network`]).
+fn dns_error(name: &str, e: &hickory_resolver::net::NetError) -> AttemptError {
+    use hickory_resolver::net::{DnsError, NetError};
+    if let NetError::Dns(DnsError::NoRecordsFound(_)) = e {
+        return AttemptError::UnknownHost {
+            reason: format!("DNS: no address for {name}"),
+        };
+    }
+    AttemptError::Network {
+        reason: dns_reason(name, e),
+    }
+}
+
+/// A DNS failure in words.
 fn dns_reason(name: &str, e: &hickory_resolver::net::NetError) -> String {
     use hickory_resolver::net::{DnsError, NetError};
     match e {
@@ -153,8 +167,9 @@ impl GuardedResolver {
     ///
     /// Fails with [`AttemptError::Address`] when there were answers but none
     /// passed the guard, with [`AttemptError::Policy`] when those that did
-    /// are all blocked by the policy, and with [`AttemptError::Network`]
-    /// when the name does not resolve.
+    /// are all blocked by the policy, with [`AttemptError::UnknownHost`]
+    /// when the name does not exist or has no address, and with
+    /// [`AttemptError::Network`] when the lookup failed.
     pub async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
         let key = normalise_host(name);
         let answers = match self.inner.fixed.get(&key) {
@@ -196,7 +211,7 @@ impl GuardedResolver {
                 address: format!("{key} (resolves to {})", blocked.address),
                 reason: blocked.reason,
             })),
-            (true, None) => Err(AttemptError::Network {
+            (true, None) => Err(AttemptError::UnknownHost {
                 reason: format!("DNS: no address for {key}"),
             }),
         }

@@ -76,10 +76,14 @@ impl Tunnels {
         };
         let name = url.host_str().unwrap_or_default().to_string();
         let tls = self.tls.connect(host, stream).await.map_err(|e| {
-            network(
-                "TLS handshake with",
-                &crate::net::reason::network_reason(&e, &name),
-            )
+            match crate::net::reason::network_failure(&e, &name) {
+                AttemptError::Certificate { reason } => AttemptError::Certificate {
+                    reason: format!(
+                        "TLS handshake with {target} through the proxy {proxy}: {reason}"
+                    ),
+                },
+                other => network("TLS handshake with", &other),
+            }
         })?;
         crate::net::connecting::mark_connected()?;
         check()?;
