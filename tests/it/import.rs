@@ -389,3 +389,43 @@ async fn a_path_swapped_for_a_link_to_dev_zero_never_copies_more_than_the_file()
     stop.store(true, Ordering::Relaxed);
     swapper.join().unwrap();
 }
+
+#[cfg(unix)] // a second user, symbolic links, /dev/zero
+#[tokio::test]
+async fn another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stored() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    const TEST: &str = "another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stored";
+    let Some(user) = second_user(TEST) else {
+        return;
+    };
+    let env = Env::new().await;
+    let body = bytes(2 << 20, 43);
+    let url = env.serve("/m.bin", &body);
+    install(&env, "g", json!([entry("m", &url, &body)])).await;
+    // Her folder, that anyone may write in, holding her file.
+    let shared = shared_folder();
+    let original = shared.path().join("orig");
+    std::fs::write(&original, &body).unwrap();
+    std::fs::set_permissions(&original, std::fs::Permissions::from_mode(0o644)).unwrap();
+    chown(&original, Some(user.0), Some(user.1)).unwrap();
+    let target = shared.path().join("m.bin");
+    let swap = "cd \"$1\" && while :; do ln -f orig f.tmp && mv -fT f.tmp m.bin; ln -sf /dev/zero l.tmp && mv -fT l.tmp m.bin; done";
+    let _swapper = Spawned(
+        as_user(user, "/bin/sh")
+            .args(["-c", swap, "sh", shared.path().to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the swapping began", || target.symlink_metadata().is_ok()).await;
+    let log = env.dir.path().join("import.log");
+    for _ in 0..20 {
+        let mut child = spawn_quiet(&env, &["import", arg(&target)], &log);
+        let exit = wait_output(&mut child).await;
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(matches!(exit.code(), Some(0..=2)), "{exit:?} {stderr}");
+        assert_eq!(tmp_files(&env), Vec::<PathBuf>::new(), "{stderr}");
+        for stored in stored_files(&env, &body) {
+            assert_eq!(std::fs::read(&stored).unwrap(), body);
+        }
+    }
+}
