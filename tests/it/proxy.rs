@@ -467,7 +467,8 @@ async fn an_untrusted_certificate_through_the_proxy_is_said_in_words() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("TLS: the server's certificate is not trusted: it was issued by an unknown certificate authority"),
+        err.contains("TLS: the server's certificate is not trusted: ")
+            && err.contains("`[dev] extra_root_certs`"),
         "{err}"
     );
     assert!(!err.contains("UnknownIssuer"), "{err}");
