@@ -87,6 +87,24 @@ pub enum AttemptError {
         /// What happened, with the underlying cause.
         reason: String,
     },
+    /// The server's certificate failed verification (untrusted, expired,
+    /// for another name, a refused signature algorithm): another try of
+    /// the same address meets the same certificate, so the next address
+    /// is tried at once. Its code is `E_RESOURCE_NETWORK`, as for any TLS
+    /// failure.
+    #[error("{}", shorten_to(reason, MAX_REASON_CHARS))]
+    Certificate {
+        /// What is wrong with the certificate, in words.
+        reason: String,
+    },
+    /// The address's name does not exist (`NXDOMAIN`) or has no address:
+    /// an answer, not an outage, so the next address is tried at once.
+    /// Its code is `E_RESOURCE_NETWORK`.
+    #[error("{}", shorten_to(reason, MAX_REASON_CHARS))]
+    UnknownHost {
+        /// What the lookup answered, in words.
+        reason: String,
+    },
     /// The proxy could not be reached or would not open a tunnel. The
     /// reason names the proxy, never its credentials.
     #[error("{reason}")]
@@ -136,7 +154,10 @@ impl AttemptError {
             AttemptError::Policy { .. } => ErrorCode::Policy,
             AttemptError::Redirects { .. } => ErrorCode::Redirects,
             AttemptError::Http { .. } => ErrorCode::Http,
-            AttemptError::Network { .. } | AttemptError::Proxy { .. } => ErrorCode::Network,
+            AttemptError::Network { .. }
+            | AttemptError::Certificate { .. }
+            | AttemptError::UnknownHost { .. }
+            | AttemptError::Proxy { .. } => ErrorCode::Network,
             AttemptError::Size { .. } => ErrorCode::Size,
             AttemptError::Sha256 { .. } => ErrorCode::Sha256,
         }

@@ -13,6 +13,7 @@
 //! the output is deterministic.
 
 pub mod fill;
+mod format_chars;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -90,10 +91,12 @@ impl Resource {
     }
 
     /// The file name a tool sees: the last non-empty path segment of `url`,
-    /// percent-decoded (lossy UTF-8), made safe: `/`, `\`, NUL and control
-    /// characters become `_`, a leading `.` gets a `_` prefix, `.` and `..`
-    /// are not names, and the result is at most 200 bytes (cut at a char
-    /// boundary, keeping a short extension). Falls back to the id made safe
+    /// percent-decoded (lossy UTF-8), made safe: `/`, `\`, NUL, control
+    /// characters, format characters (bidirectional overrides, zero-width
+    /// characters: Unicode's Cf) and line or paragraph separators become
+    /// `_`, a leading `.` gets a `_` prefix, `.` and `..` are not names, and
+    /// the result is at most 200 bytes (cut at a char boundary, keeping a
+    /// short extension). Falls back to the id made safe
     /// the same way, then to `"resource"`.
     pub fn file_name(&self) -> String {
         let from_url = self
@@ -861,9 +864,15 @@ fn safe_file_name(raw: &str) -> Option<String> {
     Some(no_trailing_dot_or_space(cut_file_name(name)))
 }
 
-/// Whether `c` has no place in a file name on some platform.
+/// Whether `c` has no place in a file name on some platform, or would make
+/// the name read as another: control characters, format characters
+/// (Unicode's Cf: bidirectional overrides, isolates and marks, zero-width
+/// spaces and joiners) and the line and paragraph separators.
 fn unsafe_in_file_name(c: char) -> bool {
-    matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control()
+    matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*')
+        || c.is_control()
+        || format_chars::is_format(c)
+        || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
 /// Whether Windows takes `name` for a device: its part before the first dot

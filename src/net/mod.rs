@@ -15,6 +15,7 @@ pub(crate) mod connecting;
 pub mod guard;
 pub mod headers;
 pub(crate) mod hosts;
+mod pinned;
 pub mod policy;
 pub mod proxy;
 pub(crate) mod reason;

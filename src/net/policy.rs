@@ -13,6 +13,11 @@
 //! matches every IPv6 spelling that carries that address: IPv4-mapped,
 //! IPv4-compatible, NAT64 (`64:ff9b::/96` and `64:ff9b:1::/48`), 6to4 and
 //! Teredo, as the address guard reads them ([`crate::net::guard::embedded_ipv4`]).
+//!
+//! An IP entry of a blocklist also applies to every address a name resolves
+//! to: each connection dials only addresses the policy permits
+//! ([`Policy::permits_address`], checked by the resolver on the vetted
+//! answers), so a name cannot lead to a blocked address.
 
 use std::net::IpAddr;
 
@@ -209,6 +214,25 @@ impl Policy {
         match self.mode {
             Mode::Allowlist => listed,
             Mode::Blocklist => !listed,
+        }
+    }
+}
+
+impl Policy {
+    /// True when the policy lets a connection dial `ip`, an address a
+    /// permitted name resolved to (after the guard vetted it).
+    ///
+    /// In blocklist mode a listed IP address is refused whatever name led to
+    /// it, so a name cannot reach an address the list blocks. In allowlist
+    /// mode the name was what the list permitted: its addresses need no
+    /// entry of their own (IP entries there permit IP-literal URLs).
+    pub fn permits_address(&self, ip: IpAddr) -> bool {
+        match self.mode {
+            Mode::Allowlist => true,
+            Mode::Blocklist => {
+                let key = HostKey::Ip(ip.to_canonical());
+                !self.patterns.iter().any(|pattern| pattern.matches(&key))
+            }
         }
     }
 }
@@ -418,5 +442,16 @@ mod tests {
             err.to_string(),
             "invalid host pattern \"*\": '*' alone is not allowed (use the mode to allow or block everything)"
         );
+    }
+
+    #[test]
+    fn a_blocklisted_address_is_refused_whatever_name_led_to_it() {
+        let block = policy(Mode::Blocklist, &["203.0.113.7", "blocked.test"]);
+        assert!(!block.permits_address("203.0.113.7".parse().unwrap()));
+        assert!(!block.permits_address("::ffff:203.0.113.7".parse().unwrap()));
+        assert!(block.permits_address("203.0.113.8".parse().unwrap()));
+        // The names listed say nothing of addresses.
+        let allow = allow(&["cdn.test"]);
+        assert!(allow.permits_address("203.0.113.7".parse().unwrap()));
     }
 }

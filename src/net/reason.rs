@@ -6,6 +6,36 @@
 use std::error::Error as StdError;
 use std::io;
 
+use crate::error::AttemptError;
+
+/// A failure to connect or to read as an attempt's error: a certificate
+/// that failed verification is [`AttemptError::Certificate`] (the same
+/// address would present it again), anything else
+/// [`AttemptError::Network`]; both with [`network_reason`]'s words.
+pub(crate) fn network_failure(e: &(dyn StdError + 'static), host: &str) -> AttemptError {
+    let reason = network_reason(e, host);
+    if matches!(tls_in_chain(e), Some(rustls::Error::InvalidCertificate(_))) {
+        AttemptError::Certificate { reason }
+    } else {
+        AttemptError::Network { reason }
+    }
+}
+
+/// The TLS error in `e`'s chain, if any.
+fn tls_in_chain<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(tls) = s.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = s.downcast_ref::<io::Error>().and_then(tls_inside) {
+            return Some(tls);
+        }
+        source = s.source();
+    }
+    None
+}
+
 /// The reason for a failure to connect or to read, from an error chain.
 pub(crate) fn network_reason(e: &(dyn StdError + 'static), host: &str) -> String {
     tracing::debug!(host, "network failure: {}", chain(e));
@@ -108,20 +138,71 @@ fn certificate_reason(c: &rustls::CertificateError, host: &str) -> String {
         ),
         C::BadEncoding => "it cannot be read".into(),
         C::InvalidPurpose | C::InvalidPurposeContext { .. } => "it is not meant for a server".into(),
+        C::UnsupportedSignatureAlgorithmContext { .. }
+        | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => WEAK_SIGNATURE.into(),
         C::Other(other) => match other.0.downcast_ref::<webpki::Error>() {
-            Some(webpki::Error::CaUsedAsEndEntity) => format!(
-                "it is a CA certificate used as a server certificate (the server must present a certificate issued by that CA; {EXTRA_ROOTS_HINT})"
-            ),
-            Some(webpki::Error::EndEntityUsedAsCa) => {
-                "a server certificate was used as a certificate authority".into()
-            }
-            Some(webpki::Error::UnknownIssuer) => {
-                format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})")
-            }
-            Some(other) => format!("{other}"),
+            Some(e) => webpki_reason(e),
             None => other.to_string(),
         },
-        other => format!("{other:?}"),
+        #[allow(deprecated)]
+        C::UnsupportedSignatureAlgorithm => WEAK_SIGNATURE.into(),
+        other => in_words(&format!("{other:?}")),
+    }
+}
+
+/// A certificate signed with an algorithm that is refused.
+const WEAK_SIGNATURE: &str =
+    "it is signed with an algorithm this program does not accept (such as SHA-1 or MD5)";
+
+/// What a certificate error of the WebPKI verifier (the platform's, on
+/// Linux) means, in words. The variants without context are still made
+/// by some verifiers, so they are read too.
+#[allow(deprecated)]
+fn webpki_reason(e: &webpki::Error) -> String {
+    use webpki::Error as W;
+    match e {
+        W::CaUsedAsEndEntity => format!(
+            "it is a CA certificate used as a server certificate (the server must present a certificate issued by that CA; {EXTRA_ROOTS_HINT})"
+        ),
+        W::EndEntityUsedAsCa => "a server certificate was used as a certificate authority".into(),
+        W::UnknownIssuer => {
+            format!("it was issued by an unknown certificate authority ({EXTRA_ROOTS_HINT})")
+        }
+        W::UnsupportedSignatureAlgorithm
+        | W::UnsupportedSignatureAlgorithmContext(_)
+        | W::UnsupportedSignatureAlgorithmForPublicKey
+        | W::UnsupportedSignatureAlgorithmForPublicKeyContext(_) => WEAK_SIGNATURE.into(),
+        W::InvalidSignatureForPublicKey => {
+            "its signature does not verify against the key that should have made it".into()
+        }
+        W::CertExpired { .. } => "it has expired".into(),
+        W::CertNotValidYet { .. } => "it is not valid yet".into(),
+        W::RequiredEkuNotFound | W::RequiredEkuNotFoundContext(_) => {
+            "it is not meant for a server".into()
+        }
+        other => in_words(&format!("{other:?}")),
+    }
+}
+
+/// A Rust variant's name as words: `MalformedExtensions { .. }`
+/// → `malformed extensions`; what follows the name (its
+/// fields) is left out.
+fn in_words(debug: &str) -> String {
+    let name: String = debug
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let mut words = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    if words.is_empty() {
+        "it was refused".into()
+    } else {
+        words
     }
 }
 
@@ -147,6 +228,10 @@ mod tests {
     fn reasons_are_short() {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(network_reason(&refused, "x"), "connection refused");
+        assert!(matches!(
+            network_failure(&refused, "x"),
+            AttemptError::Network { .. }
+        ));
         let tls = io::Error::other(rustls::Error::InvalidCertificate(
             rustls::CertificateError::NotValidForName,
         ));
@@ -154,6 +239,10 @@ mod tests {
             network_reason(&tls, "cdn.test"),
             "TLS: the server's certificate is not trusted: it is not valid for cdn.test"
         );
+        assert!(matches!(
+            network_failure(&tls, "cdn.test"),
+            AttemptError::Certificate { .. }
+        ));
         // As a connector wraps it.
         let wrapped = io::Error::other(io::Error::new(io::ErrorKind::InvalidData, tls));
         assert_eq!(
@@ -189,5 +278,35 @@ mod tests {
             reason(C::Expired),
             "TLS: the server's certificate is not trusted: it has expired"
         );
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn refused_signature_algorithms_and_other_failures_read_as_words() {
+        use rustls::{CertificateError as C, OtherError};
+        let reason = |c: C| tls_reason(&rustls::Error::InvalidCertificate(c), "cdn.test");
+        let sha1 = C::UnsupportedSignatureAlgorithmContext {
+            signature_algorithm_id: vec![6, 9, 42, 134, 72],
+            supported_algorithms: vec![],
+        };
+        let webpki_sha1 = C::Other(OtherError(std::sync::Arc::new(
+            webpki::Error::UnsupportedSignatureAlgorithm,
+        )));
+        for c in [sha1, webpki_sha1] {
+            let shown = reason(c);
+            assert!(shown.ends_with(WEAK_SIGNATURE), "{shown}");
+        }
+        let other = C::Other(OtherError(std::sync::Arc::new(
+            webpki::Error::MalformedExtensions,
+        )));
+        assert_eq!(
+            reason(other),
+            "TLS: the server's certificate is not trusted: malformed extensions"
+        );
+        assert_eq!(
+            in_words("ApplicationVerificationFailure"),
+            "application verification failure"
+        );
+        assert_eq!(in_words("Foo { a: [1, 2] }"), "foo");
     }
 }

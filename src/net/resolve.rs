@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use hickory_resolver::config::ResolverConfig;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
@@ -19,6 +19,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::error::AttemptError;
 use crate::net::guard::{normalise_host, AddressGuard, Blocked};
+use crate::net::policy::Policy;
 
 /// The answers of a name lookup, or why there are none.
 pub type LookupResult = Result<Vec<IpAddr>, AttemptError>;
@@ -55,15 +56,29 @@ impl SystemLookup for SystemDns {
             let fqdn = format!("{name}.");
             match resolver.lookup_ip(fqdn.as_str()).await {
                 Ok(lookup) => Ok(lookup.iter().collect()),
-                Err(e) => Err(AttemptError::Network {
-                    reason: dns_reason(name, &e),
-                }),
+                Err(e) => Err(dns_error(name, &e)),
             }
         })
     }
 }
 
-/// A DNS failure in words (never the resolver's `Debug` text).
+/// A DNS failure as an attempt's error, in words (never the resolver's
+/// `Debug` text): a name that does not exist or has no address is the
+/// name server's answer ([`AttemptError::UnknownHost`]); a failed or
+/// timed-out lookup may succeed later ([`AttemptError::Network`]).
+fn dns_error(name: &str, e: &hickory_resolver::net::NetError) -> AttemptError {
+    use hickory_resolver::net::{DnsError, NetError};
+    if let NetError::Dns(DnsError::NoRecordsFound(_)) = e {
+        return AttemptError::UnknownHost {
+            reason: format!("DNS: no address for {name}"),
+        };
+    }
+    AttemptError::Network {
+        reason: dns_reason(name, e),
+    }
+}
+
+/// A DNS failure in words.
 fn dns_reason(name: &str, e: &hickory_resolver::net::NetError) -> String {
     use hickory_resolver::net::{DnsError, NetError};
     match e {
@@ -96,6 +111,8 @@ struct Inner {
     fixed: BTreeMap<String, Vec<IpAddr>>,
     /// Every other name.
     system: Arc<dyn SystemLookup>,
+    /// The live network policy, whose blocked addresses no answer may be.
+    policy: Option<Arc<RwLock<Policy>>>,
 }
 
 impl GuardedResolver {
@@ -121,8 +138,23 @@ impl GuardedResolver {
                 guard,
                 fixed,
                 system,
+                policy: None,
             }),
         }
+    }
+
+    /// Like [`GuardedResolver::new`], also keeping only the answers the
+    /// live `policy` lets a connection dial ([`Policy::permits_address`]).
+    pub(crate) fn with_policy(
+        guard: AddressGuard,
+        fixed: BTreeMap<String, Vec<IpAddr>>,
+        policy: Arc<RwLock<Policy>>,
+    ) -> Self {
+        let mut resolver = Self::new(guard, fixed);
+        if let Some(inner) = Arc::get_mut(&mut resolver.inner) {
+            inner.policy = Some(policy);
+        }
+        resolver
     }
 
     /// The guard in use.
@@ -130,11 +162,14 @@ impl GuardedResolver {
         &self.inner.guard
     }
 
-    /// Resolves `name` and returns the answers that passed the guard.
+    /// Resolves `name` and returns the answers that passed the guard (and
+    /// the policy, when the resolver has one).
     ///
     /// Fails with [`AttemptError::Address`] when there were answers but none
-    /// passed, and with [`AttemptError::Network`] when the name does not
-    /// resolve.
+    /// passed the guard, with [`AttemptError::Policy`] when those that did
+    /// are all blocked by the policy, with [`AttemptError::UnknownHost`]
+    /// when the name does not exist or has no address, and with
+    /// [`AttemptError::Network`] when the lookup failed.
     pub async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
         let key = normalise_host(name);
         let answers = match self.inner.fixed.get(&key) {
@@ -159,13 +194,24 @@ impl GuardedResolver {
                 }
             }
         }
+        if let (Some(policy), false) = (&self.inner.policy, allowed.is_empty()) {
+            let policy = policy.read().unwrap_or_else(|p| p.into_inner());
+            let first = allowed[0];
+            allowed.retain(|ip| policy.permits_address(*ip));
+            if allowed.is_empty() {
+                return Err(AttemptError::Policy {
+                    host: format!("{key} (resolves to {first})"),
+                    mode: policy.mode().as_str(),
+                });
+            }
+        }
         match (allowed.is_empty(), first_refusal) {
             (false, _) => Ok(allowed),
             (true, Some(blocked)) => Err(AttemptError::Address(Blocked {
                 address: format!("{key} (resolves to {})", blocked.address),
                 reason: blocked.reason,
             })),
-            (true, None) => Err(AttemptError::Network {
+            (true, None) => Err(AttemptError::UnknownHost {
                 reason: format!("DNS: no address for {key}"),
             }),
         }

@@ -8,7 +8,9 @@
 //! usual tools make those with `CA:TRUE` (`openssl req -x509`, Go's
 //! `httptest`), which WebPKI refuses as an end-entity certificate
 //! (`CaUsedAsEndEntity`) although curl and browsers with the certificate
-//! imported accept it. The host name must still match the certificate.
+//! imported accept it. The host name must still match the certificate, and
+//! the certificate passes every check its chain would make of it
+//! (`pinned`): only the chain to a root is relaxed.
 
 use std::fmt;
 use std::sync::Arc;
@@ -124,14 +126,14 @@ fn validity(der: &[u8]) -> Option<Validity> {
 }
 
 const TAG_INTEGER: u8 = 0x02;
-const TAG_SEQUENCE: u8 = 0x30;
-const TAG_VERSION: u8 = 0xa0;
+pub(super) const TAG_SEQUENCE: u8 = 0x30;
+pub(super) const TAG_VERSION: u8 = 0xa0;
 const TAG_UTC_TIME: u8 = 0x17;
 const TAG_GENERALIZED_TIME: u8 = 0x18;
 
 /// The DER item with `tag` at the start of `input`: its contents and what
 /// follows it. `None` for another tag or a length that runs past the end.
-fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+pub(super) fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     let (&found, rest) = input.split_first()?;
     let (&first, rest) = rest.split_first()?;
     if found != tag {
@@ -209,6 +211,8 @@ struct ExtraRootsVerifier {
     inner: Arc<dyn ServerCertVerifier>,
     /// The extra certificates, compared byte for byte.
     pinned: Vec<CertificateDer<'static>>,
+    /// The signature algorithms a chain may use, for a pinned certificate.
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
 impl ExtraRootsVerifier {
@@ -242,12 +246,13 @@ impl ExtraRootsVerifier {
                          only the certificates of [dev] extra_root_certs are trusted"
                     );
                 });
-                extra_roots_only(&extra, provider)?
+                extra_roots_only(&extra, provider.clone())?
             }
         };
         Ok(ExtraRootsVerifier {
             inner,
             pinned: extra,
+            algorithms: provider.signature_verification_algorithms,
         })
     }
 }
@@ -294,6 +299,16 @@ impl ServerCertVerifier for ExtraRootsVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        let pinned = self
+            .pinned
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref());
+        if pinned {
+            // Whether or not a chain reaches it (a self-signed leaf is its
+            // own root), a pinned certificate passes what its chain checks
+            // of it, key usage included; only the chain is relaxed.
+            super::pinned::check(end_entity, &self.algorithms)?;
+        }
         let verdict = self.inner.verify_server_cert(
             end_entity,
             intermediates,
@@ -302,12 +317,7 @@ impl ServerCertVerifier for ExtraRootsVerifier {
             now,
         );
         match verdict {
-            Err(e)
-                if self
-                    .pinned
-                    .iter()
-                    .any(|c| c.as_ref() == end_entity.as_ref()) =>
-            {
+            Err(e) if pinned => {
                 let at = UNIX_EPOCH + Duration::from_secs(now.as_secs());
                 match validity(end_entity) {
                     Some(period) if period.judge(at).is_ok() => {}

@@ -74,11 +74,17 @@ impl Tunnels {
         let network = |what: &str, e: &dyn std::fmt::Display| AttemptError::Network {
             reason: format!("{what} {target} through the proxy {proxy}: {e}"),
         };
-        let tls = self
-            .tls
-            .connect(host, stream)
-            .await
-            .map_err(|e| network("TLS handshake with", &crate::net::reason::chain(&e)))?;
+        let name = url.host_str().unwrap_or_default().to_string();
+        let tls = self.tls.connect(host, stream).await.map_err(|e| {
+            match crate::net::reason::network_failure(&e, &name) {
+                AttemptError::Certificate { reason } => AttemptError::Certificate {
+                    reason: format!(
+                        "TLS handshake with {target} through the proxy {proxy}: {reason}"
+                    ),
+                },
+                other => network("TLS handshake with", &other),
+            }
+        })?;
         crate::net::connecting::mark_connected()?;
         check()?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -115,12 +121,10 @@ impl Tunnels {
         let mut stream: Box<dyn Stream> = if proxy.tls {
             let name = ServerName::try_from(proxy.host.clone())
                 .map_err(|e| unreachable(&format!("invalid host name: {e}")))?;
-            let tls = self.tls.connect(name, tcp).await.map_err(|e| {
-                unreachable(&format!(
-                    "TLS handshake failed: {}",
-                    crate::net::reason::chain(&e)
-                ))
-            })?;
+            let tls =
+                self.tls.connect(name, tcp).await.map_err(|e| {
+                    unreachable(&crate::net::reason::network_reason(&e, &proxy.host))
+                })?;
             Box::new(tls)
         } else {
             Box::new(tcp)

@@ -10,6 +10,7 @@
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
 //! | [`same_file`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
+//! | [`ContentStamp::of`] | length, modification time, mode, device and inode | length, modification time, the read-only attribute, volume and file index (Windows) |
 //! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
 //! | [`remove_folder`] | `remove_dir_all` | `remove_dir_all`, clearing the read-only attribute of the files in it and trying again where Windows refuses |
 //! | [`replace_file`] | `rename` | `rename`, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
@@ -35,10 +36,10 @@ mod portable;
 use portable as imp;
 
 pub(crate) use imp::{
-    allocated_bytes, folder_problem, free_space, link_count, make_read_only, never_wait,
-    open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
-    remove_folder, replace_file, same_file, set_private_folder, start_write_back, sync_dir,
-    try_lock_byte, FileStamp, BYTE_LOCKS,
+    allocated_bytes, content_stamp, folder_problem, free_space, link_count, make_read_only,
+    never_wait, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
+    reflink, remove_folder, replace_file, same_file, set_private_folder, start_write_back,
+    sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
 };
 
 #[cfg(test)]
@@ -51,6 +52,53 @@ pub(crate) use imp::DISK_FULL_CODES;
 pub(crate) fn held_bytes(meta: &std::fs::Metadata) -> u64 {
     let len = meta.len();
     allocated_bytes(meta).map_or(len, |blocks| blocks.min(len))
+}
+
+/// What tells whether a verified file was changed since it was stamped:
+/// its length, modification time, permissions and the platform's identity
+/// of the file. Unlike [`FileStamp`] it leaves out the change time, which
+/// a new hard link to the file moves too; it is kept on disk, so it is
+/// plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ContentStamp {
+    /// Length in bytes.
+    pub(crate) len: u64,
+    /// Modification time: seconds and nanoseconds since the Unix epoch.
+    pub(crate) modified: (i64, u32),
+    /// Permission bits (Unix), or `0o400`/`0o600` for the read-only
+    /// attribute.
+    pub(crate) mode: u32,
+    /// Device and inode (Unix), volume and file index (Windows), when known.
+    pub(crate) identity: Option<(u64, u64)>,
+}
+
+impl ContentStamp {
+    /// The stamp of the file at `path`, which `meta` (read just before,
+    /// not following a link) describes.
+    pub(crate) fn of(path: &std::path::Path, meta: &std::fs::Metadata) -> ContentStamp {
+        content_stamp(path, meta)
+    }
+}
+
+/// Seconds and nanoseconds of `time` since the Unix epoch (negative
+/// seconds before it).
+fn epoch_parts(time: Option<std::time::SystemTime>) -> (i64, u32) {
+    let Some(time) = time else {
+        return (0, 0);
+    };
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(e) => {
+            let d = e.duration();
+            (
+                -i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                d.subsec_nanos(),
+            )
+        }
+    }
 }
 
 /// Why a store folder cannot be trusted ([`folder_problem`]).

@@ -113,12 +113,26 @@ impl FileStamp {
 
     /// What tells this file from any other on the machine, when known:
     /// the volume and the file index.
-    #[cfg(test)]
     pub(crate) fn identity(&self) -> Option<(u64, u64)> {
         match self.0 {
             Version::Handle { volume, index, .. } => Some((u64::from(volume), index)),
             Version::Metadata { .. } => None,
         }
+    }
+}
+
+/// See [`super::ContentStamp`]: length, modification time, the read-only
+/// attribute, and the volume and file index where Windows tells them.
+pub(crate) fn content_stamp(path: &Path, meta: &Metadata) -> super::ContentStamp {
+    super::ContentStamp {
+        len: meta.len(),
+        modified: super::epoch_parts(meta.modified().ok()),
+        mode: if meta.permissions().readonly() {
+            0o400
+        } else {
+            0o600
+        },
+        identity: FileStamp::of(path, meta).identity(),
     }
 }
 

@@ -127,6 +127,17 @@ impl FileStamp {
     }
 }
 
+/// See [`super::ContentStamp`]: length, modification time, mode, device
+/// and inode.
+pub(crate) fn content_stamp(_path: &Path, meta: &Metadata) -> super::ContentStamp {
+    super::ContentStamp {
+        len: meta.len(),
+        modified: super::epoch_parts(meta.modified().ok()),
+        mode: meta.mode() & 0o7777,
+        identity: Some((meta.dev(), meta.ino())),
+    }
+}
+
 /// Bytes an unprivileged user may still write on the file system of `dir`.
 pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     let stat = rustix::fs::statvfs(dir).map_err(io::Error::from)?;

@@ -11,13 +11,23 @@
 //! The copy is a reflink (`FICLONE`) where the file system supports it, and
 //! a plain copy otherwise; never a hard link, so a later edit of the user's
 //! file cannot change the stored bytes. The user's file is only read.
+//!
+//! The user's file is opened once, without following a symbolic link and
+//! without waiting on a FIFO, and must be a regular file; the size, the
+//! hash and the copy all come from that one handle, and no more than its
+//! size and one byte are ever read from it, so a file renamed over the path
+//! (or a link to `/dev/zero`) after the check reaches nothing. A stop (the
+//! service's shutdown) ends the copy and removes the partial file before
+//! [`Resources::shutdown`] returns.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::manifest::Resource;
@@ -78,21 +88,17 @@ impl Resources {
     async fn import_here(&self, path: &Path) -> Result<ImportOutcome> {
         let store = self.store().clone();
         let registry = Registry::new(&store);
-        let source = path.to_path_buf();
-        let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
-        if !meta.is_file() {
-            return Err(Error::Invalid(format!(
-                "{} is not a file; import takes the files to store",
-                path.display()
-            )));
-        }
-        let size = meta.len();
+        // Shutdown waits for the copy to stop and remove its partial file.
+        let _held = self.inner.scheduler.hold_shutdown();
+        let stop = self.inner.scheduler.stopping();
+        let source = Arc::new(Source::open(path, stop.clone())?);
+        let size = source.size;
         if matching(&registry, size, None)?.is_empty() {
             return Ok(ImportOutcome::NoMatch { size, sha256: None });
         }
         let sha256 = crate::store::off_runtime(path, {
             let source = source.clone();
-            move || hash_file(&source)
+            move || source.hash()
         })
         .await?;
         if matching(&registry, size, Some(&sha256))?.is_empty() {
@@ -126,7 +132,7 @@ impl Resources {
         } else {
             let first = first.clone();
             let stored = crate::store::off_runtime(path, {
-                let (store, source, registry) = (store.clone(), source.clone(), registry.clone());
+                let (store, registry) = (store.clone(), registry.clone());
                 move || {
                     let stored = copy_in(&store, &source, &first)?;
                     registry.record_served_by(&first.sha256, SERVED_BY_IMPORT);
@@ -154,6 +160,85 @@ impl Resources {
     }
 }
 
+/// The user's file, opened once: every later step (hash, copy) reads this
+/// handle, so renaming another file (or a link to a device) over the path
+/// after the check reaches nothing.
+struct Source {
+    file: File,
+    /// Where it was opened, for messages.
+    path: PathBuf,
+    /// Its length when it was opened; more bytes than this are a change.
+    size: u64,
+    /// Fires at shutdown (or an interrupt): the reading stops.
+    stop: CancellationToken,
+}
+
+impl Source {
+    /// Opens `path` without following a symbolic link and without waiting
+    /// (a FIFO cannot block it), and accepts only a regular file.
+    fn open(path: &Path, stop: CancellationToken) -> Result<Source> {
+        let mut options = File::options();
+        options.read(true);
+        crate::platform::never_wait(&mut options);
+        let file = crate::platform::open_no_follow(path, &mut options).map_err(|e| {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                Error::Invalid(format!(
+                    "{} is a symbolic link; import the file it points to",
+                    path.display()
+                ))
+            } else {
+                Error::io("cannot open", path, e)
+            }
+        })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot read", path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(Error::Invalid(format!(
+                "{} is not a regular file; import takes the files to store",
+                path.display()
+            )));
+        }
+        Ok(Source {
+            file,
+            path: path.to_path_buf(),
+            size: meta.len(),
+            stop,
+        })
+    }
+
+    /// The lowercase hex SHA-256 of the file's first `size` bytes; an
+    /// error when it has more or fewer now.
+    fn hash(&self) -> Result<String> {
+        let (digest, len) = hash_reader(self.read_from_start()?, &self.path, &self.stop)?;
+        if len != self.size {
+            return Err(changed(&self.path, self.size, len));
+        }
+        Ok(hex::encode(digest))
+    }
+
+    /// The handle read from its start, at most one byte more than `size`
+    /// (enough to see that it grew, never more).
+    fn read_from_start(&self) -> Result<io::Take<&File>> {
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| Error::io("cannot read", &self.path, e))?;
+        Ok(file.take(self.size.saturating_add(1)))
+    }
+}
+
+/// The file at `path` no longer holds what was opened.
+fn changed(path: &Path, expected: u64, read: u64) -> Error {
+    Error::io(
+        "cannot import",
+        path,
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("changed while it was imported: {expected} bytes when opened, {read} now"),
+        ),
+    )
+}
+
 /// `(gem, resource)` of every installed resource of `size` bytes (and, when
 /// given, that SHA-256).
 fn matching(
@@ -174,33 +259,49 @@ fn matching(
         .collect())
 }
 
-/// Lowercase hex SHA-256 of the file at `path`.
-fn hash_file(path: &Path) -> Result<String> {
-    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    Ok(hex::encode(hash_reader(file, path)?.0))
+/// SHA-256 and length of everything `reader` yields; [`Error::Shutdown`]
+/// once `stop` fires.
+fn hash_reader(
+    mut reader: impl Read,
+    path: &Path,
+    stop: &CancellationToken,
+) -> Result<(Vec<u8>, u64)> {
+    let mut hasher = Sha256::new();
+    let mut len = 0u64;
+    each_chunk(&mut reader, path, stop, |chunk| {
+        hasher.update(chunk);
+        len += chunk.len() as u64;
+        Ok(())
+    })?;
+    Ok((hasher.finalize().to_vec(), len))
 }
 
-/// SHA-256 and length of everything `reader` yields.
-fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(Vec<u8>, u64)> {
-    let mut hasher = Sha256::new();
+/// Calls `f` with each chunk `reader` yields, until its end or `stop`.
+fn each_chunk(
+    reader: &mut impl Read,
+    path: &Path,
+    stop: &CancellationToken,
+    mut f: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     let mut buf = vec![0u8; HASH_BUFFER];
-    let mut len = 0u64;
     loop {
+        if stop.is_cancelled() {
+            return Err(Error::Shutdown);
+        }
         let n = match reader.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Error::io("cannot read", path, e)),
         };
-        hasher.update(&buf[..n]);
-        len += n as u64;
+        f(&buf[..n])?;
     }
-    Ok((hasher.finalize().to_vec(), len))
 }
 
 /// Copies `source` into the store as `resource`'s file and publishes it once
-/// the copy's own bytes are verified. Call with the SHA-256 lock held.
-fn copy_in(store: &Store, source: &Path, resource: &Resource) -> Result<PathBuf> {
+/// the copy's own bytes are verified; the partial file is removed on any
+/// failure or a stop. Call with the SHA-256 lock held.
+fn copy_in(store: &Store, source: &Source, resource: &Resource) -> Result<PathBuf> {
     let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
     // A kept partial download of the same bytes is replaced by the copy.
     paths.remove();
@@ -214,32 +315,37 @@ fn copy_in(store: &Store, source: &Path, resource: &Resource) -> Result<PathBuf>
     }
 }
 
-fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()> {
-    let from = File::open(source).map_err(|e| Error::io("cannot open", source, e))?;
+fn copy_and_check(source: &Source, dest: &Path, resource: &Resource) -> Result<()> {
     // A new file of the store's user (`0600`), never one found there.
     let mut to = crate::store::trust::open_own(
         dest,
         File::options().read(true).write(true).create_new(true),
     )
     .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
-    if !crate::platform::reflink(&from, &to) {
+    let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
+    if !crate::platform::reflink(&source.file, &to) {
         // Any reflink error (another file system, no support, a partial
         // clone) leaves the copy to do: start from an empty file.
-        let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
         to.set_len(0).map_err(fail)?;
-        io::copy(&mut &from, &mut to).map_err(fail)?;
+        let mut from = source.read_from_start()?;
+        each_chunk(&mut from, &source.path, &source.stop, |chunk| {
+            to.write_all(chunk).map_err(fail)
+        })?;
     }
     to.sync_all()
         .map_err(|e| crate::store::write_failed("cannot flush", dest, e, resource.size))?;
     // Verify what the store holds, not what the user's file held: the file
     // may have changed since it was hashed, and the copy may be wrong.
-    let copy = File::open(dest).map_err(|e| Error::io("cannot open", dest, e))?;
-    let (digest, len) = hash_reader(copy, dest)?;
+    (&to)
+        .seek(SeekFrom::Start(0))
+        .map_err(|e| Error::io("cannot read", dest, e))?;
+    let copy = (&to).take(resource.size.saturating_add(1));
+    let (digest, len) = hash_reader(copy, dest, &source.stop)?;
     let actual = hex::encode(digest);
     if len != resource.size || actual != resource.sha256 {
         return Err(Error::io(
             format!("resource {:?}: the copy of", resource.id),
-            source,
+            &source.path,
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -255,6 +361,10 @@ fn copy_and_check(source: &Path, dest: &Path, resource: &Resource) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn opened(path: &Path) -> Source {
+        Source::open(path, CancellationToken::new()).unwrap()
+    }
 
     fn resource(body: &[u8], sha256: String) -> Resource {
         Resource {
@@ -277,7 +387,7 @@ mod tests {
         // What the file held when it was hashed (and what is declared).
         let declared = b"the bytes hashed once";
         let r = resource(declared, hex::encode(Sha256::digest(declared)));
-        let err = copy_in(&store, &source, &r).unwrap_err();
+        let err = copy_in(&store, &opened(&source), &r).unwrap_err();
         assert_eq!(err.code(), "E_RESOURCE_IO");
         assert!(
             err.to_string().contains("changed while it was imported"),
@@ -297,8 +407,8 @@ mod tests {
         let body = b"model weights";
         let source = dir.path().join("m.bin");
         std::fs::write(&source, body).unwrap();
-        let r = resource(body, hash_file(&source).unwrap());
-        let path = copy_in(&store, &source, &r).unwrap();
+        let r = resource(body, opened(&source).hash().unwrap());
+        let path = copy_in(&store, &opened(&source), &r).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), body);
         assert!(std::fs::metadata(&path).unwrap().permissions().readonly());
         assert!(!std::fs::metadata(&source).unwrap().permissions().readonly());

@@ -535,8 +535,8 @@ impl Resources {
         let store = self.inner.store.clone();
         let (sha256, name) = (resource.sha256.clone(), resource.file_name());
         let wanted = store.blob_path(&sha256, &name);
-        if wanted.is_file() {
-            return Ok(Some(wanted));
+        if let Some(path) = store.find_unchanged(&sha256, &name)? {
+            return Ok(Some(path));
         }
         if !store.has(&sha256) {
             return Ok(None);

@@ -232,6 +232,13 @@ impl Scheduler {
         self.shutdown.child_token()
     }
 
+    /// Holds off the end of [`Scheduler::shutdown`] until it is dropped:
+    /// work outside the jobs (an import's copy) cleans up after itself
+    /// before the service says it stopped.
+    pub(crate) fn hold_shutdown(&self) -> tokio_util::task::task_tracker::TaskTrackerToken {
+        self.tracker.token()
+    }
+
     /// The fetcher every job uses.
     pub(crate) fn fetcher(&self) -> &Fetcher {
         &self.deps.fetcher

@@ -18,6 +18,8 @@
 //!     gems/<gem id>.json           what each installed gem declares (service)
 //!     failures/<gem id>.jsonl      last failure per resource, a log (service)
 //!     served/<sha256>.json         which address served a stored file (status)
+//!     stamps/<sha256>.json         each verified file's stamp at publishing (see
+//!                                  `stamps`): a changed one is hashed again
 //! ```
 //!
 //! Files are named by the SHA-256 of their contents, so two gems that
@@ -43,6 +45,7 @@ pub(crate) mod atomic;
 mod group_sync;
 mod shared_failure;
 mod space;
+mod stamps;
 pub(crate) mod trust;
 
 use group_sync::GroupSync;
@@ -147,8 +150,10 @@ impl Store {
 
     /// Returns the verified file for `sha256` named `name`, when the store
     /// has these bytes (under this or another name: another name gets a hard
-    /// link, so the tool still sees its own file name). No hashing: files in
-    /// `blobs/` were verified before they got there.
+    /// link, so the tool still sees its own file name). No hashing while a
+    /// file's stamp (length, modification time, permissions, identity) is
+    /// the one recorded when it was verified; a changed file is hashed
+    /// again first, and removed (`None`) when its bytes no longer match.
     ///
     /// Only regular files of the store's user count: a symbolic link or
     /// another user's file planted in `blobs/` is never returned (the bytes
@@ -158,31 +163,49 @@ impl Store {
     /// from async code use [`Store::find_off_runtime`], which makes that
     /// copy on a blocking thread.
     pub fn find(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
-        match self.find_present(sha256, name)? {
-            Found::Here(path) => Ok(Some(path)),
-            Found::Nothing => Ok(None),
-            Found::Elsewhere(existing) => self.link_or_copy(sha256, name, &existing).map(Some),
+        // A second look after a changed file was settled: hashed again and
+        // stamped, or removed.
+        for _ in 0..2 {
+            match self.find_present(sha256, name)? {
+                Found::Here(path) => return Ok(Some(path)),
+                Found::Nothing => return Ok(None),
+                Found::Elsewhere(existing) => {
+                    return self.link_or_copy(sha256, name, &existing).map(Some)
+                }
+                Found::Changed(path) => {
+                    if !self.settle(sha256, &path)? {
+                        return Ok(None);
+                    }
+                }
+            }
         }
+        Ok(None)
     }
 
     /// [`Store::find`] for async code: a copy (no hard links on this file
-    /// system) is made on the runtime's blocking threads.
+    /// system) and the hashing of a changed file are done on the runtime's
+    /// blocking threads.
     pub async fn find_off_runtime(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
-        match self.find_present(sha256, name)? {
-            Found::Here(path) => Ok(Some(path)),
-            Found::Nothing => Ok(None),
-            Found::Elsewhere(existing) => {
-                let (store, sha256, name) = (self.clone(), sha256.to_string(), name.to_string());
-                off_runtime(&self.root, move || {
-                    store.link_or_copy(&sha256, &name, &existing).map(Some)
-                })
-                .await
-            }
+        if let Some(path) = self.find_unchanged(sha256, name)? {
+            return Ok(Some(path));
         }
+        let (store, sha256, name) = (self.clone(), sha256.to_string(), name.to_string());
+        off_runtime(&self.root, move || store.find(&sha256, &name)).await
+    }
+
+    /// The verified file of `sha256` named `name` when it is there under
+    /// that name with its stamp unchanged: [`Store::find`] without linking,
+    /// copying or hashing anything.
+    pub(crate) fn find_unchanged(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
+        Ok(match self.find_present(sha256, name)? {
+            Found::Here(path) => Some(path),
+            _ => None,
+        })
     }
 
     /// Where the verified bytes of `sha256` are: under `name`, under
-    /// another name only, or nowhere.
+    /// another name only, in a file changed since it was stamped, or
+    /// nowhere.
     fn find_present(&self, sha256: &str, name: &str) -> Result<Found> {
         check_sha256(sha256)?;
         let dir = self.root.join("blobs").join(sha256);
@@ -190,13 +213,63 @@ impl Store {
             return Ok(Found::Nothing);
         }
         let wanted = dir.join(name);
-        if trust::is_own_file_at(&wanted) {
-            return Ok(Found::Here(wanted));
-        }
-        Ok(match first_file(&dir) {
-            Some(existing) => Found::Elsewhere(existing),
-            None => Found::Nothing,
+        let (path, found) = if trust::is_own_file_at(&wanted) {
+            (wanted.clone(), Found::Here(wanted))
+        } else {
+            match first_file(&dir) {
+                Some(existing) => (existing.clone(), Found::Elsewhere(existing)),
+                None => return Ok(Found::Nothing),
+            }
+        };
+        let Some(its_name) = path.file_name().and_then(|n| n.to_str()) else {
+            return Ok(Found::Changed(path));
+        };
+        Ok(match stamps::check(&self.root, sha256, its_name, &path) {
+            stamps::Verdict::Holds => found,
+            stamps::Verdict::Unrecorded => {
+                // Kept by a version that recorded no stamps: trusted as it
+                // was then, and stamped from now on.
+                stamps::record(&self.root, sha256, its_name, &path);
+                found
+            }
+            stamps::Verdict::Changed => Found::Changed(path),
         })
+    }
+
+    /// Hashes the stored file at `path`, whose stamp changed: when it still
+    /// holds the bytes of `sha256` it is made read-only again and stamped
+    /// (`true`); otherwise every file of `sha256` is removed (`false`), so
+    /// the next download fetches them anew.
+    fn settle(&self, sha256: &str, path: &Path) -> Result<bool> {
+        use sha2::Digest;
+        let map = |e| Error::io("cannot check", path, e);
+        let mut file = open_own(path, fs::OpenOptions::new().read(true)).map_err(map)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match io::Read::read(&mut file, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => hasher.update(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map(e)),
+            }
+        }
+        let actual = hex::encode(hasher.finalize());
+        if actual == sha256 {
+            trust::make_blob(&file).map_err(map)?;
+            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                stamps::record(&self.root, sha256, name, path);
+            }
+            return Ok(true);
+        }
+        tracing::warn!(
+            sha256,
+            actual = %actual,
+            "{} changed since it was verified: removed, to be downloaded again",
+            path.display()
+        );
+        self.remove(sha256)?;
+        Ok(false)
     }
 
     /// Gives the verified file `existing` of `sha256` the name `name` too:
@@ -207,7 +280,10 @@ impl Store {
         // What the name holds afterwards is checked, not assumed: a link
         // planted there (or in place of `existing`) is never handed out.
         match fs::hard_link(existing, &wanted) {
-            Ok(()) if trust::is_own_file_at(&wanted) => return Ok(wanted),
+            Ok(()) if trust::is_own_file_at(&wanted) => {
+                stamps::record(&self.root, sha256, name, &wanted);
+                return Ok(wanted);
+            }
             Ok(()) => {
                 let _ = fs::remove_file(&wanted);
             }
@@ -235,6 +311,7 @@ impl Store {
         trust::make_blob(copy.as_file()).map_err(fail)?;
         copy.persist(&wanted).map_err(|e| fail(e.error))?;
         crate::platform::sync_dir(&dir);
+        stamps::record(&self.root, sha256, name, &wanted);
         Ok(wanted)
     }
 
@@ -269,6 +346,7 @@ impl Store {
             return Ok(());
         }
         let dir = self.root.join("blobs").join(sha256);
+        stamps::forget(&self.root, sha256);
         match crate::platform::remove_folder(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -392,6 +470,7 @@ impl Store {
         }
         crate::platform::sync_dir(&dir);
         let _ = fs::remove_file(&paths.meta);
+        stamps::record(&self.root, sha256, name, &dest);
         Ok(dest)
     }
 
@@ -541,6 +620,9 @@ enum Found {
     Here(PathBuf),
     /// Only under another name.
     Elsewhere(PathBuf),
+    /// In this file (under the name asked for or another), whose stamp
+    /// changed since it was verified.
+    Changed(PathBuf),
     Nothing,
 }
 

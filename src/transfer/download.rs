@@ -70,7 +70,7 @@ pub async fn download_with(
     cancel: Option<&CancellationToken>,
 ) -> Result<PathBuf> {
     let name = resource.file_name();
-    if let Some(path) = store.find(&resource.sha256, &name)? {
+    if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
         return Ok(path);
     }
     let waiting_since = std::time::SystemTime::now();
@@ -90,7 +90,7 @@ pub async fn download_with(
             (lock, true)
         }
     };
-    if let Some(path) = store.find(&resource.sha256, &name)? {
+    if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
         return Ok(path);
     }
     let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();

@@ -333,7 +333,5 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
         source = s.source();
     }
     let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
-    AttemptError::Network {
-        reason: crate::net::reason::network_reason(e, host),
-    }
+    crate::net::reason::network_failure(e, host)
 }

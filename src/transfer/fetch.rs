@@ -265,7 +265,9 @@ impl Fetcher {
         } else {
             AddressGuard::with_exemptions(settings.allow_addresses.clone(), names)
         };
-        let resolver = GuardedResolver::new(guard, settings.resolve.clone());
+        let policy = Arc::new(RwLock::new(settings.policy.clone()));
+        let resolver =
+            GuardedResolver::with_policy(guard, settings.resolve.clone(), policy.clone());
         let certs =
             crate::net::tls::extra_roots(&settings.extra_root_certs, &settings.extra_root_pems)?;
         let tunnels = Tunnels::new(
@@ -289,7 +291,7 @@ impl Fetcher {
         Ok(Fetcher {
             client,
             resolver,
-            policy: Arc::new(RwLock::new(settings.policy)),
+            policy,
             policy_version: Arc::new(watch::channel(0).0),
             stall: settings.stall_timeout,
             connect: settings.connect_timeout,

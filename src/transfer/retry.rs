@@ -9,7 +9,11 @@
 //! - **Permanent**, moving on to the next address at once: the scheme, the
 //!   address rule, the user's policy, other `4xx` (from a proxy too: `403`,
 //!   `407`), too many redirects, a
-//!   wrong size or digest. Asking the same address again gives the same
+//!   wrong size or digest, a server certificate that fails verification
+//!   ([`AttemptError::Certificate`]: the same server presents the same
+//!   certificate) and a name that does not exist or has no address
+//!   ([`AttemptError::UnknownHost`]: `NXDOMAIN` is the name server's
+//!   answer, not an outage). Asking the same address again gives the same
 //!   answer.
 //!
 //! The wait before retry `n` (0-based) is a uniformly random duration in
@@ -137,6 +141,22 @@ mod tests {
         AttemptError::Http {
             status,
             retry_after: retry_after.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn a_refused_certificate_and_an_unknown_name_are_permanent() {
+        let certificate = AttemptError::Certificate {
+            reason: "TLS: the server's certificate is not trusted: it has expired".into(),
+        };
+        let unknown = AttemptError::UnknownHost {
+            reason: "DNS: no address for gone.test".into(),
+        };
+        let policy = RetryPolicy::default();
+        for e in [certificate, unknown] {
+            assert!(!is_transient(&e), "{e}");
+            assert_eq!(policy.decide(&e, 0), Decision::NextAddress, "{e}");
+            assert_eq!(e.code().as_str(), "E_RESOURCE_NETWORK");
         }
     }
 

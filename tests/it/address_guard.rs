@@ -357,3 +357,43 @@ async fn an_exemption_covering_public_addresses_needs_its_own_key() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_blocklisted_address_is_refused_when_a_name_resolves_to_it() {
+    let env = Env::new().await;
+    write_config_without_exemption(
+        &env,
+        "mode = \"blocklist\"\nhosts = [\"8.8.8.8\"]",
+        "\"named.test\" = [\"8.8.8.8\"], \"mapped.test\" = [\"::ffff:8.8.8.8\"], \"two.test\" = [\"8.8.8.8\", \"93.184.215.14\"], \"elsewhere.test\" = [\"93.184.215.14\"]",
+    );
+    let f = fetcher(&env.config());
+    assert_refused(&env, &f, "https://8.8.8.8/a.bin", "E_RESOURCE_POLICY").await;
+    assert_refused(&env, &f, "https://named.test/a.bin", "E_RESOURCE_POLICY").await;
+    assert_refused(&env, &f, "https://mapped.test/a.bin", "E_RESOURCE_POLICY").await;
+    let e = f
+        .check_url(&Url::parse("https://named.test/").unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("named.test (resolves to 8.8.8.8)"),
+        "{e}"
+    );
+    // Only the addresses the policy permits are dialled.
+    let ips = assert_allowed(&env, &f, "https://two.test/a.bin").await;
+    assert_eq!(ips, ["93.184.215.14".parse::<IpAddr>().unwrap()]);
+    assert_allowed(&env, &f, "https://elsewhere.test/a.bin").await;
+}
+
+#[tokio::test]
+async fn a_download_never_dials_an_address_the_blocklist_names() {
+    let env = Env::new().await;
+    env.write_config("mode = \"blocklist\"\nhosts = [\"127.0.0.1\"]");
+    let body = bytes(2_000, 3);
+    let url = env.serve("/a.bin", &body);
+    let out = env.run(&["autofill", url.as_str()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_POLICY"), "{err}");
+    assert!(err.contains("origin.test (resolves to 127.0.0.1)"), "{err}");
+    assert_eq!(env.origin.hits("/a.bin"), 0);
+}

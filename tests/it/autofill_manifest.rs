@@ -257,3 +257,37 @@ async fn other_rules_still_apply_and_nothing_is_read() {
     let out = env.run(&["autofill", "--write", "https://x.test/a"]).await;
     assert_eq!(out.status.code(), Some(2), "--write needs --manifest");
 }
+
+#[cfg(unix)] // symbolic links and mode bits
+#[tokio::test]
+async fn write_through_a_symbolic_link_fills_the_target_without_its_setuid_bit() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new().await;
+    let a = bytes(4_000, 5);
+    let b = bytes(5, 6);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(&b));
+    let real = env.dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let target = real.join("gem.json");
+    std::fs::write(&target, &text).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o6754)).unwrap();
+    let link = env.dir.path().join("notochord.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = env
+        .run(&["autofill", "--manifest", link.to_str().unwrap(), "--write"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let meta = std::fs::symlink_metadata(&link).unwrap();
+    assert!(meta.file_type().is_symlink(), "the link was replaced");
+    assert_eq!(std::fs::read_link(&link).unwrap(), target);
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        filled_a(&text, &a)
+    );
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o754, "{mode:o}");
+    // The temporary file went where the target is, and nothing stayed.
+    let left: Vec<_> = files_under(&real);
+    assert_eq!(left, vec![target.clone()]);
+}

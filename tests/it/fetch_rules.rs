@@ -625,3 +625,68 @@ async fn an_empty_or_unparsable_location_is_one_failure_with_a_short_reason() {
         assert_eq!(env.origin.hits(path), 1, "{path}: {err}");
     }
 }
+
+/// Counts the retries of a download.
+#[derive(Default)]
+struct Retries(Vec<String>);
+
+impl gem_resources::Reporter for Retries {
+    fn bytes(&mut self, _total: u64) {}
+    fn retrying(&mut self, _wait: Duration, _attempt: u32, _of: u32, reason: &str) {
+        self.0.push(reason.to_string());
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_that_fails_verification_or_a_name_that_does_not_exist_moves_on_at_once() {
+    let env = Env::new().await;
+    // unlisted.test reaches the origin, whose certificate does not name it;
+    // gone.test has no address at all.
+    let text = std::fs::read_to_string(env.dir.path().join("config.toml"))
+        .unwrap()
+        .replace(
+            "resolve = { ",
+            "resolve = { \"unlisted.test\" = [\"127.0.0.1\"], \"gone.test\" = [], ",
+        );
+    std::fs::write(env.dir.path().join("config.toml"), text).unwrap();
+    let body = bytes(3_000, 25);
+    let good = env.serve("/a.bin", &body);
+    let r = resource(
+        "a",
+        &env.url("unlisted.test", "/a.bin"),
+        &[env.url("gone.test", "/a.bin"), good],
+        &body,
+    );
+    let retry = RetryPolicy {
+        retries: 3,
+        backoff: Duration::ZERO,
+        ..RetryPolicy::default()
+    };
+    let config = env.config();
+    let fetcher = gem_resources::Fetcher::new(&config).unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    let mut retries = Retries::default();
+    let path = gem_resources::download(&fetcher, &store, &r, retry, &mut retries)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(retries.0, Vec::<String>::new(), "no address was retried");
+    // The failed handshake and the download: one connection each.
+    assert_eq!(env.origin.connections(), 2);
+    // What each said, when every address fails.
+    let bad = resource(
+        "b",
+        &env.url("unlisted.test", "/b.bin"),
+        &[env.url("gone.test", "/b.bin")],
+        &bytes(3_000, 26),
+    );
+    let err = fetch_with(&env, &bad, retry).await.unwrap_err();
+    let text = err.to_string();
+    assert_eq!(
+        codes(&err),
+        ["E_RESOURCE_NETWORK", "E_RESOURCE_NETWORK"],
+        "{text}"
+    );
+    assert!(text.contains("it is not valid for unlisted.test"), "{text}");
+    assert!(text.contains("DNS: no address for gone.test"), "{text}");
+}

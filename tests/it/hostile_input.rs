@@ -268,3 +268,32 @@ async fn a_wrong_size_failing_in_another_process_is_not_shared_with_the_right_si
     assert_eq!(std::fs::read(b).unwrap(), body);
     assert_eq!(env.origin.hits("/same.bin"), 2);
 }
+
+#[tokio::test]
+async fn file_names_from_urls_carry_no_bidirectional_or_invisible_characters() {
+    let env = Env::new().await;
+    for (i, (segment, stored)) in [
+        // Right-to-left override: shows as `invoiceexe.pdf`.
+        ("invoice%E2%80%AEfdp.exe", "invoice_fdp.exe"),
+        // Zero-width space and joiner, a byte-order mark, an isolate.
+        (
+            "a%E2%80%8Bb%E2%80%8Dc%EF%BB%BFd%E2%81%A6e.bin",
+            "a_b_c_d_e.bin",
+        ),
+        // A line separator, a soft hyphen, a tag character.
+        ("x%E2%80%A8y%C2%ADz%F3%A0%81%81.bin", "x_y_z_.bin"),
+        ("caf%C3%A9.bin", "café.bin"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = bytes(1_000 + i, 70 + i as u8);
+        let path = format!("/{i}/{segment}");
+        let url = env.serve(&path, &body);
+        let r = resource(&url, vec![], &body);
+        assert_eq!(r.file_name(), stored, "{segment}");
+        let got = fetch(&env, &r).await.unwrap();
+        assert_eq!(got.file_name().unwrap().to_str().unwrap(), stored);
+        assert_eq!(std::fs::read(&got).unwrap(), body);
+    }
+}

@@ -327,3 +327,105 @@ fn human(n: u64) -> String {
     }
     format!("{value:.1} {}", ["B", "KiB", "MiB", "GiB", "TiB"][unit])
 }
+
+#[cfg(unix)] // symbolic links by `std::os::unix`
+#[tokio::test]
+async fn a_symbolic_link_is_not_imported_through() {
+    let env = Env::new().await;
+    let body = bytes(20_000, 41);
+    let url = env.serve("/a.bin", &body);
+    install(&env, "g", json!([entry("a", &url, &body)])).await;
+    let file = user_file(&env, "a.bin", &body);
+    let link = env.dir.path().join("link.bin");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let out = env.run(&["import", arg(&link)]).await;
+    assert_exit(&out, 2);
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert!(stored_files(&env, &body).is_empty());
+}
+
+#[cfg(unix)] // symbolic links, /dev/zero
+#[tokio::test]
+async fn a_path_swapped_for_a_link_to_dev_zero_never_copies_more_than_the_file() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let env = Env::new().await;
+    let body = bytes(2 << 20, 42);
+    let url = env.serve("/m.bin", &body);
+    install(&env, "g", json!([entry("m", &url, &body)])).await;
+    let original = user_file(&env, "original.bin", &body);
+    let target = env.dir.path().join("m.bin");
+    std::fs::hard_link(&original, &target).unwrap();
+    // Flips the name between the real file and a link to /dev/zero, as
+    // another user could in a folder they can write.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = std::thread::spawn({
+        let (stop, dir) = (stop.clone(), env.dir.path().to_path_buf());
+        let (original, target) = (original.clone(), target.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (file, link) = (dir.join("swap.file"), dir.join("swap.link"));
+                let _ = std::fs::remove_file(&file);
+                let _ = std::fs::remove_file(&link);
+                std::fs::hard_link(&original, &file).unwrap();
+                std::fs::rename(&file, &target).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+                std::fs::rename(&link, &target).unwrap();
+            }
+        }
+    });
+    let log = env.dir.path().join("import.log");
+    for _ in 0..20 {
+        let mut child = spawn_quiet(&env, &["import", arg(&target)], &log);
+        // The old reading of /dev/zero never ended.
+        let exit = wait_output(&mut child).await;
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(matches!(exit.code(), Some(0..=2)), "{exit:?} {stderr}");
+        assert_eq!(tmp_files(&env), Vec::<PathBuf>::new(), "{stderr}");
+        for stored in stored_files(&env, &body) {
+            assert_eq!(std::fs::metadata(&stored).unwrap().len(), body.len() as u64);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+}
+
+#[cfg(unix)] // a second user, symbolic links, /dev/zero
+#[tokio::test]
+async fn another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stored() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    const TEST: &str = "another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stored";
+    let Some(user) = second_user(TEST) else {
+        return;
+    };
+    let env = Env::new().await;
+    let body = bytes(2 << 20, 43);
+    let url = env.serve("/m.bin", &body);
+    install(&env, "g", json!([entry("m", &url, &body)])).await;
+    // Her folder, that anyone may write in, holding her file.
+    let shared = shared_folder();
+    let original = shared.path().join("orig");
+    std::fs::write(&original, &body).unwrap();
+    std::fs::set_permissions(&original, std::fs::Permissions::from_mode(0o644)).unwrap();
+    chown(&original, Some(user.0), Some(user.1)).unwrap();
+    let target = shared.path().join("m.bin");
+    let swap = "cd \"$1\" && while :; do ln -f orig f.tmp && mv -fT f.tmp m.bin; ln -sf /dev/zero l.tmp && mv -fT l.tmp m.bin; done";
+    let _swapper = Spawned(
+        as_user(user, "/bin/sh")
+            .args(["-c", swap, "sh", shared.path().to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the swapping began", || target.symlink_metadata().is_ok()).await;
+    let log = env.dir.path().join("import.log");
+    for _ in 0..20 {
+        let mut child = spawn_quiet(&env, &["import", arg(&target)], &log);
+        let exit = wait_output(&mut child).await;
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(matches!(exit.code(), Some(0..=2)), "{exit:?} {stderr}");
+        assert_eq!(tmp_files(&env), Vec::<PathBuf>::new(), "{stderr}");
+        for stored in stored_files(&env, &body) {
+            assert_eq!(std::fs::read(&stored).unwrap(), body);
+        }
+    }
+}

@@ -402,3 +402,51 @@ async fn ctrl_c_with_json_ends_stdout_with_a_document_and_keeps_stderr_json() {
         serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
 }
+
+#[cfg(unix)] // SIGINT by `kill`
+#[tokio::test]
+async fn ctrl_c_while_import_copies_removes_the_partial_file_and_stores_nothing() {
+    let env = Env::new().await;
+    // 1 GiB of zeros (sparse): the copy runs long enough to be interrupted.
+    let big = env.dir.path().join("zeros.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    const ZEROS_1GIB: &str = "49bc20df15e412a64472421e13fe86ff1c5165e18b2afccf160d4dc19fe68a14";
+    let url = env.url("origin.test", "/zeros.bin");
+    let declared =
+        json!({ "id": "z", "url": url.as_str(), "sha256": ZEROS_1GIB, "size": 1u64 << 30 });
+    let manifest = env.write_manifest("m.json", json!([declared]));
+    let out = env
+        .run(&["install", "g", manifest.to_str().unwrap(), "--no-wait"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let log = env.dir.path().join("import.log");
+    let mut child = spawn_quiet(&env, &["import", big.to_str().unwrap()], &log);
+    let pid = child.0.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !tmp_files(&env)
+        .iter()
+        .any(|p| p.metadata().is_ok_and(|m| m.len() > 0))
+    {
+        assert!(std::time::Instant::now() < deadline, "the copy never began");
+        assert!(matches!(child.0.try_wait(), Ok(None)), "it ended first");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = wait_output(&mut child).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert_eq!(
+        tmp_files(&env),
+        Vec::<std::path::PathBuf>::new(),
+        "{stderr}"
+    );
+    let blobs = files_under(&store_root(&env).join("blobs"));
+    assert!(blobs.is_empty(), "{blobs:?}");
+}

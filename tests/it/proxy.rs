@@ -454,3 +454,23 @@ async fn an_origin_reset_mid_body_through_the_proxy_keeps_the_bytes_and_resumes(
     assert!(from > 0 && from <= cut, "{from}");
     assert!(headers.contains(&("if-range".into(), "\"v1\"".into())));
 }
+
+#[tokio::test]
+async fn an_untrusted_certificate_through_the_proxy_is_said_in_words() {
+    let (env, _proxy) = setup("retries = 0").await;
+    let url = env.serve("/a.bin", b"x");
+    // Trust only a certificate of another name: the handshake through the
+    // tunnel finds no issuer.
+    let stranger = Origin::start_self_signed().await;
+    std::fs::write(env.dir.path().join("ca.pem"), stranger.ca_pem()).unwrap();
+    let out = env.run(&["autofill", url.as_str()]).await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("TLS: the server's certificate is not trusted: ")
+            && err.contains("`[dev] extra_root_certs`"),
+        "{err}"
+    );
+    assert!(!err.contains("UnknownIssuer"), "{err}");
+    assert_eq!(env.origin.hits("/a.bin"), 0);
+}

@@ -399,3 +399,78 @@ async fn a_store_path_that_is_another_users_link_is_refused() {
         stderr(&out)
     );
 }
+
+/// Changes one byte of the stored file at `path` as a person would by hand:
+/// made writable, edited, its time moved.
+fn edit_by_hand(path: &Path) {
+    set_mode(path, 0o600);
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::write(path, &bytes).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_stored_file_changed_by_hand_is_fetched_again_before_path_hands_it_out() {
+    let env = Env::new().await;
+    let body = bytes(50_000, 17);
+    let url = env.serve("/m.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("m", &url, &body)]));
+    let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let path_of = || async {
+        let out = env.run(&["path", "g", "m"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        PathBuf::from(stdout(&out).trim())
+    };
+    let stored = path_of().await;
+    assert_eq!(env.origin.hits("/m.bin"), 1);
+    edit_by_hand(&stored);
+    let again = path_of().await;
+    assert_eq!(std::fs::read(&again).unwrap(), body);
+    assert_eq!(mode(&again), 0o400);
+    assert_eq!(env.origin.hits("/m.bin"), 2, "fetched again");
+    // Untouched since: handed out without a request.
+    assert_eq!(path_of().await, again);
+    assert_eq!(env.origin.hits("/m.bin"), 2);
+}
+
+#[tokio::test]
+async fn a_stored_file_only_made_writable_is_hashed_and_made_read_only_again() {
+    let env = Env::new().await;
+    let body = bytes(40_000, 18);
+    let url = env.serve("/m.bin", &body);
+    let r = resource("m", &url, &[], &body);
+    let stored = fetch(&env, &r, no_retry()).await.unwrap();
+    set_mode(&stored, 0o600);
+    // The library's own answer, through the same store.
+    let store = Store::open(&env.store_dir()).unwrap();
+    let found = store.find(&r.sha256, &r.file_name()).unwrap().unwrap();
+    assert_eq!(found, stored);
+    assert_eq!(mode(&found), 0o400);
+    assert_eq!(std::fs::read(&found).unwrap(), body);
+    assert_eq!(env.origin.hits("/m.bin"), 1);
+    // Changed bytes under an unchanged mode and time are caught by the
+    // file's identity: a new file renamed over it.
+    let replacement = env.dir.path().join("replacement");
+    let mut wrong = body.clone();
+    wrong[0] ^= 1;
+    std::fs::write(&replacement, &wrong).unwrap();
+    set_mode(&replacement, 0o400);
+    let meta = std::fs::metadata(&stored).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&replacement)
+        .unwrap()
+        .set_modified(meta.modified().unwrap())
+        .unwrap();
+    std::fs::rename(&replacement, &stored).unwrap();
+    assert_eq!(store.find(&r.sha256, &r.file_name()).unwrap(), None);
+    assert!(!store.has(&r.sha256));
+}

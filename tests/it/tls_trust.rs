@@ -114,3 +114,69 @@ async fn an_expired_or_not_yet_valid_pinned_certificate_is_refused_at_load() {
     let out = env.run(&["autofill", url.as_str()]).await;
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// An env whose origin is `origin`, its certificate pinned through
+/// `[dev] extra_root_certs`.
+fn env_pinned(origin: Origin) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), origin.ca_pem()).unwrap();
+    let env = Env { origin, dir };
+    env.write_config("");
+    env
+}
+
+/// Autofills `/a.bin` from `env`'s origin, expects the handshake refused,
+/// and returns stderr.
+async fn assert_handshake_refused(env: &Env) -> String {
+    let url = env.serve("/a.bin", b"x");
+    let out = env.run(&["autofill", url.as_str()]).await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("E_RESOURCE_NETWORK"), "{err}");
+    assert_eq!(env.origin.hits("/a.bin"), 0, "{err}");
+    err
+}
+
+#[tokio::test]
+async fn a_pinned_self_signed_leaf_is_trusted_for_its_name() {
+    let env = env_pinned(Origin::start_self_signed_leaf(|_| {}).await);
+    let url = env.serve("/a.bin", b"x");
+    let out = env.run(&["autofill", url.as_str()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn a_pinned_certificate_signed_with_sha1_is_refused() {
+    let pem = include_str!("../support/certs/sha1-self-signed.pem");
+    let env = env_pinned(Origin::start_with_pem(pem).await);
+    let err = assert_handshake_refused(&env).await;
+    assert!(
+        err.contains("not trusted: it is signed with an algorithm this program does not accept (such as SHA-1 or MD5)"),
+        "{err}"
+    );
+    assert!(!err.contains("Context"), "{err}");
+}
+
+#[tokio::test]
+async fn a_pinned_certificate_for_client_authentication_only_is_refused() {
+    let env = env_pinned(
+        Origin::start_self_signed_leaf(|p| {
+            p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        })
+        .await,
+    );
+    let err = assert_handshake_refused(&env).await;
+    assert!(err.contains("not meant for a server"), "{err}");
+}
+
+#[tokio::test]
+async fn a_pinned_certificate_whose_key_usage_forbids_signing_is_refused() {
+    let env = env_pinned(
+        Origin::start_self_signed_leaf(|p| {
+            p.key_usages = vec![rcgen::KeyUsagePurpose::KeyEncipherment];
+        })
+        .await,
+    );
+    let err = assert_handshake_refused(&env).await;
+    assert!(err.contains("key usage"), "{err}");
+}

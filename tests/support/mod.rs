@@ -586,3 +586,64 @@ pub fn shown_rates(rows: &[String]) -> Vec<f64> {
     }
     rates
 }
+
+/// A second real user (`gr-lows-test`, created when missing) as
+/// `(uid, gid)`, for the cases where another local user is the attacker.
+/// `None`, after a loud `SKIPPED` line naming `test`, when the tests do not
+/// run as root or the user cannot be made.
+#[cfg(unix)]
+pub fn second_user(test: &str) -> Option<(u32, u32)> {
+    const NAME: &str = "gr-lows-test";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED {test}: needs root to act as a second user");
+        return None;
+    }
+    let id = |flag: &str| -> Option<u32> {
+        let out = std::process::Command::new("id")
+            .args([flag, NAME])
+            .output()
+            .ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    if id("-u").is_none() {
+        let _ = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .status();
+    }
+    let user = id("-u").zip(id("-g"));
+    if user.is_none() {
+        eprintln!("SKIPPED {test}: cannot create the user {NAME}");
+    }
+    user
+}
+
+/// A command running `program` as `user` (from [`second_user`]), no
+/// supplementary groups.
+#[cfg(unix)]
+pub fn as_user(user: (u32, u32), program: &str) -> std::process::Command {
+    let mut command = std::process::Command::new("setpriv");
+    command
+        .arg(format!("--reuid={}", user.0))
+        .arg(format!("--regid={}", user.1))
+        .arg("--clear-groups")
+        .arg(program);
+    command
+}
+
+/// A folder in the system's temporary folder that every user may write
+/// in, without the sticky bit: another user can rename and replace the
+/// entries there.
+#[cfg(unix)]
+pub fn shared_folder() -> TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}

@@ -344,6 +344,32 @@ impl Origin {
         Origin::start_with(make_self_signed()).await
     }
 
+    /// Like [`Origin::start`], but the server presents one self-signed leaf
+    /// for origin.test (not a CA) that `customize` shaped first (its key
+    /// usage, extended key usage); [`Origin::ca_pem`] is that certificate.
+    pub async fn start_self_signed_leaf(customize: impl FnOnce(&mut CertificateParams)) -> Origin {
+        let key = KeyPair::generate().expect("origin: key");
+        let mut params =
+            CertificateParams::new(vec!["origin.test".to_string()]).expect("origin: params");
+        customize(&mut params);
+        let cert = params.self_signed(&key).expect("origin: self-signed cert");
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        Origin::start_with((cert.pem(), vec![cert.der().clone()], der)).await
+    }
+
+    /// Like [`Origin::start`], but the server presents the certificate and
+    /// uses the private key of `pem` (both in one PEM text);
+    /// [`Origin::ca_pem`] is that certificate.
+    pub async fn start_with_pem(pem: &str) -> Origin {
+        use rustls_pki_types::pem::PemObject;
+        let cert = CertificateDer::from_pem_slice(pem.as_bytes()).expect("origin: certificate");
+        let key = PrivateKeyDer::from_pem_slice(pem.as_bytes()).expect("origin: key");
+        let cert_pem = pem[..pem.find("-----END CERTIFICATE-----").expect("origin: PEM") + 25]
+            .to_string()
+            + "\n";
+        Origin::start_with((cert_pem, vec![cert], key)).await
+    }
+
     async fn start_with(
         certs: (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
     ) -> Origin {

@@ -250,23 +250,30 @@ fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bo
     failed
 }
 
-/// Replaces `path` with `text` atomically: a temporary file in the same
-/// folder, flushed, given the file's permissions, renamed over it.
+/// Replaces the file `path` names with `text` atomically: a temporary file
+/// in the folder of the file itself (through any symbolic link, which
+/// stays a link), flushed, given the file's permission bits (never its
+/// setuid, setgid or sticky bits), renamed over it.
 fn write_back(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
     let context = || format!("cannot write {}", path.display());
-    let permissions = std::fs::metadata(path).with_context(context)?.permissions();
+    let target = std::fs::canonicalize(path).with_context(context)?;
+    let folder = target.parent().unwrap_or(Path::new("."));
+    let meta = std::fs::metadata(&target).with_context(context)?;
+    anyhow::ensure!(
+        meta.is_file(),
+        "cannot write {}: {} is not a regular file",
+        path.display(),
+        target.display()
+    );
+    let permissions = crate::platform::permission_bits(meta.permissions());
     let mut file = tempfile::NamedTempFile::new_in(folder).with_context(context)?;
     file.write_all(text.as_bytes()).with_context(context)?;
     file.as_file().sync_all().with_context(context)?;
     file.as_file()
         .set_permissions(permissions)
         .with_context(context)?;
-    file.persist(path)
+    file.persist(&target)
         .map_err(|e| e.error)
         .with_context(context)?;
     Ok(())

@@ -34,7 +34,8 @@ pub async fn run(config: &Config, files: &[PathBuf], json: bool) -> anyhow::Resu
             Some(service) => tokio::select! {
                 outcome = service.import(file) => outcome,
                 () = &mut interrupted => {
-                    // A file is published whole or not at all, never half.
+                    // A file is published whole or not at all, never half:
+                    // shutdown returns once the copy removed its partial file.
                     service.shutdown().await;
                     crate::interrupt::say(
                         &format!(
@@ -124,8 +125,13 @@ fn no_match_reason(service: Option<&Resources>, size: u64, hashed: bool) -> Stri
 }
 
 fn check_file(file: &Path) -> anyhow::Result<()> {
-    let meta =
-        std::fs::metadata(file).with_context(|| format!("cannot import {}", file.display()))?;
+    let meta = std::fs::symlink_metadata(file)
+        .with_context(|| format!("cannot import {}", file.display()))?;
+    anyhow::ensure!(
+        !meta.file_type().is_symlink(),
+        "cannot import {}: a symbolic link; import the file it points to",
+        file.display()
+    );
     anyhow::ensure!(
         meta.is_file(),
         "cannot import {}: not a file",

@@ -8,6 +8,7 @@
 //! | [`stop_signal`] | SIGINT or SIGTERM | Ctrl-C or Ctrl-Break; console close, log-off, shutdown |
 //! | [`hangup_signal`] | SIGHUP | none (the configuration file is watched) |
 //! | [`keep_freed_memory`] | glibc's `mallopt` on Linux | nothing |
+//! | [`permission_bits`] | the mode's `0o777` (no setuid, setgid, sticky) | as they are (the read-only attribute) |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -119,4 +120,16 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 8 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
+}
+
+/// `permissions` without what a copy must not carry over: on Unix only the
+/// read, write and execute bits stay (never setuid, setgid or sticky).
+pub fn permission_bits(permissions: std::fs::Permissions) -> std::fs::Permissions {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(permissions.mode() & 0o777)
+    }
+    #[cfg(not(unix))]
+    permissions
 }

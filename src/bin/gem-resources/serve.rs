@@ -181,16 +181,14 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
     };
     for (gem, path) in &present {
-        // Capped like `check`: a huge file or a FIFO in the gems folder is
-        // refused from its metadata, never read whole.
-        let bytes = match read_manifest_file(path) {
+        let bytes = match read_gem_manifest(gems, path) {
             Ok(b) => b,
-            Err(e) => {
+            Err(why) => {
                 // Remembered like a rejected manifest, so an unchanged
                 // problem is reported once and the installed version kept.
-                let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
+                let digest: [u8; 32] = Sha256::digest(&why).into();
                 if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
-                    tracing::error!(gem, "{}; {}", error_text(&e), keeping(gem));
+                    tracing::error!(gem, "{why}; {}", keeping(gem));
                 }
                 continue;
             }
@@ -249,6 +247,25 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// The manifest at `path`, read where it really is: a symbolic link (the
+/// manifest's, or its gem folder's) may lead to another place in the gems
+/// folder, never out of it, so a gem cannot have `serve` read (and echo
+/// values of) a file elsewhere on the machine.
+fn read_gem_manifest(gems: &Path, path: &Path) -> Result<Vec<u8>, String> {
+    let shown = crate::text::field(&path.display().to_string()).into_owned();
+    let unreadable = |e: std::io::Error| format!("cannot read manifest {shown}: {e}");
+    let real = std::fs::canonicalize(path).map_err(unreadable)?;
+    let root = std::fs::canonicalize(gems).map_err(unreadable)?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "refusing manifest {shown}: a symbolic link leading out of the gems folder"
+        ));
+    }
+    // Capped like `check`: a huge file or a FIFO in the gems folder is
+    // refused from its metadata, never read whole.
+    read_manifest_file(&real).map_err(|e| error_text(&e))
 }
 
 /// Gem folders: id → manifest path for every sub-folder that has one,
