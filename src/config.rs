@@ -126,7 +126,8 @@ pub struct NetworkConfig {
     pub spread_over_mirrors: bool,
     /// Seconds a download waits for another download of the same file
     /// from other addresses (another gem's) before it fetches from its own
-    /// as well.
+    /// as well; also how long a new download reserves its whole declared
+    /// size before its rate decides what it reserves.
     #[serde(default = "default_wait_for_others")]
     pub wait_for_others_secs: f64,
 }

@@ -202,7 +202,8 @@ fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(Vec<u8>, u64)> {
 /// the copy's own bytes are verified. Call with the locks of the SHA-256
 /// held ([`crate::store::Store::lock_with_size`]).
 fn copy_in(store: &Store, source: &Path, resource: &Resource) -> Result<PathBuf> {
-    let paths = store.prepare(&resource.id, &resource.sha256, resource.size, 0)?;
+    let grace = crate::store::lanes::DEFAULT_WAIT_FOR_OTHERS;
+    let paths = store.prepare(&resource.id, &resource.sha256, resource.size, 0, grace)?;
     // A kept partial download of the same bytes is replaced by the copy.
     paths.remove();
     let result = copy_and_check(source, &paths.data, resource);

@@ -20,7 +20,8 @@
 //!
 //! The holder of a lane describes itself beside its lock (`Holder`): the
 //! gem it downloads for, its addresses, when it began and what it held
-//! then. Waiters name the gem they depend on from it.
+//! then. Waiters name the gem they depend on from it, and the free-space
+//! check counts a download's reservation from it (`counted`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,9 +33,15 @@ use crate::store::lockfile::KeyLock;
 /// in.
 pub(crate) const LANES: u32 = 4;
 
-/// How long a download waits for another gem's download of the same file,
-/// unless configured (`network.wait_for_others_secs`).
+/// How long a download's whole declared size is reserved before its rate
+/// decides, and how long a download waits for another gem's download of
+/// the same file, unless configured (`network.wait_for_others_secs`).
 pub const DEFAULT_WAIT_FOR_OTHERS: Duration = Duration::from_secs(30);
+
+/// How far ahead a download's rate reserves disk space: a download counts
+/// at most what it would write in this time at the rate it has kept since
+/// it began.
+pub const RESERVATION_HORIZON: Duration = Duration::from_secs(3600);
 
 /// Longest description read back.
 pub(crate) const MAX_HOLDER_BYTES: u64 = 64 * 1024;
@@ -79,6 +86,11 @@ impl Holder {
         serde_json::from_slice(bytes).ok()
     }
 
+    /// How long ago its transfer began.
+    pub(crate) fn age(&self) -> Duration {
+        let since = UNIX_EPOCH + Duration::from_millis(self.since_ms);
+        SystemTime::now().duration_since(since).unwrap_or_default()
+    }
 }
 
 /// A held lane of one file; released when dropped.
@@ -98,9 +110,49 @@ impl LaneLock {
     }
 }
 
+/// The bytes a download in progress counts against the free space of
+/// others: what it still has to write (`remaining`) while it is younger
+/// than `grace` or when nothing is known of it; after that, at most what
+/// it would write in [`RESERVATION_HORIZON`] at the rate it has kept since
+/// it began (`held` now, against what it held then). A download that
+/// drips holds almost nothing, however large its declared size.
+pub(crate) fn counted(remaining: u64, held: u64, holder: Option<&Holder>, grace: Duration) -> u64 {
+    let Some(holder) = holder else {
+        return remaining;
+    };
+    let age = holder.age();
+    if age < grace {
+        return remaining;
+    }
+    let delivered = held.saturating_sub(holder.from) as f64;
+    let ahead = delivered * RESERVATION_HORIZON.as_secs_f64() / age.as_secs_f64().max(1.0);
+    remaining.min(ahead.min(u64::MAX as f64) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn aged(secs: u64, from: u64) -> Holder {
+        let mut h = Holder::new(Some("g"), &[], from);
+        h.since_ms -= secs * 1000;
+        h
+    }
+
+    #[test]
+    fn a_reservation_follows_the_rate_once_the_grace_is_over() {
+        let grace = Duration::from_secs(30);
+        // Young, or unknown: everything still to write.
+        assert_eq!(counted(1 << 40, 0, Some(&aged(5, 0)), grace), 1 << 40);
+        assert_eq!(counted(1 << 40, 0, None, grace), 1 << 40);
+        // 60 KB in 60 s: 1 KB/s, an hour ahead is 3.6 MB.
+        let slow = counted(1 << 40, 160_000, Some(&aged(60, 100_000)), grace);
+        assert!((3_590_000..=3_600_000).contains(&slow), "{slow}");
+        // Fast enough to finish within the hour: all that is left.
+        assert_eq!(counted(1000, 1 << 30, Some(&aged(60, 0)), grace), 1000);
+        // Nothing delivered since it began: nothing reserved.
+        assert_eq!(counted(1 << 40, 5, Some(&aged(120, 5)), grace), 0);
+    }
 
     #[test]
     fn lane_keys_are_the_whole_hash_the_size_and_the_lane() {

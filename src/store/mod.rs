@@ -37,7 +37,9 @@
 //! removes leftovers nobody can resume and partial files older than
 //! `network.partial_max_age_days`. The declared size is part of a partial
 //! file's name, so every process can tell how much the downloads in
-//! progress will still write when it checks free space.
+//! progress will still write when it checks free space; how much of that
+//! counts is decided by what each download has shown it can deliver
+//! (`lanes::counted`).
 //!
 //! The store trusts only what its own user made (see `store/trust.rs`): its
 //! folders are `0700` and refused at open when another user owns them or
@@ -454,9 +456,11 @@ impl Store {
 
     /// Prepares the partial file of `lane` of a download of `size` bytes
     /// for `sha256`: checks that the file system has room for what is still
-    /// missing on top of what other downloads in progress will still write.
-    /// Partial files of other sizes and other lanes are left alone: they
-    /// belong to other declarations and downloads. Touches no network.
+    /// missing on top of what other downloads in progress count (see
+    /// [`lanes::counted`]; `grace` is how long a new download counts its
+    /// whole size). Partial files of other sizes and other lanes are left
+    /// alone: they belong to other declarations and downloads. Touches no
+    /// network.
     ///
     /// The caller holds the lane ([`Store::try_lock_lane`]).
     pub(crate) fn prepare(
@@ -465,6 +469,7 @@ impl Store {
         sha256: &str,
         size: u64,
         lane: u32,
+        grace: std::time::Duration,
     ) -> Result<PartialPaths> {
         check_sha256(sha256)?;
         let tmp = self.root.join("tmp");
@@ -481,13 +486,19 @@ impl Store {
         // download writes: that space comes back.
         let reclaimed = paths.untrusted_tail(kept);
         let available = available_space(&tmp)?.saturating_add(reclaimed);
-        let reserved = self.reserved_bytes_except(&lane_key(sha256, size, lane));
+        let reservations = self.reservations(&lane_key(sha256, size, lane), grace);
+        let reserved = reservations.total;
         if available < needed.saturating_add(reserved) {
+            // A reservation stands in the way only when the file alone fits.
+            let held_by = (needed <= available)
+                .then_some(reservations.largest)
+                .flatten();
             return Err(Error::DiskSpace {
                 resource: resource.to_string(),
                 needed,
                 available,
                 reserved,
+                held_by,
                 store: self.root.clone(),
             });
         }
@@ -610,23 +621,36 @@ impl Store {
         removed
     }
 
-    /// Bytes that downloads in progress (in any process) will still write:
-    /// the declared size less what is written, for every partial file whose
-    /// lane is held. Leftovers of a crashed download hold no lock and do not
-    /// count.
+    /// Bytes that downloads in progress (in any process) count against
+    /// the free space of a new one: for every partial file whose lane is
+    /// held, what it still has to write, or, once its download is older
+    /// than [`lanes::DEFAULT_WAIT_FOR_OTHERS`], what its rate would write
+    /// within [`lanes::RESERVATION_HORIZON`] (see `lanes::counted`).
+    /// Leftovers of a crashed download hold no lock and do not count.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved_bytes_except("")
+        self.reservations("", lanes::DEFAULT_WAIT_FOR_OTHERS).total
     }
 
-    fn reserved_bytes_except(&self, own: &str) -> u64 {
+    fn reservations(&self, own: &str, grace: std::time::Duration) -> Reservations {
         let tmp = self.root.join("tmp");
-        partial_files(&tmp)
-            .filter(|e| e.key() != own)
-            .filter_map(|e| {
-                let used = self.lane_in_use(&tmp, &e.sha256, e.size, e.lane)?;
-                Some(e.size.saturating_sub(used.held))
-            })
-            .sum()
+        let mut out = Reservations::default();
+        let mut largest = 0;
+        for entry in partial_files(&tmp) {
+            if entry.key() == own {
+                continue;
+            }
+            let Some(used) = self.lane_in_use(&tmp, &entry.sha256, entry.size, entry.lane) else {
+                continue;
+            };
+            let remaining = entry.size.saturating_sub(used.held);
+            let counted = lanes::counted(remaining, used.held, used.holder.as_ref(), grace);
+            out.total = out.total.saturating_add(counted);
+            if counted > largest {
+                largest = counted;
+                out.largest = used.holder.and_then(|h| h.gem);
+            }
+        }
+        out
     }
 
     /// The bytes another process downloading `sha256` holds so far, when
@@ -709,6 +733,16 @@ impl Store {
         let sha = name.split('.').next().unwrap_or_default();
         is_sha256(sha) && matches!(self.try_lock(sha), Ok(None))
     }
+}
+
+/// What the downloads in progress count against free space.
+#[derive(Debug, Default)]
+struct Reservations {
+    /// Their sum.
+    total: u64,
+    /// The gem whose download counts the most (`None`: that one is a
+    /// download by hand, or nothing counts).
+    largest: Option<String>,
 }
 
 /// What [`Store::find_present`] found.
@@ -810,6 +844,7 @@ pub fn is_sha256(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {
@@ -829,13 +864,15 @@ mod tests {
         });
         fs::write(&paths.meta, record.to_string()).unwrap();
         space::FREE.set(Some((1 << 20) + 4096));
-        let prepared = store.prepare("r", &sha, size, 0);
+        let prepared = store.prepare("r", &sha, size, 0, Duration::ZERO);
         space::FREE.set(None);
         assert!(prepared.is_ok(), "{:?}", prepared.err());
         // Without the tail, 1 MiB free is short of the 3 MiB needed.
         space::FREE.set(Some(1 << 20));
         fs::write(&paths.data, vec![7u8; 1 << 20]).unwrap();
-        let refused = store.prepare("r", &sha, size, 0).unwrap_err();
+        let refused = store
+            .prepare("r", &sha, size, 0, Duration::ZERO)
+            .unwrap_err();
         space::FREE.set(None);
         assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
         assert!(
@@ -860,7 +897,9 @@ mod tests {
         let store = Store::open(&deep).unwrap();
         let sha = "e".repeat(64);
         let body = vec![5u8; 4096];
-        let paths = store.prepare("r", &sha, body.len() as u64, 0).unwrap();
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
         fs::write(&paths.data, &body).unwrap();
         let path = store.publish(&paths, &sha, "model.bin").unwrap();
         assert!(path.as_os_str().len() > 400);
@@ -911,10 +950,57 @@ mod tests {
             "durable": 3000,
         });
         fs::write(&theirs.meta, record.to_string()).unwrap();
-        let _other_size = store.prepare("r", &sha, 4000, 0).unwrap();
-        let _other_lane = store.prepare("r", &sha, 5000, 2).unwrap();
+        let _other_size = store.prepare("r", &sha, 4000, 0, Duration::ZERO).unwrap();
+        let _other_lane = store.prepare("r", &sha, 5000, 2, Duration::ZERO).unwrap();
         assert_eq!(theirs.kept().map(|(_, n)| n), Some(3000));
         assert_eq!(store.kept_bytes(&sha, Some(5000)), Some(3000));
         assert_eq!(store.kept_bytes(&sha, Some(4000)), None);
+    }
+
+    #[test]
+    fn a_dripping_download_stops_reserving_its_size_and_a_reservation_names_its_gem() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let hog = "a".repeat(64);
+        let huge = 1u64 << 40;
+        let lane = store.try_lock_lane(&hog, huge, 0).unwrap().unwrap();
+        let mut holder = Holder::new(Some("hog"), &[], 0);
+        lane.describe(&holder);
+        space::FREE.set(Some(huge + (1 << 30)));
+        store
+            .prepare("huge", &hog, huge, 0, Duration::ZERO)
+            .unwrap();
+        space::FREE.set(Some(1 << 30));
+        // Young: the whole declared size is reserved, and named.
+        let refused = store
+            .prepare(
+                "small",
+                &"b".repeat(64),
+                1 << 20,
+                0,
+                Duration::from_secs(30),
+            )
+            .unwrap_err();
+        assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
+        assert!(
+            refused.to_string().contains("reserved by gem \"hog\""),
+            "{refused}"
+        );
+        // A minute old with nothing delivered: nothing reserved.
+        holder.since_ms -= 60_000;
+        lane.describe(&holder);
+        let prepared = store.prepare(
+            "small",
+            &"b".repeat(64),
+            1 << 20,
+            0,
+            Duration::from_secs(30),
+        );
+        // Too big on its own: no gem stands in the way.
+        let alone = store.prepare("big", &"c".repeat(64), 2 << 30, 0, Duration::from_secs(30));
+        space::FREE.set(None);
+        assert!(prepared.is_ok(), "{:?}", prepared.err());
+        let alone = alone.unwrap_err();
+        assert!(!alone.to_string().contains("hog"), "{alone}");
     }
 }

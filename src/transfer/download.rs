@@ -123,6 +123,7 @@ pub(crate) async fn download_for(
     }
     // File-system work (creating the file, fsyncs, renames) runs off the
     // runtime's workers: on a slow disk it would stall every transfer.
+    let grace = fetcher.wait_for_others();
     let (lock, paths) = crate::store::off_runtime(store.root(), {
         let (store, id, sha256, size) = (
             store.clone(),
@@ -133,7 +134,7 @@ pub(crate) async fn download_for(
         let addresses = addresses.clone();
         move || {
             store.sort_kept(&lock, &sha256, size, &addresses);
-            let paths = store.prepare(&id, &sha256, size, lock.lane)?;
+            let paths = store.prepare(&id, &sha256, size, lock.lane, grace)?;
             Ok((lock, paths))
         }
     })

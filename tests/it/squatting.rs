@@ -1,6 +1,7 @@
 //! A gem that declares another gem's file (its public SHA-256) with a
 //! source of its own never decides that gem's download: not by holding it,
-//! not by a hash that shares its prefix, not by another size.
+//! not by a hash that shares its prefix, not by another size, not by the
+//! disk space it claims.
 
 use std::time::{Duration, Instant};
 
@@ -292,4 +293,95 @@ async fn status_names_the_gem_a_waiting_file_depends_on() {
         "{:?}",
         state_of(&service, "hog")
     );
+}
+
+/// Free bytes on the file system of the store.
+#[cfg(unix)]
+fn free_space(env: &Env) -> u64 {
+    std::fs::create_dir_all(env.store_dir()).unwrap();
+    let stat = rustix::fs::statvfs(env.store_dir()).unwrap();
+    stat.f_bavail * stat.f_frsize
+}
+
+#[cfg(unix)]
+/// Holds a download of `size` declared bytes for gem `hog` in `service`,
+/// before any byte of it arrives.
+async fn hold_huge(env: &Env, service: &Resources, size: u64) -> Gate {
+    let gate = Gate::new();
+    let body = bytes(10, 145);
+    env.origin.route(
+        "/huge.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let mut huge = entry("huge", &env.url("evil.test", "/huge.bin"), &body);
+    huge["size"] = json!(size);
+    service
+        .install("hog", &manifest(json!([huge])))
+        .await
+        .unwrap();
+    let s = service.clone();
+    tokio::spawn(async move { s.path("hog", "huge").await });
+    wait_until("the huge download is in flight", || {
+        env.origin.hits("/huge.bin") == 1
+    })
+    .await;
+    gate
+}
+
+// Free space is read with statvfs here.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_declaration_that_delivers_nothing_stops_reserving_disk_space() {
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(16 << 20, 146);
+    let free = free_space(&env);
+    assert!(free > 1 << 30, "too little free space for this test");
+    // The victim's file fits beside what is really written, not beside the
+    // whole declared size of the huge one.
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let _gate = hold_huge(&env, &service, free - (48 << 20)).await;
+    let own = env.serve("/model.bin", &body);
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    // Past the grace of a new download, its rate decides what it reserves.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = within("path in another process", env.run(&["path", "victim", "m"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(stdout(&out).trim()).unwrap(), body);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_that_stands_in_the_way_is_named_by_its_gem() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let free = free_space(&env);
+    let margin = 100 << 20;
+    assert!(free > 4 * margin, "too little free space for this test");
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    // A new download reserves its whole size: the small file alone fits,
+    // not beside it.
+    let _gate = hold_huge(&env, &service, free - margin).await;
+    let small = bytes(10, 147);
+    let mut entry = entry("small", &env.url("origin.test", "/small.bin"), &small);
+    entry["size"] = json!(2 * margin);
+    service
+        .install("victim", &manifest(json!([entry])))
+        .await
+        .unwrap();
+    let out = env.run(&["path", "victim", "small"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("E_RESOURCE_DISK_SPACE"), "{text}");
+    assert!(
+        text.contains("most of it reserved by gem \"hog\""),
+        "{text}"
+    );
+    assert_eq!(env.origin.hits("/small.bin"), 0);
 }
