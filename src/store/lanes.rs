@@ -11,7 +11,8 @@
 //!
 //! The first download of a file takes lane 0, and a download of the same
 //! file from the same addresses waits for it (it would fetch the same
-//! bytes from the same servers). A download from other addresses (another
+//! bytes from the same servers), as does another download for the same
+//! gem. A download from other addresses (another
 //! gem's manifest) waits for it only so long
 //! (`network.wait_for_others_secs`): then it takes a free lane and fetches
 //! from its own addresses, and the first copy verified is published, the
@@ -30,8 +31,10 @@ use serde::{Deserialize, Serialize};
 use crate::store::lockfile::KeyLock;
 
 /// Lanes per file: lane 0 and the ones downloads from other addresses race
-/// in.
-pub(crate) const LANES: u32 = 4;
+/// in. A gem holds at most one lane of a file (its other downloads of it
+/// wait for that one), so it takes this many gems declaring one file to
+/// fill them.
+pub(crate) const LANES: u32 = 16;
 
 /// How long a download's whole declared size is reserved before its rate
 /// decides, and how long a download waits for another gem's download of

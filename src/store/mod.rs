@@ -714,6 +714,21 @@ impl Store {
             });
             if legacy && fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
+                continue;
+            }
+            // What a download that ended without letting go (killed) left:
+            // its description, and where the platform removes released lock
+            // files, the lock file (`is_held` removes one nobody holds).
+            let name = name.to_string_lossy();
+            let key = name
+                .strip_suffix(".lock.json")
+                .or_else(|| name.strip_suffix(".lock"))
+                .filter(|k| partial::parse_key(k).is_some());
+            if let Some(key) = key {
+                let held = lockfile::is_held(&locks, key);
+                if !held && name.ends_with(".json") && fs::remove_file(entry.path()).is_ok() {
+                    removed += 1;
+                }
             }
         }
         Ok(removed)
@@ -921,12 +936,20 @@ mod tests {
         fs::write(locks.join("downloads.lock"), b"").unwrap();
         let sha = "c".repeat(64);
         let held = store.try_lock_lane(&sha, 10, 0).unwrap();
-        assert!(held.is_some());
+        let Some(lane) = &held else {
+            panic!("the lane is free")
+        };
+        lane.describe(&Holder::new(Some("g"), &[], 0));
+        // A killed download's description, its lock long released.
+        let stale = locks.join(format!("{sha}.11.lock.json"));
+        fs::write(&stale, b"{}").unwrap();
         fs::write(locks.join("registry.lock"), b"").unwrap();
         let removed = store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
-        assert_eq!(removed, 2);
+        assert_eq!(removed, 3);
         assert!(!legacy.exists());
+        assert!(!stale.exists());
         assert!(locks.join(format!("{sha}.10.lock")).exists());
+        assert!(locks.join(format!("{sha}.10.lock.json")).exists());
         assert!(locks.join("registry.lock").exists());
         // The download lock still holds after the cleanup, and keeps every
         // download of its SHA-256 from being touched.

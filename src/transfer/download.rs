@@ -19,7 +19,7 @@
 //! Other downloads of the same file (see [`crate::store::lanes`]): one from
 //! the same addresses is waited for, however long it takes, since it
 //! fetches the same bytes from the same servers and its failure is this
-//! one's too. One from other addresses (another gem's, here or in another
+//! one's too; so is one for the same gem. One from other addresses (another gem's, here or in another
 //! process) is waited for at most `network.wait_for_others_secs`; then this
 //! download fetches from its own addresses in a lane of its own. Whichever
 //! verifies first is published, and every download of the file stops once
@@ -104,11 +104,11 @@ pub(crate) async fn download_for(
     }
     let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
     let waiting_since = std::time::SystemTime::now();
-    let (lock, waited) =
-        match take_lane(fetcher, store, resource, &addresses, progress, cancel).await? {
-            Lane::Found(path) => return Ok(path),
-            Lane::Taken { lock, waited } => (lock, waited),
-        };
+    let taken = take_lane(gem, fetcher, store, resource, &addresses, progress, cancel).await?;
+    let (lock, waited) = match taken {
+        Lane::Found(path) => return Ok(path),
+        Lane::Taken { lock, waited } => (lock, waited),
+    };
     if let Some(path) = store.find(&resource.sha256, &name)? {
         return Ok(path);
     }
@@ -203,11 +203,13 @@ enum Lane {
     Taken { lock: LaneLock, waited: bool },
 }
 
-/// Takes a lane of `resource`'s file: lane 0 when it is free, else waits
-/// for its holder, as long as it takes when that one fetches from the same
-/// `addresses`, else at most `network.wait_for_others_secs`, then a free
-/// lane of its own. Ends early when the file is published meanwhile.
+/// Takes a lane of `resource`'s file for `gem`: lane 0 when it is free,
+/// else waits for its holder, as long as it takes when that one fetches
+/// from the same `addresses` or for the same gem, else at most
+/// `network.wait_for_others_secs`, then a free lane of its own. Ends early
+/// when the file is published meanwhile.
 async fn take_lane(
+    gem: Option<&str>,
     fetcher: &Fetcher,
     store: &Store,
     resource: &Resource,
@@ -228,9 +230,11 @@ async fn take_lane(
             });
         }
         let in_use = store.lanes_in_use(sha256, size);
-        let same = in_use
-            .iter()
-            .any(|l| l.holder.as_ref().is_some_and(|h| h.addresses == addresses));
+        let same = in_use.iter().any(|l| {
+            l.holder.as_ref().is_some_and(|h| {
+                h.addresses == addresses || (gem.is_some() && h.gem.as_deref() == gem)
+            })
+        });
         if !same && since.elapsed() >= patience {
             if let Some(lock) = store.try_lock_other_lane(sha256, size, addresses)? {
                 tracing::info!(
