@@ -223,31 +223,35 @@ async fn take_lane(
     let mut pause = Duration::from_millis(2);
     let mut announced = false;
     loop {
-        if let Some(lock) = store.try_lock_lane(sha256, size, 0)? {
-            return Ok(Lane::Taken {
-                lock,
-                waited: announced,
-            });
-        }
+        // A download from the same addresses, or for the same gem, anywhere
+        // in the lanes: this one waits for it, whatever lane is free.
         let in_use = store.lanes_in_use(sha256, size);
-        let same = in_use.iter().any(|l| {
+        let ours = in_use.iter().find(|l| {
             l.holder.as_ref().is_some_and(|h| {
                 h.addresses == addresses || (gem.is_some() && h.gem.as_deref() == gem)
             })
         });
-        if !same && since.elapsed() >= patience {
-            if let Some(lock) = store.try_lock_other_lane(sha256, size, addresses)? {
-                tracing::info!(
-                    resource = %resource.id,
-                    "another download of the same file from other addresses has not finished in {:.0}s: fetching from this resource's own addresses as well",
-                    patience.as_secs_f64()
-                );
-                return Ok(Lane::Taken { lock, waited: true });
+        if ours.is_none() {
+            if let Some(lock) = store.try_lock_lane(sha256, size, 0)? {
+                return Ok(Lane::Taken {
+                    lock,
+                    waited: announced,
+                });
+            }
+            if since.elapsed() >= patience {
+                if let Some(lock) = store.try_lock_other_lane(sha256, size, addresses)? {
+                    tracing::info!(
+                        resource = %resource.id,
+                        "another download of the same file from other addresses has not finished in {:.0}s: fetching from this resource's own addresses as well",
+                        patience.as_secs_f64()
+                    );
+                    return Ok(Lane::Taken { lock, waited: true });
+                }
             }
         }
         if !announced {
             tracing::debug!(sha256 = %sha256, "waiting for another download of the same file");
-            let holder = in_use.iter().find_map(|l| l.holder.as_ref());
+            let holder = ours.or(in_use.first()).and_then(|l| l.holder.as_ref());
             progress.waiting_on(holder.and_then(|h| h.gem.as_deref()));
             announced = true;
         }

@@ -115,7 +115,91 @@ async fn another_process_holding_a_hostile_download_does_not_hold_path() {
     assert_eq!(env.origin.hits("/model.bin"), 1, "its own origin served it");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Logs are captured on the test's own thread.
+#[tokio::test]
+async fn a_download_from_the_same_addresses_waits_for_the_one_racing_whatever_lane_is_free() {
+    let logs = Logs::capture();
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(200_000, 150);
+    // Drips for about two seconds, then fails: lane 0 comes free while the
+    // victim's own download is still on its way.
+    env.origin.route(
+        "/drip.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"h\"".into(),
+            ignore_range: false,
+            cut_at: Some(4000),
+            hold: false,
+            pace: Some((1000, Duration::from_millis(500))),
+        },
+    );
+    let hostile = env.url("evil.test", "/drip.bin");
+    let gate = Gate::new();
+    env.origin.route(
+        "/model.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let own = env.url("origin.test", "/model.bin");
+    // Two services on one store stand for two processes.
+    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    first
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    first
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let hog = {
+        let s = first.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    let a = {
+        let s = first.clone();
+        tokio::spawn(async move { s.path("victim", "m").await })
+    };
+    wait_until("the victim's own request", || {
+        env.origin.hits("/model.bin") == 1
+    })
+    .await;
+    assert!(within("the hostile download fails", hog)
+        .await
+        .unwrap()
+        .is_err());
+    let b = {
+        let s = second.clone();
+        tokio::spawn(async move { s.path("victim", "m").await })
+    };
+    wait_until("the other process waits", || {
+        logs.count(WAITING_FOR_LOCK) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        env.origin.hits("/model.bin"),
+        1,
+        "one download from those addresses"
+    );
+    gate.open();
+    for caller in [a, b] {
+        let path = within("the victim's file", caller).await.unwrap().unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), body);
+    }
+    assert_eq!(env.origin.hits("/model.bin"), 1);
+}
+
+// Logs are captured on the test's own thread.
+#[tokio::test]
 async fn a_hash_sharing_the_victims_prefix_does_not_make_it_wait() {
     let logs = Logs::capture();
     let env = Env::new().await;
