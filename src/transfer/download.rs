@@ -19,11 +19,12 @@
 //! Other downloads of the same file (see [`crate::store::lanes`]): one from
 //! the same addresses is waited for, however long it takes, since it
 //! fetches the same bytes from the same servers and its failure is this
-//! one's too; so is one for the same gem. One from other addresses (another gem's, here or in another
-//! process) is waited for at most `network.wait_for_others_secs`; then this
-//! download fetches from its own addresses in a lane of its own. Whichever
-//! verifies first is published, and every download of the file stops once
-//! it finds the file in place (checked twice a second).
+//! one's too; so is one for the same gem. One from other addresses
+//! (another gem's, here or in another process) is waited for at most
+//! `network.wait_for_others_secs`; then this download fetches from its own
+//! addresses in a lane of its own. Whichever verifies first is published,
+//! and every download of the file stops once it finds the file in place
+//! (checked twice a second).
 //!
 //! Resume rules:
 //! - the partial file is continued only with the address it came from
