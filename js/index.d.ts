@@ -90,7 +90,7 @@ export interface Hello {
   pid: number;
 }
 
-export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'failed';
+export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'waiting' | 'failed';
 
 /** One row of `status --json`. */
 export interface ResourceStatus {
@@ -109,8 +109,10 @@ export interface ResourceStatus {
   path?: string;
   /** When present: the url or mirror that served it, `"import"`, or null. */
   served_by?: string | null;
-  /** When downloading: the bytes really held. */
+  /** When downloading: the bytes really held; when waiting: the bytes the download waited for holds. */
   bytes?: number;
+  /** When waiting: the gem whose download of the same file it waits for (null: not known). */
+  on?: string | null;
   /** When failed. */
   code?: ErrorCode;
   primary_cause?: ErrorCode;
@@ -230,7 +232,7 @@ export type Event =
   | ({ event: 'progress'; bytes: number; size: number; address: string } & OfFile)
   | ({ event: 'retrying'; address: string; attempt: number; of: number; wait_ms: number; reason: string } & OfFile)
   | ({ event: 'fell_back'; from: string; to: string; code: ErrorCode; reason: string } & OfFile)
-  | ({ event: 'waiting' } & OfFile)
+  | ({ event: 'waiting'; on?: string } & OfFile)
   | ({ event: 'verified'; path: string; served_by: string } & OfFile)
   | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string } & OfFile)
   | ({ event: 'cancelled'; reason: string } & OfFile)

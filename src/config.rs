@@ -124,6 +124,12 @@ pub struct NetworkConfig {
     /// once, instead of from the first address that works.
     #[serde(default)]
     pub spread_over_mirrors: bool,
+    /// Seconds a download waits for another download of the same file
+    /// from other addresses (another gem's) before it fetches from its own
+    /// as well; also how long a new download reserves its whole declared
+    /// size before its rate decides what it reserves.
+    #[serde(default = "default_wait_for_others")]
+    pub wait_for_others_secs: f64,
 }
 
 /// `[service]`: bounds on concurrent downloads, and the periodic retry of
@@ -159,6 +165,10 @@ fn default_mode() -> Mode {
 fn default_connect() -> f64 {
     10.0
 }
+fn default_wait_for_others() -> f64 {
+    crate::store::lanes::DEFAULT_WAIT_FOR_OTHERS.as_secs_f64()
+}
+
 fn default_stall() -> f64 {
     30.0
 }
@@ -212,6 +222,7 @@ impl Default for NetworkConfig {
             proxy_resolves: false,
             connections_per_file: default_connections_per_file(),
             spread_over_mirrors: false,
+            wait_for_others_secs: default_wait_for_others(),
         }
     }
 }
@@ -394,6 +405,7 @@ impl Config {
             proxy_resolves: self.network.proxy_resolves,
             connections_per_file: self.network.connections_per_file,
             spread_over_mirrors: self.network.spread_over_mirrors,
+            wait_for_others: Duration::from_secs_f64(self.network.wait_for_others_secs),
             resolve: self.dev.resolve.clone(),
             allow_addresses: self.dev.allow_addresses.clone(),
             extra_root_certs: self.dev.extra_root_certs.clone(),
@@ -479,6 +491,10 @@ impl Config {
             (
                 "network.partial_max_age_days",
                 self.network.partial_max_age_days,
+            ),
+            (
+                "network.wait_for_others_secs",
+                self.network.wait_for_others_secs,
             ),
         ] {
             if !(value.is_finite() && (0.0..1e6).contains(&value)) {

@@ -42,12 +42,16 @@ impl ErrorData {
                 needed,
                 available,
                 reserved,
+                held_by,
                 ..
             } => {
                 // The message says them in human units; here, in bytes.
                 details.insert("needed_bytes".into(), json!(needed));
                 details.insert("free_bytes".into(), json!(available));
                 details.insert("reserved_bytes".into(), json!(reserved));
+                if let Some(gem) = held_by {
+                    details.insert("reserved_by".into(), json!(gem));
+                }
             }
             Error::Manifest(m) => {
                 let problems = m

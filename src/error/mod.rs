@@ -229,12 +229,16 @@ pub enum Error {
     },
     /// Not enough free space for the download; nothing was requested.
     #[error(
-        "resource {resource:?}: needs {} but only {} {} free in {} (after {} still to be written by downloads in progress)",
+        "resource {resource:?}: needs {} but only {} {} free in {} (after {} still to be written by downloads in progress{})",
         human_bytes(*needed),
         human_bytes(*available),
         if *available == 1 { "is" } else { "are" },
         store.display(),
-        human_bytes(*reserved)
+        human_bytes(*reserved),
+        match held_by {
+            Some(gem) => format!(", most of it reserved by gem {gem:?}"),
+            None => String::new(),
+        }
     )]
     DiskSpace {
         /// The resource id.
@@ -243,8 +247,12 @@ pub enum Error {
         needed: u64,
         /// Free bytes on the store's file system.
         available: u64,
-        /// Bytes other downloads in progress will still write.
+        /// Bytes other downloads in progress count (see
+        /// [`crate::store::lanes`]).
         reserved: u64,
+        /// The gem whose download in progress counts the most, when its
+        /// reservation is what stands in the way (the file alone fits).
+        held_by: Option<String>,
         /// The store folder.
         store: PathBuf,
     },
@@ -559,6 +567,7 @@ mod tests {
                 needed: 10,
                 available: 1,
                 reserved: 0,
+                held_by: None,
                 store: PathBuf::from("/store"),
             },
             Error::io("cannot read", "/store/x", std::io::Error::other("gone")),

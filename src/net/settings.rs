@@ -41,6 +41,10 @@ pub struct NetSettings {
     /// Whether the parts of a file come from its url and mirrors at once
     /// (`[network] spread_over_mirrors`).
     pub spread_over_mirrors: bool,
+    /// How long a download waits for another gem's download of the same
+    /// file before it fetches from its own addresses too, and how long a new
+    /// download reserves its whole size (`[network] wait_for_others_secs`).
+    pub wait_for_others: Duration,
     /// Development only: fixed DNS answers (`[dev] resolve`).
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
     /// Development only: ranges exempt from the address rule

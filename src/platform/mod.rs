@@ -17,7 +17,7 @@
 //! | [`sync_dir`] | fsync of the folder | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
-//! | [`BYTE_LOCKS`], [`try_lock_byte`] | open-file-description locks (Linux) | a lock file per key |
+//! | [`REMOVE_RELEASED_LOCKS`] | a lock file is removed by its holder before release | lock files stay for reuse |
 //! | [`local_socket`] | a Unix domain socket, the peer's uid checked (`SO_PEERCRED`, `getpeereid`) | a named pipe for this user only, remote clients rejected (Windows) |
 //!
 //! What the crate decides with these (which folders and files it trusts,
@@ -39,7 +39,7 @@ pub(crate) use imp::{
     allocated_bytes, content_stamp, folder_problem, free_space, link_count, make_read_only,
     never_wait, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
     reflink, remove_folder, replace_file, same_file, set_private_folder, start_write_back,
-    sync_dir, try_lock_byte, FileStamp, BYTE_LOCKS,
+    sync_dir, FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]

@@ -305,13 +305,9 @@ pub(crate) fn reflink(_from: &File, _to: &File) -> bool {
     false
 }
 
-/// Byte locks are not used here: a lock file per key.
-pub(crate) const BYTE_LOCKS: bool = false;
-
-/// Not available here ([`BYTE_LOCKS`] is `false`).
-pub(crate) fn try_lock_byte(_file: &File, _offset: i64) -> io::Result<bool> {
-    Err(io::Error::from(io::ErrorKind::Unsupported))
-}
+/// A held lock file stays in place when released: removing a file another
+/// process has open is not reliable here, so lock files are left for reuse.
+pub(crate) const REMOVE_RELEASED_LOCKS: bool = false;
 
 /// The raw OS errors of a full file system and of a used-up quota (tests
 /// make their own): Windows' `ERROR_DISK_FULL` and

@@ -196,40 +196,10 @@ pub(crate) fn reflink(from: &File, to: &File) -> bool {
     }
 }
 
-/// Whether [`try_lock_byte`] works here: open-file-description locks are
-/// Linux's (elsewhere a process's own locks would not exclude its threads).
-pub(crate) const BYTE_LOCKS: bool = cfg!(target_os = "linux");
-
-/// Takes a write lock on byte `offset` of `file`, owned by its open file
-/// description; `false` when another one holds it.
-pub(crate) fn try_lock_byte(file: &File, offset: i64) -> io::Result<bool> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
-        let mut request: libc::flock = unsafe { std::mem::zeroed() };
-        request.l_type = libc::F_WRLCK as libc::c_short;
-        request.l_whence = libc::SEEK_SET as libc::c_short;
-        request.l_start = offset;
-        request.l_len = 1;
-        // SAFETY: the descriptor is open for the whole call and `request` is
-        // a valid `flock` that outlives it; F_OFD_SETLK does not block.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &request) };
-        if rc == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
-            _ => Err(e),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, offset);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-}
+/// A lock file is removed by its holder before it releases the lock (the
+/// next taker checks that the name still leads to the file it locked), so
+/// locks leave nothing behind.
+pub(crate) const REMOVE_RELEASED_LOCKS: bool = true;
 
 /// The raw OS errors of a full file system and of a used-up quota (tests
 /// make their own).

@@ -31,8 +31,10 @@
 //!   (a host that refuses connections, the network policy or the address
 //!   rule refusing the url while a mirror is left). A download whose only
 //!   try is refused before connecting sends no `Started`: `Failed` follows
-//!   `Queued`. [`Event::Waiting`] (another process holds the file) may come
-//!   before `Started`, or with none at all when that process's file is used.
+//!   `Queued`. [`Event::Waiting`] (another download of the same file holds
+//!   it: another process's, or another gem's from other addresses, named in
+//!   `on`) may come before `Started`, or with none at all when that
+//!   download's file is used.
 //!   A gem that joins a download already started gets `Queued` and
 //!   `Started` at once, then the download's later events.
 //! - `Started`, `Resumed` and `Progress` carry the `address` being tried:
@@ -331,7 +333,10 @@ pub enum Event {
     },
     /// Another download of the same file (in this process or in another one
     /// sharing the store) holds it: this one waits for that to end, and
-    /// then uses its file.
+    /// then uses its file. When that download fetches from other addresses
+    /// (another gem's manifest), the wait is bounded
+    /// (`network.wait_for_others_secs`): then this one fetches from its own
+    /// addresses too (`Started` follows), and the first verified copy wins.
     #[non_exhaustive]
     Waiting {
         /// When the service observed it (RFC 3339 in UTC with
@@ -344,6 +349,10 @@ pub enum Event {
         resource: String,
         /// Its SHA-256.
         sha256: String,
+        /// The gem whose download it waits for, when known (absent: a
+        /// download by hand, or one that has not said).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        on: Option<String>,
     },
     /// An address failed for good (its last try, or a failure that no
     /// retry mends, such as wrong bytes): the next address is tried.

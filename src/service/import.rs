@@ -5,7 +5,7 @@
 //! SHA-256 against the resources installed gems declare. A match is copied
 //! into the store through the same path as a download: the partial file in
 //! `tmp/` (created by `Store::prepare`, which checks free space) under the
-//! SHA-256's lock, fsynced, hashed again, then made read-only and renamed
+//! locks of every download of the SHA-256, fsynced, hashed again, then made read-only and renamed
 //! into `blobs/` (`Store::publish`).
 //!
 //! The copy is a reflink (`FICLONE`) where the file system supports it, and
@@ -110,7 +110,7 @@ impl Resources {
         // The download lock first (a download of these bytes in progress
         // finishes), then the registry lock, so an uninstall cannot drop the
         // declaration between the match and the publication.
-        let _sha_lock = store.lock(&sha256).await?;
+        let _sha_lock = store.lock_with_size(&sha256, size).await?;
         let registry_lock = registry.lock().await?;
         let matches = matching(&registry, size, Some(&sha256))?;
         let Some((_, first)) = matches.first() else {
@@ -300,9 +300,11 @@ fn each_chunk(
 
 /// Copies `source` into the store as `resource`'s file and publishes it once
 /// the copy's own bytes are verified; the partial file is removed on any
-/// failure or a stop. Call with the SHA-256 lock held.
+/// failure or a stop. Call with the locks of the SHA-256 held
+/// ([`crate::store::Store::lock_with_size`]).
 fn copy_in(store: &Store, source: &Source, resource: &Resource) -> Result<PathBuf> {
-    let paths = store.prepare(&resource.id, &resource.sha256, resource.size)?;
+    let grace = crate::store::lanes::DEFAULT_WAIT_FOR_OTHERS;
+    let paths = store.prepare(&resource.id, &resource.sha256, resource.size, 0, grace)?;
     // A kept partial download of the same bytes is replaced by the copy.
     paths.remove();
     let result = copy_and_check(source, &paths.data, resource);

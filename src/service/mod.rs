@@ -15,8 +15,11 @@
 //!   content-addressed), and delete files the new version no longer declares
 //!   only after the new registration is written. A file another installed
 //!   gem declares is never deleted.
-//! - One download per SHA-256 however many callers wait, in this process
-//!   (one job) or across processes (the store's per-SHA-256 lock).
+//! - One download per file (SHA-256 and size) and address list however
+//!   many callers wait, in this process (one job) or across processes (the
+//!   store's lock per file and lane). Another gem's download of the same
+//!   file from other addresses is waited for only so long (see
+//!   [`crate::store::lanes`]).
 
 pub mod autofill;
 pub mod blocking;
@@ -222,6 +225,20 @@ pub enum ResourceState {
         /// say it; `null` for another process's download.
         #[serde(default)]
         bytes_per_sec: Option<u64>,
+    },
+    /// Waiting for another gem's download of the same file (the same
+    /// SHA-256 and size from other addresses, in this process or another),
+    /// none of this resource's own addresses in use yet. It waits at most
+    /// `network.wait_for_others_secs`, then fetches from its own addresses
+    /// too.
+    #[non_exhaustive]
+    Waiting {
+        /// The gem whose download it waits for (`None`: not known, or a
+        /// download by hand).
+        on: Option<String>,
+        /// Bytes that download holds so far (its, not this resource's
+        /// hosts').
+        bytes: u64,
     },
     /// The last download failed (and nothing is running now).
     #[non_exhaustive]
@@ -1075,7 +1092,7 @@ impl Resources {
             let served_by = self.inner.registry.served_by(&r.sha256);
             return ResourceState::Present { path, served_by };
         }
-        match self.inner.scheduler.state(&r.sha256) {
+        let waiting_on = match self.inner.scheduler.state(r) {
             Some(JobState::Queued) => return ResourceState::Queued,
             Some(JobState::Downloading(bytes, bytes_per_sec)) => {
                 return ResourceState::Downloading {
@@ -1083,13 +1100,32 @@ impl Resources {
                     bytes_per_sec: Some(bytes_per_sec),
                 }
             }
-            None => {}
-        }
-        if let Some(bytes) = store.downloading_elsewhere(&r.sha256) {
+            Some(JobState::Waiting(on)) => Some(on),
+            None => None,
+        };
+        // Downloads of the file by another process, or by another gem's job
+        // here: one from this resource's own addresses is its download;
+        // another gem's is what the file waits for, and is named.
+        let addresses: Vec<String> = r.addresses().map(|a| a.to_string()).collect();
+        let in_use = store.lanes_in_use(&r.sha256, r.size);
+        let own = in_use
+            .iter()
+            .find(|l| l.holder.as_ref().is_none_or(|h| h.addresses == addresses));
+        if let Some(lane) = own {
             return ResourceState::Downloading {
-                bytes,
+                bytes: lane.held,
                 bytes_per_sec: None,
             };
+        }
+        if let Some(lane) = in_use.first() {
+            return ResourceState::Waiting {
+                on: lane.holder.as_ref().and_then(|h| h.gem.clone()),
+                bytes: lane.held,
+            };
+        }
+        if let Some(on) = waiting_on {
+            // The download it waited for has just ended.
+            return ResourceState::Waiting { on, bytes: 0 };
         }
         match failure {
             Some(f) => ResourceState::Failed { failure: f.clone() },
@@ -1100,7 +1136,7 @@ impl Resources {
     /// The resumable bytes kept for `r`, shown while nothing downloads it.
     fn partial_of(&self, r: &Resource, state: &ResourceState) -> Option<u64> {
         matches!(state, ResourceState::Missing | ResourceState::Failed { .. })
-            .then(|| self.inner.store.partial_len(&r.sha256))
+            .then(|| self.inner.store.kept_bytes(&r.sha256, Some(r.size)))
             .flatten()
     }
 

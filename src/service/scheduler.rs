@@ -4,9 +4,10 @@
 //! background install, several tools calling `path`), there is one job; each
 //! caller waits on its result. Jobs are keyed by SHA-256 *and* address list:
 //! a gem whose addresses fail must not decide the fate of another gem that
-//! declares the same bytes elsewhere. Two such jobs still make at most one
-//! transfer at a time (the store's per-SHA-256 lock), and the second finds
-//! the file in place when the first succeeded.
+//! declares the same bytes elsewhere. The second of two such jobs waits for
+//! the first only so long (`network.wait_for_others_secs`, see
+//! [`crate::store::lanes`]), then fetches from its own addresses; the first
+//! verified copy is published and the other job finds it in place.
 //! A job takes a slot (global and per host at once, [`Limiter`]), downloads,
 //! records the outcome, and publishes events. Jobs are tracked so shutdown
 //! can cancel them and wait until every temporary file is gone.
@@ -39,7 +40,7 @@ use crate::service::limiter::Limiter;
 use crate::service::retry::{self, Retries};
 use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
-use crate::transfer::download::{download_with, RetryPolicy};
+use crate::transfer::download::{download_for, RetryPolicy};
 use crate::transfer::fetch::Fetcher;
 use crate::transfer::meter::Meter;
 
@@ -52,10 +53,13 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 pub(crate) type JobResult = Result<PathBuf, Error>;
 
 /// What a job is doing, for status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobState {
     /// Waiting for a slot.
     Queued,
+    /// Waiting for another download of the same file (another gem's, here
+    /// or in another process): the gem it depends on, when known.
+    Waiting(Option<String>),
     /// Transferring; bytes received so far, and the current rate in bytes
     /// per second ([`Meter`]).
     Downloading(u64, u64),
@@ -80,6 +84,9 @@ struct Job {
     bytes: Arc<AtomicU64>,
     /// The current try's rate in bytes per second, as its [`Meter`] says.
     rate: Arc<AtomicU64>,
+    /// While it waits for another download of the same file: the gem that
+    /// one is for (`Some(None)`: not known).
+    waiting_on: Arc<Mutex<Option<Option<String>>>>,
     /// Resolves once with the outcome.
     done: watch::Receiver<Option<JobResult>>,
     /// The SHA-256 it downloads.
@@ -306,6 +313,7 @@ impl Scheduler {
             address: Arc::new(Mutex::new(resource.url.to_string())),
             bytes: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(AtomicU64::new(0)),
+            waiting_on: Arc::new(Mutex::new(None)),
             done: rx.clone(),
             sha256: resource.sha256.clone(),
             waiters: Arc::new(Mutex::new(vec![Waiter::of(gem, resource)])),
@@ -478,7 +486,8 @@ impl Scheduler {
             last_bytes: None,
             meter: Meter::new(Instant::now()),
         };
-        let outcome = download_with(
+        let outcome = download_for(
+            Some(gem),
             &deps.fetcher,
             &deps.store,
             resource,
@@ -598,14 +607,20 @@ impl Scheduler {
             .collect()
     }
 
-    /// What the job for `sha256` is doing, if there is one.
-    pub(crate) fn state(&self, sha256: &str) -> Option<JobState> {
-        let jobs = self.jobs();
-        let mut mine = jobs.values().filter(|j| j.sha256 == sha256).peekable();
-        mine.peek()?;
-        let started = mine.find(|j| j.started.load(Ordering::Relaxed));
-        Some(match started {
-            Some(job) => JobState::Downloading(
+    /// What the job downloading `resource` (its bytes, from its
+    /// addresses) is doing, if there is one. Another gem's job for the same
+    /// bytes from other addresses is not this one's: a job waiting for it
+    /// says so ([`JobState::Waiting`]).
+    pub(crate) fn state(&self, resource: &Resource) -> Option<JobState> {
+        let job = self.jobs().get(&job_key(resource)).cloned()?;
+        let waiting_on = job
+            .waiting_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Some(match waiting_on {
+            Some(on) => JobState::Waiting(on),
+            None if job.started.load(Ordering::Relaxed) => JobState::Downloading(
                 job.bytes.load(Ordering::Relaxed),
                 job.rate.load(Ordering::Relaxed),
             ),
@@ -698,6 +713,12 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     fn trying(&mut self, address: &url::Url) {
         // A new try reaches the size afresh.
         self.last_bytes = None;
+        // Its own try: no longer waiting for another download.
+        *self
+            .job
+            .waiting_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         *self.job.address.lock().unwrap_or_else(|p| p.into_inner()) = address.to_string();
     }
 
@@ -719,11 +740,22 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     }
 
     fn waiting(&mut self) {
+        self.waiting_on(None);
+    }
+
+    fn waiting_on(&mut self, on: Option<&str>) {
+        let on = on.map(str::to_string);
+        *self
+            .job
+            .waiting_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(on.clone());
         self.scheduler.each(self.job, |w, at| Event::Waiting {
             at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
+            on: on.clone(),
         });
     }
 

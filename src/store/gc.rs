@@ -11,10 +11,11 @@
 //! [`collect`] holds the registry lock from the moment it reads the
 //! registrations until the last file is gone, so an install or upgrade in
 //! any process happens wholly before or wholly after it: a file of the old
-//! or the new version of a gem being upgraded is declared either way. Each
-//! SHA-256's download lock ([`Store::try_lock`]) is taken without waiting
-//! before its files are touched: a download in progress (in this or
-//! another process) holds it, and its files are kept and reported in use.
+//! or the new version of a gem being upgraded is declared either way. The
+//! locks of every download of a SHA-256 ([`Store::try_lock`]: each lane of
+//! each declared size) are taken without waiting before its files are
+//! touched: a download in progress (in this or another process) holds one,
+//! and its files are kept and reported in use.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -155,7 +156,7 @@ pub async fn collect(store: &Store, registry: &Registry, dry_run: bool) -> Resul
     .await
 }
 
-/// Removes the files of `item`; the caller holds its SHA-256's lock.
+/// Removes the files of `item`; the caller holds the locks of its SHA-256.
 fn remove(store: &Store, item: &Undeclared) -> Result<()> {
     match item.kind {
         Kind::Stored => store.remove(&item.sha256),

@@ -6,15 +6,20 @@
 //! finished. So waiting is a `try_lock` poll with an async sleep in between;
 //! dropping the future ends the wait at once.
 //!
-//! Keyed locks ([`try_lock_key`]) are many locks in one file: on Linux, a
-//! lock on one byte of a shared file (an open-file-description lock, so two
-//! tasks of one process exclude each other as two processes do), at an
-//! offset taken from the key. No file is created per key, so locking
-//! thousands of keys creates no inodes and leaves nothing behind. Elsewhere,
-//! a lock file per key next to the shared one.
+//! Keyed locks ([`try_lock_key`]) are a lock file per key, named by the
+//! whole key: two keys never share a lock, however much of them they
+//! share. Where the platform allows it
+//! ([`crate::platform::REMOVE_RELEASED_LOCKS`]), the holder removes the
+//! file before it lets go, and a taker checks, once it holds the lock, that
+//! the name still leads to the very file it locked (else it tries again on
+//! the new file): locking thousands of keys leaves nothing behind.
+//!
+//! A holder may describe itself in a file beside its lock
+//! ([`KeyLock::describe`], `<key>.lock.json`), removed before the lock is
+//! released, so that others waiting on it can say whose it is.
 
 use std::fs::{self, File, TryLockError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -53,33 +58,117 @@ pub(crate) async fn lock(path: &Path) -> Result<File> {
     wait(|| try_lock(path)).await
 }
 
-/// Takes the exclusive lock of `key` (a hexadecimal digest) in the shared
-/// lock file `path` only if nobody holds it; held as long as the returned
-/// file is open. Two keys that share their first 60 bits share a lock,
-/// which only makes one wait for the other.
-pub(crate) fn try_lock_key(path: &Path, key: &str) -> Result<Option<File>> {
-    if !crate::platform::BYTE_LOCKS {
-        let own = path.with_file_name(format!("{key}.lock"));
-        return try_lock(&own);
-    }
-    let file = open(path)?;
-    let offset = key
-        .get(..15)
-        .and_then(|h| i64::from_str_radix(h, 16).ok())
-        .unwrap_or(0);
-    match crate::platform::try_lock_byte(&file, offset) {
-        Ok(true) => Ok(Some(file)),
-        Ok(false) => Ok(None),
-        Err(e) => Err(Error::io("cannot lock", path, e)),
+/// A held keyed lock: released (and its files removed where the platform
+/// allows) when dropped.
+#[derive(Debug)]
+pub(crate) struct KeyLock {
+    /// The open lock file; closing it releases the lock.
+    file: File,
+    /// `<key>.lock`.
+    path: PathBuf,
+}
+
+impl KeyLock {
+    /// Writes what the holder says about itself next to the lock (see
+    /// [`read_description`]); a failure only leaves others knowing less.
+    pub(crate) fn describe(&self, bytes: &[u8]) {
+        let path = description_path(&self.path);
+        let prefix = format!(
+            "{}.tmp.",
+            path.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        );
+        let durability = crate::store::atomic::Durability::Hint;
+        if let Err(e) = crate::store::atomic::replace(&path, &prefix, bytes, durability) {
+            tracing::debug!(path = %path.display(), "cannot describe the lock holder: {}", e.error);
+        }
     }
 }
 
-/// Waits for the exclusive lock of `key` in `path` (see [`try_lock_key`]).
-pub(crate) async fn lock_key(path: &Path, key: &str) -> Result<File> {
-    wait(|| try_lock_key(path, key)).await
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(description_path(&self.path));
+        if crate::platform::REMOVE_RELEASED_LOCKS {
+            // Removed while still held: whoever opens the name next gets a
+            // new file, and one that opened this file before sees that the
+            // name no longer leads to it.
+            let _ = fs::remove_file(&self.path);
+        }
+        // Closing `file` releases the lock.
+        let _ = &self.file;
+    }
 }
 
-async fn wait(mut try_once: impl FnMut() -> Result<Option<File>>) -> Result<File> {
+/// The lock file of `key` in the folder `dir`.
+pub(crate) fn key_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}.lock"))
+}
+
+fn description_path(lock: &Path) -> PathBuf {
+    let mut name = lock.as_os_str().to_os_string();
+    name.push(".json");
+    PathBuf::from(name)
+}
+
+/// The description the holder of `key`'s lock wrote, at most `max` bytes,
+/// if the lock is held and there is one.
+pub(crate) fn read_description(dir: &Path, key: &str, max: u64) -> Option<Vec<u8>> {
+    let lock = key_path(dir, key);
+    crate::store::trust::read_own(&description_path(&lock), max).ok()
+}
+
+/// Takes the exclusive lock of `key` (a name of letters, digits and dots)
+/// in the folder `dir` only if nobody holds it; held as long as the
+/// returned lock lives.
+pub(crate) fn try_lock_key(dir: &Path, key: &str) -> Result<Option<KeyLock>> {
+    let path = key_path(dir, key);
+    loop {
+        let Some(file) = try_lock(&path)? else {
+            return Ok(None);
+        };
+        if !crate::platform::REMOVE_RELEASED_LOCKS || still_named(&file, &path) {
+            return Ok(Some(KeyLock { file, path }));
+        }
+        // The holder we waited for removed this file as it let go: lock
+        // the new one.
+    }
+}
+
+/// Whether the lock of `key` in `dir` is held now, by this process or
+/// another. Creates nothing: a lock file nobody holds is a leftover, and
+/// is removed.
+pub(crate) fn is_held(dir: &Path, key: &str) -> bool {
+    let path = key_path(dir, key);
+    let Ok(file) = crate::store::trust::open_own(&path, fs::OpenOptions::new().write(true)) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(&file, &path) {
+                let _ = fs::remove_file(&path);
+            }
+            false
+        }
+        Err(TryLockError::WouldBlock) => true,
+        Err(TryLockError::Error(_)) => false,
+    }
+}
+
+/// Whether `path` still names the open `file`.
+fn still_named(file: &File, path: &Path) -> bool {
+    match (file.metadata(), fs::symlink_metadata(path)) {
+        (Ok(open), Ok(named)) => crate::platform::same_file(&open, &named),
+        _ => false,
+    }
+}
+
+/// Waits for the exclusive lock of `key` in `dir` (see [`try_lock_key`]).
+#[cfg(test)]
+pub(crate) async fn lock_key(dir: &Path, key: &str) -> Result<KeyLock> {
+    wait(|| try_lock_key(dir, key)).await
+}
+
+pub(crate) async fn wait<T>(mut try_once: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let mut pause = FIRST_PAUSE;
     loop {
         if let Some(file) = try_once()? {
@@ -111,20 +200,62 @@ mod tests {
     #[tokio::test]
     async fn keyed_locks_exclude_the_same_key_only() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("keys.lock");
-        let a = "a".repeat(64);
-        let b = "b".repeat(64);
-        let held = lock_key(&path, &a).await.unwrap();
+        let a = format!("{}.10", "a".repeat(64));
+        // The same first 60 bits, and the same hash with another size.
+        let b = format!("{}b.10", "a".repeat(63));
+        let c = format!("{}.11", "a".repeat(64));
+        let held = lock_key(dir.path(), &a).await.unwrap();
         // Another holder of the same key, in this process too, must wait.
-        assert!(try_lock_key(&path, &a).unwrap().is_none());
-        let other = try_lock_key(&path, &b).unwrap();
-        assert!(other.is_some(), "another key is free");
-        let waited = tokio::time::timeout(Duration::from_millis(50), lock_key(&path, &a)).await;
+        assert!(try_lock_key(dir.path(), &a).unwrap().is_none());
+        assert!(is_held(dir.path(), &a));
+        for other in [&b, &c] {
+            assert!(!is_held(dir.path(), other));
+            let got = try_lock_key(dir.path(), other).unwrap();
+            assert!(got.is_some(), "{other} is free");
+        }
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), lock_key(dir.path(), &a)).await;
         assert!(waited.is_err());
+        held.describe(b"{}");
+        assert_eq!(
+            read_description(dir.path(), &a, 10).as_deref(),
+            Some(&b"{}"[..])
+        );
         drop(held);
-        assert!(try_lock_key(&path, &a).unwrap().is_some());
-        // One shared file, nothing per key.
+        assert!(read_description(dir.path(), &a, 10).is_none());
+        assert!(!is_held(dir.path(), &a));
+        assert!(try_lock_key(dir.path(), &a).unwrap().is_some());
+        // Released locks leave nothing behind where the platform allows.
         let files = std::fs::read_dir(dir.path()).unwrap().count();
-        assert_eq!(files, if cfg!(target_os = "linux") { 1 } else { 2 });
+        assert_eq!(
+            files,
+            if crate::platform::REMOVE_RELEASED_LOCKS {
+                0
+            } else {
+                3
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_taker_of_a_removed_lock_file_locks_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = format!("{}.1", "e".repeat(64));
+        let first = lock_key(dir.path(), &key).await.unwrap();
+        let waiter = {
+            let dir = dir.path().to_path_buf();
+            let key = key.clone();
+            tokio::spawn(async move { lock_key(&dir, &key).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        // Whoever holds it, nobody else can take it.
+        assert!(try_lock_key(dir.path(), &key).unwrap().is_none());
+        assert!(std::fs::symlink_metadata(key_path(dir.path(), &key)).is_ok());
+        drop(second);
     }
 }

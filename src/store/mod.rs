@@ -10,9 +10,15 @@
 //!     tmp/<sha256>.<size>.partial.json
 //!                                  its address, validator and flushed length
 //!                                  (resume; see `partial`)
-//!     locks/downloads.lock         one lock per SHA-256, held while it is
-//!                                  downloaded (a byte range each; see
-//!                                  `lockfile::try_lock_key`)
+//!     tmp/<sha256>.<size>.<n>.partial[.json]
+//!                                  the same for lane n of the file (see `lanes`)
+//!     locks/<sha256>.<size>[.<n>].lock
+//!                                  one lock per lane of a file (its whole
+//!                                  SHA-256, size and lane), held while it is
+//!                                  downloaded; removed on release where the
+//!                                  platform allows (see `lockfile`)
+//!     locks/<sha256>.<size>[.<n>].lock.json
+//!                                  who holds it: gem, addresses, start
 //!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
 //!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
@@ -29,11 +35,13 @@
 //! Bytes are written to `tmp/` and only a file whose size and digest were
 //! verified is fsynced, made read-only and renamed into `blobs/`. A crash at
 //! any moment leaves at worst a `.partial` file, which the next download of
-//! the same SHA-256 continues (see [`crate::store::partial`]); [`Store::clean_tmp`]
+//! the same SHA-256 and size continues (see [`crate::store::partial`]); [`Store::clean_tmp`]
 //! removes leftovers nobody can resume and partial files older than
 //! `network.partial_max_age_days`. The declared size is part of a partial
 //! file's name, so every process can tell how much the downloads in
-//! progress will still write when it checks free space.
+//! progress will still write when it checks free space; how much of that
+//! counts is decided by what each download has shown it can deliver
+//! (`lanes::counted`).
 //!
 //! The store trusts only what its own user made (see `store/trust.rs`): its
 //! folders are `0700` and refused at open when another user owns them or
@@ -54,17 +62,20 @@ use space::available_space;
 pub(crate) use space::{partial_write_failed, write_failed};
 
 pub mod gc;
+pub mod lanes;
 pub(crate) mod lockfile;
 pub mod partial;
 pub mod policy_record;
 pub mod registry;
 
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::store::lanes::{lane_key, Holder, LaneLock, LANES};
+use crate::store::lockfile::KeyLock;
 use crate::store::partial::PartialPaths;
 
 /// The most characters a failure's full message keeps, on disk and when it
@@ -89,10 +100,40 @@ pub struct Store {
     blobs_sync: Arc<GroupSync>,
 }
 
-/// An exclusive, cross-process lock on one SHA-256; released on drop.
+/// An exclusive, cross-process lock on every download of one SHA-256 (each
+/// lane of each declared size found in the store); released on drop.
 #[derive(Debug)]
 pub struct ShaLock {
-    _file: File,
+    _locks: Vec<KeyLock>,
+}
+
+/// A download of a file in progress, seen through its lane's lock.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneInUse {
+    /// What its holder said about itself, when it did.
+    pub holder: Option<Holder>,
+    /// The bytes its partial file holds (see [`PartialPaths::held`]).
+    pub held: u64,
+}
+
+/// A partial data file found in `tmp/`.
+#[derive(Debug, Clone)]
+struct PartialEntry {
+    /// `tmp/<key>.partial`.
+    data: PathBuf,
+    sha256: String,
+    size: u64,
+    lane: u32,
+}
+
+impl PartialEntry {
+    fn key(&self) -> String {
+        lane_key(&self.sha256, self.size, self.lane)
+    }
+
+    fn paths(&self, tmp: &Path) -> PartialPaths {
+        PartialPaths::lane(tmp, &self.sha256, self.size, self.lane)
+    }
 }
 
 impl Store {
@@ -354,48 +395,183 @@ impl Store {
         }
     }
 
-    /// Takes the cross-process lock for downloading `sha256`, waiting for a
-    /// process or task that holds it.
+    /// Takes the lock of every download of `sha256` (every lane of every
+    /// declared size), waiting for the downloads in progress, in any
+    /// process, to end.
     pub async fn lock(&self, sha256: &str) -> Result<ShaLock> {
-        let path = self.lock_path(sha256)?;
-        let file = crate::store::lockfile::lock_key(&path, sha256).await?;
-        Ok(ShaLock { _file: file })
-    }
-
-    /// Takes the lock for `sha256` only if nobody holds it.
-    pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
-        let path = self.lock_path(sha256)?;
-        Ok(
-            crate::store::lockfile::try_lock_key(&path, sha256)?
-                .map(|file| ShaLock { _file: file }),
-        )
-    }
-
-    fn lock_path(&self, sha256: &str) -> Result<PathBuf> {
         check_sha256(sha256)?;
-        Ok(self.root.join("locks").join("downloads.lock"))
+        lockfile::wait(|| self.try_lock_keys(sha256, None)).await
     }
 
-    /// Prepares the partial file of a download of `size` bytes for
-    /// `sha256`: checks that the file system has room for what is still
-    /// missing on top of what other downloads in progress will still write,
-    /// and removes partial files of `sha256` declared with another size.
-    /// Touches no network.
+    /// [`Store::lock`], with lane 0 of the file `sha256` declared with
+    /// `size` among the locks, whether or not a download of it ever ran:
+    /// for writing its partial file.
+    pub async fn lock_with_size(&self, sha256: &str, size: u64) -> Result<ShaLock> {
+        check_sha256(sha256)?;
+        lockfile::wait(|| self.try_lock_keys(sha256, Some(size))).await
+    }
+
+    /// Takes the lock of every download of `sha256` (every lane of every
+    /// declared size that has a partial file or a lock file) only if no
+    /// download of it is in progress.
+    pub fn try_lock(&self, sha256: &str) -> Result<Option<ShaLock>> {
+        check_sha256(sha256)?;
+        self.try_lock_keys(sha256, None)
+    }
+
+    fn try_lock_keys(&self, sha256: &str, size: Option<u64>) -> Result<Option<ShaLock>> {
+        let mut keys: Vec<String> = partial_files(&self.root.join("tmp"))
+            .filter(|e| e.sha256 == sha256)
+            .map(|e| e.key())
+            .collect();
+        let prefix = format!("{sha256}.");
+        for entry in fs::read_dir(self.locks()).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let key = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".lock"))
+                .filter(|k| k.starts_with(&prefix) && partial::parse_key(k).is_some());
+            keys.extend(key.map(str::to_string));
+        }
+        keys.extend(size.map(|size| lane_key(sha256, size, 0)));
+        keys.sort();
+        keys.dedup();
+        let mut locks = Vec::new();
+        for key in keys {
+            match lockfile::try_lock_key(&self.locks(), &key)? {
+                Some(lock) => locks.push(lock),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ShaLock { _locks: locks }))
+    }
+
+    /// Takes `lane` of the file `sha256` declared with `size` only if
+    /// nobody holds it.
+    pub fn try_lock_lane(&self, sha256: &str, size: u64, lane: u32) -> Result<Option<LaneLock>> {
+        check_sha256(sha256)?;
+        let key = lane_key(sha256, size, lane);
+        Ok(lockfile::try_lock_key(&self.locks(), &key)?.map(|lock| LaneLock { lock, lane }))
+    }
+
+    /// The first free lane other than 0 of the file `sha256`, `size`,
+    /// preferring one whose kept bytes came from one of `addresses` (they
+    /// resume), then one with nothing kept.
+    pub(crate) fn try_lock_other_lane(
+        &self,
+        sha256: &str,
+        size: u64,
+        addresses: &[String],
+    ) -> Result<Option<LaneLock>> {
+        let tmp = self.root.join("tmp");
+        let mut lanes: Vec<(u8, u32)> = (1..LANES)
+            .map(|lane| {
+                let kept = PartialPaths::lane(&tmp, sha256, size, lane).kept();
+                let rank = match kept {
+                    Some((meta, _)) if addresses.contains(&meta.address) => 0,
+                    None => 1,
+                    Some(_) => 2,
+                };
+                (rank, lane)
+            })
+            .collect();
+        lanes.sort();
+        for (_, lane) in lanes {
+            if let Some(lock) = self.try_lock_lane(sha256, size, lane)? {
+                return Ok(Some(lock));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sorts the kept bytes of the file `sha256`, `size` before a download
+    /// from `addresses` continues in the lane it holds (`held`): bytes there
+    /// that came from none of `addresses` (another declaration's download)
+    /// move to a free lane with nothing kept, so this download never starts
+    /// over them; then, when its lane keeps nothing, bytes of its own kept
+    /// in a free lane move into it, so it resumes them. Where no lane is
+    /// free, everything stays.
+    pub(crate) fn sort_kept(&self, held: &LaneLock, sha256: &str, size: u64, addresses: &[String]) {
+        let tmp = self.root.join("tmp");
+        let mine = PartialPaths::lane(&tmp, sha256, size, held.lane);
+        let others = (0..LANES).filter(|&lane| lane != held.lane);
+        let from_here = |paths: &PartialPaths| {
+            paths
+                .kept()
+                .map(|(meta, _)| addresses.contains(&meta.address))
+        };
+        if from_here(&mine) == Some(false) {
+            for lane in others.clone() {
+                let free = PartialPaths::lane(&tmp, sha256, size, lane);
+                if free.kept().is_some() {
+                    continue;
+                }
+                if let Ok(Some(_lock)) = self.try_lock_lane(sha256, size, lane) {
+                    move_partial(&mine, &free);
+                    break;
+                }
+            }
+        }
+        if mine.kept().is_some() {
+            return;
+        }
+        for lane in others {
+            let theirs = PartialPaths::lane(&tmp, sha256, size, lane);
+            if from_here(&theirs) != Some(true) {
+                continue;
+            }
+            if let Ok(Some(_lock)) = self.try_lock_lane(sha256, size, lane) {
+                move_partial(&theirs, &mine);
+                return;
+            }
+        }
+    }
+
+    /// The downloads of the file `sha256`, `size` in progress now, in this
+    /// process or another, lane 0 first.
+    pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
+        let tmp = self.root.join("tmp");
+        (0..LANES)
+            .filter_map(|lane| self.lane_in_use(&tmp, sha256, size, lane))
+            .collect()
+    }
+
+    fn lane_in_use(&self, tmp: &Path, sha256: &str, size: u64, lane: u32) -> Option<LaneInUse> {
+        let key = lane_key(sha256, size, lane);
+        if !is_sha256(sha256) || !lockfile::is_held(&self.locks(), &key) {
+            return None;
+        }
+        let holder = lockfile::read_description(&self.locks(), &key, lanes::MAX_HOLDER_BYTES)
+            .and_then(|bytes| Holder::parse(&bytes));
+        let held = PartialPaths::lane(tmp, sha256, size, lane).held();
+        Some(LaneInUse { holder, held })
+    }
+
+    fn locks(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+
+    /// Prepares the partial file of `lane` of a download of `size` bytes
+    /// for `sha256`: checks that the file system has room for what is still
+    /// missing on top of what other downloads in progress count (see
+    /// [`lanes::counted`]; `grace` is how long a new download counts its
+    /// whole size). Partial files of other sizes and other lanes are left
+    /// alone: they belong to other declarations and downloads. Touches no
+    /// network.
     ///
-    /// The caller holds the lock of `sha256` ([`Store::lock`]).
-    pub(crate) fn prepare(&self, resource: &str, sha256: &str, size: u64) -> Result<PartialPaths> {
+    /// The caller holds the lane ([`Store::try_lock_lane`]).
+    pub(crate) fn prepare(
+        &self,
+        resource: &str,
+        sha256: &str,
+        size: u64,
+        lane: u32,
+        grace: std::time::Duration,
+    ) -> Result<PartialPaths> {
         check_sha256(sha256)?;
         let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
-        let paths = PartialPaths::new(&tmp, sha256, size);
-        // Partial files of `sha256` declared with another size go first:
-        // their space comes back too.
-        for (path, sha, declared) in partial_files(&tmp) {
-            if sha == sha256 && declared != size {
-                PartialPaths::new(&tmp, sha256, declared).remove();
-                let _ = fs::remove_file(path);
-            }
-        }
+        let paths = PartialPaths::lane(&tmp, sha256, size, lane);
         // A partial file the store did not make (a symbolic link, another
         // user's file) is dropped, never written through or published.
         if fs::symlink_metadata(&paths.data).is_ok_and(|m| !trust::is_own_file(&m)) {
@@ -407,13 +583,19 @@ impl Store {
         // download writes: that space comes back.
         let reclaimed = paths.untrusted_tail(kept);
         let available = available_space(&tmp)?.saturating_add(reclaimed);
-        let reserved = self.reserved_bytes_except(sha256);
+        let reservations = self.reservations(&lane_key(sha256, size, lane), grace);
+        let reserved = reservations.total;
         if available < needed.saturating_add(reserved) {
+            // A reservation stands in the way only when the file alone fits.
+            let held_by = (needed <= available)
+                .then_some(reservations.largest)
+                .flatten();
             return Err(Error::DiskSpace {
                 resource: resource.to_string(),
                 needed,
                 available,
                 reserved,
+                held_by,
                 store: self.root.clone(),
             });
         }
@@ -494,10 +676,16 @@ impl Store {
     /// validator), if any: the durable bytes its record claims, the prefix
     /// and every range summed, never the partial file's length.
     pub fn partial_len(&self, sha256: &str) -> Option<u64> {
+        self.kept_bytes(sha256, None)
+    }
+
+    /// [`Store::partial_len`] of the partial files of `sha256` declared
+    /// with `size` (every size when `None`), the most any lane keeps.
+    pub(crate) fn kept_bytes(&self, sha256: &str, size: Option<u64>) -> Option<u64> {
         let tmp = self.root.join("tmp");
         partial_files(&tmp)
-            .filter(|(_, sha, _)| sha == sha256)
-            .filter_map(|(_, sha, size)| PartialPaths::new(&tmp, &sha, size).kept())
+            .filter(|e| e.sha256 == sha256 && size.is_none_or(|s| s == e.size))
+            .filter_map(|e| e.paths(&tmp).kept())
             .map(|(_, n)| n)
             .max()
     }
@@ -505,10 +693,10 @@ impl Store {
     /// Removes the partial files of `sha256` (nobody downloads it now).
     pub fn remove_partials(&self, sha256: &str) {
         let tmp = self.root.join("tmp");
-        for (path, sha, size) in partial_files(&tmp) {
-            if sha == sha256 {
-                PartialPaths::new(&tmp, &sha, size).remove();
-                let _ = fs::remove_file(path);
+        for entry in partial_files(&tmp) {
+            if entry.sha256 == sha256 {
+                entry.paths(&tmp).remove();
+                let _ = fs::remove_file(&entry.data);
             }
         }
     }
@@ -518,32 +706,49 @@ impl Store {
     pub fn prune_partials(&self, keep: &std::collections::BTreeSet<String>) -> usize {
         let tmp = self.root.join("tmp");
         let mut removed = 0;
-        for (path, sha, size) in partial_files(&tmp) {
-            if !keep.contains(&sha) && matches!(self.try_lock(&sha), Ok(Some(_))) {
-                PartialPaths::new(&tmp, &sha, size).remove();
-                let _ = fs::remove_file(path);
+        for entry in partial_files(&tmp) {
+            if keep.contains(&entry.sha256) {
+                continue;
+            }
+            if let Ok(Some(_held)) = lockfile::try_lock_key(&self.locks(), &entry.key()) {
+                entry.paths(&tmp).remove();
+                let _ = fs::remove_file(&entry.data);
                 removed += 1;
             }
         }
         removed
     }
 
-    /// Bytes that downloads in progress (in any process) will still write:
-    /// the declared size less what is written, for every partial file whose
-    /// SHA-256 lock is held. Leftovers of a crashed download hold no lock and
-    /// do not count.
+    /// Bytes that downloads in progress (in any process) count against
+    /// the free space of a new one: for every partial file whose lane is
+    /// held, what it still has to write, or, once its download is older
+    /// than [`lanes::DEFAULT_WAIT_FOR_OTHERS`], what its rate would write
+    /// within [`lanes::RESERVATION_HORIZON`] (see `lanes::counted`).
+    /// Leftovers of a crashed download hold no lock and do not count.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved_bytes_except("")
+        self.reservations("", lanes::DEFAULT_WAIT_FOR_OTHERS).total
     }
 
-    fn reserved_bytes_except(&self, own: &str) -> u64 {
-        partial_files(&self.root.join("tmp"))
-            .filter(|(_, sha, _)| sha != own && matches!(self.try_lock(sha), Ok(None)))
-            .map(|(path, _, declared)| {
-                let written = fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
-                declared.saturating_sub(written)
-            })
-            .sum()
+    fn reservations(&self, own: &str, grace: std::time::Duration) -> Reservations {
+        let tmp = self.root.join("tmp");
+        let mut out = Reservations::default();
+        let mut largest = 0;
+        for entry in partial_files(&tmp) {
+            if entry.key() == own {
+                continue;
+            }
+            let Some(used) = self.lane_in_use(&tmp, &entry.sha256, entry.size, entry.lane) else {
+                continue;
+            };
+            let remaining = entry.size.saturating_sub(used.held);
+            let counted = lanes::counted(remaining, used.held, used.holder.as_ref(), grace);
+            out.total = out.total.saturating_add(counted);
+            if counted > largest {
+                largest = counted;
+                out.largest = used.holder.and_then(|h| h.gem);
+            }
+        }
+        out
     }
 
     /// The bytes another process downloading `sha256` holds so far, when
@@ -553,24 +758,26 @@ impl Store {
     /// occupies on disk; never the file's length, which a download in
     /// parts sets by its furthest write.
     pub fn downloading_elsewhere(&self, sha256: &str) -> Option<u64> {
-        if !matches!(self.try_lock(sha256), Ok(None)) {
-            return None;
-        }
         let tmp = self.root.join("tmp");
-        let held = partial_files(&tmp)
-            .filter(|(_, sha, _)| sha == sha256)
-            .map(|(_, sha, size)| PartialPaths::new(&tmp, &sha, size).held())
+        let mut sizes: Vec<u64> = partial_files(&tmp)
+            .filter(|e| e.sha256 == sha256)
+            .map(|e| e.size)
+            .collect();
+        sizes.dedup();
+        sizes
+            .into_iter()
+            .flat_map(|size| self.lanes_in_use(sha256, size))
+            .map(|lane| lane.held)
             .max()
-            .unwrap_or(0);
-        Some(held)
     }
 
     /// Removes what no download can use any more, among the files of
     /// `tmp/` no process holds the lock of: leftovers that cannot be resumed
     /// (no record, nothing flushed, a temporary copy) and partial files
-    /// untouched for longer than `max_age`; and the lock file per SHA-256
-    /// that earlier versions left in `locks/` (the locks are now bytes of
-    /// `locks/downloads.lock`). Returns how many were removed.
+    /// untouched for longer than `max_age`; and the lock files earlier
+    /// versions left in `locks/` (one per SHA-256, or the shared
+    /// `downloads.lock`: the locks are now one per file and lane). Returns
+    /// how many were removed.
     pub fn clean_tmp(&self, max_age: std::time::Duration) -> Result<usize> {
         let mut removed = 0;
         let tmp = self.root.join("tmp");
@@ -578,15 +785,16 @@ impl Store {
         for entry in entries.filter_map(|e| e.ok()) {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().to_string();
-            let sha = name.split('.').next().unwrap_or_default().to_string();
-            if is_sha256(&sha) && self.try_lock(&sha)?.is_none() {
+            if self.in_use(&name) {
                 continue;
             }
-            let resumable = match partial::parse_name(&name) {
-                Some((sha, size)) => PartialPaths::new(&tmp, sha, size).kept().is_some(),
+            let resumable = match partial::parse_lane_name(&name) {
+                Some((sha, size, lane)) => {
+                    PartialPaths::lane(&tmp, sha, size, lane).kept().is_some()
+                }
                 None => name
                     .strip_suffix(".json")
-                    .and_then(partial::parse_name)
+                    .and_then(partial::parse_lane_name)
                     .is_some_and(|_| tmp.join(name.trim_end_matches(".json")).is_file()),
             };
             let keep = resumable && !partial::older_than(&path, max_age);
@@ -594,24 +802,60 @@ impl Store {
                 removed += 1;
             }
         }
-        let locks = self.root.join("locks");
+        let locks = self.locks();
         for entry in fs::read_dir(&locks).into_iter().flatten().flatten() {
             let name = entry.file_name();
-            // Where locks are bytes of one shared file (Linux), a per-file
-            // lock file is a leftover of an earlier version; elsewhere it is
-            // the live lock of a download and must stay: removing it while
-            // held would let a second process take a new one beside it.
-            let legacy = crate::platform::BYTE_LOCKS
-                && name
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".lock"))
-                    .is_some_and(is_sha256);
+            // The lock file per SHA-256 and the shared lock file of earlier
+            // versions: nothing takes them any more.
+            let legacy = name.to_str().is_some_and(|n| {
+                n == "downloads.lock" || n.strip_suffix(".lock").is_some_and(is_sha256)
+            });
             if legacy && fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
+                continue;
+            }
+            // What a download that ended without letting go (killed) left:
+            // its description, and where the platform removes released lock
+            // files, the lock file (`is_held` removes one nobody holds).
+            let name = name.to_string_lossy();
+            let key = name
+                .strip_suffix(".lock.json")
+                .or_else(|| name.strip_suffix(".lock"))
+                .filter(|k| partial::parse_key(k).is_some());
+            if let Some(key) = key {
+                let held = lockfile::is_held(&locks, key);
+                if !held && name.ends_with(".json") && fs::remove_file(entry.path()).is_ok() {
+                    removed += 1;
+                }
             }
         }
         Ok(removed)
     }
+
+    /// Whether the file `name` of `tmp/` belongs to a download in progress:
+    /// a lane's partial file, record or record being written while its lane
+    /// is held, or anything else named after a SHA-256 (a copy being made)
+    /// while a download of that SHA-256 is in progress.
+    fn in_use(&self, name: &str) -> bool {
+        let lane = name
+            .find(".partial")
+            .and_then(|at| partial::parse_key(&name[..at]));
+        if let Some((sha, size, lane)) = lane {
+            return lockfile::is_held(&self.locks(), &lane_key(sha, size, lane));
+        }
+        let sha = name.split('.').next().unwrap_or_default();
+        is_sha256(sha) && matches!(self.try_lock(sha), Ok(None))
+    }
+}
+
+/// What the downloads in progress count against free space.
+#[derive(Debug, Default)]
+struct Reservations {
+    /// Their sum.
+    total: u64,
+    /// The gem whose download counts the most (`None`: that one is a
+    /// download by hand, or nothing counts).
+    largest: Option<String>,
 }
 
 /// What [`Store::find_present`] found.
@@ -648,16 +892,30 @@ fn first_file(dir: &Path) -> Option<PathBuf> {
     own_files(dir).into_iter().next()
 }
 
-/// `(path, sha256, declared size)` of every partial data file in `tmp`.
-fn partial_files(tmp: &Path) -> impl Iterator<Item = (PathBuf, String, u64)> {
+/// Moves a partial file and its record from one lane to another (both
+/// held); what was at `to` goes.
+fn move_partial(from: &PartialPaths, to: &PartialPaths) {
+    to.remove();
+    if fs::rename(&from.data, &to.data).is_ok() {
+        let _ = fs::rename(&from.meta, &to.meta);
+    }
+}
+
+/// Every partial data file in `tmp` (of every lane).
+fn partial_files(tmp: &Path) -> impl Iterator<Item = PartialEntry> {
     fs::read_dir(tmp)
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
         .filter_map(|entry| {
             let name = entry.file_name().to_str()?.to_string();
-            let (sha, size) = parse_partial_name(&name)?;
-            Some((entry.path(), sha, size))
+            let (sha, size, lane) = partial::parse_lane_name(&name)?;
+            is_sha256(sha).then(|| PartialEntry {
+                data: entry.path(),
+                sha256: sha.to_string(),
+                size,
+                lane,
+            })
         })
 }
 
@@ -702,6 +960,7 @@ pub fn is_sha256(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {
@@ -721,13 +980,15 @@ mod tests {
         });
         fs::write(&paths.meta, record.to_string()).unwrap();
         space::FREE.set(Some((1 << 20) + 4096));
-        let prepared = store.prepare("r", &sha, size);
+        let prepared = store.prepare("r", &sha, size, 0, Duration::ZERO);
         space::FREE.set(None);
         assert!(prepared.is_ok(), "{:?}", prepared.err());
         // Without the tail, 1 MiB free is short of the 3 MiB needed.
         space::FREE.set(Some(1 << 20));
         fs::write(&paths.data, vec![7u8; 1 << 20]).unwrap();
-        let refused = store.prepare("r", &sha, size).unwrap_err();
+        let refused = store
+            .prepare("r", &sha, size, 0, Duration::ZERO)
+            .unwrap_err();
         space::FREE.set(None);
         assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
         assert!(
@@ -752,7 +1013,9 @@ mod tests {
         let store = Store::open(&deep).unwrap();
         let sha = "e".repeat(64);
         let body = vec![5u8; 4096];
-        let paths = store.prepare("r", &sha, body.len() as u64).unwrap();
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
         fs::write(&paths.data, &body).unwrap();
         let path = store.publish(&paths, &sha, "model.bin").unwrap();
         assert!(path.as_os_str().len() > 400);
@@ -765,28 +1028,103 @@ mod tests {
     }
 
     #[test]
-    fn lock_files_of_earlier_versions_are_removed_and_the_shared_ones_kept() {
+    fn lock_files_of_earlier_versions_are_removed_and_held_locks_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let locks = store.root().join("locks");
         let legacy = locks.join(format!("{}.lock", "b".repeat(64)));
         fs::write(&legacy, b"").unwrap();
-        let held = store.try_lock(&"c".repeat(64)).unwrap();
-        assert!(held.is_some());
+        fs::write(locks.join("downloads.lock"), b"").unwrap();
+        let sha = "c".repeat(64);
+        let held = store.try_lock_lane(&sha, 10, 0).unwrap();
+        let Some(lane) = &held else {
+            panic!("the lane is free")
+        };
+        lane.describe(&Holder::new(Some("g"), &[], 0));
+        // A killed download's description, its lock long released.
+        let stale = locks.join(format!("{sha}.11.lock.json"));
+        fs::write(&stale, b"{}").unwrap();
         fs::write(locks.join("registry.lock"), b"").unwrap();
         let removed = store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
-        if crate::platform::BYTE_LOCKS {
-            assert_eq!(removed, 1);
-            assert!(!legacy.exists());
-            assert!(locks.join("downloads.lock").exists());
-        } else {
-            // A per-file lock file is the live lock here: kept.
-            assert_eq!(removed, 0);
-            assert!(legacy.exists());
-            assert!(locks.join(format!("{}.lock", "c".repeat(64))).exists());
-        }
+        assert_eq!(removed, 3);
+        assert!(!legacy.exists());
+        assert!(!stale.exists());
+        assert!(locks.join(format!("{sha}.10.lock")).exists());
+        assert!(locks.join(format!("{sha}.10.lock.json")).exists());
         assert!(locks.join("registry.lock").exists());
-        // The download lock still holds after the cleanup.
-        assert!(store.try_lock(&"c".repeat(64)).unwrap().is_none());
+        // The download lock still holds after the cleanup, and keeps every
+        // download of its SHA-256 from being touched.
+        assert!(store.try_lock_lane(&sha, 10, 0).unwrap().is_none());
+        assert!(store.try_lock(&sha).unwrap().is_none());
+        drop(held);
+        assert!(store.try_lock(&sha).unwrap().is_some());
+    }
+
+    #[test]
+    fn another_size_or_lane_of_a_hash_keeps_its_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let tmp = store.root().join("tmp");
+        let sha = "f".repeat(64);
+        let theirs = PartialPaths::new(&tmp, &sha, 5000);
+        fs::write(&theirs.data, vec![1u8; 3000]).unwrap();
+        let record = serde_json::json!({
+            "address": "https://cdn.test/a",
+            "validator": "\"v1\"",
+            "durable": 3000,
+        });
+        fs::write(&theirs.meta, record.to_string()).unwrap();
+        let _other_size = store.prepare("r", &sha, 4000, 0, Duration::ZERO).unwrap();
+        let _other_lane = store.prepare("r", &sha, 5000, 2, Duration::ZERO).unwrap();
+        assert_eq!(theirs.kept().map(|(_, n)| n), Some(3000));
+        assert_eq!(store.kept_bytes(&sha, Some(5000)), Some(3000));
+        assert_eq!(store.kept_bytes(&sha, Some(4000)), None);
+    }
+
+    #[test]
+    fn a_dripping_download_stops_reserving_its_size_and_a_reservation_names_its_gem() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let hog = "a".repeat(64);
+        let huge = 1u64 << 40;
+        let lane = store.try_lock_lane(&hog, huge, 0).unwrap().unwrap();
+        let mut holder = Holder::new(Some("hog"), &[], 0);
+        lane.describe(&holder);
+        space::FREE.set(Some(huge + (1 << 30)));
+        store
+            .prepare("huge", &hog, huge, 0, Duration::ZERO)
+            .unwrap();
+        space::FREE.set(Some(1 << 30));
+        // Young: the whole declared size is reserved, and named.
+        let refused = store
+            .prepare(
+                "small",
+                &"b".repeat(64),
+                1 << 20,
+                0,
+                Duration::from_secs(30),
+            )
+            .unwrap_err();
+        assert_eq!(refused.code(), "E_RESOURCE_DISK_SPACE");
+        assert!(
+            refused.to_string().contains("reserved by gem \"hog\""),
+            "{refused}"
+        );
+        // A minute old with nothing delivered: nothing reserved.
+        holder.since_ms -= 60_000;
+        lane.describe(&holder);
+        let prepared = store.prepare(
+            "small",
+            &"b".repeat(64),
+            1 << 20,
+            0,
+            Duration::from_secs(30),
+        );
+        // Too big on its own: no gem stands in the way.
+        let alone = store.prepare("big", &"c".repeat(64), 2 << 30, 0, Duration::from_secs(30));
+        space::FREE.set(None);
+        assert!(prepared.is_ok(), "{:?}", prepared.err());
+        let alone = alone.unwrap_err();
+        assert!(!alone.to_string().contains("hog"), "{alone}");
     }
 }

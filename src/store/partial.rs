@@ -3,6 +3,7 @@
 //! ```text
 //! tmp/<sha256>.<size>.partial        the bytes received so far
 //! tmp/<sha256>.<size>.partial.json   where they came from and which are durable
+//! tmp/<sha256>.<size>.<n>.partial    the same for lane n (see `store::lanes`)
 //! ```
 //!
 //! The names carry no random part, so the next process (after a crash, a
@@ -18,8 +19,8 @@
 //! before ranges existed (a prefix only) reads as a prefix with no ranges.
 //! Kept ranges are not trusted for what they hold either: the SHA-256 of
 //! the whole file is computed in order, reading them back when the prefix
-//! reaches them. Whoever touches these files holds the SHA-256's lock
-//! ([`crate::store::Store::lock`]).
+//! reaches them. Whoever touches these files holds the lock of their lane
+//! (the file's SHA-256, size and lane: [`crate::store::Store::try_lock_lane`]).
 //!
 //! A partial file is never visible at a final path: only a file whose size
 //! and digest were verified leaves `tmp/` (`Store::publish`).
@@ -113,9 +114,16 @@ pub(crate) struct PartialPaths {
 }
 
 impl PartialPaths {
+    /// Lane 0's partial file of `sha256` declared with `size`.
     pub(crate) fn new(tmp: &Path, sha256: &str, size: u64) -> PartialPaths {
-        let data = tmp.join(format!("{sha256}.{size}.partial"));
-        let meta = tmp.join(format!("{sha256}.{size}.partial.json"));
+        PartialPaths::lane(tmp, sha256, size, 0)
+    }
+
+    /// The partial file of `lane` of `sha256` declared with `size`.
+    pub(crate) fn lane(tmp: &Path, sha256: &str, size: u64, lane: u32) -> PartialPaths {
+        let key = crate::store::lanes::lane_key(sha256, size, lane);
+        let data = tmp.join(format!("{key}.partial"));
+        let meta = tmp.join(format!("{key}.partial.json"));
         PartialPaths { data, meta }
     }
 
@@ -262,13 +270,40 @@ impl Checkpointer {
 
 /// `(sha256, size)` of a partial data file's name.
 pub(crate) fn parse_name(name: &str) -> Option<(&str, u64)> {
-    let stem = name.strip_suffix(".partial")?;
-    let (sha, size) = stem.split_once('.')?;
-    // Digits only: `+5` would parse, and name the same file two ways.
-    if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+    parse_lane_name(name).map(|(sha, size, _)| (sha, size))
+}
+
+/// `(sha256, size, lane)` of a partial data file's name
+/// (`<sha256>.<size>.partial`: lane 0; `<sha256>.<size>.<n>.partial`).
+pub(crate) fn parse_lane_name(name: &str) -> Option<(&str, u64, u32)> {
+    parse_key(name.strip_suffix(".partial")?)
+}
+
+/// `(sha256, size, lane)` of a lane key (see [`crate::store::lanes::lane_key`]).
+pub(crate) fn parse_key(key: &str) -> Option<(&str, u64, u32)> {
+    let (sha, rest) = key.split_once('.')?;
+    let (size, lane) = match rest.split_once('.') {
+        Some((size, lane)) => (size, Some(lane)),
+        None => (rest, None),
+    };
+    let lane = match lane {
+        None => 0,
+        // Lane 0 has one name only.
+        Some(lane) if digits(lane) && !lane.starts_with('0') => lane.parse().ok()?,
+        Some(_) => return None,
+    };
+    if lane >= crate::store::lanes::LANES {
         return None;
     }
-    Some((sha, size.parse().ok()?))
+    // Digits only: `+5` would parse, and name the same file two ways.
+    if !digits(size) || (size.len() > 1 && size.starts_with('0')) {
+        return None;
+    }
+    Some((sha, size.parse().ok()?, lane))
+}
+
+fn digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether a partial file last changed longer than `max_age` ago.
@@ -348,5 +383,16 @@ mod tests {
         assert_eq!(parse_name(&format!("{sha}.12.partial.json")), None);
         assert_eq!(parse_name(&format!("{sha}.x.partial")), None);
         assert_eq!(parse_name(&format!("{sha}.+5.partial")), None);
+        assert_eq!(
+            parse_lane_name(&format!("{sha}.12.3.partial")),
+            Some((sha.as_str(), 12, 3))
+        );
+        for bad in ["12.0", "12.03", "12.99", "012", "12.x", "12.3.4"] {
+            assert_eq!(
+                parse_lane_name(&format!("{sha}.{bad}.partial")),
+                None,
+                "{bad}"
+            );
+        }
     }
 }

@@ -35,7 +35,7 @@ impl Store {
 
     /// Records a failed download of `sha256` declared as `size` bytes (best
     /// effort: only callers waiting in other processes read it). The message
-    /// is cut to 16 KiB. Call with the SHA-256 lock held.
+    /// is cut to 16 KiB. Call with a lane of the file held.
     pub fn record_failure(&self, sha256: &str, size: u64, addresses: &[String], error: &Error) {
         let record = SharedFailure {
             at_ns: now_ns(),
@@ -60,7 +60,7 @@ impl Store {
         );
     }
 
-    /// Forgets the failure of `sha256`. Call with the SHA-256 lock held.
+    /// Forgets the failure of `sha256`. Call with a lane of the file held.
     pub fn clear_failure(&self, sha256: &str) {
         let _ = fs::remove_file(self.failure_path(sha256));
     }
@@ -68,7 +68,7 @@ impl Store {
     /// The failure of `sha256` declared as `size` bytes, from the same
     /// `addresses`, recorded at or after `since`, if any: a download that
     /// failed because its manifest declared a wrong size is not the result
-    /// of one that declares the right one. Call with the SHA-256 lock held.
+    /// of one that declares the right one. Call with a lane of the file held.
     pub fn failure_since(
         &self,
         sha256: &str,

@@ -16,6 +16,16 @@
 //! minute, the next address is tried, so a source that drips a little per
 //! try cannot hold the download.
 //!
+//! Other downloads of the same file (see [`crate::store::lanes`]): one from
+//! the same addresses is waited for, however long it takes, since it
+//! fetches the same bytes from the same servers and its failure is this
+//! one's too; so is one for the same gem. One from other addresses
+//! (another gem's, here or in another process) is waited for at most
+//! `network.wait_for_others_secs`; then this download fetches from its own
+//! addresses in a lane of its own. Whichever verifies first is published,
+//! and every download of the file stops once it finds the file in place
+//! (checked twice a second).
+//!
 //! Resume rules:
 //! - the partial file is continued only with the address it came from
 //!   (a validator belongs to one server), and only once that address is the
@@ -34,6 +44,7 @@ use url::Url;
 
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::manifest::Resource;
+use crate::store::lanes::{Holder, LaneLock};
 use crate::store::partial::PartialPaths;
 use crate::store::registry::Registry;
 use crate::store::Store;
@@ -41,6 +52,11 @@ use crate::transfer::fetch::{Control, Expected, Fetcher, Output, Reporter, Resum
 use crate::transfer::parts::PARTS_MIN_BYTES;
 use crate::transfer::retry::Decision;
 pub use crate::transfer::retry::RetryPolicy;
+
+/// How often a download looks whether another one published its file.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+/// Longest pause between two looks at a lane another download holds.
+const MAX_LANE_PAUSE: Duration = Duration::from_millis(100);
 
 /// Returns the local path of `resource`, downloading and verifying it first
 /// when the store does not have it. `progress` receives the bytes of the
@@ -69,31 +85,34 @@ pub async fn download_with(
     progress: &mut dyn Reporter,
     cancel: Option<&CancellationToken>,
 ) -> Result<PathBuf> {
+    download_for(None, fetcher, store, resource, retry, progress, cancel).await
+}
+
+/// [`download_with`] for `gem`, which other downloads of the same file
+/// name when they wait for this one.
+pub(crate) async fn download_for(
+    gem: Option<&str>,
+    fetcher: &Fetcher,
+    store: &Store,
+    resource: &Resource,
+    retry: RetryPolicy,
+    progress: &mut dyn Reporter,
+    cancel: Option<&CancellationToken>,
+) -> Result<PathBuf> {
     let name = resource.file_name();
     if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
         return Ok(path);
     }
+    let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
     let waiting_since = std::time::SystemTime::now();
-    let (lock, waited) = match store.try_lock(&resource.sha256)? {
-        Some(lock) => (lock, false),
-        None => {
-            tracing::debug!(sha256 = %resource.sha256, "waiting for another download of the same file");
-            progress.waiting();
-            let lock = store.lock(&resource.sha256);
-            let lock = match cancel {
-                Some(token) => tokio::select! {
-                    lock = lock => lock?,
-                    () = token.cancelled() => return Err(cancelled(resource)),
-                },
-                None => lock.await?,
-            };
-            (lock, true)
-        }
+    let taken = take_lane(gem, fetcher, store, resource, &addresses, progress, cancel).await?;
+    let (lock, waited) = match taken {
+        Lane::Found(path) => return Ok(path),
+        Lane::Taken { lock, waited } => (lock, waited),
     };
     if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
         return Ok(path);
     }
-    let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
     // A download of the same bytes from the same addresses that failed while
     // this caller waited for the lock (another process sharing the store)
     // is this caller's result too; only a later call tries again.
@@ -105,30 +124,57 @@ pub async fn download_with(
     }
     // File-system work (creating the file, fsyncs, renames) runs off the
     // runtime's workers: on a slow disk it would stall every transfer.
-    let paths = crate::store::off_runtime(store.root(), {
+    let grace = fetcher.wait_for_others();
+    let (lock, paths) = crate::store::off_runtime(store.root(), {
         let (store, id, sha256, size) = (
             store.clone(),
             resource.id.clone(),
             resource.sha256.clone(),
             resource.size,
         );
-        move || store.prepare(&id, &sha256, size)
+        let addresses = addresses.clone();
+        move || {
+            store.sort_kept(&lock, &sha256, size, &addresses);
+            let paths = store.prepare(&id, &sha256, size, lock.lane, grace)?;
+            Ok((lock, paths))
+        }
     })
     .await?;
+    lock.describe(&Holder::new(gem, &addresses, paths.held()));
+    // Stops when the caller cancels, or when another download published
+    // the file.
+    let stop = cancel.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let job = Job {
         fetcher,
         resource,
         paths: &paths,
         retry,
-        cancel,
+        cancel: Some(&stop),
     };
-    let outcome = job.run(progress).await;
+    let outcome = {
+        let run = job.run(progress);
+        tokio::pin!(run);
+        tokio::select! {
+            outcome = &mut run => outcome,
+            () = published_elsewhere(store, &resource.sha256) => {
+                tracing::debug!(resource = %resource.id, "another download published the file: this one stops");
+                stop.cancel();
+                run.await
+            }
+        }
+    };
     let finish = {
         let (store, sha256, size) = (store.clone(), resource.sha256.clone(), resource.size);
         // The lock goes with the work: it is released when the file is
         // published, even if this caller stops waiting for that.
         move || {
             let _lock = lock;
+            // Another download of the file published it first: its copy is
+            // this one's, and the bytes here are not needed.
+            if let Some(path) = store.find(&sha256, &name)? {
+                paths.remove();
+                return Ok(path);
+            }
             let result = outcome.and_then(|served| {
                 let path = store.publish(&paths, &sha256, &name)?;
                 Registry::new(&store).record_served_by(&sha256, served.as_str());
@@ -147,6 +193,92 @@ pub async fn download_with(
         }
     };
     crate::store::off_runtime(store.root(), finish).await
+}
+
+/// What [`take_lane`] ends with.
+enum Lane {
+    /// Another download published the file meanwhile.
+    Found(PathBuf),
+    /// A lane of the file is this download's; `waited` says whether another
+    /// download held the file first.
+    Taken { lock: LaneLock, waited: bool },
+}
+
+/// Takes a lane of `resource`'s file for `gem`: lane 0 when it is free,
+/// else waits for its holder, as long as it takes when that one fetches
+/// from the same `addresses` or for the same gem, else at most
+/// `network.wait_for_others_secs`, then a free lane of its own. Ends early
+/// when the file is published meanwhile.
+async fn take_lane(
+    gem: Option<&str>,
+    fetcher: &Fetcher,
+    store: &Store,
+    resource: &Resource,
+    addresses: &[String],
+    progress: &mut dyn Reporter,
+    cancel: Option<&CancellationToken>,
+) -> Result<Lane> {
+    let (sha256, size) = (&resource.sha256, resource.size);
+    let patience = fetcher.wait_for_others();
+    let since = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    let mut announced = false;
+    loop {
+        // A download from the same addresses, or for the same gem, anywhere
+        // in the lanes: this one waits for it, whatever lane is free.
+        let in_use = store.lanes_in_use(sha256, size);
+        let ours = in_use.iter().find(|l| {
+            l.holder.as_ref().is_some_and(|h| {
+                h.addresses == addresses || (gem.is_some() && h.gem.as_deref() == gem)
+            })
+        });
+        if ours.is_none() {
+            if let Some(lock) = store.try_lock_lane(sha256, size, 0)? {
+                return Ok(Lane::Taken {
+                    lock,
+                    waited: announced,
+                });
+            }
+            if since.elapsed() >= patience {
+                if let Some(lock) = store.try_lock_other_lane(sha256, size, addresses)? {
+                    tracing::info!(
+                        resource = %resource.id,
+                        "another download of the same file from other addresses has not finished in {:.0}s: fetching from this resource's own addresses as well",
+                        patience.as_secs_f64()
+                    );
+                    return Ok(Lane::Taken { lock, waited: true });
+                }
+            }
+        }
+        if !announced {
+            tracing::debug!(sha256 = %sha256, "waiting for another download of the same file");
+            let holder = ours.or(in_use.first()).and_then(|l| l.holder.as_ref());
+            progress.waiting_on(holder.and_then(|h| h.gem.as_deref()));
+            announced = true;
+        }
+        let sleep = tokio::time::sleep(pause);
+        match cancel {
+            Some(token) => tokio::select! {
+                () = sleep => {}
+                () = token.cancelled() => return Err(cancelled(resource)),
+            },
+            None => sleep.await,
+        }
+        pause = (pause * 2).min(MAX_LANE_PAUSE);
+        if let Some(path) = store.find(sha256, &resource.file_name())? {
+            return Ok(Lane::Found(path));
+        }
+    }
+}
+
+/// Resolves once the store holds `sha256` (another download published it).
+async fn published_elsewhere(store: &Store, sha256: &str) {
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        if store.has(sha256) {
+            return;
+        }
+    }
 }
 
 /// A local failure of a download of `resource` from `address`: a full disk
@@ -178,7 +310,7 @@ fn cancelled(resource: &Resource) -> Error {
     }
 }
 
-/// One download over the address list, with the SHA-256 lock held.
+/// One download over the address list, with a lane of the file held.
 struct Job<'a> {
     fetcher: &'a Fetcher,
     resource: &'a Resource,

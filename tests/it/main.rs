@@ -66,6 +66,7 @@ mod smoke;
 // The soak kills and signals processes the Unix way (kill -9, SIGHUP).
 #[cfg(unix)]
 mod soak;
+mod squatting;
 #[cfg(unix)]
 mod store_trust;
 mod tls_trust;

@@ -119,7 +119,21 @@ async fn folders_and_files_get_private_modes_whatever_the_umask() {
         0o400,
         "a verified file is read-only for its owner"
     );
-    assert_eq!(mode(&root.join("locks/downloads.lock")), 0o600);
+    // The download's lock file went with its lock; one held now is the
+    // user's own.
+    let sha = sha256_hex(&body);
+    let leftovers: Vec<_> = files_under(&root.join("locks"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".lock"))
+        .collect();
+    assert_eq!(leftovers, Vec::<PathBuf>::new());
+    let held = Store::open(&env.store_dir())
+        .unwrap()
+        .try_lock_lane(&sha, 3000, 0)
+        .unwrap()
+        .expect("the lane is free");
+    assert_eq!(mode(&root.join(format!("locks/{sha}.3000.lock"))), 0o600);
+    drop(held);
 }
 
 /// Plants a link at the partial file's name of `body` (declared `size`).

@@ -394,6 +394,15 @@ fn json_event(event: &serde_json::Value) {
 /// What a bar says while another download of the same file holds it.
 pub const WAITING: &str = "waiting for another process downloading this file";
 
+/// [`WAITING`], naming the gem whose download it is when known.
+pub fn waiting_note(gem: Option<&str>) -> String {
+    match gem {
+        // Gem ids are letters, digits and `@/._-` only.
+        Some(gem) => format!("waiting for gem {gem}'s download of the same file"),
+        None => WAITING.to_string(),
+    }
+}
+
 /// The wording of a retry, as a bar and `--json` say it.
 pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
     let secs = wait.as_secs_f64();
@@ -496,11 +505,18 @@ impl gem_resources::Reporter for Reporting<'_> {
     }
 
     fn waiting(&mut self) {
+        self.waiting_on(None);
+    }
+
+    fn waiting_on(&mut self, gem: Option<&str>) {
         if self.json {
-            let event = serde_json::json!({ "event": "waiting", "resource": self.resource });
+            let mut event = serde_json::json!({ "event": "waiting", "resource": self.resource });
+            if let Some(gem) = gem {
+                event["on"] = serde_json::json!(gem);
+            }
             json_event(&event);
         } else {
-            self.bar.set_note(WAITING);
+            self.bar.set_note(&waiting_note(gem));
             self.noted = true;
         }
     }

@@ -188,7 +188,9 @@ async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemSt
             r.required
                 && matches!(
                     r.state,
-                    ResourceState::Queued | ResourceState::Downloading { .. }
+                    ResourceState::Queued
+                        | ResourceState::Downloading { .. }
+                        | ResourceState::Waiting { .. }
                 )
         });
         if !busy {
@@ -231,7 +233,8 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
             let method = match r.state {
                 ResourceState::Present { .. }
                 | ResourceState::Queued
-                | ResourceState::Downloading { .. } => continue,
+                | ResourceState::Downloading { .. }
+                | ResourceState::Waiting { .. } => continue,
                 ResourceState::Failed { .. } => "retry",
                 _ => "download_now",
             };

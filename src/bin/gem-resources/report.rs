@@ -164,6 +164,17 @@ fn state(r: &ResourceStatus) -> String {
                 render::bytes(size)
             )
         }
+        ResourceState::Waiting { on, bytes, .. } => {
+            let whose = match on {
+                Some(gem) => format!("gem {}'s download", field(gem)),
+                None => "another download".to_string(),
+            };
+            format!(
+                "waiting for {whose} of the same file ({}/{})",
+                render::bytes(*bytes),
+                render::bytes(size)
+            )
+        }
         ResourceState::Failed { failure, .. } => {
             let failed = format!(
                 "failed ({}) at {}",

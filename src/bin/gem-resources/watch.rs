@@ -285,8 +285,11 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
             let note = crate::progress::retry_note(wait, *attempt, *of, reason);
             crate::errln!("{gem}/{resource}: {note}");
         }
-        Event::Waiting { gem, resource, .. } => {
-            crate::errln!("{gem}/{resource}: {}", crate::progress::WAITING)
+        Event::Waiting {
+            gem, resource, on, ..
+        } => {
+            let note = crate::progress::waiting_note(on.as_deref());
+            crate::errln!("{gem}/{resource}: {note}")
         }
         Event::FellBack {
             gem,

@@ -1,0 +1,471 @@
+//! A gem that declares another gem's file (its public SHA-256) with a
+//! source of its own never decides that gem's download: not by holding it,
+//! not by a hash that shares its prefix, not by another size, not by the
+//! disk space it claims.
+
+use std::time::{Duration, Instant};
+
+use gem_resources::{ResourceState, Resources};
+use serde_json::json;
+
+use crate::support::*;
+
+/// A body that would take minutes to drip: 2 KB a second, above the
+/// default `network.min_bytes_per_min`.
+fn drip(env: &Env, path: &str, body: &[u8]) -> url::Url {
+    env.origin.route(
+        path,
+        Behaviour::Slow {
+            body: body.to_vec(),
+            chunk: 2000,
+            delay: Duration::from_secs(1),
+        },
+    );
+    env.url("evil.test", path)
+}
+
+/// A configuration where a download waits `secs` for another gem's
+/// download of the same file.
+fn config_waiting(env: &Env, secs: f64) {
+    env.write_config(&format!(
+        "stall_timeout_secs = 60\nwait_for_others_secs = {secs}"
+    ));
+}
+
+/// The state of resource `id` of `gem` in `service`'s status.
+fn state_of(service: &Resources, gem: &str) -> ResourceState {
+    service.status(Some(gem)).unwrap()[0].resources[0]
+        .state
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_gem_dripping_the_same_hash_does_not_hold_the_victims_download() {
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(1 << 20, 140);
+    let hostile = drip(&env, "/drip.bin", &body);
+    let own = env.serve("/model.bin", &body);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    let hog = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let path = within("the victim's file", service.path("victim", "m"))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), body);
+    assert_eq!(env.origin.hits("/model.bin"), 1, "its own origin served it");
+    // The hostile download stops once the file is in place, and gets it.
+    let hog = within("the hostile download stops", hog).await.unwrap();
+    assert_eq!(std::fs::read(hog.unwrap()).unwrap(), body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_holding_a_hostile_download_does_not_hold_path() {
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(1 << 20, 141);
+    let hostile = drip(&env, "/drip.bin", &body);
+    let own = env.serve("/model.bin", &body);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let _hog = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    let started = Instant::now();
+    let out = within("path in another process", env.run(&["path", "victim", "m"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(std::fs::read(stdout(&out).trim()).unwrap(), body);
+    assert_eq!(env.origin.hits("/model.bin"), 1, "its own origin served it");
+}
+
+// Logs are captured on the test's own thread.
+#[tokio::test]
+async fn a_download_from_the_same_addresses_waits_for_the_one_racing_whatever_lane_is_free() {
+    let logs = Logs::capture();
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(200_000, 150);
+    // Drips for about two seconds, then fails: lane 0 comes free while the
+    // victim's own download is still on its way.
+    env.origin.route(
+        "/drip.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"h\"".into(),
+            ignore_range: false,
+            cut_at: Some(4000),
+            hold: false,
+            pace: Some((1000, Duration::from_millis(500))),
+        },
+    );
+    let hostile = env.url("evil.test", "/drip.bin");
+    let gate = Gate::new();
+    env.origin.route(
+        "/model.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let own = env.url("origin.test", "/model.bin");
+    // Two services on one store stand for two processes.
+    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    first
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    first
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let hog = {
+        let s = first.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    let a = {
+        let s = first.clone();
+        tokio::spawn(async move { s.path("victim", "m").await })
+    };
+    wait_until("the victim's own request", || {
+        env.origin.hits("/model.bin") == 1
+    })
+    .await;
+    assert!(within("the hostile download fails", hog)
+        .await
+        .unwrap()
+        .is_err());
+    let b = {
+        let s = second.clone();
+        tokio::spawn(async move { s.path("victim", "m").await })
+    };
+    wait_until("the other process waits", || {
+        logs.count(WAITING_FOR_LOCK) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        env.origin.hits("/model.bin"),
+        1,
+        "one download from those addresses"
+    );
+    gate.open();
+    for caller in [a, b] {
+        let path = within("the victim's file", caller).await.unwrap().unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), body);
+    }
+    assert_eq!(env.origin.hits("/model.bin"), 1);
+}
+
+// Logs are captured on the test's own thread.
+#[tokio::test]
+async fn a_hash_sharing_the_victims_prefix_does_not_make_it_wait() {
+    let logs = Logs::capture();
+    let env = Env::new().await;
+    // Long enough that any wait for the hostile download would show.
+    config_waiting(&env, 30.0);
+    let body = bytes(200_000, 142);
+    let sha = sha256_hex(&body);
+    // The same first 60 bits (and more), another hash.
+    let flip = if sha.ends_with('0') { "1" } else { "0" };
+    let fake = format!("{}{flip}", &sha[..63]);
+    let hostile = drip(&env, "/drip.bin", &body);
+    let mut squat = entry("m", &hostile, &body);
+    squat["sha256"] = json!(fake);
+    let own = env.serve("/model.bin", &body);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("hog", &manifest(json!([squat])))
+        .await
+        .unwrap();
+    let _hog = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let path = within("the victim's file", service.path("victim", "m"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(logs.count(WAITING_FOR_LOCK), 0, "{}", logs.text());
+}
+
+#[tokio::test]
+async fn another_declared_size_never_deletes_a_kept_partial_file() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(300_000, 143);
+    let sha = sha256_hex(&body);
+    let ranged = |cut_at| Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"v1\"".into(),
+        ignore_range: false,
+        cut_at,
+        hold: false,
+        pace: None,
+    };
+    env.origin.route(
+        "/model.bin",
+        Behaviour::Sequence(vec![ranged(Some(120_000)), ranged(None)]),
+    );
+    let own = env.url("origin.test", "/model.bin");
+    env.origin.route("/refused.bin", Behaviour::Status(404));
+    let refused = env.url("evil.test", "/refused.bin");
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    // Cut off: a resumable partial file stays.
+    assert!(service.path("victim", "m").await.is_err());
+    let tmp = store_root(&env).join("tmp");
+    let data = tmp.join(format!("{sha}.{}.partial", body.len()));
+    let record = tmp.join(format!("{sha}.{}.partial.json", body.len()));
+    let kept = (
+        std::fs::read(&data).unwrap(),
+        std::fs::read(&record).unwrap(),
+    );
+    assert!(!kept.1.is_empty());
+    // The same hash declared with another size, from an address that fails.
+    let mut other = entry("m", &refused, &body);
+    other["size"] = json!(body.len() - 1);
+    service
+        .install("hog", &manifest(json!([other])))
+        .await
+        .unwrap();
+    assert!(service.path("hog", "m").await.is_err());
+    assert_eq!(std::fs::read(&data).unwrap(), kept.0);
+    assert_eq!(std::fs::read(&record).unwrap(), kept.1);
+    // And the victim's next try continues it.
+    let path = service.path("victim", "m").await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.hits("/refused.bin"), 1);
+}
+
+#[tokio::test]
+async fn another_gems_download_of_the_same_file_never_starts_over_the_victims_kept_bytes() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(300_000, 148);
+    env.origin.route(
+        "/model.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::ranged_cut(&body, "\"v1\"", 120_000),
+            Behaviour::ranged(&body, "\"v1\""),
+        ]),
+    );
+    let own = env.url("origin.test", "/model.bin");
+    // The right size, wrong bytes: a 200 that would start the file afresh.
+    let wrong = bytes(body.len(), 149);
+    let hostile = env.serve("/wrong.bin", &wrong);
+    let hostile = env.url("evil.test", hostile.path());
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    assert!(service.path("victim", "m").await.is_err());
+    service
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    let failed = service.path("hog", "m").await.unwrap_err();
+    assert_eq!(failed.primary_cause(), "E_RESOURCE_SHA256", "{failed}");
+    assert_eq!(env.origin.hits("/wrong.bin"), 1);
+    // The victim continues where its own download stopped.
+    let path = service.path("victim", "m").await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.ranges("/model.bin"), ["bytes=120000-"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_gem_a_waiting_file_depends_on() {
+    let env = Env::new().await;
+    config_waiting(&env, 30.0);
+    let body = bytes(1 << 20, 144);
+    let hostile = drip(&env, "/drip.bin", &body);
+    let own = env.serve("/model.bin", &body);
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let other = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    let _hog = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    // Another process sees whose download the victim's file depends on.
+    wait_until("the other process names the gem", || {
+        matches!(
+            state_of(&other, "victim"),
+            ResourceState::Waiting { on: Some(gem), .. } if gem == "hog"
+        )
+    })
+    .await;
+    let _victim = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("victim", "m").await })
+    };
+    // Here, the victim's own job waits, and says for whom.
+    wait_until("the victim's job names the gem", || {
+        let waiting = service.status(Some("victim")).unwrap()[0].resources[0].clone();
+        matches!(&waiting.state, ResourceState::Waiting { on: Some(gem), .. } if gem == "hog")
+            && waiting.host == "origin.test"
+    })
+    .await;
+    assert_eq!(env.origin.hits("/model.bin"), 0);
+    // The hostile gem's own status is its download.
+    assert!(
+        matches!(state_of(&service, "hog"), ResourceState::Downloading { .. }),
+        "{:?}",
+        state_of(&service, "hog")
+    );
+}
+
+/// Free bytes on the file system of the store.
+#[cfg(unix)]
+fn free_space(env: &Env) -> u64 {
+    std::fs::create_dir_all(env.store_dir()).unwrap();
+    let stat = rustix::fs::statvfs(env.store_dir()).unwrap();
+    stat.f_bavail * stat.f_frsize
+}
+
+#[cfg(unix)]
+/// Holds a download of `size` declared bytes for gem `hog` in `service`,
+/// before any byte of it arrives.
+async fn hold_huge(env: &Env, service: &Resources, size: u64) -> Gate {
+    let gate = Gate::new();
+    let body = bytes(10, 145);
+    env.origin.route(
+        "/huge.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let mut huge = entry("huge", &env.url("evil.test", "/huge.bin"), &body);
+    huge["size"] = json!(size);
+    service
+        .install("hog", &manifest(json!([huge])))
+        .await
+        .unwrap();
+    let s = service.clone();
+    tokio::spawn(async move { s.path("hog", "huge").await });
+    wait_until("the huge download is in flight", || {
+        env.origin.hits("/huge.bin") == 1
+    })
+    .await;
+    gate
+}
+
+// Free space is read with statvfs here.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_declaration_that_delivers_nothing_stops_reserving_disk_space() {
+    let env = Env::new().await;
+    config_waiting(&env, 1.0);
+    let body = bytes(16 << 20, 146);
+    let free = free_space(&env);
+    assert!(free > 1 << 30, "too little free space for this test");
+    // The victim's file fits beside what is really written, not beside the
+    // whole declared size of the huge one.
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let _gate = hold_huge(&env, &service, free - (48 << 20)).await;
+    let own = env.serve("/model.bin", &body);
+    service
+        .install("victim", &manifest(json!([entry("m", &own, &body)])))
+        .await
+        .unwrap();
+    // Past the grace of a new download, its rate decides what it reserves.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = within("path in another process", env.run(&["path", "victim", "m"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(stdout(&out).trim()).unwrap(), body);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_that_stands_in_the_way_is_named_by_its_gem() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let free = free_space(&env);
+    let margin = 100 << 20;
+    assert!(free > 4 * margin, "too little free space for this test");
+    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    // A new download reserves its whole size: the small file alone fits,
+    // not beside it.
+    let _gate = hold_huge(&env, &service, free - margin).await;
+    let small = bytes(10, 147);
+    let mut entry = entry("small", &env.url("origin.test", "/small.bin"), &small);
+    entry["size"] = json!(2 * margin);
+    service
+        .install("victim", &manifest(json!([entry])))
+        .await
+        .unwrap();
+    let out = env.run(&["path", "victim", "small"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("E_RESOURCE_DISK_SPACE"), "{text}");
+    assert!(
+        text.contains("most of it reserved by gem \"hog\""),
+        "{text}"
+    );
+    assert_eq!(env.origin.hits("/small.bin"), 0);
+}
