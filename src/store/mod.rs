@@ -625,6 +625,16 @@ impl Store {
         let map = |e| Error::io("cannot publish", tmp, e);
         let file = open_own(tmp, fs::OpenOptions::new().read(true)).map_err(map)?;
         let checked = file.metadata().map_err(map)?;
+        // The file under the name must be the one the writer wrote (and
+        // hashed as it wrote): one swapped in since is never published.
+        if let Some(written) = paths.written() {
+            if !crate::platform::same_file(&checked, &written) {
+                return Err(map(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the partial file is not the one that was written and hashed: the store does not trust it",
+                )));
+            }
+        }
         if crate::platform::link_count(&checked) != 1 {
             return Err(map(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -997,6 +1007,33 @@ mod tests {
                 .contains("needs 3.0 MiB but only 1.0 MiB are free"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn only_the_file_that_was_written_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sha = "d".repeat(64);
+        let body = vec![7u8; 4096];
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut file = paths.open_data().unwrap();
+            file.write_all(&body).unwrap();
+        }
+        // Another file of the store's user put over the partial file's name
+        // after the writer had written (and hashed) its own.
+        let planted = dir.path().join("planted");
+        fs::write(&planted, b"another file's bytes").unwrap();
+        fs::rename(&planted, &paths.data).unwrap();
+        let refused = store.publish(&paths, &sha, "model.bin").unwrap_err();
+        assert!(
+            refused.to_string().contains("not the one that was written"),
+            "{refused}"
+        );
+        assert!(!store.blob_path(&sha, "model.bin").exists());
     }
 
     #[test]

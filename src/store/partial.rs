@@ -111,6 +111,9 @@ pub(crate) struct PartialPaths {
     pub data: PathBuf,
     /// `tmp/<sha256>.<size>.partial.json`.
     pub meta: PathBuf,
+    /// The file a writer opened through [`PartialPaths::open_data`] (shared
+    /// by every clone): publication moves that very file, or nothing.
+    written: std::sync::Arc<std::sync::Mutex<Option<fs::Metadata>>>,
 }
 
 impl PartialPaths {
@@ -124,7 +127,11 @@ impl PartialPaths {
         let key = crate::store::lanes::lane_key(sha256, size, lane);
         let data = tmp.join(format!("{key}.partial"));
         let meta = tmp.join(format!("{key}.partial.json"));
-        PartialPaths { data, meta }
+        PartialPaths {
+            data,
+            meta,
+            written: Default::default(),
+        }
     }
 
     /// The kept record, if there is a usable one.
@@ -179,14 +186,24 @@ impl PartialPaths {
     /// Opens (creating, `0600`) the data file for writing; a symbolic link
     /// or a file that is not the store user's is an error, never followed.
     pub(crate) fn open_data(&self) -> io::Result<File> {
-        crate::store::trust::open_own(
+        let file = crate::store::trust::open_own(
             &self.data,
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false),
-        )
+        )?;
+        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.metadata()?);
+        Ok(file)
+    }
+
+    /// What a writer opened through [`PartialPaths::open_data`], if one did.
+    pub(crate) fn written(&self) -> Option<fs::Metadata> {
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Removes both files.
