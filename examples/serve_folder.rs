@@ -65,23 +65,37 @@ async fn main() -> Outcome {
             "sha256": sha256,
         }));
     }
-    println!("# Put these lines in a configuration file (say dev.toml), then run");
-    println!(
-        "#   gem-resources --config dev.toml check-url {}",
-        entries[0]["url"].as_str().unwrap_or_default()
+    let dev = format!(
+        "[dev]\nextra_root_certs = [{:?}]\nresolve = {{ {HOST:?} = [\"127.0.0.1\"] }}\nallow_addresses = [\"127.0.0.1\"]\n",
+        ca.display().to_string()
     );
-    println!("#   gem-resources --config dev.toml fetch notochord.json");
-    println!("[dev]");
-    println!("extra_root_certs = [{:?}]", ca.display().to_string());
-    println!("resolve = {{ {HOST:?} = [\"127.0.0.1\"] }}");
-    println!("allow_addresses = [\"127.0.0.1\"]");
-    println!();
-    println!("# A manifest serving these files (notochord.json):");
+    let manifest = serde_json::to_string_pretty(&serde_json::json!({ "resources": entries }))?;
+    let config = scratch.path().join("dev.toml");
+    let manifest_file = scratch.path().join("notochord.json");
+    std::fs::write(&config, &dev)?;
+    std::fs::write(&manifest_file, format!("{manifest}\n"))?;
     println!(
-        "{}",
-        serde_json::to_string_pretty(&serde_json::json!({ "resources": entries }))?
+        "# The [dev] lines to trust this server (written to {}):",
+        config.display()
     );
+    println!("{dev}");
+    println!(
+        "# A manifest of these files (written to {}):",
+        manifest_file.display()
+    );
+    println!("{manifest}");
     println!();
+    println!("# Then, in another terminal:");
+    println!(
+        "#   gem-resources --config {} check {}",
+        config.display(),
+        manifest_file.display()
+    );
+    println!(
+        "#   gem-resources --config {} fetch {}",
+        config.display(),
+        manifest_file.display()
+    );
     println!(
         "# Serving {} file(s) on 127.0.0.1:{} until Ctrl-C.",
         files.len(),

@@ -218,11 +218,11 @@ mod tests {
 
     #[test]
     fn the_readme_lists_every_code() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/errors.md");
         for code in CODES {
             assert!(
                 readme.contains(&format!("`{}`", code.as_str())),
-                "README.md does not list {}",
+                "docs/errors.md does not list {}",
                 code.as_str()
             );
         }

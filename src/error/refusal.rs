@@ -5,7 +5,7 @@
 
 /// Where a local test origin is let through, as the refusal says.
 pub(crate) const ALLOW_ADDRESSES_HINT: &str =
-    "for a local test origin, see `[dev] allow_addresses` in README";
+    "for a local test origin, see `[dev] allow_addresses` in docs/configuration.md";
 
 /// Why an address is refused: `address` is the host or IP as text, `reason` a
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",

@@ -611,7 +611,7 @@ mod tests {
         assert_eq!(err.address, "localhost");
         assert_eq!(
             err.to_string(),
-            "localhost is a local or internal-network address (local host name; for a local test origin, see `[dev] allow_addresses` in README)"
+            "localhost is a local or internal-network address (local host name; for a local test origin, see `[dev] allow_addresses` in docs/configuration.md)"
         );
         let err = AddressGuard::new().check_ip(ip("10.0.0.1")).unwrap_err();
         assert_eq!(err.address, "10.0.0.1");

@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(err.code(), "E_RESOURCE_ADDRESS");
         assert_eq!(
             err.to_string(),
-            "cdn.example.com (resolves to 10.0.0.7) is a local or internal-network address (private network (10.0.0.0/8); for a local test origin, see `[dev] allow_addresses` in README)"
+            "cdn.example.com (resolves to 10.0.0.7) is a local or internal-network address (private network (10.0.0.0/8); for a local test origin, see `[dev] allow_addresses` in docs/configuration.md)"
         );
     }
 

@@ -307,7 +307,7 @@ fn copy_in(store: &Store, source: &Source, resource: &Resource) -> Result<PathBu
     let paths = store.prepare(&resource.id, &resource.sha256, resource.size, 0, grace)?;
     // A kept partial download of the same bytes is replaced by the copy.
     paths.remove();
-    let result = copy_and_check(source, &paths.data, resource);
+    let result = copy_and_check(source, &paths, resource);
     match result {
         Ok(()) => store.publish(&paths, &resource.sha256, &resource.file_name()),
         Err(e) => {
@@ -317,13 +317,22 @@ fn copy_in(store: &Store, source: &Source, resource: &Resource) -> Result<PathBu
     }
 }
 
-fn copy_and_check(source: &Source, dest: &Path, resource: &Resource) -> Result<()> {
+fn copy_and_check(
+    source: &Source,
+    paths: &crate::store::partial::PartialPaths,
+    resource: &Resource,
+) -> Result<()> {
+    let dest = paths.data.as_path();
     // A new file of the store's user (`0600`), never one found there.
     let mut to = crate::store::trust::open_own(
         dest,
         File::options().read(true).write(true).create_new(true),
     )
     .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
+    // This file, and no other put at its name, is what gets published.
+    paths
+        .claim(&to)
+        .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
     let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
     if !crate::platform::reflink(&source.file, &to) {
         // Any reflink error (another file system, no support, a partial

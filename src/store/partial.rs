@@ -198,6 +198,13 @@ impl PartialPaths {
         Ok(file)
     }
 
+    /// Makes `file` (just created at the data file's name by a writer of
+    /// its own, as `import` does) the one publication will move.
+    pub(crate) fn claim(&self, file: &File) -> io::Result<()> {
+        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.metadata()?);
+        Ok(())
+    }
+
     /// What a writer opened through [`PartialPaths::open_data`], if one did.
     pub(crate) fn written(&self) -> Option<fs::Metadata> {
         self.written

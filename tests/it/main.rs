@@ -50,6 +50,7 @@ mod prop_manifest;
 mod prop_policy;
 mod prop_time;
 mod proxy;
+mod readme;
 mod resume;
 mod resume_checks;
 mod resume_parts;
