@@ -115,7 +115,7 @@ impl Env {
     /// Writes a manifest file holding `resources` and returns its path.
     pub fn write_manifest(&self, name: &str, resources: serde_json::Value) -> PathBuf {
         let path = self.dir.path().join(name);
-        let doc = serde_json::json!({ "id": "sample", "name": "Sample", "resources": resources });
+        let doc = serde_json::json!({ "name": "Sample", "resources": resources });
         std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
         path
     }

@@ -153,12 +153,17 @@ pub enum Command {
         ids: Vec<String>,
     },
     /// Register a gem's resources (install or upgrade); required ones then download.
-    #[command(after_long_help = "Example:\n  gem-resources install my-gem my-gem/notochord.json")]
+    #[command(
+        after_long_help = "The gem id is the manifest's `id` when none is given; a gem id given that differs from the manifest's is refused unless --as says it is meant.\n\nExample:\n  gem-resources install my-gem/notochord.json\n  gem-resources install my-gem my-gem/notochord.json\n  gem-resources install --as my-fork my-gem/notochord.json"
+    )]
     Install {
-        /// The gem's id.
-        gem: String,
-        /// The gem's manifest.
-        manifest: PathBuf,
+        /// The gem's id, then its manifest; or the manifest alone, whose
+        /// `id` is then the gem's.
+        #[arg(num_args = 1..=2, required = true, value_name = "[GEM] MANIFEST")]
+        args: Vec<PathBuf>,
+        /// Install under this gem id, whatever the manifest declares.
+        #[arg(long = "as", value_name = "GEM")]
+        as_gem: Option<String>,
         /// Return once registered, without waiting for the required downloads.
         #[arg(long)]
         no_wait: bool,

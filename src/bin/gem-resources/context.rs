@@ -119,3 +119,42 @@ pub fn fetcher(config: &Config) -> Result<Fetcher, Error> {
     });
     Ok(fetcher)
 }
+
+/// The gem and manifest of `install [GEM] MANIFEST [--as GEM]`: the gem id
+/// given, or the one `--as` names, or the manifest's own `id`. A gem id
+/// given that differs from the manifest's is refused (a typo would make a
+/// second gem), naming both; `--as` says it is meant.
+pub fn install_target(
+    args: &[std::path::PathBuf],
+    as_gem: Option<&str>,
+) -> anyhow::Result<(String, std::path::PathBuf)> {
+    let (given, manifest) = match args {
+        [manifest] => (None, manifest.clone()),
+        [gem, manifest] => (Some(gem.to_string_lossy().into_owned()), manifest.clone()),
+        _ => anyhow::bail!("give the manifest, or the gem's id and the manifest"),
+    };
+    if let (Some(given), Some(as_gem)) = (&given, as_gem) {
+        anyhow::bail!("give the gem's id once: {given:?} or --as {as_gem:?}");
+    }
+    let (_, declared) = read_manifest_declaring(&manifest)?;
+    let gem = match (given, as_gem, declared) {
+        (_, Some(as_gem), _) => as_gem.to_string(),
+        (Some(given), None, Some(declared)) if given != declared => anyhow::bail!(
+            "{} declares the gem id {}, not {}: install it as {} (`install {}`), or say `--as {}` to install it under another id",
+            manifest.display(),
+            crate::text::field(&declared),
+            crate::text::field(&given),
+            crate::text::field(&declared),
+            manifest.display(),
+            crate::text::field(&given)
+        ),
+        (Some(given), None, _) => given,
+        (None, None, Some(declared)) => declared,
+        (None, None, None) => anyhow::bail!(
+            "{} declares no gem id: give it, `install GEM {}`",
+            manifest.display(),
+            manifest.display()
+        ),
+    };
+    Ok((gem, manifest))
+}

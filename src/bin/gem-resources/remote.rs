@@ -39,10 +39,13 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
             Command::Path { gem, resource } => path(client, &gem, &resource, json).await,
             Command::Status { gem } => status(client, gem.as_deref(), json).await,
             Command::Install {
-                gem,
-                manifest,
+                args,
+                as_gem,
                 no_wait,
-            } => install(client, &gem, &manifest, no_wait, json).await,
+            } => {
+                let (gem, manifest) = crate::context::install_target(&args, as_gem.as_deref())?;
+                install(client, &gem, &manifest, no_wait, json).await
+            }
             Command::Uninstall { gem } => uninstall(client, &gem, json).await,
             Command::Sync => sync(client, json).await,
             other => anyhow::bail!("unexpected command {other:?}"),
@@ -117,7 +120,7 @@ async fn install(
     let (_, declared) = crate::context::read_manifest_declaring(manifest)?;
     if let Some(declared) = declared.filter(|d| d != gem && !crate::progress::quiet()) {
         crate::errln!(
-            "warning: the manifest declares the gem id {}, installing it as {}",
+            "note: installing {} as {} (--as)",
             crate::text::field(&declared),
             crate::text::field(gem)
         );

@@ -49,10 +49,13 @@ pub async fn run(
     let service = Resources::open(config)?;
     match command {
         Command::Install {
-            gem,
-            manifest,
+            args,
+            as_gem,
             no_wait,
-        } => install(&service, &gem, &manifest, no_wait, json).await,
+        } => {
+            let (gem, manifest) = crate::context::install_target(&args, as_gem.as_deref())?;
+            install(&service, &gem, &manifest, no_wait, json).await
+        }
         Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
@@ -187,7 +190,7 @@ async fn install(
     let (manifest, declared) = crate::context::read_manifest_declaring(manifest)?;
     if let Some(declared) = declared.filter(|d| d != gem && !crate::progress::quiet()) {
         crate::errln!(
-            "warning: the manifest declares the gem id {}, installing it as {}",
+            "note: installing {} as {} (--as)",
             crate::text::field(&declared),
             crate::text::field(gem)
         );
