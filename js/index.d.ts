@@ -132,6 +132,8 @@ export interface Status {
   undeclared_files: number;
   undeclared_bytes: number;
   service: { socket: string; pid: number };
+  /** The store folder that was read. */
+  store: string;
 }
 
 export interface PathResult {

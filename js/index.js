@@ -282,7 +282,7 @@ export class Client {
     return this.request('hello');
   }
 
-  /** `{gems, undeclared_files, undeclared_bytes, service}`; one gem's only with `gem`. */
+  /** `{gems, undeclared_files, undeclared_bytes, service, store}`; one gem's only with `gem`. */
   status(gem) {
     return this.request('status', gem === undefined ? undefined : { gem });
   }

@@ -143,6 +143,12 @@ impl Store {
         &self.root
     }
 
+    /// `<store>`: the folder the configuration or `--store` names, made
+    /// absolute.
+    pub fn folder(&self) -> &Path {
+        self.root.parent().unwrap_or(&self.root)
+    }
+
     /// Where the verified file for `sha256` is kept under `name`.
     pub fn blob_path(&self, sha256: &str, name: &str) -> PathBuf {
         self.root.join("blobs").join(sha256).join(name)

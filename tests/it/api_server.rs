@@ -50,6 +50,11 @@ async fn hello_and_service_json_say_where_and_who() {
     );
     let status = client.result("status", json!({})).await;
     assert_eq!(status["service"]["socket"], api.socket().as_str());
+    assert_eq!(
+        status["store"],
+        env.store_dir().to_str().unwrap(),
+        "{status}"
+    );
     let socket = api.socket();
     api.stop().await;
     assert!(!file.exists(), "service.json outlived the service");

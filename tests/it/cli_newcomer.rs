@@ -257,17 +257,77 @@ async fn a_bare_address_in_allow_addresses_is_a_single_address() {
 #[tokio::test]
 async fn status_and_uninstall_on_a_missing_store_create_nothing() {
     let env = Env::new().await;
-    let out = env.run(&["status"]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).trim(), "nothing installed");
+    let store = env.store_dir().display().to_string();
+    let no_store = format!("E_RESOURCE_NOT_FOUND: no store at {store} ");
+    for args in [
+        vec!["status"],
+        vec!["status", "g"],
+        vec!["path", "g", "r"],
+        vec!["verify"],
+        vec!["gc"],
+        vec!["gc", "--dry-run"],
+    ] {
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stdout(&out));
+        let last = stderr(&out).lines().last().unwrap_or_default().to_string();
+        assert!(last.starts_with(&no_store), "{args:?}: {}", stderr(&out));
+        assert!(
+            !stdout(&out).contains("declared"),
+            "{args:?}: {}",
+            stdout(&out)
+        );
+        let mut json_args = vec!["--json"];
+        json_args.extend(&args);
+        let out = env.run(&json_args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert_eq!(doc["ok"], false, "{args:?}: {doc}");
+        assert_eq!(doc["code"], "E_RESOURCE_NOT_FOUND", "{args:?}: {doc}");
+    }
     let out = env.run(&["uninstall", "g"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("g is not installed"),
-        "{}",
-        stderr(&out)
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("g is not installed (no store at {store}); nothing to do")
     );
-    assert!(!env.store_dir().exists(), "status created the store");
+    let out = env.run(&["--json", "uninstall", "g"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(
+        (doc["ok"].clone(), doc["installed"].clone()),
+        (json!(true), json!(false))
+    );
+    assert_eq!(doc["store"], store.as_str(), "{doc}");
+    assert!(
+        !env.store_dir().exists(),
+        "a read-only command created the store"
+    );
+}
+
+#[tokio::test]
+async fn status_names_the_store_it_read() {
+    let env = Env::new().await;
+    let body = bytes(300, 5);
+    let url = env.serve("/s.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("s", &url, &body)]));
+    let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let store = env.store_dir().display().to_string();
+    let out = env.run(&["status"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines().last(),
+        Some(format!("store: {store}").as_str()),
+        "{text}"
+    );
+    let out = env.run(&["--json", "status"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(doc["store"], store.as_str(), "{doc}");
+    let out = env.run(&["uninstall", "other"]).await;
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("other is not installed (in the store {store}); nothing to do")
+    );
 }
 
 #[tokio::test]

@@ -30,8 +30,14 @@ pub async fn client(config: &Config, no_service: bool) -> Option<Client> {
     Client::for_store(&store).await
 }
 
-/// Runs a service command through `client`.
-pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+/// Runs a service command through `client`, the service on `config`'s
+/// store.
+pub async fn run(
+    client: &Client,
+    config: &Config,
+    command: Command,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     tracing::debug!(socket = client.socket(), "using the service's local API");
     let mut interrupted = interrupt::signal();
     let work = async {
@@ -43,7 +49,10 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
                 manifest,
                 no_wait,
             } => install(client, &gem, &manifest, no_wait, json).await,
-            Command::Uninstall { gem } => uninstall(client, &gem, json).await,
+            Command::Uninstall { gem } => {
+                let store = crate::context::store_folder(config);
+                uninstall(client, &gem, &store, json).await
+            }
             Command::Sync => sync(client, json).await,
             other => anyhow::bail!("unexpected command {other:?}"),
         }
@@ -93,16 +102,7 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
 
 async fn status(client: &Client, gem: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
-    if json {
-        render::print_doc(json!(result), true);
-    } else {
-        report::print_status(&result.gems);
-        if let Some(line) =
-            render::undeclared_line(result.undeclared_files, result.undeclared_bytes)
-        {
-            crate::outln!("{line}");
-        }
-    }
+    report::print_status_result(&result, json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -198,12 +198,18 @@ async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemSt
     }
 }
 
-async fn uninstall(client: &Client, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn uninstall(
+    client: &Client,
+    gem: &str,
+    store: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let result: UninstallResult = client.call("uninstall", json!({ "gem": gem })).await?;
-    if json {
+    if !result.installed {
+        let place = format!("in the store {}", store.display());
+        report::not_installed(gem, &place, store, json);
+    } else if json {
         render::print_doc(json!(result), true);
-    } else if !result.installed {
-        crate::errln!("{gem} is not installed; nothing to do");
     } else {
         crate::errln!(
             "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",

@@ -103,6 +103,33 @@ pub fn when(required: bool) -> &'static str {
     }
 }
 
+/// `status`'s output: the document with `--json`; else the table, the
+/// line about undeclared files, and the store that was read.
+pub fn print_status_result(result: &gem_resources::api::protocol::StatusResult, json: bool) {
+    if json {
+        render::print_doc(serde_json::json!(result), true);
+        return;
+    }
+    print_status(&result.gems);
+    if let Some(line) = render::undeclared_line(result.undeclared_files, result.undeclared_bytes) {
+        crate::outln!("{line}");
+    }
+    crate::outln!("store: {}", result.store.display());
+}
+
+/// `uninstall` of a gem that is not installed: `place` says in which
+/// store (`in the store /path`, `no store at /path`).
+pub fn not_installed(gem: &str, place: &str, store: &std::path::Path, json: bool) {
+    if json {
+        render::print_doc(
+            serde_json::json!({ "gem": gem, "installed": false, "deleted": [], "kept": [], "store": store }),
+            true,
+        );
+    } else {
+        crate::errln!("{gem} is not installed ({place}); nothing to do");
+    }
+}
+
 /// The `status` table: one line per resource, its id first (what `path`
 /// takes), then its description.
 pub fn print_status(status: &[GemStatus]) {
