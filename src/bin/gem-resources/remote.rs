@@ -204,20 +204,24 @@ async fn uninstall(
     store: &std::path::Path,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    // The gem's rows name the files it kept; the other gems' say why.
+    let before = client
+        .call::<StatusResult>("status", json!({ "gem": gem }))
+        .await
+        .map(|r| r.gems)
+        .unwrap_or_default();
     let result: UninstallResult = client.call("uninstall", json!({ "gem": gem })).await?;
     if !result.installed {
         let place = format!("in the store {}", store.display());
         report::not_installed(gem, &place, store, json);
-    } else if json {
-        render::print_doc(json!(result), true);
-    } else {
-        crate::errln!(
-            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
-            result.gem,
-            result.deleted.len(),
-            result.kept.len()
-        );
+        return Ok(ExitCode::SUCCESS);
     }
+    let after = if result.kept.is_empty() {
+        Vec::new()
+    } else {
+        client.call::<StatusResult>("status", json!({})).await?.gems
+    };
+    report::print_uninstalled(&result, &before, &after, json);
     Ok(ExitCode::SUCCESS)
 }
 

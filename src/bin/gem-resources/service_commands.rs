@@ -233,25 +233,20 @@ async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let before = service.status(Some(gem))?;
     let report = service.uninstall(gem).await?;
-    if json {
-        render::print_doc(
-            json!(gem_resources::api::protocol::UninstallResult {
-                gem: report.gem.clone(),
-                installed: true,
-                deleted: report.deleted.clone(),
-                kept: report.kept.clone(),
-            }),
-            true,
-        );
+    let result = gem_resources::api::protocol::UninstallResult {
+        gem: report.gem.clone(),
+        installed: true,
+        deleted: report.deleted.clone(),
+        kept: report.kept.clone(),
+    };
+    let after = if report.kept.is_empty() {
+        Vec::new()
     } else {
-        crate::errln!(
-            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
-            report.gem,
-            report.deleted.len(),
-            report.kept.len()
-        );
-    }
+        service.status(None)?
+    };
+    report::print_uninstalled(&result, &before, &after, json);
     Ok(ExitCode::SUCCESS)
 }
 
