@@ -388,3 +388,59 @@ async fn every_subcommand_has_an_example_and_help_has_its_own_help() {
         stdout(&out)
     );
 }
+
+/// Runs the binary as `user` with the env's configuration, off the async
+/// runtime.
+#[cfg(unix)]
+async fn run_as(env: &Env, user: (u32, u32), args: &[&str]) -> Output {
+    let mut command = as_user(user, env!("CARGO_BIN_EXE_gem-resources"));
+    command
+        .arg("--config")
+        .arg(env.dir.path().join("config.toml"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1");
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn path_on_a_store_its_user_may_only_read_says_the_store_is_read_only() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    const TEST: &str = "path_on_a_store_its_user_may_only_read_says_the_store_is_read_only";
+    let Some(user) = second_user(TEST) else {
+        return;
+    };
+    let env = Env::new().await;
+    let body = bytes(400, 71);
+    let url = env.serve("/lazy.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("lazy", &url, &body)]));
+    // The user reaches the scratch folder's files and owns the store.
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(env.dir.path(), open).unwrap();
+    std::fs::create_dir(env.store_dir()).unwrap();
+    chown(env.store_dir(), Some(user.0), Some(user.1)).unwrap();
+    let out = run_as(&env, user, &["install", "g", m.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Then the store becomes read-only, as a read-only mount or a copy
+    // handed over would be.
+    let done = std::process::Command::new("chmod")
+        .args(["-R", "a-w"])
+        .arg(env.store_dir())
+        .status()
+        .unwrap();
+    assert!(done.success());
+    let out = run_as(&env, user, &["path", "g", "lazy"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let store = env.store_dir().display().to_string();
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("E_RESOURCE_IO: the store is read-only; cannot download g/lazy (lazy.bin) into {store}: Permission denied (os error 13)")
+    );
+    assert_eq!(env.origin.hits("/lazy.bin"), 0);
+    // What it holds is still read.
+    let out = run_as(&env, user, &["status", "g"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
