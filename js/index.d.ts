@@ -184,6 +184,8 @@ export interface Autofilled {
   size: number;
   sha256: string;
   served_by: string;
+  /** `autofill {url}`: the address that finally answered, after redirects. */
+  final_url?: string;
 }
 
 export type AutofillResource =
@@ -231,7 +233,7 @@ export type Event =
   | ({ event: 'resumed'; offset: number; size: number; address: string } & OfFile)
   | ({ event: 'progress'; bytes: number; size: number; address: string } & OfFile)
   | ({ event: 'retrying'; address: string; attempt: number; of: number; wait_ms: number; reason: string } & OfFile)
-  | ({ event: 'fell_back'; from: string; to: string; code: ErrorCode; reason: string } & OfFile)
+  | ({ event: 'fell_back'; from: string; hop: string | null; to: string; code: ErrorCode; reason: string } & OfFile)
   | ({ event: 'waiting' } & OfFile)
   | ({ event: 'verified'; path: string; served_by: string } & OfFile)
   | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string } & OfFile)

@@ -23,7 +23,7 @@ test('autofill refuses a blocked host, and autofillManifest follows the mirrors'
   assert.equal(ctx.origin.hostRequests('blocked.test'), 0, 'the blocked host got a request');
 
   // Permitted: the same file from cdn.test.
-  assert.deepEqual(await client.autofill(file.url()), { size: file.size, sha256: file.sha256, served_by: file.url() });
+  assert.deepEqual(await client.autofill(file.url()), { size: file.size, sha256: file.sha256, served_by: file.url(), final_url: file.url() });
 
   // The url answers 404; the mirror has it.
   ctx.origin.behave('dict.bin', { status: 404, hosts: ['cdn.test'] });

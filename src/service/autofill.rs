@@ -25,6 +25,10 @@ pub struct Autofilled {
     pub sha256: String,
     /// The address that served it (the url or a mirror, as given).
     pub served_by: String,
+    /// The address that finally answered, after any redirects; `None`
+    /// from a service older than this field.
+    #[serde(default)]
+    pub final_url: Option<String>,
 }
 
 /// One resource of [`Resources::autofill_manifest`].
@@ -94,6 +98,7 @@ impl Resources {
             size: filled.transfer.size,
             sha256: filled.transfer.sha256,
             served_by: filled.address.to_string(),
+            final_url: Some(filled.transfer.final_url.to_string()),
         })
     }
 

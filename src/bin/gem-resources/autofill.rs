@@ -92,22 +92,98 @@ async fn one_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Exit
     let Some(outcome) = outcome else {
         return Ok(interrupted_exit());
     };
-    let transfer = outcome?.transfer;
+    let filled = outcome?;
+    let read = gem_resources::api::protocol::Autofilled {
+        size: filled.transfer.size,
+        sha256: filled.transfer.sha256,
+        served_by: filled.address.to_string(),
+        final_url: Some(filled.transfer.final_url.to_string()),
+    };
+    print_one(&url, &read, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `autofill URL`'s output, in process or from a service: the values, a
+/// snippet to paste into the resource's entry, and which address the
+/// manifest should declare when the one given redirected or looks signed.
+fn print_one(given: &Url, read: &gem_resources::api::protocol::Autofilled, json: bool) {
+    let final_url = read
+        .final_url
+        .as_deref()
+        .and_then(|f| Url::parse(f).ok())
+        .unwrap_or_else(|| given.clone());
+    let advice = Advice::of(given, &final_url);
     if json {
-        print_json(&json!({
-            "size": transfer.size,
-            "sha256": transfer.sha256,
-            "url": url.as_str(),
-            "final_url": transfer.final_url.as_str(),
-        }));
-    } else {
-        crate::outln!("size: {}", transfer.size);
-        crate::outln!("sha256: {}", transfer.sha256);
-        if transfer.final_url != url {
-            crate::outln!("final url: {}", transfer.final_url);
+        render::print_doc(
+            json!({
+                "size": read.size,
+                "sha256": read.sha256,
+                "url": given.as_str(),
+                "final_url": final_url.as_str(),
+                "served_by": read.served_by,
+                "manifest_url": advice.declare.as_str(),
+            }),
+            true,
+        );
+        return;
+    }
+    crate::outln!("size: {}", read.size);
+    crate::outln!("sha256: {}", read.sha256);
+    if final_url != *given {
+        crate::outln!("final url: {final_url}");
+    }
+    crate::outln!("\"size\": {}, \"sha256\": \"{}\"", read.size, read.sha256);
+    if let Some(note) = advice.note {
+        if !crate::progress::quiet() {
+            crate::errln!("{note}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// Which address a manifest should declare for what `autofill URL` read.
+struct Advice {
+    /// The address to put in `"url"`.
+    declare: Url,
+    /// What to tell the author, when there is anything to tell.
+    note: Option<String>,
+}
+
+impl Advice {
+    /// The address given, unless it is signed or expiring and the final
+    /// one is not: a redirect's target may move or expire, while the
+    /// address the author chose is the one meant to last.
+    fn of(given: &Url, final_url: &Url) -> Advice {
+        use gem_resources::transfer::autofill::expiring_parameter;
+        let shown = |u: &Url| crate::text::elide_query(u.as_str()).into_owned();
+        let (given_expires, final_expires) =
+            (expiring_parameter(given), expiring_parameter(final_url));
+        match (given_expires, final_url == given) {
+            (None, true) => Advice {
+                declare: given.clone(),
+                note: None,
+            },
+            (None, false) => Advice {
+                declare: given.clone(),
+                note: Some(format!(
+                    "note: it redirected to {}; put the address you gave in the manifest (\"url\": \"{given}\"): the final one is where it led this time{}",
+                    shown(final_url),
+                    if final_expires.is_some() { ", and it is signed and will expire" } else { "" }
+                )),
+            },
+            (Some(param), false) if final_expires.is_none() => Advice {
+                declare: final_url.clone(),
+                note: Some(format!(
+                    "note: the address you gave is signed or expiring ({param}); put the final one in the manifest (\"url\": \"{final_url}\")"
+                )),
+            },
+            (Some(param), _) => Advice {
+                declare: given.clone(),
+                note: Some(format!(
+                    "warning: the address is signed or expiring ({param}), so a manifest declaring it stops working; declare a lasting address of the file"
+                )),
+            },
+        }
+    }
 }
 
 fn interrupted_exit() -> ExitCode {
@@ -295,17 +371,8 @@ async fn remote(
             filled = call => filled?,
             () = &mut interrupted => return Ok(interrupted_exit()),
         };
-        if json {
-            print_json(&json!({
-                "size": filled.size,
-                "sha256": filled.sha256,
-                "url": text,
-                "served_by": filled.served_by,
-            }));
-        } else {
-            crate::outln!("size: {}", filled.size);
-            crate::outln!("sha256: {}", filled.sha256);
-        }
+        let given = Url::parse(text).with_context(|| format!("not a valid URL: {text:?}"))?;
+        print_one(&given, &filled, json);
         return Ok(ExitCode::SUCCESS);
     };
     let in_file = |e: Error| crate::context::in_file(e, path);
