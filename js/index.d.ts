@@ -188,11 +188,28 @@ export interface Autofilled {
   final_url?: string;
 }
 
+/** How one address of a resource answered when every address was read. */
+export interface AddressReport {
+  /** `url`, `mirror 1`, `mirror 2`, … */
+  role: string;
+  address: string;
+  ok: boolean;
+  size: number | null;
+  sha256: string | null;
+  /** Why it is not ok: `SHA-256 differs from the url's`, `HTTP status 404`. */
+  problem: string | null;
+  /** The redirect target where reading it failed, when not `address` itself. */
+  hop: string | null;
+  code: ErrorCode | null;
+}
+
 export type AutofillResource =
-  | ({ id: string } & Autofilled)
-  | { id: string; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
+  | ({ id: string; addresses?: AddressReport[] } & Autofilled)
+  | { id: string; addresses?: AddressReport[]; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
 
 export interface AutofilledManifest {
+  /** Whether every resource was filled and every address agreed. */
+  ok: boolean;
   manifest: Manifest;
   resources: AutofillResource[];
 }
@@ -286,7 +303,7 @@ export class Client {
   cancel(gem: string, id: string): Promise<Changed>;
   retry(gem: string, id: string): Promise<Changed>;
   autofill(url: string): Promise<Autofilled>;
-  autofillManifest(manifest: Manifest, options?: { all?: boolean }): Promise<AutofilledManifest>;
+  autofillManifest(manifest: Manifest, options?: { all?: boolean; urlOnly?: boolean }): Promise<AutofilledManifest>;
   policy(): Promise<Policy>;
   setPolicy(policy: Policy): Promise<PolicyChange>;
   subscribe(options?: { gem?: string }): Promise<Subscription>;

@@ -262,6 +262,10 @@ pub struct AutofillParams {
     /// With a manifest: every resource, not only those lacking a value.
     #[serde(default)]
     pub all: bool,
+    /// With a manifest: read each resource only until an address answers,
+    /// without checking the mirrors.
+    #[serde(default)]
+    pub url_only: bool,
 }
 
 /// `unsubscribe`'s params.

@@ -254,7 +254,10 @@ async fn the_fallback_warning_names_the_redirect_target_that_failed() {
     for (args, label) in [
         (vec!["fetch", m], "model"),
         (vec!["install", "g", m], "g/model"),
-        (vec!["autofill", "--all", "--manifest", m], "model"),
+        (
+            vec!["autofill", "--all", "--url-only", "--manifest", m],
+            "model",
+        ),
     ] {
         // Each run downloads anew.
         let _ = std::fs::remove_dir_all(env.store_dir());
@@ -271,6 +274,16 @@ async fn the_fallback_warning_names_the_redirect_target_that_failed() {
             stderr(&out)
         );
     }
+    // Reading every address, autofill names the hop in the url's line.
+    let out = env.run(&["autofill", "--all", "--manifest", m]).await;
+    assert!(
+        stderr(&out).contains(&format!(
+            "model: url: HTTP status 403 Forbidden at its redirect to {}/signed/model.bin?… (E_RESOURCE_HTTP: {url})",
+            env.origin.url("cdn.test", "").trim_end_matches('/')
+        )),
+        "{}",
+        stderr(&out)
+    );
     // --json gives the whole hop.
     let _ = std::fs::remove_dir_all(env.store_dir());
     let out = env.run(&["--json", "fetch", m]).await;

@@ -56,6 +56,10 @@ already has must match what was read.
 With --manifest, the manifest is printed with the values filled in, its keys
 and layout kept; --write writes it back instead. A resource that cannot be
 read is named with its reason, the others are still filled (exit status 1).
+The url and every mirror of each resource are read in full: the values come
+from the first that answers, and each address is reported (`mirror 2: HTTP
+status 404`, `mirror 1: SHA-256 differs from the url's`; exit status 1 when
+one disagrees). --url-only reads only until an address answers.
 
 Example:
   gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
@@ -144,6 +148,9 @@ pub enum Command {
         /// With --manifest: write the filled manifest back to FILE (atomically) instead of printing it.
         #[arg(long, requires = "manifest")]
         write: bool,
+        /// With --manifest: read each resource only until an address answers, without checking the mirrors.
+        #[arg(long, requires = "manifest")]
+        url_only: bool,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
     #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]

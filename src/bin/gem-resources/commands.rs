@@ -55,12 +55,14 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             manifest,
             all,
             write,
+            url_only,
         } => {
             let request = crate::autofill::Request {
                 url: url.as_deref(),
                 manifest: manifest.as_deref(),
                 all,
                 write,
+                url_only,
             };
             crate::autofill::run(&config, request, json, args.no_service).await
         }
