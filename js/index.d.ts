@@ -134,6 +134,8 @@ export interface Status {
   undeclared_files: number;
   undeclared_bytes: number;
   service: { socket: string; pid: number };
+  /** The store folder that was read. */
+  store: string;
 }
 
 export interface PathResult {
@@ -184,13 +186,32 @@ export interface Autofilled {
   size: number;
   sha256: string;
   served_by: string;
+  /** `autofill {url}`: the address that finally answered, after redirects. */
+  final_url?: string;
+}
+
+/** How one address of a resource answered when every address was read. */
+export interface AddressReport {
+  /** `url`, `mirror 1`, `mirror 2`, … */
+  role: string;
+  address: string;
+  ok: boolean;
+  size: number | null;
+  sha256: string | null;
+  /** Why it is not ok: `SHA-256 differs from the url's`, `HTTP status 404`. */
+  problem: string | null;
+  /** The redirect target where reading it failed, when not `address` itself. */
+  hop: string | null;
+  code: ErrorCode | null;
 }
 
 export type AutofillResource =
-  | ({ id: string } & Autofilled)
-  | { id: string; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
+  | ({ id: string; addresses?: AddressReport[] } & Autofilled)
+  | { id: string; addresses?: AddressReport[]; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
 
 export interface AutofilledManifest {
+  /** Whether every resource was filled and every address agreed. */
+  ok: boolean;
   manifest: Manifest;
   resources: AutofillResource[];
 }
@@ -231,7 +252,7 @@ export type Event =
   | ({ event: 'resumed'; offset: number; size: number; address: string } & OfFile)
   | ({ event: 'progress'; bytes: number; size: number; address: string } & OfFile)
   | ({ event: 'retrying'; address: string; attempt: number; of: number; wait_ms: number; reason: string } & OfFile)
-  | ({ event: 'fell_back'; from: string; to: string; code: ErrorCode; reason: string } & OfFile)
+  | ({ event: 'fell_back'; from: string; hop: string | null; to: string; code: ErrorCode; reason: string } & OfFile)
   | ({ event: 'waiting'; on?: string } & OfFile)
   | ({ event: 'verified'; path: string; served_by: string } & OfFile)
   | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string } & OfFile)
@@ -284,7 +305,7 @@ export class Client {
   cancel(gem: string, id: string): Promise<Changed>;
   retry(gem: string, id: string): Promise<Changed>;
   autofill(url: string): Promise<Autofilled>;
-  autofillManifest(manifest: Manifest, options?: { all?: boolean }): Promise<AutofilledManifest>;
+  autofillManifest(manifest: Manifest, options?: { all?: boolean; urlOnly?: boolean }): Promise<AutofilledManifest>;
   policy(): Promise<Policy>;
   setPolicy(policy: Policy): Promise<PolicyChange>;
   subscribe(options?: { gem?: string }): Promise<Subscription>;

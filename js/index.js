@@ -282,7 +282,7 @@ export class Client {
     return this.request('hello');
   }
 
-  /** `{gems, undeclared_files, undeclared_bytes, service}`; one gem's only with `gem`. */
+  /** `{gems, undeclared_files, undeclared_bytes, service, store}`; one gem's only with `gem`. */
   status(gem) {
     return this.request('status', gem === undefined ? undefined : { gem });
   }
@@ -317,15 +317,21 @@ export class Client {
     return this.request('retry', { gem, id });
   }
 
-  /** `{size, sha256, served_by}` of a URL, by the download rules; nothing is kept. */
+  /** `{size, sha256, served_by, final_url}` of a URL, by the download rules; nothing is kept. */
   autofill(url) {
     return this.request('autofill', { url });
   }
 
-  /** `{manifest, resources}`: the manifest with `size` and `sha256` filled. */
-  autofillManifest(manifest, { all } = {}) {
+  /**
+   * `{ok, manifest, resources}`: the manifest with `size` and `sha256` filled.
+   * Every address of each resource is read and reported in `addresses`
+   * (`ok` is false when one failed or served other bytes); `urlOnly` reads
+   * only until an address answers.
+   */
+  autofillManifest(manifest, { all, urlOnly } = {}) {
     const params = { manifest };
     if (all !== undefined) params.all = Boolean(all);
+    if (urlOnly !== undefined) params.url_only = Boolean(urlOnly);
     return this.request('autofill', params);
   }
 

@@ -34,9 +34,12 @@ use crate::net::NetSettings;
 use crate::transfer::retry::RetryPolicy;
 
 mod dev;
+mod keys;
+mod rate;
 pub use dev::DevConfig;
 /// Address ranges, as `[dev] allow_addresses` holds them.
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+pub use rate::parse_rate;
 
 /// The largest configuration file read.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -99,8 +102,9 @@ pub struct NetworkConfig {
     #[serde(default = "default_min_per_min")]
     pub min_bytes_per_min: u64,
     /// Cap on all downloads of the process together, in bytes per second
-    /// (unset: unlimited).
-    #[serde(default)]
+    /// (unset: unlimited). The file may also give a rate as `--limit-rate`
+    /// takes it, `"500k"` or `"2M"` ([`parse_rate`]).
+    #[serde(default, deserialize_with = "rate::deserialize_opt")]
     pub max_bytes_per_sec: Option<u64>,
     /// Interrupted downloads are kept for resume this many days.
     #[serde(default = "default_partial_max_age")]
@@ -543,6 +547,12 @@ pub fn normalise(path: &Path) -> PathBuf {
     out
 }
 
+/// The table a `[table]` header line names, if the line is one.
+fn header(line: &str) -> Option<&str> {
+    let line = line.trim();
+    (line.starts_with('[') && line.ends_with(']')).then(|| line.trim_matches(['[', ']']).trim())
+}
+
 /// A TOML error as `line N, key K: message`, with a hint for the commonest
 /// slip, a text value without quotes.
 fn locate(text: &str, error: &toml::de::Error) -> String {
@@ -553,14 +563,14 @@ fn locate(text: &str, error: &toml::de::Error) -> String {
     let start = span.start.min(text.len());
     let line_no = text[..start].matches('\n').count() + 1;
     let line = text.lines().nth(line_no - 1).unwrap_or_default();
-    let table = text
-        .lines()
-        .take(line_no)
-        .filter_map(|l| {
-            let l = l.trim();
-            (l.starts_with('[') && l.ends_with(']')).then(|| l.trim_matches(['[', ']']).trim())
-        })
-        .last();
+    let table = text.lines().take(line_no).filter_map(header).last();
+    // The table the failing key is in: none for a table's own header.
+    let within = table.filter(|_| header(line).is_none());
+    let message = match keys::unknown_key(message, within, text.lines().find_map(header)) {
+        Some(better) => better,
+        None => message.to_string(),
+    };
+    let message = message.as_str();
     let Some((key, value)) = line.split_once('=') else {
         return format!("line {line_no}: {message}");
     };

@@ -30,8 +30,9 @@ use crate::error::Result;
 use crate::service::Resources;
 
 /// `status` as the API and `status --json` give it: the rows, what no
-/// installed gem declares, and the service listening on the store (read
-/// from [`discovery`]; the server puts itself there).
+/// installed gem declares, the service listening on the store (read
+/// from [`discovery`]; the server puts itself there) and the store's
+/// folder.
 pub fn status_of(service: &Resources, gem: Option<&str>) -> Result<StatusResult> {
     let gems = service.status(gem)?;
     let store = service.store();
@@ -42,5 +43,6 @@ pub fn status_of(service: &Resources, gem: Option<&str>) -> Result<StatusResult>
         undeclared_files: items.len(),
         undeclared_bytes: items.iter().map(|u| u.bytes).sum(),
         service: discovery::info(store),
+        store: store.folder().to_path_buf(),
     })
 }

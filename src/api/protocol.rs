@@ -158,6 +158,11 @@ pub struct StatusResult {
     pub undeclared_bytes: u64,
     /// The service listening on the store, `null` when none is.
     pub service: Option<ServiceInfo>,
+    /// The store folder that was read (the one holding `store-v1`), so a
+    /// reader sees which store a `--store` or a configuration named.
+    /// Empty from a service older than this field.
+    #[serde(default)]
+    pub store: PathBuf,
 }
 
 /// `path`'s answer, and `path --json`.
@@ -257,6 +262,10 @@ pub struct AutofillParams {
     /// With a manifest: every resource, not only those lacking a value.
     #[serde(default)]
     pub all: bool,
+    /// With a manifest: read each resource only until an address answers,
+    /// without checking the mirrors.
+    #[serde(default)]
+    pub url_only: bool,
 }
 
 /// `unsubscribe`'s params.

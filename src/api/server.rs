@@ -464,11 +464,13 @@ async fn autofill(
         }
         (None, Some(manifest)) => {
             let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
-            ok(service.autofill_manifest(&bytes, params.all).await)
+            ok(service
+                .autofill_manifest_with(&bytes, params.all, params.url_only)
+                .await)
         }
         _ => Err(RpcError::usage(
             protocol::INVALID_PARAMS,
-            "autofill takes {\"url\": …} or {\"manifest\": {…}, \"all\"?: bool}",
+            "autofill takes {\"url\": …} or {\"manifest\": {…}, \"all\"?: bool, \"url_only\"?: bool}",
         )),
     }
 }

@@ -9,6 +9,7 @@
 //! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
+//! | [`can_write`] | `faccessat(W_OK, AT_EACCESS)` (nothing created) | a probe file created and removed |
 //! | [`same_file`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`ContentStamp::of`] | length, modification time, mode, device and inode | length, modification time, the read-only attribute, volume and file index (Windows) |
 //! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
@@ -36,10 +37,10 @@ mod portable;
 use portable as imp;
 
 pub(crate) use imp::{
-    allocated_bytes, content_stamp, folder_problem, free_space, link_count, make_read_only,
-    never_wait, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
-    reflink, remove_folder, replace_file, same_file, set_private_folder, start_write_back,
-    sync_dir, FileStamp, REMOVE_RELEASED_LOCKS,
+    allocated_bytes, can_write, content_stamp, folder_problem, free_space, link_count,
+    make_read_only, never_wait, open_no_follow, owned_by_me, owned_by_root, path_problem,
+    private_dir_builder, reflink, remove_folder, replace_file, same_file, set_private_folder,
+    start_write_back, sync_dir, FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]

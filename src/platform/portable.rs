@@ -320,3 +320,19 @@ pub(crate) const DISK_FULL_CODES: [i32; 2] = [112, 1295];
 pub(crate) fn path_problem(_path: &Path) -> Option<(std::path::PathBuf, String)> {
     None
 }
+
+/// Whether this process may create files in the folder `dir`: a probe
+/// file created and removed (no access call here tells of ACLs and
+/// read-only volumes alike).
+pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(file) => {
+            drop(file);
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}

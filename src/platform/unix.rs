@@ -182,6 +182,21 @@ pub(crate) fn start_write_back(file: &File, from: u64, len: u64) {
     let _ = (file, from, len);
 }
 
+/// Whether this process may create files in the folder `dir`, asked of
+/// the kernel for the effective user (`faccessat` with `AT_EACCESS`): a
+/// read-only mount says `EROFS`, a folder this user may only read
+/// `EACCES`. Nothing is created.
+pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
+    use rustix::fs::{accessat, Access, AtFlags, CWD};
+    accessat(
+        CWD,
+        dir,
+        Access::WRITE_OK | Access::EXEC_OK,
+        AtFlags::EACCESS,
+    )
+    .map_err(io::Error::from)
+}
+
 /// Shares `from`'s blocks with the empty `to` (copy-on-write), where the
 /// file system can; `false` when a plain copy is needed.
 pub(crate) fn reflink(from: &File, to: &File) -> bool {

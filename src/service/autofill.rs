@@ -9,7 +9,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::error::data::ErrorData;
-use crate::error::{Attempt, AttemptError, Error, Result};
+use crate::error::{Attempt, AttemptError, Error, ErrorCode, Result};
 use crate::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
 use crate::service::Resources;
 use crate::transfer::autofill::{autofill_addresses, Filled};
@@ -25,6 +25,10 @@ pub struct Autofilled {
     pub sha256: String,
     /// The address that served it (the url or a mirror, as given).
     pub served_by: String,
+    /// The address that finally answered, after any redirects; `None`
+    /// from a service older than this field.
+    #[serde(default)]
+    pub final_url: Option<String>,
 }
 
 /// One resource of [`Resources::autofill_manifest`].
@@ -43,16 +47,173 @@ pub enum FilledResource {
         sha256: String,
         /// The address that served it.
         served_by: String,
+        /// How each address answered, when every one was read (see
+        /// [`check_every_address`]); empty when only the first that
+        /// answers was.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        addresses: Vec<AddressReport>,
     },
     /// Not read (or not what the manifest already says): why.
     #[non_exhaustive]
     Failed {
         /// The resource id.
         id: String,
+        /// How each address answered, as for `Filled`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        addresses: Vec<AddressReport>,
         /// The error.
         #[serde(flatten)]
         error: ErrorData,
     },
+}
+
+/// How one address of a resource answered when every address was read:
+/// a mirror that serves another file, or none at all, shows before a
+/// user's download falls back to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AddressReport {
+    /// `url`, or `mirror 1`, `mirror 2`, … in the manifest's order.
+    pub role: String,
+    /// The address, as declared.
+    pub address: String,
+    /// Whether it served the same bytes as the address the values come
+    /// from (the first that answered).
+    pub ok: bool,
+    /// The size it served, when it served a whole file.
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// The SHA-256 of what it served, when it served a whole file.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Why it is not ok, for a person: `SHA-256 differs from the url's`,
+    /// `HTTP status 404 Not Found`.
+    #[serde(default)]
+    pub problem: Option<String>,
+    /// The redirect target where reading it failed, when that is not the
+    /// address itself.
+    #[serde(default)]
+    pub hop: Option<String>,
+    /// The code of that problem (`E_RESOURCE_SHA256`, `E_RESOURCE_HTTP`, …).
+    #[serde(default)]
+    pub code: Option<ErrorCode>,
+}
+
+/// The name of the address at `index` of a resource's addresses.
+fn role(index: usize) -> String {
+    match index {
+        0 => "url".to_string(),
+        n => format!("mirror {n}"),
+    }
+}
+
+/// Reads every one of a resource's `addresses` (the url, then each mirror),
+/// each with `read` (one address by the download rules, keeping nothing),
+/// and reports each against the first that answered, whose values fill the
+/// entry. A cancellation or a local failure stops it and is the outcome.
+/// With no address answering, the outcome is the error a read of them in
+/// turn gives: the one attempt's, or [`Error::Unavailable`] listing each.
+pub async fn check_every_address<F, Fut>(
+    resource: &str,
+    addresses: &[Url],
+    mut read: F,
+) -> (Result<Filled>, Vec<AddressReport>)
+where
+    F: FnMut(usize, Url) -> Fut,
+    Fut: std::future::Future<Output = Result<Filled>>,
+{
+    let mut reads = Vec::new();
+    for (index, address) in addresses.iter().enumerate() {
+        let outcome = read(index, address.clone()).await;
+        if let Err(e) = &outcome {
+            if !matches!(e, Error::Attempt(_)) {
+                return (Err(e.clone()), Vec::new());
+            }
+        }
+        reads.push(outcome);
+    }
+    compare(resource, addresses, reads)
+}
+
+/// [`check_every_address`]'s verdict on what each address served.
+fn compare(
+    resource: &str,
+    addresses: &[Url],
+    reads: Vec<Result<Filled>>,
+) -> (Result<Filled>, Vec<AddressReport>) {
+    // The values come from the first address that answered.
+    let reference: Option<(usize, Filled)> = reads
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| Some((i, r.as_ref().ok()?.clone())));
+    let reports = reads
+        .iter()
+        .zip(addresses)
+        .enumerate()
+        .map(|(index, (outcome, address))| {
+            let mut report = AddressReport {
+                role: role(index),
+                address: address.to_string(),
+                ok: false,
+                size: None,
+                sha256: None,
+                problem: None,
+                hop: None,
+                code: None,
+            };
+            match outcome {
+                Ok(read) => {
+                    let (whose, want) = reference
+                        .as_ref()
+                        .map_or((index, read), |(i, filled)| (*i, filled));
+                    let (got, want) = (&read.transfer, &want.transfer);
+                    report.size = Some(got.size);
+                    report.sha256 = Some(got.sha256.clone());
+                    report.ok = got.sha256 == want.sha256 && got.size == want.size;
+                    if !report.ok {
+                        report.problem =
+                            Some(format!("SHA-256 differs from the {}'s", role(whose)));
+                        report.code = Some(ErrorCode::Sha256);
+                    }
+                }
+                Err(Error::Attempt(a)) => {
+                    report.problem = Some(a.error.to_string());
+                    report.hop = a
+                        .hop
+                        .as_ref()
+                        .filter(|hop| *hop != &a.address)
+                        .map(Url::to_string);
+                    report.code = Some(a.code());
+                }
+                Err(e) => {
+                    report.problem = Some(e.to_string());
+                    report.code = Some(e.code());
+                }
+            }
+            report
+        })
+        .collect();
+    let filled = match reference {
+        Some((_, filled)) => Ok(filled),
+        None => {
+            let mut attempts: Vec<Attempt> = reads
+                .into_iter()
+                .filter_map(|r| match r {
+                    Err(Error::Attempt(a)) => Some(*a),
+                    _ => None,
+                })
+                .collect();
+            if attempts.len() == 1 {
+                Err(Error::Attempt(Box::new(attempts.remove(0))))
+            } else {
+                Err(Error::Unavailable {
+                    resource: resource.to_string(),
+                    attempts,
+                })
+            }
+        }
+    };
+    (filled, reports)
 }
 
 /// What [`Resources::autofill_manifest`] did.
@@ -94,6 +255,7 @@ impl Resources {
             size: filled.transfer.size,
             sha256: filled.transfer.sha256,
             served_by: filled.address.to_string(),
+            final_url: Some(filled.transfer.final_url.to_string()),
         })
     }
 
@@ -113,11 +275,26 @@ impl Resources {
     }
 
     /// Fills `size` and `sha256` of a manifest's resources that lack
-    /// either (every resource with `all`), reading each from its url, then
-    /// its mirrors, under the service's live policy, several at once. A
-    /// value the entry already has must match what was read. Nothing is
-    /// kept, and nothing is written: the report has the filled manifest.
+    /// either (every resource with `all`), under the service's live
+    /// policy, several at once. Each resource's url and every mirror are
+    /// read in full ([`check_every_address`]): the values come from the
+    /// first that answers, and the report says how each address answered
+    /// (`ok` is false when one failed or served other bytes). A value the
+    /// entry already has must match what was read. Nothing is kept, and
+    /// nothing is written: the report has the filled manifest.
     pub async fn autofill_manifest(&self, manifest: &[u8], all: bool) -> Result<AutofillReport> {
+        self.autofill_manifest_with(manifest, all, false).await
+    }
+
+    /// [`Resources::autofill_manifest`]; with `url_only`, each resource is
+    /// read only until an address answers (its url, then its mirrors in
+    /// order, as a download falls back), and the mirrors are not checked.
+    pub async fn autofill_manifest_with(
+        &self,
+        manifest: &[u8],
+        all: bool,
+        url_only: bool,
+    ) -> Result<AutofillReport> {
         let entries = parse_unfilled(manifest)?;
         let text = String::from_utf8(manifest.to_vec())
             .map_err(|_| Error::Invalid("the manifest is not UTF-8".into()))?;
@@ -134,22 +311,35 @@ impl Resources {
                 let id = entry.resource.id.clone();
                 let work = {
                     let this = this.clone();
-                    async move { this.autofill_here(&id, &addresses).await }
+                    async move {
+                        if url_only {
+                            return Ok((this.autofill_here(&id, &addresses).await, Vec::new()));
+                        }
+                        let read = |_, address: Url| {
+                            let (this, id) = (this.clone(), id.clone());
+                            async move { this.autofill_here(&id, &[address]).await }
+                        };
+                        Ok(check_every_address(&id, &addresses, read).await)
+                    }
                 };
-                let outcome = this.on_runtime(work).await.and_then(|f| agrees(&entry, f));
-                (entry, outcome)
+                let (outcome, checked) = match this.on_runtime(work).await {
+                    Ok(done) => done,
+                    Err(e) => (Err(e), Vec::new()),
+                };
+                let outcome = outcome.and_then(|f| agrees(&entry, f));
+                (entry, outcome, checked)
             }
         };
         // Unordered: one slow file never holds a slot of another.
-        let mut outcomes: Vec<(Unfilled, Result<Filled>)> =
+        let mut outcomes: Vec<(Unfilled, Result<Filled>, Vec<AddressReport>)> =
             futures_util::stream::iter(selected.into_iter().map(one))
                 .buffer_unordered(parallel)
                 .collect()
                 .await;
-        outcomes.sort_by_key(|(entry, _)| entry.index);
+        outcomes.sort_by_key(|(entry, _, _)| entry.index);
         let fills: Vec<Fill> = outcomes
             .iter()
-            .filter_map(|(entry, outcome)| {
+            .filter_map(|(entry, outcome, _)| {
                 let filled = outcome.as_ref().ok()?;
                 Some(Fill {
                     index: entry.index,
@@ -163,23 +353,26 @@ impl Resources {
         let manifest: Value = serde_json::from_str(&filled_text).unwrap_or_default();
         let resources: Vec<FilledResource> = outcomes
             .into_iter()
-            .map(|(entry, outcome)| match outcome {
+            .map(|(entry, outcome, addresses)| match outcome {
                 Ok(filled) => FilledResource::Filled {
                     id: entry.resource.id,
                     size: filled.transfer.size,
                     sha256: filled.transfer.sha256,
                     served_by: filled.address.to_string(),
+                    addresses,
                 },
                 Err(e) => FilledResource::Failed {
                     id: entry.resource.id,
+                    addresses,
                     error: ErrorData::of(&e),
                 },
             })
             .collect();
         Ok(AutofillReport {
-            ok: resources
-                .iter()
-                .all(|r| matches!(r, FilledResource::Filled { .. })),
+            ok: resources.iter().all(|r| match r {
+                FilledResource::Filled { addresses, .. } => addresses.iter().all(|a| a.ok),
+                FilledResource::Failed { .. } => false,
+            }),
             manifest,
             text: filled_text,
             resources,

@@ -370,6 +370,10 @@ pub enum Event {
         sha256: String,
         /// The address that failed (the url or a mirror, as declared).
         from: String,
+        /// The redirect target where it failed, when that is not `from`
+        /// itself (a CDN's signed URL that answered 403, say); `null`
+        /// otherwise.
+        hop: Option<String>,
         /// The address tried next.
         to: String,
         /// The failure's code (`E_RESOURCE_SHA256`, `E_RESOURCE_HTTP`, …).

@@ -749,6 +749,12 @@ impl Resources {
         if let Some(path) = self.find(&resource).await? {
             return Ok(path);
         }
+        // A store this user may only read cannot take a download; say so
+        // before a lock file fails.
+        let store = self.inner.store.clone();
+        let what = format!("{gem}/{resource_id} ({})", resource.file_name());
+        self.on_blocking(self.inner.store.root(), move || store.check_writable(&what))
+            .await?;
         // Another process may have set a policy a moment ago.
         self.follow_policy_record();
         let mut done = self.inner.scheduler.ensure(gem, &resource, true);

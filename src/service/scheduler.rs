@@ -763,18 +763,19 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
         // An address that failed before any connection (refused, not
         // permitted) has not announced the download yet.
         self.start();
-        let reason = match &failed.hop {
-            Some(hop) if hop != &failed.address => {
-                format!("{} (redirected to {hop})", failed.error)
-            }
-            _ => failed.error.to_string(),
-        };
+        let reason = failed.error.to_string();
+        let hop = failed
+            .hop
+            .as_ref()
+            .filter(|hop| *hop != &failed.address)
+            .map(|hop| hop.to_string());
         self.scheduler.each(self.job, |w, at| Event::FellBack {
             at,
             gem: w.gem.clone(),
             resource: w.resource.clone(),
             sha256: self.sha256.to_string(),
             from: failed.address.to_string(),
+            hop: hop.clone(),
             to: next.to_string(),
             code: failed.code(),
             reason: reason.clone(),

@@ -184,6 +184,42 @@ impl Store {
         &self.root
     }
 
+    /// `<store>`: the folder the configuration or `--store` names, made
+    /// absolute.
+    pub fn folder(&self) -> &Path {
+        self.root.parent().unwrap_or(&self.root)
+    }
+
+    /// Fails when this process cannot write the folders a download needs
+    /// (`tmp/`, `locks/`, `blobs/`): a store on a read-only mount, or one
+    /// whose folders this user may only read. The error names the store
+    /// and `what` could not be downloaded (`the store is read-only; cannot
+    /// download g/model (model.onnx) into /path: …`), where the lock
+    /// file's error would say neither. Other failures of the probe are
+    /// left for the download to report.
+    pub fn check_writable(&self, what: &str) -> Result<()> {
+        for sub in ["tmp", "locks", "blobs"] {
+            let dir = self.root.join(sub);
+            match crate::platform::can_write(&dir) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::PermissionDenied
+                            | std::io::ErrorKind::ReadOnlyFilesystem
+                    ) =>
+                {
+                    return Err(Error::io(
+                        format!("the store is read-only; cannot download {what} into"),
+                        self.folder(),
+                        e,
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Where the verified file for `sha256` is kept under `name`.
     pub fn blob_path(&self, sha256: &str, name: &str) -> PathBuf {
         self.root.join("blobs").join(sha256).join(name)

@@ -35,7 +35,7 @@ pub async fn autofill_addresses(
     cancel: Option<&CancellationToken>,
 ) -> Result<Filled> {
     let mut attempts = Vec::new();
-    for address in addresses {
+    for (index, address) in addresses.iter().enumerate() {
         match one_address(fetcher, address, max_bytes, retry, progress, cancel).await {
             Ok(transfer) => {
                 return Ok(Filled {
@@ -44,8 +44,11 @@ pub async fn autofill_addresses(
                 })
             }
             Err(TransferError::Attempt(a)) => {
-                if addresses.len() > 1 {
-                    tracing::warn!(resource, "{a}; trying the next address");
+                // The reporter says it (a warning, an event), as for a
+                // download; the log keeps it for debugging.
+                if let Some(next) = addresses.get(index + 1) {
+                    tracing::info!(resource, "{a}; trying the next address");
+                    progress.fell_back(&a, next);
                 }
                 attempts.push(a);
             }
@@ -65,6 +68,31 @@ pub async fn autofill_addresses(
             attempts,
         }),
     }
+}
+
+/// The query parameter that makes `url` a signed or expiring address (a
+/// CDN's `X-Amz-Signature`, `X-Goog-Expires`, `Expires`, `Signature`,
+/// an Azure `sig`, a `token`…), if it has one: such an address works for
+/// minutes or hours, so a manifest should not declare it.
+pub fn expiring_parameter(url: &Url) -> Option<String> {
+    const NAMES: &[&str] = &[
+        "x-amz-signature",
+        "x-amz-expires",
+        "x-amz-security-token",
+        "x-goog-signature",
+        "x-goog-expires",
+        "signature",
+        "expires",
+        "key-pair-id",
+        "policy",
+        "sig",
+        "se",
+        "token",
+        "auth_key",
+    ];
+    url.query_pairs()
+        .map(|(name, _)| name.into_owned())
+        .find(|name| NAMES.contains(&name.to_ascii_lowercase().as_str()))
 }
 
 /// Tries one address until it succeeds or the retry rules move on.
@@ -106,6 +134,35 @@ async fn one_address(
                     None => sleep.await,
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expiring_parameter;
+
+    #[test]
+    fn signed_and_expiring_addresses_are_told_apart_from_lasting_ones() {
+        let param = |text: &str| expiring_parameter(&url::Url::parse(text).unwrap());
+        assert_eq!(
+            param("https://b.s3.amazonaws.com/m.onnx?X-Amz-Algorithm=AWS4&X-Amz-Expires=300&X-Amz-Signature=ab"),
+            Some("X-Amz-Expires".to_string())
+        );
+        assert_eq!(
+            param("https://d1.cloudfront.net/m.onnx?Expires=1&Signature=x&Key-Pair-Id=K"),
+            Some("Expires".to_string())
+        );
+        assert_eq!(
+            param("https://a.blob.core.windows.net/c/m.onnx?sv=2020&se=2026-12-01&sig=abc"),
+            Some("se".to_string())
+        );
+        for lasting in [
+            "https://cdn.example.com/m.onnx",
+            "https://cdn.example.com/m.onnx?download=true",
+            "https://huggingface.co/o/r/resolve/main/m.onnx?revision=v1",
+        ] {
+            assert_eq!(param(lasting), None, "{lasting}");
         }
     }
 }

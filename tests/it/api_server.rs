@@ -50,6 +50,11 @@ async fn hello_and_service_json_say_where_and_who() {
     );
     let status = client.result("status", json!({})).await;
     assert_eq!(status["service"]["socket"], api.socket().as_str());
+    assert_eq!(
+        status["store"],
+        env.store_dir().to_str().unwrap(),
+        "{status}"
+    );
     let socket = api.socket();
     api.stop().await;
     assert!(!file.exists(), "service.json outlived the service");
@@ -386,13 +391,30 @@ async fn autofill_through_the_api_follows_the_policy_and_the_mirrors() {
     let manifest =
         json!({ "resources": [{ "id": "m", "url": gone.as_str(), "mirrors": [mirror.as_str()] }] });
     let filled = client
-        .result("autofill", json!({ "manifest": manifest }))
+        .result(
+            "autofill",
+            json!({ "manifest": manifest, "url_only": true }),
+        )
         .await;
     assert_eq!(filled["ok"], true, "{filled}");
+    assert!(
+        filled["resources"][0].get("addresses").is_none(),
+        "{filled}"
+    );
     assert_eq!(filled["resources"][0]["sha256"], sha256_hex(&body));
     assert_eq!(filled["resources"][0]["size"], body.len());
     assert_eq!(filled["resources"][0]["served_by"], mirror.as_str());
     assert_eq!(filled["manifest"]["resources"][0]["size"], body.len());
+    // By default every address is read, and the url's 404 shows.
+    let checked = client
+        .result("autofill", json!({ "manifest": manifest }))
+        .await;
+    assert_eq!(checked["ok"], false, "{checked}");
+    assert_eq!(checked["resources"][0]["served_by"], mirror.as_str());
+    let addresses = &checked["resources"][0]["addresses"];
+    assert_eq!(addresses[0]["role"], "url", "{checked}");
+    assert_eq!(addresses[0]["code"], "E_RESOURCE_HTTP", "{checked}");
+    assert_eq!(addresses[1]["ok"], true, "{checked}");
     let one = client
         .result("autofill", json!({ "url": mirror.as_str() }))
         .await;

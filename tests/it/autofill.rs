@@ -50,10 +50,13 @@ async fn autofill_prints_size_and_digest() {
     let url = env.serve("/a.bin", &body);
     let out = env.run(&["autofill", url.as_str()]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let sha = sha256_hex(&body);
     assert_eq!(
         stdout(&out),
-        format!("size: 12345\nsha256: {}\n", sha256_hex(&body))
+        format!("size: 12345\nsha256: {sha}\n\"size\": 12345, \"sha256\": \"{sha}\"\n")
     );
+    // Nothing to say of an address that answered itself.
+    assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
 }
 
 #[tokio::test]
@@ -94,14 +97,78 @@ async fn autofill_follows_redirects_and_names_the_final_url() {
         env.url("mirror.test", "/files/c.bin").as_str()
     );
 
+    assert_eq!(v["manifest_url"], start.as_str(), "{v}");
+
     let out = env.run(&["autofill", start.as_str()]).await;
+    let sha = sha256_hex(&body);
     assert!(
         stdout(&out).ends_with(&format!(
-            "final url: {}\n",
+            "final url: {}\n\"size\": 500, \"sha256\": \"{sha}\"\n",
             env.url("mirror.test", "/files/c.bin")
         )),
         "{}",
         stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!(
+            "put the address you gave in the manifest (\"url\": \"{start}\")"
+        )),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn autofill_recommends_a_lasting_address_over_a_signed_one() {
+    let env = Env::new().await;
+    let body = bytes(400, 4);
+    env.origin
+        .route("/files/d.bin", Behaviour::Body(body.clone()));
+    let signed = env.url(
+        "cdn.test",
+        "/files/d.bin?X-Amz-Expires=300&X-Amz-Signature=0123456789abcdef0123456789abcdef0123456789",
+    );
+    // A lasting address that redirects to a signed one: declare it.
+    redirect(&env, "/d.bin", signed.as_str());
+    let lasting = env.url("origin.test", "/d.bin");
+    let out = env.run(&["autofill", lasting.as_str()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "put the address you gave in the manifest (\"url\": \"{lasting}\")"
+        )) && err.contains("it is signed and will expire"),
+        "{err}"
+    );
+    // The signed query is cut in the note, not in --json.
+    assert!(err.contains("/files/d.bin?…"), "{err}");
+    let v: Value = serde_json::from_slice(
+        &env.run(&["--json", "autofill", lasting.as_str()])
+            .await
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["final_url"], signed.as_str(), "{v}");
+    assert_eq!(v["manifest_url"], lasting.as_str(), "{v}");
+
+    // A signed address that redirects to a lasting one: declare that.
+    let plain = env.url("mirror.test", "/files/d.bin");
+    redirect(&env, "/dl", plain.as_str());
+    let given = env.url("origin.test", "/dl?Expires=1&Signature=abc&Key-Pair-Id=K");
+    let out = env.run(&["autofill", given.as_str()]).await;
+    assert!(
+        stderr(&out).contains(&format!(
+            "the address you gave is signed or expiring (Expires); put the final one in the manifest (\"url\": \"{plain}\")"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // A signed address that answers itself: declare another.
+    let out = env.run(&["autofill", signed.as_str()]).await;
+    assert!(
+        stderr(&out).contains("warning: the address is signed or expiring (X-Amz-Expires)"),
+        "{}",
+        stderr(&out)
     );
 }
 

@@ -291,3 +291,107 @@ async fn write_through_a_symbolic_link_fills_the_target_without_its_setuid_bit()
     let left: Vec<_> = files_under(&real);
     assert_eq!(left, vec![target.clone()]);
 }
+
+/// A manifest whose resource `m` has a good url, a mirror serving another
+/// file and a mirror answering 404; and `solo`, with no mirror. Returns
+/// the manifest and the url's bytes.
+fn checked_mirrors(env: &Env) -> (std::path::PathBuf, Vec<u8>) {
+    let body = bytes(3_000, 21);
+    let url = env.serve("/m.bin", &body);
+    let other = env.serve("/other/m.bin", &bytes(3_000, 22));
+    let other = env.url("mirror.test", other.path());
+    env.origin.route("/missing/m.bin", Behaviour::Status(404));
+    let missing = env.url("cdn.test", "/missing/m.bin");
+    let solo = env.serve("/solo.bin", b"solo");
+    let path = env.write_manifest(
+        "notochord.json",
+        json!([
+            { "id": "m", "url": url.as_str(), "mirrors": [other.as_str(), missing.as_str()] },
+            { "id": "solo", "url": solo.as_str() },
+        ]),
+    );
+    (path, body)
+}
+
+/// What `autofill --manifest` says of each address of `m`.
+fn address_lines(err: &str) -> Vec<&str> {
+    err.lines().filter(|l| l.starts_with("m: ")).collect()
+}
+
+#[tokio::test]
+async fn every_mirror_is_read_and_each_address_reported() {
+    let env = Env::new().await;
+    let (path, body) = checked_mirrors(&env);
+    let m = path.to_str().unwrap();
+    let out = env.run(&["autofill", "--manifest", m]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let lines = address_lines(&err);
+    assert_eq!(lines.len(), 3, "{err}");
+    assert_eq!(lines[0], "m: url: ok");
+    assert!(
+        lines[1].starts_with("m: mirror 1: SHA-256 differs from the url's (E_RESOURCE_SHA256: "),
+        "{err}"
+    );
+    assert!(
+        lines[2].starts_with("m: mirror 2: HTTP status 404")
+            && lines[2].contains("(E_RESOURCE_HTTP: "),
+        "{err}"
+    );
+    // No line for a resource with only its url; the values come from the url.
+    assert!(!err.contains("solo: url"), "{err}");
+    let filled: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(filled["resources"][0]["sha256"], sha256_hex(&body));
+    assert_eq!(filled["resources"][1]["size"], 4);
+    // Nothing was kept.
+    assert!(!env.store_dir().exists());
+
+    let out = env.run(&["--json", "autofill", "--manifest", m]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    let addresses = &v["resources"][0]["addresses"];
+    assert_eq!(addresses[0]["ok"], true, "{v}");
+    assert_eq!(addresses[1]["code"], "E_RESOURCE_SHA256", "{v}");
+    assert_eq!(addresses[1]["sha256"], sha256_hex(&bytes(3_000, 22)), "{v}");
+    assert_eq!(addresses[2]["code"], "E_RESOURCE_HTTP", "{v}");
+
+    // --url-only: the url answers, the mirrors are not read.
+    let (other, missing) = (
+        env.origin.hits("/other/m.bin"),
+        env.origin.hits("/missing/m.bin"),
+    );
+    let out = env.run(&["autofill", "--url-only", "--manifest", m]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(address_lines(&stderr(&out)).is_empty(), "{}", stderr(&out));
+    assert_eq!(env.origin.hits("/other/m.bin"), other);
+    assert_eq!(env.origin.hits("/missing/m.bin"), missing);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_service_checks_the_mirrors_as_the_command_line_does() {
+    let env = Env::new().await;
+    let (path, _) = checked_mirrors(&env);
+    let m = path.to_str().unwrap();
+    let here = env.run(&["autofill", "--manifest", m]).await;
+    let gems = env.dir.path().join("gems");
+    std::fs::create_dir_all(&gems).unwrap();
+    let _serve = spawn_serve(&env, &gems, "0.1", &env.dir.path().join("serve.log"));
+    wait_until("the service listens", || {
+        store_root(&env).join("service.json").exists()
+    })
+    .await;
+    let there = env.run(&["-vv", "autofill", "--manifest", m]).await;
+    assert!(
+        stderr(&there).contains("using the service's local API"),
+        "{}",
+        stderr(&there)
+    );
+    assert_eq!(there.status.code(), here.status.code());
+    assert_eq!(
+        address_lines(&stderr(&there)),
+        address_lines(&stderr(&here))
+    );
+    assert_eq!(stdout(&there), stdout(&here));
+}

@@ -73,3 +73,97 @@ async fn an_unchanged_reinstall_is_no_upgrade() {
         .await;
     assert_eq!(report(&changed)["upgrade"], true, "{}", stdout(&changed));
 }
+
+/// Two gems sharing `shared.bin`: `one` declares it as `shared`, `two` as
+/// `copy`; `one` has a file of its own too. Returns the manifests.
+async fn two_gems_sharing_a_file(env: &Env) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (shared, own) = (bytes(300, 61), bytes(200, 62));
+    let shared_url = env.serve("/shared.bin", &shared);
+    let own_url = env.serve("/own.bin", &own);
+    let one = env.write_manifest(
+        "one.json",
+        json!([
+            required_entry("shared", &shared_url, &shared),
+            required_entry("own", &own_url, &own)
+        ]),
+    );
+    let two = env.write_manifest(
+        "two.json",
+        json!([required_entry("copy", &shared_url, &shared)]),
+    );
+    (one, two)
+}
+
+fn assert_kept_named(out: &std::process::Output) {
+    assert!(out.status.success(), "{}", stderr(out));
+    let err = stderr(out);
+    assert!(
+        err.contains("uninstalled one: 1 file(s) deleted, 1 kept (declared by another gem)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  kept shared.bin (one/shared): two/copy declares it"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn uninstall_names_the_files_it_kept_and_the_gems_declaring_them() {
+    let env = Env::new().await;
+    let (one, two) = two_gems_sharing_a_file(&env).await;
+    for (gem, m) in [("one", &one), ("two", &two)] {
+        let out = env.run(&["install", gem, m.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_kept_named(&env.run(&["uninstall", "one"]).await);
+
+    let out = env.run(&["install", "one", one.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run(&["--json", "uninstall", "one"]).await;
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kept = &doc["kept_files"][0];
+    assert_eq!(kept["file"], "shared.bin", "{doc}");
+    assert_eq!(kept["id"], "shared", "{doc}");
+    assert_eq!(kept["declared_by"], json!(["two/copy"]), "{doc}");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn uninstall_through_the_service_names_the_files_it_kept() {
+    let env = Env::new().await;
+    let (one, two) = two_gems_sharing_a_file(&env).await;
+    let gems = env.dir.path().join("gems");
+    std::fs::create_dir_all(&gems).unwrap();
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.1", &log);
+    wait_until("the service listens", || {
+        store_root(&env).join("service.json").exists()
+    })
+    .await;
+    for (gem, m) in [("one", &one), ("two", &two)] {
+        let out = env.run(&["install", gem, m.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = env.run(&["-vv", "uninstall", "one"]).await;
+    assert!(
+        stderr(&out).contains("using the service's local API"),
+        "{}",
+        stderr(&out)
+    );
+    assert_kept_named(&out);
+}
+
+#[tokio::test]
+async fn fetch_of_an_unknown_id_lists_the_ids_the_manifest_has() {
+    let env = Env::new().await;
+    let (one, _) = two_gems_sharing_a_file(&env).await;
+    let out = env.run(&["fetch", one.to_str().unwrap(), "sahred"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!(
+            "E_RESOURCE_NOT_FOUND: {} declares no resource \"sahred\"; its resources are: shared, own",
+            one.display()
+        )
+    );
+}

@@ -98,3 +98,53 @@ async fn disk_space_is_said_in_human_units_and_in_bytes_in_json() {
     assert_eq!(r["reserved_bytes"], 0, "{v}");
     assert_eq!(env.origin.hits("/huge.bin"), 0);
 }
+
+/// What the binary says of the configuration `text`, which it refuses.
+async fn say(env: &Env, text: &str) -> String {
+    std::fs::write(env.dir.path().join("config.toml"), text).unwrap();
+    let out = env
+        .run(&["check-url", "https://cdn.example.com/m.onnx"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    stderr(&out)
+}
+
+#[tokio::test]
+async fn a_config_typo_gets_the_key_it_was_meant_to_be_and_a_misplaced_key_its_table() {
+    let env = Env::new().await;
+    let err = say(&env, "[network]\nretires = 3\n").await;
+    assert!(
+        err.contains("line 2, key network.retires: unknown key `retires` in `[network]` (did you mean `retries`?)"),
+        "{err}"
+    );
+    let err = say(&env, "[dev]\nstore = \"elsewhere\"\n").await;
+    assert!(
+        err.contains("line 2, key dev.store: unknown key `store` here (it is a top-level key; move it above `[dev]`)"),
+        "{err}"
+    );
+    let err = say(&env, "retries = 3\n[dev]\n").await;
+    assert!(
+        err.contains("unknown key `retries` here (it belongs in `[network]`; move it there)"),
+        "{err}"
+    );
+    let err = say(&env, "[network]\nmax_bytes_per_sec = \"fast\"\n").await;
+    assert!(
+        err.contains("key network.max_bytes_per_sec: not a rate: \"fast\" (e.g. 500k or 2M)"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_configured_cap_takes_a_rate_as_limit_rate_does() {
+    let env = Env::new().await;
+    env.write_config("max_bytes_per_sec = \"200k\"");
+    let body = bytes(600 << 10, 3);
+    let url = env.serve("/capped.bin", &body);
+    let manifest = env.write_manifest("m.json", serde_json::json!([entry("capped", &url, &body)]));
+    let start = std::time::Instant::now();
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // 600 KiB at 200 KiB/s.
+    assert!(elapsed >= 2.5, "took {elapsed:.2} s");
+}

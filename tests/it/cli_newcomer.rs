@@ -257,17 +257,77 @@ async fn a_bare_address_in_allow_addresses_is_a_single_address() {
 #[tokio::test]
 async fn status_and_uninstall_on_a_missing_store_create_nothing() {
     let env = Env::new().await;
-    let out = env.run(&["status"]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).trim(), "nothing installed");
+    let store = env.store_dir().display().to_string();
+    let no_store = format!("E_RESOURCE_NOT_FOUND: no store at {store} ");
+    for args in [
+        vec!["status"],
+        vec!["status", "g"],
+        vec!["path", "g", "r"],
+        vec!["verify"],
+        vec!["gc"],
+        vec!["gc", "--dry-run"],
+    ] {
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stdout(&out));
+        let last = stderr(&out).lines().last().unwrap_or_default().to_string();
+        assert!(last.starts_with(&no_store), "{args:?}: {}", stderr(&out));
+        assert!(
+            !stdout(&out).contains("declared"),
+            "{args:?}: {}",
+            stdout(&out)
+        );
+        let mut json_args = vec!["--json"];
+        json_args.extend(&args);
+        let out = env.run(&json_args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert_eq!(doc["ok"], false, "{args:?}: {doc}");
+        assert_eq!(doc["code"], "E_RESOURCE_NOT_FOUND", "{args:?}: {doc}");
+    }
     let out = env.run(&["uninstall", "g"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("g is not installed"),
-        "{}",
-        stderr(&out)
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("g is not installed (no store at {store}); nothing to do")
     );
-    assert!(!env.store_dir().exists(), "status created the store");
+    let out = env.run(&["--json", "uninstall", "g"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(
+        (doc["ok"].clone(), doc["installed"].clone()),
+        (json!(true), json!(false))
+    );
+    assert_eq!(doc["store"], store.as_str(), "{doc}");
+    assert!(
+        !env.store_dir().exists(),
+        "a read-only command created the store"
+    );
+}
+
+#[tokio::test]
+async fn status_names_the_store_it_read() {
+    let env = Env::new().await;
+    let body = bytes(300, 5);
+    let url = env.serve("/s.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("s", &url, &body)]));
+    let out = env.run(&["install", "g", m.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let store = env.store_dir().display().to_string();
+    let out = env.run(&["status"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines().last(),
+        Some(format!("store: {store}").as_str()),
+        "{text}"
+    );
+    let out = env.run(&["--json", "status"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(doc["store"], store.as_str(), "{doc}");
+    let out = env.run(&["uninstall", "other"]).await;
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("other is not installed (in the store {store}); nothing to do")
+    );
 }
 
 #[tokio::test]
@@ -327,4 +387,60 @@ async fn every_subcommand_has_an_example_and_help_has_its_own_help() {
         "{}",
         stdout(&out)
     );
+}
+
+/// Runs the binary as `user` with the env's configuration, off the async
+/// runtime.
+#[cfg(unix)]
+async fn run_as(env: &Env, user: (u32, u32), args: &[&str]) -> Output {
+    let mut command = as_user(user, env!("CARGO_BIN_EXE_gem-resources"));
+    command
+        .arg("--config")
+        .arg(env.dir.path().join("config.toml"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1");
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn path_on_a_store_its_user_may_only_read_says_the_store_is_read_only() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    const TEST: &str = "path_on_a_store_its_user_may_only_read_says_the_store_is_read_only";
+    let Some(user) = second_user(TEST) else {
+        return;
+    };
+    let env = Env::new().await;
+    let body = bytes(400, 71);
+    let url = env.serve("/lazy.bin", &body);
+    let m = env.write_manifest("m.json", json!([entry("lazy", &url, &body)]));
+    // The user reaches the scratch folder's files and owns the store.
+    let open = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(env.dir.path(), open).unwrap();
+    std::fs::create_dir(env.store_dir()).unwrap();
+    chown(env.store_dir(), Some(user.0), Some(user.1)).unwrap();
+    let out = run_as(&env, user, &["install", "g", m.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Then the store becomes read-only, as a read-only mount or a copy
+    // handed over would be.
+    let done = std::process::Command::new("chmod")
+        .args(["-R", "a-w"])
+        .arg(env.store_dir())
+        .status()
+        .unwrap();
+    assert!(done.success());
+    let out = run_as(&env, user, &["path", "g", "lazy"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let store = env.store_dir().display().to_string();
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("E_RESOURCE_IO: the store is read-only; cannot download g/lazy (lazy.bin) into {store}: Permission denied (os error 13)")
+    );
+    assert_eq!(env.origin.hits("/lazy.bin"), 0);
+    // What it holds is still read.
+    let out = run_as(&env, user, &["status", "g"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
 }

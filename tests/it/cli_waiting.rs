@@ -219,3 +219,79 @@ async fn fetch_without_a_terminal_says_on_stderr_that_it_retries_and_why() {
     assert!(line.contains("503"), "{line}");
     assert_eq!(env.origin.hits("/flaky.bin"), 2);
 }
+
+#[tokio::test]
+async fn the_fallback_warning_names_the_redirect_target_that_failed() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 41);
+    let gone = env.url(
+        "cdn.test",
+        "/signed/model.bin?X-Amz-Expires=60&X-Amz-Signature=00112233445566778899aabbccddeeff",
+    );
+    env.origin.route(
+        "/model.bin",
+        Behaviour::Redirect {
+            status: 302,
+            location: gone.to_string(),
+        },
+    );
+    env.origin
+        .route("/signed/model.bin", Behaviour::Status(403));
+    let url = env.url("origin.test", "/model.bin");
+    let mirror = env.serve("/good.bin", &body);
+    let mut resource = required_entry("model", &url, &body);
+    resource["mirrors"] = json!([mirror.as_str()]);
+    let manifest = env.write_manifest("m.json", json!([resource]));
+    let m = manifest.to_str().unwrap();
+    let warning = |label: &str| {
+        format!(
+            "warning: {label}: {url} failed at its redirect to {}/signed/model.bin?… (E_RESOURCE_HTTP: "
+            , env.origin.url("cdn.test", "").trim_end_matches('/')
+        )
+    };
+    // In process (fetch), from the service's events (install), and for
+    // an author (autofill --manifest).
+    for (args, label) in [
+        (vec!["fetch", m], "model"),
+        (vec!["install", "g", m], "g/model"),
+        (
+            vec!["autofill", "--all", "--url-only", "--manifest", m],
+            "model",
+        ),
+    ] {
+        // Each run downloads anew.
+        let _ = std::fs::remove_dir_all(env.store_dir());
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&warning(label)),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains(&format!("; trying the next address, {mirror}")),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // Reading every address, autofill names the hop in the url's line.
+    let out = env.run(&["autofill", "--all", "--manifest", m]).await;
+    assert!(
+        stderr(&out).contains(&format!(
+            "model: url: HTTP status 403 Forbidden at its redirect to {}/signed/model.bin?… (E_RESOURCE_HTTP: {url})",
+            env.origin.url("cdn.test", "").trim_end_matches('/')
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // --json gives the whole hop.
+    let _ = std::fs::remove_dir_all(env.store_dir());
+    let out = env.run(&["--json", "fetch", m]).await;
+    let event: Value = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "fell_back")
+        .unwrap_or_else(|| panic!("no fell_back event: {}", stderr(&out)));
+    assert_eq!(event["hop"], gone.as_str(), "{event}");
+    assert_eq!(event["from"], url.as_str(), "{event}");
+}

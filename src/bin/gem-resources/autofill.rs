@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use futures_util::StreamExt;
 use gem_resources::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
+use gem_resources::service::autofill::{agrees, check_every_address, AddressReport};
 use gem_resources::transfer::autofill::{autofill_addresses, Filled};
 use gem_resources::{Config, Error, Fetcher};
 use serde_json::json;
@@ -28,6 +29,8 @@ pub struct Request<'a> {
     pub all: bool,
     /// Write the manifest back instead of printing it.
     pub write: bool,
+    /// Read each resource only until an address answers (no mirror check).
+    pub url_only: bool,
 }
 
 /// Runs `autofill`.
@@ -37,8 +40,8 @@ pub async fn run(
     json: bool,
     no_service: bool,
 ) -> anyhow::Result<ExitCode> {
-    if request.manifest.is_none() && (request.all || request.write) {
-        anyhow::bail!("--all and --write go with --manifest FILE");
+    if request.manifest.is_none() && (request.all || request.write || request.url_only) {
+        anyhow::bail!("--all, --write and --url-only go with --manifest FILE");
     }
     // A service listening on the store reads under its live policy.
     if let Some(client) = crate::remote::client(config, no_service).await {
@@ -92,22 +95,98 @@ async fn one_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Exit
     let Some(outcome) = outcome else {
         return Ok(interrupted_exit());
     };
-    let transfer = outcome?.transfer;
+    let filled = outcome?;
+    let read = gem_resources::api::protocol::Autofilled {
+        size: filled.transfer.size,
+        sha256: filled.transfer.sha256,
+        served_by: filled.address.to_string(),
+        final_url: Some(filled.transfer.final_url.to_string()),
+    };
+    print_one(&url, &read, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `autofill URL`'s output, in process or from a service: the values, a
+/// snippet to paste into the resource's entry, and which address the
+/// manifest should declare when the one given redirected or looks signed.
+fn print_one(given: &Url, read: &gem_resources::api::protocol::Autofilled, json: bool) {
+    let final_url = read
+        .final_url
+        .as_deref()
+        .and_then(|f| Url::parse(f).ok())
+        .unwrap_or_else(|| given.clone());
+    let advice = Advice::of(given, &final_url);
     if json {
-        print_json(&json!({
-            "size": transfer.size,
-            "sha256": transfer.sha256,
-            "url": url.as_str(),
-            "final_url": transfer.final_url.as_str(),
-        }));
-    } else {
-        crate::outln!("size: {}", transfer.size);
-        crate::outln!("sha256: {}", transfer.sha256);
-        if transfer.final_url != url {
-            crate::outln!("final url: {}", transfer.final_url);
+        render::print_doc(
+            json!({
+                "size": read.size,
+                "sha256": read.sha256,
+                "url": given.as_str(),
+                "final_url": final_url.as_str(),
+                "served_by": read.served_by,
+                "manifest_url": advice.declare.as_str(),
+            }),
+            true,
+        );
+        return;
+    }
+    crate::outln!("size: {}", read.size);
+    crate::outln!("sha256: {}", read.sha256);
+    if final_url != *given {
+        crate::outln!("final url: {final_url}");
+    }
+    crate::outln!("\"size\": {}, \"sha256\": \"{}\"", read.size, read.sha256);
+    if let Some(note) = advice.note {
+        if !crate::progress::quiet() {
+            crate::errln!("{note}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// Which address a manifest should declare for what `autofill URL` read.
+struct Advice {
+    /// The address to put in `"url"`.
+    declare: Url,
+    /// What to tell the author, when there is anything to tell.
+    note: Option<String>,
+}
+
+impl Advice {
+    /// The address given, unless it is signed or expiring and the final
+    /// one is not: a redirect's target may move or expire, while the
+    /// address the author chose is the one meant to last.
+    fn of(given: &Url, final_url: &Url) -> Advice {
+        use gem_resources::transfer::autofill::expiring_parameter;
+        let shown = |u: &Url| crate::text::elide_query(u.as_str()).into_owned();
+        let (given_expires, final_expires) =
+            (expiring_parameter(given), expiring_parameter(final_url));
+        match (given_expires, final_url == given) {
+            (None, true) => Advice {
+                declare: given.clone(),
+                note: None,
+            },
+            (None, false) => Advice {
+                declare: given.clone(),
+                note: Some(format!(
+                    "note: it redirected to {}; put the address you gave in the manifest (\"url\": \"{given}\"): the final one is where it led this time{}",
+                    shown(final_url),
+                    if final_expires.is_some() { ", and it is signed and will expire" } else { "" }
+                )),
+            },
+            (Some(param), false) if final_expires.is_none() => Advice {
+                declare: final_url.clone(),
+                note: Some(format!(
+                    "note: the address you gave is signed or expiring ({param}); put the final one in the manifest (\"url\": \"{final_url}\")"
+                )),
+            },
+            (Some(param), _) => Advice {
+                declare: given.clone(),
+                note: Some(format!(
+                    "warning: the address is signed or expiring ({param}), so a manifest declaring it stops working; declare a lasting address of the file"
+                )),
+            },
+        }
+    }
 }
 
 fn interrupted_exit() -> ExitCode {
@@ -124,8 +203,9 @@ fn file_label(url: &Url) -> String {
         .unwrap_or_else(|| url.host_str().unwrap_or_default().to_string())
 }
 
-/// The outcome for one resource.
-type Outcome = (Unfilled, Result<Filled, Error>);
+/// The outcome for one resource, and how each of its addresses answered
+/// (empty with `--url-only`).
+type Outcome = (Unfilled, Result<Filled, Error>, Vec<AddressReport>);
 
 async fn manifest(
     config: &Config,
@@ -143,21 +223,28 @@ async fn manifest(
         .collect();
     let fetcher = crate::context::fetcher(config)?;
     let cancel = CancellationToken::new();
+    let url_only = request.url_only;
     let one = |entry: Unfilled| {
         let (fetcher, cancel) = (&fetcher, &cancel);
         async move {
             let addresses: Vec<Url> = entry.resource.addresses().cloned().collect();
-            let outcome = read(
-                config,
-                fetcher,
-                &entry.resource.id,
-                &addresses,
-                json,
-                cancel,
-            )
-            .await
-            .and_then(|filled| gem_resources::service::autofill::agrees(&entry, filled));
-            (entry, outcome)
+            let id = entry.resource.id.clone();
+            let (outcome, checked) = if url_only {
+                let outcome = read(config, fetcher, &id, &addresses, json, cancel).await;
+                (outcome, Vec::new())
+            } else {
+                // Each address on a bar of its own.
+                let one_address = |index: usize, address: Url| {
+                    let label = match index {
+                        0 => id.clone(),
+                        n => format!("{id} (mirror {n})"),
+                    };
+                    async move { read(config, fetcher, &label, &[address], json, cancel).await }
+                };
+                check_every_address(&id, &addresses, one_address).await
+            };
+            let outcome = outcome.and_then(|filled| agrees(&entry, filled));
+            (entry, outcome, checked)
         }
     };
     let parallel = config.service.max_concurrent_downloads.max(1);
@@ -175,7 +262,7 @@ async fn manifest(
     };
     let fills: Vec<Fill> = outcomes
         .iter()
-        .filter_map(|(entry, outcome)| {
+        .filter_map(|(entry, outcome, _)| {
             let filled = outcome.as_ref().ok()?;
             Some(Fill {
                 index: entry.index,
@@ -197,37 +284,47 @@ async fn manifest(
     })
 }
 
-/// Prints what was filled and what failed; true when something failed.
+/// Prints what was filled, what failed and how each address answered;
+/// true when something failed or an address disagreed.
 fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bool) -> bool {
-    let failed = outcomes.iter().any(|(_, o)| o.is_err());
+    let failed = outcomes
+        .iter()
+        .any(|(_, o, checked)| o.is_err() || checked.iter().any(|a| !a.ok));
     if json {
         let resources: Vec<serde_json::Value> = outcomes
             .iter()
-            .map(|(entry, outcome)| match outcome {
-                Ok(filled) => json!({
-                    "id": entry.resource.id,
-                    "size": filled.transfer.size,
-                    "sha256": filled.transfer.sha256,
-                    "served_by": filled.address.as_str(),
-                }),
-                Err(e) => {
-                    let mut value = render::error_json(e);
-                    value["id"] = json!(entry.resource.id);
-                    value
+            .map(|(entry, outcome, checked)| {
+                let mut value = match outcome {
+                    Ok(filled) => json!({
+                        "id": entry.resource.id,
+                        "size": filled.transfer.size,
+                        "sha256": filled.transfer.sha256,
+                        "served_by": filled.address.as_str(),
+                    }),
+                    Err(e) => {
+                        let mut value = render::error_json(e);
+                        value["id"] = json!(entry.resource.id);
+                        value
+                    }
+                };
+                if !checked.is_empty() {
+                    value["addresses"] = json!(checked);
                 }
+                value
             })
             .collect();
         let manifest: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
         print_json(&json!({
             "ok": !failed,
             "file": path,
-            "written": written && outcomes.iter().any(|(_, o)| o.is_ok()),
+            "written": written && outcomes.iter().any(|(_, o, _)| o.is_ok()),
             "resources": resources,
             "manifest": manifest,
         }));
         return failed;
     }
-    for (entry, outcome) in outcomes {
+    for (entry, outcome, checked) in outcomes {
+        address_lines(&entry.resource.id, checked);
         if let Err(e) = outcome {
             crate::errln!(
                 "not filled: {}: {}",
@@ -236,7 +333,7 @@ fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bo
             );
         }
     }
-    let filled = outcomes.iter().filter(|(_, o)| o.is_ok()).count();
+    let filled = outcomes.iter().filter(|(_, o, _)| o.is_ok()).count();
     if written {
         crate::errln!("filled {filled} resource(s) in {}", path.display());
     } else {
@@ -248,6 +345,30 @@ fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bo
         }
     }
     failed
+}
+
+/// How each address of a resource with mirrors answered, one line each on
+/// stderr: `ID: mirror 1: ok`, `ID: mirror 2: HTTP status 404
+/// (E_RESOURCE_HTTP: ADDRESS)`, `ID: mirror 1: SHA-256 differs from the
+/// url's (…)`. With `--quiet`, only the addresses that disagree.
+fn address_lines(id: &str, checked: &[AddressReport]) {
+    if checked.len() < 2 {
+        return;
+    }
+    for a in checked {
+        match (&a.problem, a.code) {
+            (Some(problem), Some(code)) => {
+                let address = crate::text::elide_query(&a.address);
+                let at = a.hop.as_deref().map_or(String::new(), |hop| {
+                    format!(" at its redirect to {}", crate::text::elide_query(hop))
+                });
+                crate::errln!("{id}: {}: {problem}{at} ({code}: {address})", a.role);
+            }
+            (Some(problem), None) => crate::errln!("{id}: {}: {problem}", a.role),
+            (None, _) if !crate::progress::quiet() => crate::errln!("{id}: {}: ok", a.role),
+            (None, _) => {}
+        }
+    }
 }
 
 /// Replaces the file `path` names with `text` atomically: a temporary file
@@ -287,6 +408,7 @@ async fn remote(
 ) -> anyhow::Result<ExitCode> {
     use gem_resources::api::protocol::Autofilled;
     use gem_resources::service::autofill::{AutofillReport, FilledResource};
+    tracing::debug!(socket = client.socket(), "using the service's local API");
     let mut interrupted = crate::interrupt::signal();
     let Some(path) = request.manifest else {
         let text = request.url.unwrap_or_default();
@@ -295,17 +417,8 @@ async fn remote(
             filled = call => filled?,
             () = &mut interrupted => return Ok(interrupted_exit()),
         };
-        if json {
-            print_json(&json!({
-                "size": filled.size,
-                "sha256": filled.sha256,
-                "url": text,
-                "served_by": filled.served_by,
-            }));
-        } else {
-            crate::outln!("size: {}", filled.size);
-            crate::outln!("sha256: {}", filled.sha256);
-        }
+        let given = Url::parse(text).with_context(|| format!("not a valid URL: {text:?}"))?;
+        print_one(&given, &filled, json);
         return Ok(ExitCode::SUCCESS);
     };
     let in_file = |e: Error| crate::context::in_file(e, path);
@@ -315,7 +428,7 @@ async fn remote(
     let manifest: serde_json::Value = serde_json::from_str(&text)?;
     let call = client.call::<AutofillReport>(
         "autofill",
-        json!({ "manifest": manifest, "all": request.all }),
+        json!({ "manifest": manifest, "all": request.all, "url_only": request.url_only }),
     );
     let report = tokio::select! {
         report = call => report?,
@@ -355,8 +468,18 @@ async fn remote(
         }));
     } else {
         for r in &report.resources {
-            if let FilledResource::Failed { id, error, .. } = r {
-                crate::errln!("not filled: {id}: {}: {}", error.code, error.message);
+            match r {
+                FilledResource::Filled { id, addresses, .. } => address_lines(id, addresses),
+                FilledResource::Failed {
+                    id,
+                    addresses,
+                    error,
+                    ..
+                } => {
+                    address_lines(id, addresses);
+                    crate::errln!("not filled: {id}: {}: {}", error.code, error.message);
+                }
+                _ => {}
             }
         }
         if request.write {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use gem_resources::config::parse_rate;
 
 /// What the top-level `--help` adds under the options.
 const AFTER_HELP: &str = "\
@@ -55,6 +56,10 @@ already has must match what was read.
 With --manifest, the manifest is printed with the values filled in, its keys
 and layout kept; --write writes it back instead. A resource that cannot be
 read is named with its reason, the others are still filled (exit status 1).
+The url and every mirror of each resource are read in full: the values come
+from the first that answers, and each address is reported (`mirror 2: HTTP
+status 404`, `mirror 1: SHA-256 differs from the url's`; exit status 1 when
+one disagrees). --url-only reads only until an address answers.
 
 Example:
   gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
@@ -143,6 +148,9 @@ pub enum Command {
         /// With --manifest: write the filled manifest back to FILE (atomically) instead of printing it.
         #[arg(long, requires = "manifest")]
         write: bool,
+        /// With --manifest: read each resource only until an address answers, without checking the mirrors.
+        #[arg(long, requires = "manifest")]
+        url_only: bool,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
     #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]
@@ -239,47 +247,4 @@ pub enum Command {
         /// The subcommand.
         command: Option<String>,
     },
-}
-
-/// A rate like curl's `--limit-rate`: bytes per second, or with a `k`, `M`
-/// or `G` suffix (either case) for 1024, 1024² or 1024³ of them.
-pub fn parse_rate(text: &str) -> Result<u64, String> {
-    let (number, unit) = match text.char_indices().last() {
-        Some((at, c)) if c.is_ascii_alphabetic() => (&text[..at], c.to_ascii_lowercase()),
-        _ => (text, 'b'),
-    };
-    let factor: f64 = match unit {
-        'b' => 1.0,
-        'k' => 1024.0,
-        'm' => 1024.0 * 1024.0,
-        'g' => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("unknown unit {unit:?} (use k, M or G)")),
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a rate: {text:?} (e.g. 500k or 2M)"))?;
-    let bytes = value * factor;
-    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
-        return Err(format!("must be at least 1 byte per second, got {text:?}"));
-    }
-    Ok(bytes as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_rate;
-
-    #[test]
-    fn rates_take_curl_suffixes() {
-        assert_eq!(parse_rate("1000"), Ok(1000));
-        assert_eq!(parse_rate("500k"), Ok(512_000));
-        assert_eq!(parse_rate("500K"), Ok(512_000));
-        assert_eq!(parse_rate("1.5M"), Ok(1_572_864));
-        assert_eq!(parse_rate("2m"), Ok(2_097_152));
-        assert_eq!(parse_rate("1G"), Ok(1 << 30));
-        for bad in ["", "k", "0", "-5k", "10x", "fast", "NaN", "1e30G"] {
-            assert!(parse_rate(bad).is_err(), "{bad:?}");
-        }
-    }
 }

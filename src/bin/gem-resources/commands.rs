@@ -55,12 +55,14 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             manifest,
             all,
             write,
+            url_only,
         } => {
             let request = crate::autofill::Request {
                 url: url.as_deref(),
                 manifest: manifest.as_deref(),
                 all,
                 write,
+                url_only,
             };
             crate::autofill::run(&config, request, json, args.no_service).await
         }
@@ -210,8 +212,15 @@ async fn fetch(
     let manifest = read_manifest(path)?;
     for id in ids {
         if !manifest.resources.iter().any(|r| &r.id == id) {
+            // As `path` says it: the ids there are, to pick from.
+            let known: Vec<&str> = manifest.resources.iter().map(|r| r.id.as_str()).collect();
+            let known = if known.is_empty() {
+                "it declares none".to_string()
+            } else {
+                format!("its resources are: {}", known.join(", "))
+            };
             return Err(Error::NotFound(format!(
-                "resource {id:?} is not declared in {}",
+                "{} declares no resource {id:?}; {known}",
                 path.display()
             ))
             .into());

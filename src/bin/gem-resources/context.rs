@@ -61,6 +61,22 @@ pub fn store_exists(config: &Config) -> bool {
     config.store_dir().join("store-v1").is_dir()
 }
 
+/// The configured store folder, absolute, as the messages name it.
+pub fn store_folder(config: &Config) -> std::path::PathBuf {
+    let dir = config.store_dir();
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
+/// What a command that only reads the store says when there is none: the
+/// folder it looked in, so a typo in `--store` or `store` shows instead of
+/// passing for an empty store.
+pub fn no_store(config: &Config) -> Error {
+    Error::NotFound(format!(
+        "no store at {} (nothing was ever installed there; check --store or `store` in the configuration)",
+        store_folder(config).display()
+    ))
+}
+
 /// The one-line warning about active `[dev]` keys, if any are.
 pub fn dev_warning(config: &Config) -> Option<String> {
     let keys = config.active_dev_keys();

@@ -18,14 +18,14 @@ const HELD: &str = "a download holds it";
 /// Runs `gc`. Works beside a running `serve` on the same store: both take
 /// the store's locks.
 pub async fn run(config: &Config, dry_run: bool, json: bool) -> anyhow::Result<ExitCode> {
-    // Tidying a store that does not exist must not create one.
-    let report = if crate::context::store_exists(config) {
-        let store = Store::open(&config.store_dir())?;
-        let registry = Registry::new(&store);
-        gc::collect(&store, &registry, dry_run).await?
-    } else {
-        GcReport::empty(dry_run)
-    };
+    // Tidying a store that does not exist must not create one, nor pass
+    // a mistyped folder for a tidy store.
+    if !crate::context::store_exists(config) {
+        return Err(crate::context::no_store(config).into());
+    }
+    let store = Store::open(&config.store_dir())?;
+    let registry = Registry::new(&store);
+    let report = gc::collect(&store, &registry, dry_run).await?;
     if json {
         print_json(&report_json(&report));
     } else {

@@ -414,10 +414,38 @@ pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str
     format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
 }
 
+/// What failed of an address (a fallback's `from`, with the redirect
+/// target `hop` where it failed when that is not the address itself).
+pub struct Failed<'a> {
+    /// The address, as declared.
+    pub from: &'a str,
+    /// The redirect target where it failed, if not `from`.
+    pub hop: Option<&'a str>,
+    /// The failure's code.
+    pub code: &'a str,
+    /// Why.
+    pub reason: &'a str,
+}
+
 /// The warning of a fallback to the next address: which resource, which
-/// address failed and why, and which is tried next.
-pub fn fallback_warning(resource: &str, from: &str, code: &str, reason: &str, to: &str) -> String {
-    format!("warning: {resource}: {from} failed ({code}: {reason}); trying the next address, {to}")
+/// address failed (and at which redirect target) and why, and which is
+/// tried next.
+pub fn fallback_warning(resource: &str, failed: &Failed<'_>, to: &str) -> String {
+    let Failed {
+        from,
+        hop,
+        code,
+        reason,
+    } = failed;
+    let at = match hop {
+        Some(hop) if hop != from => {
+            format!(" at its redirect to {}", crate::text::elide_query(hop))
+        }
+        _ => String::new(),
+    };
+    format!(
+        "warning: {resource}: {from} failed{at} ({code}: {reason}); trying the next address, {to}"
+    )
 }
 
 /// A transfer's [`Reporter`](gem_resources::Reporter) drawing on a bar;
@@ -527,18 +555,30 @@ impl gem_resources::Reporter for Reporting<'_> {
             failed.code(),
             failed.error.to_string(),
         );
+        let hop = failed
+            .hop
+            .as_ref()
+            .map(url::Url::as_str)
+            .filter(|hop| *hop != from);
         if self.json {
             let event = serde_json::json!({
                 "event": "fell_back",
                 "resource": self.resource,
                 "from": from,
+                "hop": hop,
                 "to": next.as_str(),
                 "code": code,
                 "reason": reason,
             });
             json_event(&event);
         } else if !quiet() {
-            let line = fallback_warning(self.resource, from, code.as_str(), &reason, next.as_str());
+            let failed = Failed {
+                from,
+                hop,
+                code: code.as_str(),
+                reason: &reason,
+            };
+            let line = fallback_warning(self.resource, &failed, next.as_str());
             crate::errln!("{line}");
         }
     }

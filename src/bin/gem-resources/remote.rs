@@ -30,8 +30,14 @@ pub async fn client(config: &Config, no_service: bool) -> Option<Client> {
     Client::for_store(&store).await
 }
 
-/// Runs a service command through `client`.
-pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Result<ExitCode> {
+/// Runs a service command through `client`, the service on `config`'s
+/// store.
+pub async fn run(
+    client: &Client,
+    config: &Config,
+    command: Command,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     tracing::debug!(socket = client.socket(), "using the service's local API");
     let mut interrupted = interrupt::signal();
     let work = async {
@@ -46,7 +52,10 @@ pub async fn run(client: &Client, command: Command, json: bool) -> anyhow::Resul
                 let (gem, manifest) = crate::context::install_target(&args, as_gem.as_deref())?;
                 install(client, &gem, &manifest, no_wait, json).await
             }
-            Command::Uninstall { gem } => uninstall(client, &gem, json).await,
+            Command::Uninstall { gem } => {
+                let store = crate::context::store_folder(config);
+                uninstall(client, &gem, &store, json).await
+            }
             Command::Sync => sync(client, json).await,
             other => anyhow::bail!("unexpected command {other:?}"),
         }
@@ -96,16 +105,7 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
 
 async fn status(client: &Client, gem: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
     let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
-    if json {
-        render::print_doc(json!(result), true);
-    } else {
-        report::print_status(&result.gems);
-        if let Some(line) =
-            render::undeclared_line(result.undeclared_files, result.undeclared_bytes)
-        {
-            crate::outln!("{line}");
-        }
-    }
+    report::print_status_result(&result, json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -203,20 +203,30 @@ async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemSt
     }
 }
 
-async fn uninstall(client: &Client, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn uninstall(
+    client: &Client,
+    gem: &str,
+    store: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    // The gem's rows name the files it kept; the other gems' say why.
+    let before = client
+        .call::<StatusResult>("status", json!({ "gem": gem }))
+        .await
+        .map(|r| r.gems)
+        .unwrap_or_default();
     let result: UninstallResult = client.call("uninstall", json!({ "gem": gem })).await?;
-    if json {
-        render::print_doc(json!(result), true);
-    } else if !result.installed {
-        crate::errln!("{gem} is not installed; nothing to do");
-    } else {
-        crate::errln!(
-            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
-            result.gem,
-            result.deleted.len(),
-            result.kept.len()
-        );
+    if !result.installed {
+        let place = format!("in the store {}", store.display());
+        report::not_installed(gem, &place, store, json);
+        return Ok(ExitCode::SUCCESS);
     }
+    let after = if result.kept.is_empty() {
+        Vec::new()
+    } else {
+        client.call::<StatusResult>("status", json!({})).await?.gems
+    };
+    report::print_uninstalled(&result, &before, &after, json);
     Ok(ExitCode::SUCCESS)
 }
 

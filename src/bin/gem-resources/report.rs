@@ -103,6 +103,101 @@ pub fn when(required: bool) -> &'static str {
     }
 }
 
+/// `status`'s output: the document with `--json`; else the table, the
+/// line about undeclared files, and the store that was read.
+pub fn print_status_result(result: &gem_resources::api::protocol::StatusResult, json: bool) {
+    if json {
+        render::print_doc(serde_json::json!(result), true);
+        return;
+    }
+    print_status(&result.gems);
+    if let Some(line) = render::undeclared_line(result.undeclared_files, result.undeclared_bytes) {
+        crate::outln!("{line}");
+    }
+    crate::outln!("store: {}", result.store.display());
+}
+
+/// `uninstall` of a gem that is not installed: `place` says in which
+/// store (`in the store /path`, `no store at /path`).
+pub fn not_installed(gem: &str, place: &str, store: &std::path::Path, json: bool) {
+    if json {
+        render::print_doc(
+            serde_json::json!({ "gem": gem, "installed": false, "deleted": [], "kept": [], "store": store }),
+            true,
+        );
+    } else {
+        crate::errln!("{gem} is not installed ({place}); nothing to do");
+    }
+}
+
+/// `uninstall`'s output for a gem that was installed: the counts, then a
+/// line per kept file naming the other gems that declare it (`before`:
+/// the gem's status rows before the uninstall, for the files' names;
+/// `after`: every gem's rows after it). `--json` adds `kept_files`
+/// (`sha256`, `file`, `id`, `declared_by`: `gem/id` entries) to the
+/// API's answer.
+pub fn print_uninstalled(
+    result: &gem_resources::api::protocol::UninstallResult,
+    before: &[GemStatus],
+    after: &[GemStatus],
+    json: bool,
+) {
+    let kept: Vec<serde_json::Value> = result
+        .kept
+        .iter()
+        .map(|sha256| {
+            let own = before
+                .iter()
+                .flat_map(|g| &g.resources)
+                .find(|r| &r.sha256 == sha256);
+            let declared_by: Vec<String> = after
+                .iter()
+                .flat_map(|g| g.resources.iter().map(move |r| (g, r)))
+                .filter(|(_, r)| &r.sha256 == sha256)
+                .map(|(g, r)| format!("{}/{}", g.gem, r.id))
+                .collect();
+            serde_json::json!({
+                "sha256": sha256,
+                "file": own.map(|r| r.file.as_str()),
+                "id": own.map(|r| r.id.as_str()),
+                "declared_by": declared_by,
+            })
+        })
+        .collect();
+    if json {
+        let mut doc = serde_json::json!(result);
+        doc["kept_files"] = serde_json::json!(kept);
+        render::print_doc(doc, true);
+        return;
+    }
+    crate::errln!(
+        "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
+        result.gem,
+        result.deleted.len(),
+        result.kept.len()
+    );
+    for k in &kept {
+        let text = |key: &str| k[key].as_str().map(str::to_string);
+        let sha256 = text("sha256").unwrap_or_default();
+        let name = match (text("file"), text("id")) {
+            (Some(file), Some(id)) => format!("{file} ({}/{id})", result.gem),
+            _ => sha256.get(..12).unwrap_or(&sha256).to_string(),
+        };
+        let by: Vec<&str> = k["declared_by"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let why = if by.is_empty() {
+            "declared by another gem".to_string()
+        } else {
+            format!("{} declares it", by.join(", "))
+        };
+        crate::errln!("  kept {name}: {why}");
+    }
+}
+
 /// The `status` table: one line per resource, its id first (what `path`
 /// takes), then its description.
 pub fn print_status(status: &[GemStatus]) {

@@ -7,9 +7,9 @@ use gem_resources::{Config, Error, Event, Resources};
 use serde_json::json;
 
 use crate::cli::Command;
-use crate::context::store_exists;
+use crate::context::{no_store, store_exists, store_folder};
 use crate::interrupt;
-use crate::render::{self, print_json};
+use crate::render;
 use crate::report::{self, Outcome};
 use crate::watch::{Output, Show, Watcher};
 
@@ -35,16 +35,28 @@ pub async fn run(
     );
     if through_api {
         if let Some(client) = crate::remote::client(config, no_service).await {
-            return crate::remote::run(&client, command, json).await;
+            return crate::remote::run(&client, config, command, json).await;
         }
     }
-    // Looking at a store must not create one.
+    // Looking at a store must not create one, nor pass a mistyped folder
+    // for an empty store.
     if matches!(
         command,
         Command::Status { .. } | Command::Uninstall { .. } | Command::Verify | Command::Path { .. }
     ) && !store_exists(config)
     {
-        return nothing_installed(command, json);
+        if let Command::Uninstall { gem } = command {
+            // Like `rm -f`: the wanted end state already holds.
+            let store = store_folder(config);
+            report::not_installed(
+                &gem,
+                &format!("no store at {}", store.display()),
+                &store,
+                json,
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        return Err(no_store(config).into());
     }
     let service = Resources::open(config)?;
     match command {
@@ -60,15 +72,7 @@ pub async fn run(
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
         Command::Status { gem } => {
             let result = gem_resources::api::status_of(&service, gem.as_deref())?;
-            if json {
-                render::print_doc(json!(result), true);
-            } else {
-                report::print_status(&result.gems);
-                let (files, bytes) = (result.undeclared_files, result.undeclared_bytes);
-                if let Some(line) = render::undeclared_line(files, bytes) {
-                    crate::outln!("{line}");
-                }
-            }
+            report::print_status_result(&result, json);
             Ok(ExitCode::SUCCESS)
         }
         Command::Sync => sync(&service, json).await,
@@ -149,37 +153,6 @@ async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// `status`, `uninstall` and `verify` on a store that does not exist.
-fn nothing_installed(command: Command, json: bool) -> anyhow::Result<ExitCode> {
-    match command {
-        Command::Status { gem: Some(gem) } | Command::Path { gem, .. } => {
-            Err(Error::NotFound(format!("gem {gem:?} is not installed (nothing is)")).into())
-        }
-        Command::Status { gem: None } if json => {
-            print_json(
-                &json!({ "gems": [], "undeclared_files": 0, "undeclared_bytes": 0, "service": null }),
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Uninstall { gem } => {
-            not_installed(&gem, json);
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Verify if json => {
-            render::print_doc(json!(gem_resources::VerifyReport::default()), true);
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Verify => {
-            crate::outln!("verified 0 file(s): nothing installed");
-            Ok(ExitCode::SUCCESS)
-        }
-        _ => {
-            crate::outln!("nothing installed");
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
 async fn install(
     service: &Resources,
     gem: &str,
@@ -254,40 +227,30 @@ async fn install(
 async fn uninstall(service: &Resources, gem: &str, json: bool) -> anyhow::Result<ExitCode> {
     if !service.installed()?.iter().any(|g| g == gem) {
         // Like `rm -f`: the wanted end state already holds.
-        not_installed(gem, json);
+        let store = service.store().folder();
+        report::not_installed(
+            gem,
+            &format!("in the store {}", store.display()),
+            store,
+            json,
+        );
         return Ok(ExitCode::SUCCESS);
     }
+    let before = service.status(Some(gem))?;
     let report = service.uninstall(gem).await?;
-    if json {
-        render::print_doc(
-            json!(gem_resources::api::protocol::UninstallResult {
-                gem: report.gem.clone(),
-                installed: true,
-                deleted: report.deleted.clone(),
-                kept: report.kept.clone(),
-            }),
-            true,
-        );
+    let result = gem_resources::api::protocol::UninstallResult {
+        gem: report.gem.clone(),
+        installed: true,
+        deleted: report.deleted.clone(),
+        kept: report.kept.clone(),
+    };
+    let after = if report.kept.is_empty() {
+        Vec::new()
     } else {
-        crate::errln!(
-            "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
-            report.gem,
-            report.deleted.len(),
-            report.kept.len()
-        );
-    }
+        service.status(None)?
+    };
+    report::print_uninstalled(&result, &before, &after, json);
     Ok(ExitCode::SUCCESS)
-}
-
-fn not_installed(gem: &str, json: bool) {
-    if json {
-        render::print_doc(
-            json!({ "gem": gem, "installed": false, "deleted": [], "kept": [] }),
-            true,
-        );
-    } else {
-        crate::errln!("{gem} is not installed; nothing to do");
-    }
 }
 
 async fn sync(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {

@@ -53,6 +53,16 @@ pub fn field(text: &str) -> Cow<'_, str> {
     escape_except(text, &[])
 }
 
+/// An address for a person's line: a query of more than 40 characters
+/// (a signed URL's, often hundreds) is cut to `?…`, so the line stays
+/// readable. `--json` keeps the whole address.
+pub fn elide_query(url: &str) -> Cow<'_, str> {
+    match url.split_once('?') {
+        Some((base, query)) if query.chars().count() > 40 => Cow::Owned(format!("{base}?…")),
+        _ => Cow::Borrowed(url),
+    }
+}
+
 /// Human-readable byte count.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

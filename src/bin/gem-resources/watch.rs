@@ -295,13 +295,20 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
             gem,
             resource,
             from,
+            hop,
             to,
             code,
             reason,
             ..
         } => {
             let label = format!("{gem}/{resource}");
-            let line = crate::progress::fallback_warning(&label, from, code.as_str(), reason, to);
+            let failed = crate::progress::Failed {
+                from,
+                hop: hop.as_deref(),
+                code: code.as_str(),
+                reason,
+            };
+            let line = crate::progress::fallback_warning(&label, &failed, to);
             crate::errln!("{line}");
         }
         _ => {}
