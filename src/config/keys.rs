@@ -25,6 +25,7 @@ pub const TABLES: &[(Option<&str>, &[&str])] = &[
             "proxy_resolves",
             "connections_per_file",
             "spread_over_mirrors",
+            "wait_for_others_secs",
         ],
     ),
     (

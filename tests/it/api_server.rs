@@ -443,39 +443,9 @@ async fn a_long_store_path_still_listens() {
     service.shutdown().await;
 }
 
-/// A user other than root, created for the test when missing.
-fn other_user() -> Option<(u32, u32)> {
-    const NAME: &str = "gr-api-test";
-    let id = |flag: &str| -> Option<u32> {
-        let out = std::process::Command::new("id")
-            .args([flag, NAME])
-            .output()
-            .ok()?;
-        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
-    };
-    if id("-u").is_none() {
-        let _ = std::process::Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                NAME,
-            ])
-            .status();
-    }
-    Some((id("-u")?, id("-g")?))
-}
-
 #[tokio::test]
 async fn a_peer_of_another_user_is_refused() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED a_peer_of_another_user_is_refused: needs root to create a user");
-        return;
-    }
-    let Some((uid, gid)) = other_user() else {
-        eprintln!("SKIPPED a_peer_of_another_user_is_refused: useradd failed");
+    let Some((uid, gid)) = second_user("a_peer_of_another_user_is_refused") else {
         return;
     };
     let env = Env::new().await;

@@ -587,13 +587,13 @@ pub fn shown_rates(rows: &[String]) -> Vec<f64> {
     rates
 }
 
-/// A second real user (`gr-lows-test`, created when missing) as
+/// A second real user (`gr-second-user`, created when missing) as
 /// `(uid, gid)`, for the cases where another local user is the attacker.
 /// `None`, after a loud `SKIPPED` line naming `test`, when the tests do not
 /// run as root or the user cannot be made.
 #[cfg(unix)]
 pub fn second_user(test: &str) -> Option<(u32, u32)> {
-    const NAME: &str = "gr-lows-test";
+    const NAME: &str = "gr-second-user";
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIPPED {test}: needs root to act as a second user");

@@ -101,6 +101,17 @@ pub fn print_doc(mut value: Value, ok: bool) {
     print_json(&value);
 }
 
+/// Says that a command failed with `e`: its `--json` document, or
+/// `CODE: message` on stderr; exit status 1.
+pub fn fail(e: &Error, json: bool) -> std::process::ExitCode {
+    if json {
+        print_doc(error_json(e), false);
+    } else {
+        crate::errln!("{}", error_text(e));
+    }
+    std::process::ExitCode::from(1)
+}
+
 /// Prints one JSON line on stdout.
 pub fn print_json(value: &Value) {
     write_out_exact(format_args!("{value}"));

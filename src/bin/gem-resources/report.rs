@@ -344,3 +344,27 @@ pub fn failed_required(status: &[GemStatus]) -> Vec<String> {
         })
         .collect()
 }
+
+/// What `sync` says once its downloads ended (in process or through a
+/// service): the `sync_report` document, or a line; exit status 1 while a
+/// required file is still missing.
+pub fn print_sync(queued: usize, status: &[GemStatus], json: bool) -> std::process::ExitCode {
+    let failed = failed_required(status);
+    if json {
+        let ok = failed.is_empty();
+        render::print_doc(
+            serde_json::json!({ "event": "sync_report", "queued": queued, "failed": failed }),
+            ok,
+        );
+    } else {
+        crate::errln!(
+            "sync: {queued} required file(s) were missing, {} still missing",
+            failed.len()
+        );
+    }
+    if failed.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    }
+}

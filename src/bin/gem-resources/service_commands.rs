@@ -263,24 +263,7 @@ async fn sync(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
     }
     watcher.stop().await;
     let status = service.status(None)?;
-    let failed = report::failed_required(&status);
-    if json {
-        let ok = failed.is_empty();
-        render::print_doc(
-            json!({ "event": "sync_report", "queued": queued, "failed": failed }),
-            ok,
-        );
-    } else {
-        crate::errln!(
-            "sync: {queued} required file(s) were missing, {} still missing",
-            failed.len()
-        );
-    }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(report::print_sync(queued, &status, json))
 }
 
 /// Ctrl-C: notes what is downloading, stops every download, says what was
@@ -301,10 +284,5 @@ async fn stop(
 }
 
 fn fail(e: &Error, json: bool) -> anyhow::Result<ExitCode> {
-    if json {
-        render::print_doc(render::error_json(e), false);
-    } else {
-        crate::errln!("{}", render::error_text(e));
-    }
-    Ok(ExitCode::from(1))
+    Ok(render::fail(e, json))
 }
