@@ -3,30 +3,9 @@
 
 use gem_resources::{Event, ResourceState, Resources};
 use serde_json::json;
-use tokio::sync::broadcast::{error::RecvError, Receiver};
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::support::*;
-
-/// Every event until one matches `end`, that one included (10 s at most).
-async fn until(events: &mut Receiver<Event>, end: impl Fn(&Event) -> bool) -> Vec<Event> {
-    within("the event", async {
-        let mut seen = Vec::new();
-        loop {
-            match events.recv().await {
-                Ok(e) => {
-                    let done = end(&e);
-                    seen.push(e);
-                    if done {
-                        return seen;
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {}
-                Err(e) => panic!("{e}: {seen:?}"),
-            }
-        }
-    })
-    .await
-}
 
 /// The gem an event is about, when it names one resource.
 fn about(e: &Event) -> Option<(&str, &str, &str)> {
@@ -111,7 +90,7 @@ async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
         )
         .await
         .unwrap();
-    let joined = until(
+    let joined = events_until(
         &mut events,
         |e| matches!(e, Event::Started { gem, .. } if gem == "b"),
     )
@@ -123,7 +102,7 @@ async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
     gate.open();
     let end =
         |g: &'static str| move |e: &Event| matches!(e, Event::Verified { gem, .. } if gem == g);
-    let rest = until(&mut events, end("b")).await;
+    let rest = events_until(&mut events, end("b")).await;
     let all: Vec<&Event> = joined.iter().chain(&rest).collect();
     let Some(Event::Verified {
         path,
@@ -157,10 +136,10 @@ async fn a_download_stopped_by_shutdown_or_uninstall_ends_with_cancelled() {
         .install("g", &manifest(json!([required_entry("s", &url, &body)])))
         .await
         .unwrap();
-    until(&mut events, |e| matches!(e, Event::Started { .. })).await;
+    events_until(&mut events, |e| matches!(e, Event::Started { .. })).await;
     wait_until("bytes arrived", || !partial_files(&env).is_empty()).await;
     service.uninstall("g").await.unwrap();
-    let ended = until(&mut events, |e| matches!(e, Event::Uninstalled { .. })).await;
+    let ended = events_until(&mut events, |e| matches!(e, Event::Uninstalled { .. })).await;
     let last = ended.iter().rev().find(|e| about(e).is_some()).unwrap();
     assert!(
         matches!(last, Event::Cancelled { gem, resource, reason, .. }
@@ -172,7 +151,7 @@ async fn a_download_stopped_by_shutdown_or_uninstall_ends_with_cancelled() {
         .install("h", &manifest(json!([required_entry("s", &url, &body)])))
         .await
         .unwrap();
-    until(
+    events_until(
         &mut events,
         |e| matches!(e, Event::Started { gem, .. } if gem == "h"),
     )
@@ -213,7 +192,7 @@ async fn installed_comes_before_the_deletions_and_downloads_it_causes() {
         )
         .await
         .unwrap();
-    let seen = until(&mut events, |e| matches!(e, Event::Verified { .. })).await;
+    let seen = events_until(&mut events, |e| matches!(e, Event::Verified { .. })).await;
     let kinds: Vec<&str> = seen
         .iter()
         .map(|e| match e {
@@ -281,7 +260,7 @@ async fn shutdown_ends_every_subscription_and_a_later_one_is_closed_at_once() {
         .install("g", &manifest(json!([required_entry("s", &url, &body)])))
         .await
         .unwrap();
-    until(&mut events, |e| matches!(e, Event::Started { .. })).await;
+    events_until(&mut events, |e| matches!(e, Event::Started { .. })).await;
     service.shutdown().await;
     // The waiting task ends, and what it saw ends with the download's end.
     let seen = within("the subscriber's end after shutdown", waiter)
@@ -292,7 +271,7 @@ async fn shutdown_ends_every_subscription_and_a_later_one_is_closed_at_once() {
         "{seen:?}"
     );
     // The other receiver gets its buffer, then `Closed`.
-    let rest = until(&mut events, |e| matches!(e, Event::Cancelled { .. })).await;
+    let rest = events_until(&mut events, |e| matches!(e, Event::Cancelled { .. })).await;
     assert!(!rest.is_empty());
     assert_eq!(
         within("Closed", events.recv()).await,
@@ -345,10 +324,10 @@ async fn a_download_a_policy_change_stops_fails_as_unavailable_caused_by_the_pol
         let service = service.clone();
         tokio::spawn(async move { service.path("g", "s").await })
     };
-    until(&mut events, |e| matches!(e, Event::Progress { .. })).await;
+    events_until(&mut events, |e| matches!(e, Event::Progress { .. })).await;
     let blocked = Policy::new(Mode::Blocklist, &["origin.test".to_string()]).unwrap();
     service.set_policy(blocked).unwrap();
-    let seen = until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
+    let seen = events_until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
     let Some(Event::Failed {
         code,
         primary_cause,

@@ -4,30 +4,8 @@
 
 use gem_resources::{ErrorCode, Event, ResourceState, Resources};
 use serde_json::json;
-use tokio::sync::broadcast::{error::RecvError, Receiver};
 
 use crate::support::*;
-
-/// Every event until one matches `end`, that one included (10 s at most).
-async fn until(events: &mut Receiver<Event>, end: impl Fn(&Event) -> bool) -> Vec<Event> {
-    within("the event", async {
-        let mut seen = Vec::new();
-        loop {
-            match events.recv().await {
-                Ok(e) => {
-                    let done = end(&e);
-                    seen.push(e);
-                    if done {
-                        return seen;
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {}
-                Err(e) => panic!("{e}: {seen:?}"),
-            }
-        }
-    })
-    .await
-}
 
 /// The test configuration with `retries` retries and no backoff, and
 /// `network` lines added to `[network]`.
@@ -69,7 +47,7 @@ async fn a_retry_is_an_event_naming_the_address_then_the_file_is_verified() {
         )
         .await
         .unwrap();
-    let seen = until(&mut events, |e| {
+    let seen = events_until(&mut events, |e| {
         matches!(e, Event::Verified { .. } | Event::Failed { .. })
     })
     .await;
@@ -109,7 +87,7 @@ async fn wrong_bytes_from_the_url_fall_back_to_the_mirror_with_an_event_naming_t
         .install("g", &manifest(json!([entry])))
         .await
         .unwrap();
-    let seen = until(&mut events, |e| {
+    let seen = events_until(&mut events, |e| {
         matches!(e, Event::Verified { .. } | Event::Failed { .. })
     })
     .await;
@@ -144,7 +122,7 @@ async fn wrong_bytes_from_the_url_fall_back_to_the_mirror_with_an_event_naming_t
         .install("h", &manifest(json!([only])))
         .await
         .unwrap();
-    let seen = until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
+    let seen = events_until(&mut events, |e| matches!(e, Event::Failed { .. })).await;
     assert!(
         !seen.iter().any(|e| matches!(e, Event::FellBack { .. })),
         "{seen:?}"
@@ -182,7 +160,7 @@ async fn a_download_of_bytes_another_download_holds_waits_and_says_so() {
         .install("b", &manifest(json!([required_entry("w", &other, &body)])))
         .await
         .unwrap();
-    let seen = until(
+    let seen = events_until(
         &mut events,
         |e| matches!(e, Event::Waiting { gem, resource, sha256, .. } if gem == "b" && resource == "w" && *sha256 == sha256_hex(&body)),
     )
@@ -194,7 +172,7 @@ async fn a_download_of_bytes_another_download_holds_waits_and_says_so() {
         "{seen:?}"
     );
     gate.open();
-    until(
+    events_until(
         &mut events,
         |e| matches!(e, Event::Verified { gem, .. } if gem == "b"),
     )
@@ -298,7 +276,7 @@ async fn after_a_fallback_the_next_events_name_the_mirror() {
         .install("a", &manifest(json!([declared("m")])))
         .await
         .unwrap();
-    let mut seen = until(&mut events, |e| matches!(e, Event::FellBack { .. })).await;
+    let mut seen = events_until(&mut events, |e| matches!(e, Event::FellBack { .. })).await;
     wait_until("the mirror was asked", || env.origin.hits("/up.bin") == 1).await;
     // A gem joining now is told the download runs from the mirror.
     service
@@ -306,7 +284,7 @@ async fn after_a_fallback_the_next_events_name_the_mirror() {
         .await
         .unwrap();
     seen.extend(
-        until(
+        events_until(
             &mut events,
             |e| matches!(e, Event::Started { gem, .. } if gem == "b"),
         )
@@ -314,7 +292,7 @@ async fn after_a_fallback_the_next_events_name_the_mirror() {
     );
     gate.open();
     seen.extend(
-        until(
+        events_until(
             &mut events,
             |e| matches!(e, Event::Verified { gem, .. } if gem == "b"),
         )
