@@ -9,7 +9,7 @@
 //! - The socket is `<store>/store-v1/run/api.sock` (the folder is `0700`)
 //!   when that path fits a socket address; otherwise a short path in the
 //!   user's runtime folder, named by a digest of the store's path
-//!   ([`crate::platform`] decides; on Windows it is a named pipe).
+//!   (the platform layer decides; on Windows it is a named pipe).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
