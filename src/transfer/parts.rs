@@ -18,8 +18,9 @@
 //! more than twice what the idle one would for the rest of it (a new
 //! request counted), the idle one asks for that rest once more. Both read
 //! the same range and a byte is written once, by whichever connection
-//! brings it first; the one left behind stops. Hedges ask for at most an
-//! eighth of the file again, so the origin sends at most about a quarter
+//! brings it first; the one left behind stops. A range whose hedge is
+//! slow too is hedged again (at most three times). Hedges ask for
+//! at most an eighth of the file again, so the origin sends at most about a quarter
 //! more than the file. One slow connection so does not set the finishing
 //! time.
 //!
@@ -70,8 +71,12 @@ pub const PARTS_MIN_BYTES: u64 = 8 << 20;
 /// that a new request's round trips stay small against its bytes.
 pub const MIN_PART_BYTES: u64 = 256 << 10;
 
-/// A range is measured this long before its rate can ask for a hedge.
-const HEDGE_LOOK: Duration = Duration::from_millis(500);
+/// A range is measured this long before its rate can ask for a hedge
+/// (and a hedged one again before another).
+const HEDGE_LOOK: Duration = Duration::from_millis(250);
+
+/// Hedges of one range at most: a hedge's own connection may be slow too.
+const MAX_HEDGES: u32 = 3;
 
 /// A range is hedged when its connection would finish it more than this
 /// many times later than an idle one, set-up included...
@@ -134,8 +139,9 @@ struct Slot {
     /// since: its rate.
     since: Instant,
     got: u64,
-    /// A second connection already asks for the rest of this range.
-    hedged: bool,
+    /// Hedges of this range so far (connections that asked for its rest
+    /// once more).
+    hedges: u32,
 }
 
 impl Slot {
@@ -146,7 +152,7 @@ impl Slot {
             turn: 0,
             since: Instant::now(),
             got: 0,
-            hedged: false,
+            hedges: 0,
         }
     }
 
@@ -366,7 +372,7 @@ impl Run<'_> {
             slots[i].assign(mid, end);
             return Some(self.task_of(&slots, i));
         }
-        self.hedge(&mut slots, rate?)
+        self.hedge(&mut slots, rate)
     }
 
     fn task_of(&self, slots: &[Slot], i: usize) -> Task {
@@ -382,12 +388,20 @@ impl Run<'_> {
     /// an idle one at `rate` would (its new request counted), and the
     /// waste allowed leaves room for it. Whichever connection brings a byte
     /// first writes it; the one left behind stops.
-    fn hedge(&self, slots: &mut [Slot], rate: f64) -> Option<Task> {
+    fn hedge(&self, slots: &mut [Slot], rate: Option<f64>) -> Option<Task> {
         let now = Instant::now();
+        // A part that wrote nothing yet counts at the fastest range's rate.
+        let rate = rate.or_else(|| {
+            slots
+                .iter()
+                .filter(|s| now.duration_since(s.since) >= HEDGE_LOOK)
+                .map(|s| s.got as f64 / now.duration_since(s.since).as_secs_f64())
+                .max_by(f64::total_cmp)
+        })?;
         let (j, _) = slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.hedged)
+            .filter(|(_, s)| s.hedges < MAX_HEDGES)
             .filter_map(|(j, s)| {
                 let slow = s.eta(now)?;
                 let fast = (s.end - s.next) as f64 / rate.max(1.0) + HEDGE_SETUP.as_secs_f64();
@@ -400,7 +414,12 @@ impl Run<'_> {
             return None;
         }
         *left -= rest;
-        slots[j].hedged = true;
+        // Its rate from now on is that of every connection reading it: a
+        // hedge that is slow too is hedged again.
+        let s = &mut slots[j];
+        s.hedges += 1;
+        s.since = now;
+        s.got = 0;
         tracing::debug!(address = %self.address, from = slots[j].next, to = slots[j].end, "a slow range: asking for it once more");
         Some(Task {
             slot: j,
