@@ -20,13 +20,28 @@
 #                         ports (url and two mirrors) whose every connection
 #                         is limited to BENCH_CAP (limit_rate, default 4m),
 #                         as CDNs do; not in the default cases
+#   BENCH_SLOW_MIB=16     the "slowconn" case: one file from a port where
+#                         every fifth connection is capped at 32 KiB/s and
+#                         the others at BENCH_CAP (one slow connection among
+#                         fast ones); not in the default cases
+#   BENCH_LINKS="far home wifi"   emulated links (none by default): each brings
+#                         up ../shared/tools/wanemu/link.sh (BENCH_LINK_SH),
+#                         runs a second nginx in the namespace gr-srv
+#                         (10.88.0.1) and every tool in gr-cli, on 16 MiB,
+#                         64 MiB and 100 x 256 KiB; needs root
+#                         far:  RTT 160 ms, loss 0.5 %, 100 Mbit/s
+#                         home: RTT 40 ms, loss 0.1 %, 50 Mbit/s
+#                         wifi: RTT 80 +- 10 ms, loss 2 %, 30 Mbit/s
+#   BENCH_LINK_FILES="l16 l64 lmany"   which of those three each link runs
 #   BENCH_DIR=/var/tmp    where the origin's files and every store go (the
 #                         file system measured; not a tmpfs unless you mean it)
 #   BENCH_BIN=target/release/gem-resources   (built when missing)
 #
 # Installs what it needs from Debian when missing (nginx-light, aria2, curl,
 # time, openssl). Not part of CI. Touches nothing outside its temporary
-# folder; nginx listens on 127.0.0.1 only and is stopped on exit.
+# folder; nginx listens on 127.0.0.1 only and is stopped on exit (with
+# BENCH_LINKS, a second one on 10.88.0.1 inside the namespace gr-srv, which
+# exists only while its link is up: link.sh down removes it).
 set -euo pipefail
 
 RUNS=${BENCH_RUNS:-5}
@@ -39,6 +54,12 @@ TINY=${BENCH_TINY:-2000}
 TINY_BYTES=${BENCH_TINY_BYTES:-256}
 CAPPED_MIB=${BENCH_CAPPED_MIB:-64}
 CAP=${BENCH_CAP:-4m}
+SLOW_MIB=${BENCH_SLOW_MIB:-16}
+LINKS=${BENCH_LINKS:-}
+LINK_SH=${BENCH_LINK_SH:-$(cd "$(dirname "$0")/.." && pwd)/../shared/tools/wanemu/link.sh}
+LINK_FILES=${BENCH_LINK_FILES:-"l16 l64 lmany"}
+LINK_PORT=8443
+LINK_IP=10.88.0.1
 BASE=${BENCH_DIR:-/var/tmp}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BENCH_BIN:-$ROOT/target/release/gem-resources}
@@ -84,11 +105,18 @@ fi
 W=$(mktemp -d "$BASE/gem-bench.XXXXXX")
 chmod 755 "$W"
 NGINX_PID=
-cleanup() {
-    if [ -n "$NGINX_PID" ] && kill -0 "$NGINX_PID" 2>/dev/null; then
-        kill -QUIT "$NGINX_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$NGINX_PID" 2>/dev/null || break; sleep 0.1; done
+LINK_NGINX_PID=
+LINK_UP=
+stop_pid() {
+    if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+        kill -QUIT "$1" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
     fi
+}
+cleanup() {
+    stop_pid "$NGINX_PID"
+    stop_pid "$LINK_NGINX_PID"
+    [ -z "$LINK_UP" ] || "$LINK_SH" down || true
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -100,7 +128,7 @@ chmod 755 "$W/www"
 # --- throwaway certificate: self-signed, CA:TRUE, for bench.test and 127.0.0.1
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
     -subj "/CN=$HOST" \
-    -addext "subjectAltName=DNS:$HOST,IP:127.0.0.1" \
+    -addext "subjectAltName=DNS:$HOST,IP:127.0.0.1,IP:$LINK_IP" \
     -addext "basicConstraints=critical,CA:TRUE" \
     -keyout "$W/nginx/key.pem" -out "$W/nginx/cert.pem" 2>/dev/null
 CERT=$W/nginx/cert.pem
@@ -114,6 +142,13 @@ say "generating files in $W/www"
 has_case big && make_file big.bin $((BIG_MIB * 1048576))
 has_case mid && make_file mid.bin $((MID_MIB * 1048576))
 has_case capped && make_file capped.bin $((CAPPED_MIB * 1048576))
+has_case slowconn && make_file slow.bin $((SLOW_MIB * 1048576))
+if [ -n "$LINKS" ]; then
+    make_file l16.bin $((16 * 1048576))
+    make_file l64.bin $((64 * 1048576))
+    mkdir -p "$W/www/lmany"
+    for i in $(seq -w 1 100); do make_file "lmany/f$i.bin" $((256 * 1024)); done
+fi
 if has_case many; then
     mkdir -p "$W/www/many"
     for i in $(seq -w 1 "$MANY"); do make_file "many/f$i.bin" $((MANY_KIB * 1024)); done
@@ -166,6 +201,18 @@ http {
         server_name $HOST;
         root $W/www;
     }
+    # One slow connection among fast ones: every fifth connection (nginx
+    # numbers them) at 32 KiB/s, the others at \$CAP.
+    map \$connection \$one_in_five {
+        ~[05]\$ 32k;
+        default $CAP;
+    }
+    server {
+        listen 127.0.0.1:$PORT6 ssl;
+        server_name $HOST;
+        root $W/www;
+        limit_rate \$one_in_five;
+    }
     server {
         listen 127.0.0.1:$PORT3 ssl;
         listen 127.0.0.1:$PORT4 ssl;
@@ -180,9 +227,9 @@ EOF
 }
 for _ in $(seq 20); do
     PORT=$((20000 + RANDOM % 40000)); PORT2=$((PORT + 1))
-    PORT3=$((PORT + 2)); PORT4=$((PORT + 3)); PORT5=$((PORT + 4))
+    PORT3=$((PORT + 2)); PORT4=$((PORT + 3)); PORT5=$((PORT + 4)); PORT6=$((PORT + 5))
     if port_free "$PORT" && port_free "$PORT2" && port_free "$PORT3" && port_free "$PORT4" \
-        && port_free "$PORT5" && start_nginx; then
+        && port_free "$PORT5" && port_free "$PORT6" && start_nginx; then
         for _ in $(seq 50); do [ -s "$W/nginx/nginx.pid" ] && break; sleep 0.1; done
         NGINX_PID=$(cat "$W/nginx/nginx.pid")
         break
@@ -190,9 +237,10 @@ for _ in $(seq 20); do
 done
 [ -n "$NGINX_PID" ] || { say "nginx did not start:"; cat "$W/nginx/start.log" >&2; exit 1; }
 URL=https://$HOST:$PORT
+URL6=https://$HOST:$PORT6
 IPURL=https://127.0.0.1:$PORT
 CURL=(curl -sSf --cacert "$CERT" --resolve "$HOST:$PORT:127.0.0.1" --resolve "$HOST:$PORT2:127.0.0.1"
-    --resolve "$HOST:$PORT3:127.0.0.1" --http1.1)
+    --resolve "$HOST:$PORT3:127.0.0.1" --resolve "$HOST:$PORT6:127.0.0.1" --http1.1)
 "${CURL[@]}" -o /dev/null "$URL/" 2>/dev/null || true
 say "nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') on 127.0.0.1:$PORT (HTTP/1.1) and :$PORT2 (HTTP/2), TLS 1.3"
 
@@ -268,6 +316,13 @@ OURS1=("$BIN" --config "$W/one.toml" --store "$W/store")
 OURS6=("$BIN" --config "$W/six.toml" --store "$W/store")
 { printf '[network]\nspread_over_mirrors = true\n'; cat "$W/config.toml"; } >"$W/spread.toml"
 OURSS=("$BIN" --config "$W/spread.toml" --store "$W/store")
+{ printf '[network]\nconnections_per_file = 16\n[service]\nmax_per_host = 16\n'; cat "$W/config.toml"; } >"$W/sixteen.toml"
+OURS16=("$BIN" --config "$W/sixteen.toml" --store "$W/store")
+# Over an emulated link: the name resolves to the server's namespace.
+sed "s#\"127.0.0.1\"\]#\"$LINK_IP\"]#; s#127.0.0.1/32#10.88.0.0/24#" "$W/config.toml" >"$W/link.toml"
+{ printf '[network]\nconnections_per_file = 16\n[service]\nmax_per_host = 16\n'; cat "$W/link.toml"; } >"$W/link16.toml"
+LOURS=("$BIN" --config "$W/link.toml" --store "$W/store")
+LOURS16=("$BIN" --config "$W/link16.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
 one_file_round() { # case file
@@ -310,6 +365,93 @@ capped_round() { # case file
     fresh; timed "$c" "aria2c -s3 --checksum (url + 2 mirrors)" aria2c -q -s3 --ca-certificate="$CERT" \
         --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
         --checksum="sha-256=$sha" "$i1" "$i2" "$i3"
+}
+
+# --- one slow connection among fast ones ------------------------------------
+slowconn_round() { # case file
+    local c=$1 f=$2 sha
+    sha=$(sha_of "$f")
+    local i6=https://127.0.0.1:$PORT6/$f
+    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, connections_per_file = 16" "${OURS16[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "gem-resources fetch, every connection fast (reference)" "${OURS[@]}" fetch "$W/res/$c-fast.json"
+    # No single-connection row: one in five of them would take minutes.
+    for x in 8 16; do
+        fresh; timed "$c" "aria2c -x$x -s$x -k1M --checksum" aria2c -q -x$x -s$x -k1M --ca-certificate="$CERT" \
+            --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+            --checksum="sha-256=$sha" "$i6"
+    done
+}
+
+# --- emulated links (link.sh): nginx in gr-srv, every tool in gr-cli ---------
+IN_CLI=(ip netns exec gr-cli)
+link_round() { # regime
+    local r=$1 f sha c
+    local lu=https://$HOST:$LINK_PORT li=https://$LINK_IP:$LINK_PORT
+    local lcurl=("${IN_CLI[@]}" curl -sSf --cacert "$CERT" --resolve "$HOST:$LINK_PORT:$LINK_IP" --http1.1)
+    for f in l16.bin l64.bin; do
+        c=$r-${f%.bin}; sha=$(sha_of "$f")
+        [[ " $LINK_FILES " == *" ${f%.bin} "* ]] || continue
+        fresh; timed "$c" "gem-resources fetch" "${IN_CLI[@]}" "${LOURS[@]}" fetch "$W/res/$c.json"
+        fresh; timed "$c" "gem-resources fetch, connections_per_file = 16" "${IN_CLI[@]}" "${LOURS16[@]}" fetch "$W/res/$c.json"
+        fresh; timed "$c" "curl -o (one connection)" "${lcurl[@]}" -o "$W/out/f" "$lu/$f"
+        fresh; timed "$c" "aria2c -x1 --checksum" "${IN_CLI[@]}" aria2c -q -x1 --ca-certificate="$CERT" \
+            --file-allocation=none --allow-overwrite=true -d "$W/out" -o f --checksum="sha-256=$sha" "$li/$f"
+        for x in 8 16; do
+            fresh; timed "$c" "aria2c -x$x -s$x -k1M --checksum" "${IN_CLI[@]}" aria2c -q -x$x -s$x -k1M \
+                --ca-certificate="$CERT" --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
+                --checksum="sha-256=$sha" "$li/$f"
+        done
+    done
+    c=$r-lmany
+    [[ " $LINK_FILES " == *" lmany "* ]] || return 0
+    fresh; timed "$c" "gem-resources fetch" "${IN_CLI[@]}" "${LOURS[@]}" fetch "$W/res/$c.json"
+    fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${lcurl[@]}" -Z --parallel-max 8 -K "$W/res/lmany.curl"
+    fresh; timed "$c" "aria2c -j8 --checksum" "${IN_CLI[@]}" aria2c -q -j8 -x1 --ca-certificate="$CERT" \
+        --file-allocation=none --allow-overwrite=true -d "$W/out" -i "$W/res/lmany.aria2"
+}
+link_params() { # regime -> DELAY_MS JITTER_MS LOSS_PCT RATE_MBIT
+    case $1 in
+        far) echo "80 0 0.5 100" ;;
+        home) echo "20 0 0.1 50" ;;
+        wifi) echo "40 10 2 30" ;;
+        *) return 1 ;;
+    esac
+}
+start_link_nginx() {
+    local user_line=
+    [ "$(id -u)" = 0 ] && user_line="user $(id -un) $(id -gn);"
+    cat >"$W/nginx/link.conf" <<EOF
+$user_line
+worker_processes auto;
+pid $W/nginx/link.pid;
+error_log $W/nginx/link-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    default_type application/octet-stream;
+    client_body_temp_path $W/nginx/body;
+    proxy_temp_path $W/nginx/proxy;
+    fastcgi_temp_path $W/nginx/fastcgi;
+    uwsgi_temp_path $W/nginx/uwsgi;
+    scgi_temp_path $W/nginx/scgi;
+    ssl_protocols TLSv1.3;
+    ssl_certificate $CERT;
+    ssl_certificate_key $W/nginx/key.pem;
+    server {
+        listen $LINK_IP:$LINK_PORT ssl;
+        server_name $HOST;
+        root $W/www;
+    }
+}
+EOF
+    rm -f "$W/nginx/link.pid"
+    ip netns exec gr-srv "$NGINX" -p "$W/nginx" -c "$W/nginx/link.conf" -e "$W/nginx/link-error.log"
+    for _ in $(seq 50); do [ -s "$W/nginx/link.pid" ] && break; sleep 0.1; done
+    LINK_NGINX_PID=$(cat "$W/nginx/link.pid")
 }
 
 # --- many files --------------------------------------------------------------
@@ -356,6 +498,28 @@ if has_case capped; then
     sed -i "s#\"url\":\"$URL/capped.bin\"#\"url\":\"https://$HOST:$PORT3/capped.bin\",\"mirrors\":[\"https://$HOST:$PORT4/capped.bin\",\"https://$HOST:$PORT5/capped.bin\"]#" \
         "$W/res/capped.json"
 fi
+if has_case slowconn; then
+    manifest "$W/res/slowconn.json" true slow.bin
+    sed "s#$URL/#https://$HOST:$PORT3/#" "$W/res/slowconn.json" >"$W/res/slowconn-fast.json"
+    sed -i "s#$URL/#$URL6/#" "$W/res/slowconn.json"
+fi
+for r in $LINKS; do
+    link_params "$r" >/dev/null || { say "unknown link regime: $r"; exit 2; }
+    for f in l16 l64; do
+        manifest "$W/res/$r-$f.json" true $f.bin
+        sed -i "s#$URL/#https://$HOST:$LINK_PORT/#" "$W/res/$r-$f.json"
+    done
+    # shellcheck disable=SC2046
+    manifest "$W/res/$r-lmany.json" true $(names_of lmany)
+    sed -i "s#$URL/#https://$HOST:$LINK_PORT/#g" "$W/res/$r-lmany.json"
+done
+if [ -n "$LINKS" ]; then
+    : >"$W/res/lmany.curl"; : >"$W/res/lmany.aria2"
+    for n in $(names_of lmany); do
+        printf 'url = "https://%s:%s/%s"\noutput = "%s/out/%s"\n' "$HOST" "$LINK_PORT" "$n" "$W" "${n#*/}" >>"$W/res/lmany.curl"
+        printf 'https://%s:%s/%s\n  out=%s\n  checksum=sha-256=%s\n' "$LINK_IP" "$LINK_PORT" "$n" "${n#*/}" "$(sha_of "$n")" >>"$W/res/lmany.aria2"
+    done
+fi
 # shellcheck disable=SC2046
 has_case many && { manifest "$W/res/many.json" true $(names_of many); many_inputs many many; }
 # shellcheck disable=SC2046
@@ -369,6 +533,7 @@ for run in $(seq "$RUNS"); do
     has_case big && one_file_round big big.bin
     has_case mid && one_file_round mid mid.bin
     has_case capped && capped_round capped capped.bin
+    has_case slowconn && slowconn_round slowconn slow.bin
     # The tiny files before the many: the many-files round deletes each
     # tool's files, which would slow the creation of the next thousands.
     has_case tiny && many_files_round tiny tiny
@@ -390,6 +555,22 @@ if has_case tiny; then
     done
 fi
 fresh
+# Each link regime in turn, its runs interleaved like the others'.
+for r in $LINKS; do
+    # shellcheck disable=SC2046
+    "$LINK_SH" up $(link_params "$r") >&2
+    LINK_UP=1
+    start_link_nginx
+    for run in $(seq "$RUNS"); do
+        say "link $r: run $run/$RUNS"
+        link_round "$r"
+    done
+    "$LINK_SH" stats >&2 || true
+    # The namespaces go with the link: the next regime starts its own nginx.
+    stop_pid "$LINK_NGINX_PID"; LINK_NGINX_PID=
+    "$LINK_SH" down; LINK_UP=
+done
+fresh
 
 # --- report ------------------------------------------------------------------
 median() { sort -n | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
@@ -399,6 +580,10 @@ bytes_of() {
         big) echo $((BIG_MIB * 1048576)) ;;
         mid) echo $((MID_MIB * 1048576)) ;;
         capped) echo $((CAPPED_MIB * 1048576)) ;;
+        slowconn) echo $((SLOW_MIB * 1048576)) ;;
+        *-l16) echo $((16 * 1048576)) ;;
+        *-l64) echo $((64 * 1048576)) ;;
+        *-lmany) echo $((100 * 256 * 1024)) ;;
         many) echo $((MANY * MANY_KIB * 1024)) ;;
         tiny) echo $((TINY * TINY_BYTES)) ;;
     esac
@@ -408,6 +593,12 @@ label_of() {
         big) echo "$BIG_MIB MiB, one file" ;;
         mid) echo "$MID_MIB MiB, one file" ;;
         capped) echo "$CAPPED_MIB MiB, one file, every connection capped at $CAP/s (limit_rate), url + 2 mirrors" ;;
+        slowconn) echo "$SLOW_MIB MiB, one file, every fifth connection at 32 KiB/s, the others at $CAP/s" ;;
+        *-l16 | *-l64 | *-lmany)
+            local r=${1%-*} what d j l m
+            case $1 in *-l16) what="16 MiB, one file" ;; *-l64) what="64 MiB, one file" ;; *) what="100 × 256 KiB" ;; esac
+            read -r d j l m < <(link_params "$r")
+            echo "$what, link $r: RTT $((2 * d)) ms ± $j ms, loss $l % per direction, $m Mbit/s" ;;
         many) echo "$MANY × $MANY_KIB KiB in one manifest" ;;
         tiny) echo "$TINY × $TINY_BYTES B in one manifest" ;;
     esac
@@ -423,8 +614,10 @@ echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is f
 echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
 echo "Fairness: gem-resources fsyncs every file and its folder before publishing;"
 echo "curl and aria2c do not fsync (except the '+ sync' row), and 'no check' rows verify nothing."
-for c in big mid capped many tiny; do
-    has_case "$c" || continue
+LINK_CASES=
+for r in $LINKS; do for f in $LINK_FILES; do LINK_CASES="$LINK_CASES $r-$f"; done; done
+for c in big mid capped slowconn many tiny $LINK_CASES; do
+    has_case "$c" || [[ " $LINK_CASES " == *" $c "* ]] || continue
     ref=$W/t/$c/"gem-resources fetch"
     ours=$( [ -s "$ref" ] && col 1 "$ref" | median || echo nan)
     echo

@@ -282,6 +282,35 @@ impl Checkpointer {
             Some(name) => format!("{}.tmp.", name.to_string_lossy()),
             None => ".tmp.".into(),
         };
+        match crate::store::atomic::replace(
+            &self.path,
+            &prefix,
+            &bytes,
+            crate::store::atomic::Durability::Data,
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) if crate::error::is_disk_full(&e.error) => {
+                self.rewrite_in_place(&bytes, e.error)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates the record before any byte is kept (address and validator,
+    /// nothing durable, which no reader takes for kept bytes), so that a
+    /// disk that fills before the first checkpoint still has the record's
+    /// blocks to write the kept bytes into ([`Checkpointer::record_ranges`]).
+    pub(crate) fn reserve(&mut self) -> io::Result<()> {
+        self.meta.durable = 0;
+        self.meta.ranges = Vec::new();
+        if self.meta.validator.is_none() {
+            return self.record(0);
+        }
+        let bytes = serde_json::to_vec(&self.meta).map_err(io::Error::other)?;
+        let prefix = match self.path.file_name() {
+            Some(name) => format!("{}.tmp.", name.to_string_lossy()),
+            None => ".tmp.".into(),
+        };
         crate::store::atomic::replace(
             &self.path,
             &prefix,
@@ -289,6 +318,21 @@ impl Checkpointer {
             crate::store::atomic::Durability::Data,
         )?;
         Ok(())
+    }
+
+    /// A full disk has no room for a new record: the existing one is
+    /// rewritten where it is. Safe even if a crash tears it: a torn record
+    /// does not parse (the file starts afresh), and the kept bytes a record
+    /// names are hashed again before anything is published.
+    fn rewrite_in_place(&self, bytes: &[u8], full: io::Error) -> io::Result<()> {
+        let Ok(mut file) =
+            crate::store::trust::open_own(&self.path, OpenOptions::new().write(true))
+        else {
+            return Err(full);
+        };
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.set_len(bytes.len() as u64)?;
+        file.sync_data()
     }
 }
 

@@ -12,8 +12,17 @@
 //! connection faster than that is left alone: past it, more connections add
 //! work (decryption, a read-back of the bytes written ahead of the hashed
 //! prefix) on the same cores instead of speed. A part that finishes takes
-//! over the upper half of the largest range still to come (work stealing),
-//! so one slow connection does not set the finishing time.
+//! over the upper half of the largest range still to come (work stealing,
+//! down to [`MIN_PART_BYTES`]). Near the end, when nothing is left worth
+//! splitting, an idle part hedges: when a range's connection would need
+//! more than twice what the idle one would for the rest of it (a new
+//! request counted), the idle one asks for that rest once more. Both read
+//! the same range and a byte is written once, by whichever connection
+//! brings it first; the one left behind stops. A range whose hedge is
+//! slow too is hedged again (at most three times). Hedges ask for
+//! at most an eighth of the file again, so the origin sends at most about a quarter
+//! more than the file. One slow connection so does not set the finishing
+//! time.
 //!
 //! Every part is one exchange like a single stream's: each hop checked
 //! (scheme, policy, address, via the proxy when there is one), its host's
@@ -56,8 +65,29 @@ use crate::transfer::sink::{BodySink, Written, BATCH_BYTES};
 pub const PARTS_MIN_BYTES: u64 = 8 << 20;
 
 /// No part is split below this: a range is stolen only when at least twice
-/// this much of it is still to come.
-pub const MIN_PART_BYTES: u64 = 1 << 20;
+/// this much of it is still to come. Small enough that near the end every
+/// connection keeps working (and that `connections_per_file` connections
+/// all get a range on any file above [`PARTS_MIN_BYTES`]), large enough
+/// that a new request's round trips stay small against its bytes.
+pub const MIN_PART_BYTES: u64 = 256 << 10;
+
+/// A range is measured this long before its rate can ask for a hedge
+/// (and a hedged one again before another).
+const HEDGE_LOOK: Duration = Duration::from_millis(250);
+
+/// Hedges of one range at most: a hedge's own connection may be slow too.
+const MAX_HEDGES: u32 = 3;
+
+/// A range is hedged when its connection would finish it more than this
+/// many times later than an idle one, set-up included...
+const HEDGE_FACTOR: f64 = 2.0;
+
+/// ...counting this much for the idle one's new request.
+const HEDGE_SETUP: Duration = Duration::from_millis(500);
+
+/// An idle part with nothing to take looks again this often while others
+/// still run: a range may become worth hedging.
+const IDLE_LOOK: Duration = Duration::from_millis(250);
 
 pub use crate::transfer::fetch::SPLIT_BELOW_BYTES_PER_SEC;
 
@@ -96,8 +126,63 @@ pub(super) struct FirstPart {
 /// One part's range: the next byte it receives and where it stops.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
+    /// The next byte to be written: every connection reading this range
+    /// writes only bytes from here on, so a byte that arrives twice (a
+    /// hedged range) is written once, by whichever connection brought it
+    /// first.
     next: u64,
     end: u64,
+    /// Bumped each time the slot is given a new range, so that a connection
+    /// still reading for an earlier one stops.
+    turn: u64,
+    /// When the current range was given, and the bytes written into it
+    /// since: its rate.
+    since: Instant,
+    got: u64,
+    /// Hedges of this range so far (connections that asked for its rest
+    /// once more).
+    hedges: u32,
+}
+
+impl Slot {
+    fn new(next: u64, end: u64) -> Slot {
+        Slot {
+            next,
+            end,
+            turn: 0,
+            since: Instant::now(),
+            got: 0,
+            hedges: 0,
+        }
+    }
+
+    /// Gives the slot the range `[next, end)`.
+    fn assign(&mut self, next: u64, end: u64) {
+        *self = Slot {
+            turn: self.turn + 1,
+            ..Slot::new(next, end)
+        };
+    }
+
+    /// Seconds this slot's connection would still need at its rate so
+    /// far, once it has been measured long enough.
+    fn eta(&self, now: Instant) -> Option<f64> {
+        let elapsed = now.duration_since(self.since);
+        if elapsed < HEDGE_LOOK || self.next >= self.end {
+            return None;
+        }
+        let rate = self.got as f64 / elapsed.as_secs_f64();
+        Some((self.end - self.next) as f64 / rate.max(1.0))
+    }
+}
+
+/// What one connection works on: a slot's range as of one turn, as its
+/// owner or as a hedge of another connection's range.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    slot: usize,
+    turn: u64,
+    hedge: bool,
 }
 
 /// Whether the parts beyond the first run.
@@ -145,6 +230,10 @@ struct Run<'a> {
     slots: Mutex<Vec<Slot>>,
     /// Missing ranges between kept ones that no part has taken yet.
     pending: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    /// Bytes hedges may still ask for a second time: the waste is bounded
+    /// (the origin sends at most a quarter more than the file, stolen
+    /// ranges' last pieces included).
+    hedge_left: Mutex<u64>,
     progress: Mutex<Progress<'a>>,
     scatter: Scatter,
     sink_path: PathBuf,
@@ -221,49 +310,122 @@ impl Run<'_> {
         });
     }
 
-    /// Waits until the file is split (`true`: part `i` took over a range)
-    /// or will not be.
-    async fn opened(&self, i: usize) -> bool {
+    /// Waits until the file is split (`Some`: what part `i` takes over) or
+    /// will not be.
+    async fn opened(&self, i: usize) -> Option<Task> {
         let mut phase = self.phase.subscribe();
         let split = tokio::select! {
             () = self.stop.cancelled() => false,
             p = phase.wait_for(|p| *p != Phase::Probing) => p.is_ok_and(|p| *p == Phase::Split),
         };
-        split && (self.claim(i).is_some() || self.steal(i))
+        if !split {
+            return None;
+        }
+        let own = self.own(i);
+        match self.claim(own) {
+            Some(_) => Some(own),
+            None => self.steal(i, None),
+        }
     }
 
-    /// The range part `i` still has to ask for, if any.
-    fn claim(&self, i: usize) -> Option<(u64, u64)> {
+    /// Part `i`'s own slot, as it is now.
+    fn own(&self, i: usize) -> Task {
+        let turn = lock(&self.slots).get(i).map_or(0, |s| s.turn);
+        Task {
+            slot: i,
+            turn,
+            hedge: false,
+        }
+    }
+
+    /// The range `task` still has to ask for, if any.
+    fn claim(&self, task: Task) -> Option<(u64, u64)> {
         let slots = lock(&self.slots);
-        let s = slots.get(i)?;
-        (s.next < s.end).then_some((s.next, s.end))
+        let s = slots.get(task.slot)?;
+        (s.turn == task.turn && s.next < s.end).then_some((s.next, s.end))
     }
 
-    /// Part `i` takes the next missing range no part has taken, else over
-    /// the upper half of the largest range still to come; `false` when none
-    /// is left or worth splitting.
-    fn steal(&self, i: usize) -> bool {
+    /// Whether any range is still to come.
+    fn unfinished(&self) -> bool {
+        lock(&self.slots).iter().any(|s| s.next < s.end) || !lock(&self.pending).is_empty()
+    }
+
+    /// Part `i` (whose connection wrote at `rate` bytes a second, when it
+    /// wrote) takes the next missing range no part has taken, else the
+    /// upper half of the largest range still to come, else a hedge of the
+    /// range that would finish last; `None` when nothing is worth taking.
+    fn steal(&self, i: usize, rate: Option<f64>) -> Option<Task> {
         let mut slots = lock(&self.slots);
         if let Some((next, end)) = lock(&self.pending).pop_front() {
-            slots[i] = Slot { next, end };
-            return true;
+            slots[i].assign(next, end);
+            return Some(self.task_of(&slots, i));
         }
-        let Some((j, rest)) = slots
+        let (j, rest) = slots
             .iter()
             .map(|s| s.end.saturating_sub(s.next))
             .enumerate()
-            .max_by_key(|&(_, rest)| rest)
-        else {
-            return false;
-        };
-        if rest < 2 * MIN_PART_BYTES {
-            return false;
+            .max_by_key(|&(_, rest)| rest)?;
+        if rest >= 2 * MIN_PART_BYTES {
+            let mid = slots[j].next + rest / 2;
+            let end = slots[j].end;
+            slots[j].end = mid;
+            slots[i].assign(mid, end);
+            return Some(self.task_of(&slots, i));
         }
-        let mid = slots[j].next + rest / 2;
-        let end = slots[j].end;
-        slots[j].end = mid;
-        slots[i] = Slot { next: mid, end };
-        true
+        self.hedge(&mut slots, rate)
+    }
+
+    fn task_of(&self, slots: &[Slot], i: usize) -> Task {
+        Task {
+            slot: i,
+            turn: slots[i].turn,
+            hedge: false,
+        }
+    }
+
+    /// A second request for the rest of the range that would finish last,
+    /// when its connection would need more than [`HEDGE_FACTOR`] times what
+    /// an idle one at `rate` would (its new request counted), and the
+    /// waste allowed leaves room for it. Whichever connection brings a byte
+    /// first writes it; the one left behind stops.
+    fn hedge(&self, slots: &mut [Slot], rate: Option<f64>) -> Option<Task> {
+        let now = Instant::now();
+        // A part that wrote nothing yet counts at the fastest range's rate.
+        let rate = rate.or_else(|| {
+            slots
+                .iter()
+                .filter(|s| now.duration_since(s.since) >= HEDGE_LOOK)
+                .map(|s| s.got as f64 / now.duration_since(s.since).as_secs_f64())
+                .max_by(f64::total_cmp)
+        })?;
+        let (j, _) = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.hedges < MAX_HEDGES)
+            .filter_map(|(j, s)| {
+                let slow = s.eta(now)?;
+                let fast = (s.end - s.next) as f64 / rate.max(1.0) + HEDGE_SETUP.as_secs_f64();
+                (slow > HEDGE_FACTOR * fast).then_some((j, slow))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let rest = slots[j].end - slots[j].next;
+        let mut left = lock(&self.hedge_left);
+        if *left < rest {
+            return None;
+        }
+        *left -= rest;
+        // Its rate from now on is that of every connection reading it: a
+        // hedge that is slow too is hedged again.
+        let s = &mut slots[j];
+        s.hedges += 1;
+        s.since = now;
+        s.got = 0;
+        tracing::debug!(address = %self.address, from = slots[j].next, to = slots[j].end, "a slow range: asking for it once more");
+        Some(Task {
+            slot: j,
+            turn: slots[j].turn,
+            hedge: true,
+        })
     }
 
     fn attempt(&self, hop: &Url, error: AttemptError) -> TransferError {
@@ -327,7 +489,7 @@ fn first_slots(gaps: &[(u64, u64)], n: usize) -> Vec<Slot> {
     let missing: u64 = gaps.iter().map(|(s, e)| e - s).sum();
     let count = (missing / MIN_PART_BYTES).clamp(1, n as u64);
     let (next, end) = gaps.first().copied().unwrap_or((0, 0));
-    let mut slots = vec![Slot { next: end, end }; count as usize];
+    let mut slots = vec![Slot::new(end, end); count as usize];
     slots[0].next = next;
     slots
 }
@@ -346,10 +508,7 @@ fn spread_first(slots: &mut [Slot]) {
         } else {
             offset + (k + 1) * step
         };
-        slots[k as usize] = Slot {
-            next: offset + k * step,
-            end,
-        };
+        slots[k as usize] = Slot::new(offset + k * step, end);
     }
 }
 
@@ -421,6 +580,7 @@ impl Fetcher {
             validators: Mutex::new(validators),
             slots: Mutex::new(slots),
             pending: Mutex::new(gaps.into_iter().skip(1).collect()),
+            hedge_left: Mutex::new(expected.size / 8),
             progress: Mutex::new(Progress {
                 reporter,
                 total: present,
@@ -490,45 +650,77 @@ impl Fetcher {
     /// once the file is split), then ranges taken over from the others,
     /// until nothing is worth taking.
     async fn worker(&self, run: &Run<'_>, i: usize, first: Option<(Url, Response, HostPermit)>) {
-        if i > 0 && !run.opened(i).await {
-            return;
+        let task = match i {
+            0 => Some(run.own(0)),
+            _ => run.opened(i).await,
+        };
+        if let Some(task) = task {
+            self.work(run, i, task, first).await;
         }
-        self.work(run, i, first).await;
         if i == 0 {
             run.first_done();
         }
     }
 
-    async fn work(&self, run: &Run<'_>, i: usize, mut first: Option<(Url, Response, HostPermit)>) {
+    async fn work(
+        &self,
+        run: &Run<'_>,
+        i: usize,
+        mut task: Task,
+        mut first: Option<(Url, Response, HostPermit)>,
+    ) {
         let mut policy = run.policy.clone();
+        let started = Instant::now();
         loop {
             let result = match first.take() {
-                Some((hop, response, _permit)) => {
-                    let limit = run.claim(i).map_or(0, |(_, end)| end);
-                    let body = (run.address, &hop, response, limit);
-                    self.part_body(run, i, body, &mut policy).await
-                }
-                None => self.part(run, i, &mut policy).await,
+                Some((hop, response, _permit)) => match run.claim(task) {
+                    Some((start, limit)) => {
+                        let body = (run.address, &hop, response, start, limit);
+                        self.part_body(run, i, task, body, started, &mut policy)
+                            .await
+                    }
+                    None => Ok(None),
+                },
+                None => self.part(run, i, task, &mut policy).await,
             };
-            if let Err(stop) = result {
-                run.fail(stop);
-                return;
-            }
-            if run.stop.is_cancelled() || !run.steal(i) {
-                return;
-            }
+            let rate = match result {
+                Ok(rate) => rate,
+                Err(stop) => {
+                    run.fail(stop);
+                    return;
+                }
+            };
+            task = loop {
+                if run.stop.is_cancelled() {
+                    return;
+                }
+                if let Some(next) = run.steal(i, rate) {
+                    break next;
+                }
+                if !run.unfinished() {
+                    return;
+                }
+                // Nothing to take now; a range may become worth hedging.
+                tokio::select! {
+                    () = run.stop.cancelled() => return,
+                    () = tokio::time::sleep(IDLE_LOOK) => {}
+                }
+            };
         }
     }
 
-    /// Asks for part `i`'s range and reads it.
+    /// Asks for the range of `task` (part `i`'s connection) and reads it;
+    /// the rate it wrote at, when it wrote.
     async fn part(
         &self,
         run: &Run<'_>,
         i: usize,
+        task: Task,
         policy: &mut watch::Receiver<u64>,
-    ) -> Result<(), Stop> {
-        let Some((start, end)) = run.claim(i) else {
-            return Ok(());
+    ) -> Result<Option<f64>, Stop> {
+        let started = Instant::now();
+        let Some((start, end)) = run.claim(task) else {
+            return Ok(None);
         };
         let (k, source, known) = run.source(i);
         let ask = Ask {
@@ -565,26 +757,31 @@ impl Fetcher {
                 "{hop} announced another length for a part"
             )));
         }
-        self.part_body(run, i, (source, &hop, response, end), policy)
-            .await
+        let body = (source, &hop, response, start, end);
+        self.part_body(run, i, task, body, started, policy).await
     }
 
-    /// Reads one part's body (up to `limit`, the end it asked for) into its
-    /// range, stopping where the range ends now.
+    /// Reads one part's body (from `start` up to `limit`, what it asked
+    /// for) into its task's range, stopping where the range ends now, or
+    /// when another connection of the range is ahead of it; the rate it
+    /// wrote at since `started`, when it wrote.
     async fn part_body(
         &self,
         run: &Run<'_>,
         i: usize,
-        body: (&Url, &Url, Response, u64),
+        task: Task,
+        body: (&Url, &Url, Response, u64, u64),
+        started: Instant,
         policy: &mut watch::Receiver<u64>,
-    ) -> Result<(), Stop> {
-        let (source, hop, mut response, limit) = body;
-        let Some((start, _)) = run.claim(i) else {
-            return Ok(());
-        };
+    ) -> Result<Option<f64>, Stop> {
+        let (source, hop, mut response, start, limit) = body;
         let mut sink = PartSink {
             run,
             i,
+            task,
+            pos: start,
+            wrote: 0,
+            behind: false,
             batch: Vec::new(),
             at: start,
             len: 0,
@@ -608,11 +805,14 @@ impl Fetcher {
             .flush()
             .await
             .map_err(|e| local_write(&run.sink_path, e));
+        let rate =
+            (sink.wrote > 0).then(|| sink.wrote as f64 / started.elapsed().as_secs_f64().max(1e-3));
         match (outcome, flushed) {
             (Err(e), _) | (Ok(_), Err(e)) => Err(Stop::failed(e)),
             (Ok(Some(failure)), _) => Err(Stop::failed(failure)),
-            (Ok(None), _) => match run.claim(i) {
-                None => Ok(()),
+            (Ok(None), _) if sink.behind => Ok(rate),
+            (Ok(None), _) => match run.claim(task) {
+                None => Ok(rate),
                 Some((next, _)) => {
                     let detail = format!("a part's connection closed after byte {next}");
                     let error = size_error(Some(run.expected), run.expected.size, detail);
@@ -630,15 +830,57 @@ impl Reporter for Quiet {
     fn bytes(&mut self, _total: u64) {}
 }
 
-/// One part's bytes into its range of the file.
+/// One connection's bytes into its task's range of the file.
 struct PartSink<'r, 'a> {
     run: &'r Run<'a>,
     i: usize,
+    task: Task,
+    /// Where the connection's next byte belongs in the file.
+    pos: u64,
+    /// Bytes it wrote (not those another connection of the range brought
+    /// first).
+    wrote: u64,
+    /// It fell behind another connection of its range and stopped.
+    behind: bool,
     /// Chunks gathered, from `at`.
     batch: Vec<Bytes>,
     at: u64,
     /// Their bytes.
     len: u64,
+}
+
+/// What one chunk of a connection adds to its range.
+#[derive(Debug, PartialEq, Eq)]
+enum Take {
+    /// The bytes `[from, to)` of the file are new: written by this chunk.
+    Write(u64, u64),
+    /// Nothing new, but the connection may go on (a hedge catching up
+    /// with the bytes the range's first connection already brought).
+    Skip,
+    /// The range is done, or was given another turn: stop.
+    Done,
+    /// Another connection of the range is ahead: stop, its bytes win.
+    Behind,
+}
+
+/// What the chunk `[from, from + len)` of a connection adds to `slot`'s
+/// range, and the slot once it took it: each byte is taken once, by the
+/// first connection that brings it.
+fn take(slot: &mut Slot, task: Task, from: u64, len: u64, wrote: u64) -> Take {
+    if slot.turn != task.turn || slot.next >= slot.end {
+        return Take::Done;
+    }
+    let (lo, hi) = (from.max(slot.next), (from + len).min(slot.end));
+    if hi > lo {
+        slot.next = hi;
+        slot.got += hi - lo;
+        return Take::Write(lo, hi);
+    }
+    if task.hedge && wrote == 0 {
+        Take::Skip
+    } else {
+        Take::Behind
+    }
 }
 
 impl PartSink<'_, '_> {
@@ -655,23 +897,47 @@ impl PartSink<'_, '_> {
 
 impl BodySink for PartSink<'_, '_> {
     async fn write(&mut self, chunk: Bytes) -> std::io::Result<bool> {
-        let (take, more) = {
+        let from = self.pos;
+        self.pos += chunk.len() as u64;
+        let (taken, more) = {
             let mut slots = lock(&self.run.slots);
-            let Some(s) = slots.get_mut(self.i) else {
+            let Some(s) = slots.get_mut(self.task.slot) else {
                 return Ok(false);
             };
-            let take = s.end.saturating_sub(s.next).min(chunk.len() as u64);
-            s.next += take;
-            (take, s.next < s.end)
+            let taken = take(s, self.task, from, chunk.len() as u64, self.wrote);
+            let more = s.next < s.end;
+            (taken, more)
+        };
+        let (lo, hi) = match taken {
+            Take::Write(lo, hi) => (lo, hi),
+            Take::Skip => return Ok(true),
+            Take::Done => {
+                self.flush().await?;
+                return Ok(false);
+            }
+            Take::Behind => {
+                self.behind = true;
+                self.flush().await?;
+                return Ok(false);
+            }
         };
         if self.i == 0 {
-            self.run.measure(take);
+            self.run.measure(hi - lo);
         }
-        if take > 0 {
-            self.batch.push(chunk.slice(..take as usize));
-            self.len += take;
+        if !self.batch.is_empty() && self.at + self.len != lo {
+            // Another connection wrote in between: a batch is contiguous.
+            self.flush().await?;
+        }
+        if self.batch.is_empty() {
+            self.at = lo;
+        }
+        self.batch
+            .push(chunk.slice((lo - from) as usize..(hi - from) as usize));
+        self.len += hi - lo;
+        self.wrote += hi - lo;
+        {
             let mut progress = lock(&self.run.progress);
-            progress.total += take;
+            progress.total += hi - lo;
             let total = progress.total;
             progress.reporter.bytes(total);
         }
@@ -710,6 +976,42 @@ mod tests {
             assert_eq!(w[0].end, w[1].next);
         }
         assert_eq!(spread[7].end, size);
+    }
+
+    #[test]
+    fn a_range_that_arrives_twice_is_written_once() {
+        let mut slot = Slot::new(1000, 2000);
+        let owner = Task {
+            slot: 0,
+            turn: 0,
+            hedge: false,
+        };
+        let hedge = Task {
+            hedge: true,
+            ..owner
+        };
+        assert_eq!(
+            take(&mut slot, owner, 1000, 100, 0),
+            Take::Write(1000, 1100)
+        );
+        // The hedge asked from 1000 too: what the owner brought is skipped,
+        // and the hedge goes on.
+        assert_eq!(take(&mut slot, hedge, 1000, 60, 0), Take::Skip);
+        assert_eq!(
+            take(&mut slot, hedge, 1060, 100, 0),
+            Take::Write(1100, 1160)
+        );
+        // The owner is behind now: it stops, the hedge's bytes win.
+        assert_eq!(take(&mut slot, owner, 1100, 50, 100), Take::Behind);
+        assert_eq!(
+            take(&mut slot, hedge, 1160, 1000, 60),
+            Take::Write(1160, 2000)
+        );
+        assert_eq!(slot.got, 1000, "each byte taken once");
+        assert_eq!(take(&mut slot, owner, 1150, 10, 100), Take::Done);
+        // A range given another turn (stolen, reassigned) stops the rest.
+        slot.assign(3000, 4000);
+        assert_eq!(take(&mut slot, hedge, 3000, 10, 0), Take::Done);
     }
 
     #[test]

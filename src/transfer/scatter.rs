@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -48,6 +49,35 @@ enum Msg {
 #[derive(Clone)]
 pub(super) struct Scatter {
     tx: mpsc::Sender<Msg>,
+    /// The writer's own error once it stopped on one, so that every part
+    /// reports what stopped it (a full disk is `E_RESOURCE_DISK_SPACE`),
+    /// not only that it stopped.
+    failure: Arc<OnceLock<Failure>>,
+}
+
+/// What of an [`io::Error`] a part needs to report it again.
+#[derive(Debug)]
+struct Failure {
+    kind: io::ErrorKind,
+    raw: Option<i32>,
+    text: String,
+}
+
+impl Failure {
+    fn of(e: &io::Error) -> Failure {
+        Failure {
+            kind: e.kind(),
+            raw: e.raw_os_error(),
+            text: e.to_string(),
+        }
+    }
+
+    fn error(&self) -> io::Error {
+        match self.raw {
+            Some(raw) => io::Error::from_raw_os_error(raw),
+            None => io::Error::new(self.kind, self.text.clone()),
+        }
+    }
 }
 
 /// Waits for the writer's end.
@@ -63,12 +93,22 @@ pub(super) fn start(
     kept: Written,
     checkpoints: Checkpointer,
 ) -> io::Result<(Scatter, ScatterThread)> {
-    let (tx, rx) = mpsc::channel(SCATTER_CHUNKS);
+    let (tx, mut rx) = mpsc::channel(SCATTER_CHUNKS);
+    let failure = Arc::new(OnceLock::new());
+    let failed = Arc::clone(&failure);
     let thread = std::thread::Builder::new()
         .name("gem-resources-writer".into())
-        .spawn(move || run(file, kept, checkpoints, rx))?;
+        .spawn(move || {
+            let result = run(file, kept, checkpoints, &mut rx);
+            if let Err(e) = &result {
+                let _ = failed.set(Failure::of(e));
+            }
+            // Only now do the parts' sends fail: the error is there to read.
+            drop(rx);
+            result
+        })?;
     Ok((
-        Scatter { tx },
+        Scatter { tx, failure },
         ScatterThread {
             thread: Some(thread),
         },
@@ -98,15 +138,18 @@ impl Scatter {
     pub(super) async fn finish(&self) -> io::Result<Finished> {
         let (tx, rx) = oneshot::channel();
         self.send(Msg::Finish(tx)).await?;
-        rx.await
-            .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")))
+        rx.await.unwrap_or_else(|_| Err(self.stopped()))
     }
 
     async fn send(&self, msg: Msg) -> io::Result<()> {
-        self.tx
-            .send(msg)
-            .await
-            .map_err(|_| io::Error::other("the writer stopped"))
+        self.tx.send(msg).await.map_err(|_| self.stopped())
+    }
+
+    /// Why the writer stopped: its own error when it had one.
+    fn stopped(&self) -> io::Error {
+        self.failure
+            .get()
+            .map_or_else(|| io::Error::other("the writer stopped"), Failure::error)
     }
 }
 
@@ -148,11 +191,13 @@ fn run(
     file: File,
     kept: Written,
     mut checkpoints: Checkpointer,
-    mut rx: mpsc::Receiver<Msg>,
+    rx: &mut mpsc::Receiver<Msg>,
 ) -> io::Result<()> {
     let total = kept.bytes();
     if total == 0 {
-        checkpoints.record(0)?;
+        // Nothing kept: any earlier record no longer holds, and this one is
+        // there to be rewritten should the disk fill before a checkpoint.
+        checkpoints.reserve()?;
     }
     // Bytes past the trusted ones are not trusted: cut them.
     let end = kept.ranges.last().map_or(kept.prefix, |r| r[1]);
@@ -174,7 +219,16 @@ fn run(
     w.catch_up()?;
     while let Some(msg) = rx.blocking_recv() {
         match msg {
-            Msg::At(at, batch) => w.write(at, &batch)?,
+            Msg::At(at, batch) => {
+                if let Err(e) = w.write(at, &batch) {
+                    // A full disk: what is written before this batch stays
+                    // durable and recorded, for a resume once there is room.
+                    if let Err(k) = w.keep() {
+                        tracing::warn!("cannot keep the partial download: {k}");
+                    }
+                    return Err(e);
+                }
+            }
             Msg::Checkpoint => {
                 let written = w.written_now();
                 w.records.checkpoint_written(&w.file, written);

@@ -288,9 +288,19 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
             Msg::Data(batch) => {
                 for chunk in batch {
                     hasher.update(&chunk);
+                    let before = len;
                     len += chunk.len() as u64;
                     if let Some(w) = &mut writer {
-                        w.write(&chunk, len)?;
+                        if let Err(e) = w.write(&chunk, len) {
+                            // A full disk: the bytes before this chunk stay
+                            // durable and recorded, for a resume.
+                            if let Some(w) = writer.take() {
+                                if let Err(k) = w.keep(before) {
+                                    tracing::warn!("cannot keep the partial download: {k}");
+                                }
+                            }
+                            return Err(e);
+                        }
                     }
                 }
             }

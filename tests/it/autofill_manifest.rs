@@ -395,3 +395,27 @@ async fn a_service_checks_the_mirrors_as_the_command_line_does() {
     );
     assert_eq!(stdout(&there), stdout(&here));
 }
+
+#[tokio::test]
+async fn a_stalled_first_entry_holds_no_other_entry_back() {
+    let env = Env::new().await;
+    write_patient_config(&env, "[service]\nmax_concurrent_downloads = 2\n");
+    let gate = Gate::new();
+    let (bodies, entries) = crate::cli_basics::batch_held_first(&env, 5, &gate, false);
+    let path = env.write_manifest("batch.json", json!(entries));
+    let log = env.dir.path().join("autofill.log");
+    let args = ["autofill", "--manifest", path.to_str().unwrap(), "--write"];
+    let mut child = spawn_logged(&env, &args, &log);
+    wait_until("every other entry is read while the first is held", || {
+        (1..bodies.len()).all(|i| env.origin.hits(&format!("/batch/{i}.bin")) == 1)
+    })
+    .await;
+    gate.open();
+    assert!(wait_output(&mut child).await.success());
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for (i, body) in bodies.iter().enumerate() {
+        let r = &written["resources"][i];
+        assert_eq!(r["id"], format!("f{i}"));
+        assert_eq!(r["sha256"], sha256_hex(body), "{written}");
+    }
+}

@@ -268,3 +268,61 @@ async fn completions_and_a_manual_page_are_printed() {
     let out = env.run(&["completions", "nope"]).await;
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Serves `count` small files, the first held until `gate` opens, and
+/// returns their bodies and manifest entries (`with_digest`: with size and
+/// SHA-256), in order.
+pub(crate) fn batch_held_first(
+    env: &Env,
+    count: usize,
+    gate: &Gate,
+    with_digest: bool,
+) -> (Vec<Vec<u8>>, Vec<Value>) {
+    let mut bodies = Vec::new();
+    let mut entries = Vec::new();
+    for i in 0..count {
+        let body = bytes(1000 + i, 40 + i as u8);
+        let path = format!("/batch/{i}.bin");
+        let behaviour = match i {
+            0 => Behaviour::Gated {
+                body: body.clone(),
+                gate: gate.clone(),
+            },
+            _ => Behaviour::Body(body.clone()),
+        };
+        env.origin.route(&path, behaviour);
+        let url = env.url("origin.test", &path);
+        entries.push(match with_digest {
+            true => entry(&format!("f{i}"), &url, &body),
+            false => json!({ "id": format!("f{i}"), "url": url.as_str() }),
+        });
+        bodies.push(body);
+    }
+    (bodies, entries)
+}
+
+#[tokio::test]
+async fn a_stalled_first_file_holds_no_other_download_back() {
+    let env = Env::new().await;
+    write_patient_config(&env, "[service]\nmax_concurrent_downloads = 2\n");
+    let gate = Gate::new();
+    let (bodies, entries) = batch_held_first(&env, 5, &gate, true);
+    let manifest = env.write_manifest("batch.json", json!(entries));
+    let log = env.dir.path().join("fetch.log");
+    let mut child = spawn_logged(&env, &["fetch", manifest.to_str().unwrap()], &log);
+    // The first file's slot waits; the other slot takes every other file.
+    wait_until("every other file is stored while the first is held", || {
+        bodies[1..].iter().all(|b| stored_files(&env, b).len() == 1)
+    })
+    .await;
+    assert!(stored_files(&env, &bodies[0]).is_empty());
+    gate.open();
+    assert!(wait_output(&mut child).await.success());
+    let text = child_stdout(&mut child);
+    let ids: Vec<&str> = text.lines().filter_map(|l| l.split('\t').next()).collect();
+    assert_eq!(
+        ids,
+        ["f0", "f1", "f2", "f3", "f4"],
+        "manifest order: {text}"
+    );
+}

@@ -388,3 +388,59 @@ async fn spread_over_mirrors_with_a_bad_source_refetches_one_source_at_a_time() 
         "{logs}"
     );
 }
+
+/// 16 MiB, one slow connection (the first, 32 KiB/s) among fast ones
+/// (64 KiB every 16 ms, about 4 MB/s each).
+fn one_slow_connection(body: &[u8]) -> Behaviour {
+    let slow = PartsFault::SlowFirst(4 << 10, Duration::from_millis(125));
+    Behaviour::Parts {
+        body: std::sync::Arc::new(body.to_vec()),
+        etag: "\"p1\"".into(),
+        pace: (64 << 10, Duration::from_millis(16)),
+        fault: slow,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_connection_does_not_set_the_finishing_time() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(16 << 20, 36);
+    env.origin.route("/s.bin", one_slow_connection(&body));
+    let r = resource("s", &env.url("origin.test", "/s.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    // The slow connection alone would need a range of at least 1 MiB
+    // (the least stealing left it): 32 s. The fast ones, the whole file,
+    // about 0.5 s.
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let served = env.origin.served("/s.bin");
+    assert!(
+        served * 4 <= body.len() as u64 * 5,
+        "the origin sent {served} bytes for {}: {:?}",
+        body.len(),
+        env.origin.ranges("/s.bin")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_connections_per_file_open_sixteen_on_sixteen_mib() {
+    let env = Env::new().await;
+    env.write_config_full(
+        "connections_per_file = 16",
+        "[service]\nmax_per_host = 16\n",
+    );
+    let body = bytes(16 << 20, 37);
+    env.origin.route("/c.bin", paced(&body));
+    let r = resource("c", &env.url("origin.test", "/c.bin"), &[], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let starts = starts(&env, "/c.bin");
+    assert!(
+        starts.len() >= 16,
+        "ranges asked for: {:?}",
+        env.origin.ranges("/c.bin")
+    );
+}

@@ -195,3 +195,120 @@ async fn kept_ranges_are_hashed_in_order_with_the_rest() {
     assert!(asked.contains(&"bytes=0-".to_string()), "{asked:?}");
     assert!(logs.text().contains("E_RESOURCE_SHA256"), "{}", logs.text());
 }
+
+/// The steps of [`a_disk_that_fills_during_parts_is_disk_space_and_keeps_its_ranges`],
+/// run in a user and mount namespace of their own over a small tmpfs
+/// (`$1` the tmpfs, `$2` the folder of marks, `$3` the binary, `$4` the
+/// configuration, `$5` the manifest).
+const FILL_DURING_PARTS: &str = r#"
+set -u
+# Every wait gives up after a minute: nothing outlives the test.
+wait_for() { n=0; until eval "$1"; do n=$((n + 1)); [ $n -lt 1200 ] || exit 91; sleep 0.05; done; }
+mount -t tmpfs -o size=24m,mode=0700 tmpfs "$1" || exit 90
+"$3" --config "$4" fetch "$5" >"$2/out1" 2>"$2/err1" &
+pid=$!
+# A part has written beyond the middle, before the first checkpoint
+# (every 2 s): only the writer's last record can hold its range.
+wait_for "[ \$(stat -c %s \"$1\"/store/store-v1/tmp/*.partial 2>/dev/null || echo 0) -gt 6291456 ]"
+cat /dev/zero >"$1/filler" 2>/dev/null
+wait $pid
+echo $? >"$2/rc1.tmp"
+cp "$1"/store/store-v1/tmp/*.partial.json "$2/record.json"
+mv "$2/rc1.tmp" "$2/rc1"
+wait_for "[ -e \"$2/go\" ]"
+rm "$1/filler"
+"$3" --config "$4" fetch "$5" >"$2/out2" 2>"$2/err2"
+echo $? >"$2/rc2"
+find "$1/store/store-v1/blobs" -type f -exec sha256sum {} + >"$2/sums"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_that_fills_during_parts_is_disk_space_and_keeps_its_ranges() {
+    let env = Env::new().await;
+    let config = env.write_config_full("", "[service]\nmax_per_host = 8\n");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replacen("store = \"store\"", "store = \"disk/store\"", 1),
+    )
+    .unwrap();
+    let body = bytes(SIZE, 54);
+    // 16 KiB every 50 ms per connection: about 5 s with eight.
+    env.origin.route(
+        "/full.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let url = env.url("origin.test", "/full.bin");
+    let manifest = env.write_manifest("m.json", serde_json::json!([entry("f", &url, &body)]));
+    let (disk, marks) = (env.dir.path().join("disk"), env.dir.path().join("marks"));
+    std::fs::create_dir_all(&disk).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            FILL_DURING_PARTS,
+            "sh",
+        ])
+        .args([&disk, &marks])
+        .arg(env!("CARGO_BIN_EXE_gem-resources"))
+        .args([&config, &manifest])
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rc1 = loop {
+        if let Ok(rc) = std::fs::read_to_string(marks.join("rc1")) {
+            break rc;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            // No user namespaces here (a locked-down kernel or container).
+            eprintln!("SKIPPED: cannot mount a small file system ({status})");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the first run did not end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let err1 = std::fs::read_to_string(marks.join("err1")).unwrap();
+    assert_eq!(rc1.trim(), "1", "{err1}");
+    assert!(err1.contains("E_RESOURCE_DISK_SPACE"), "{err1}");
+    assert!(err1.contains("no space left"), "{err1}");
+    let record = std::fs::read(marks.join("record.json"));
+    let meta = record.ok().and_then(|r| PartialMeta::parse(&r));
+    let meta = meta.unwrap_or_else(|| panic!("no record kept: {err1}"));
+    assert!(!meta.ranges.is_empty(), "ranges kept: {meta:?}");
+    let gaps = missing(&meta, SIZE as u64);
+    let before = env.origin.ranges("/full.bin").len();
+    env.origin.route("/full.bin", quick(&body));
+    std::fs::write(marks.join("go"), "").unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let err2 = std::fs::read_to_string(marks.join("err2")).unwrap_or_default();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(marks.join("rc2")).unwrap().trim(),
+        "0",
+        "{err2}"
+    );
+    let again = asked(&env.origin.ranges("/full.bin")[before..], SIZE as u64);
+    assert!(!again.is_empty());
+    for (s, e) in &again {
+        assert!(
+            gaps.iter().any(|(gs, ge)| gs <= s && e <= ge),
+            "asked {s}-{e} outside the missing {gaps:?} (record {meta:?})"
+        );
+    }
+    let sums = std::fs::read_to_string(marks.join("sums")).unwrap();
+    assert!(sums.contains(&sha256_hex(&body)), "{sums}");
+}

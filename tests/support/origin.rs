@@ -202,6 +202,9 @@ pub enum PartsFault {
     /// The byte at this offset is sent with its bits flipped, in every
     /// response that covers it.
     Corrupt(usize),
+    /// The first response is paced to this many bytes, then this pause,
+    /// instead (one slow connection among fast ones).
+    SlowFirst(usize, Duration),
 }
 
 impl Behaviour {
@@ -915,7 +918,11 @@ async fn serve_parts(
     nth: usize,
     route: (&Arc<Vec<u8>>, &String, (usize, Duration), &PartsFault),
 ) -> std::io::Result<()> {
-    let (body, etag, (piece, pause), fault) = route;
+    let (body, etag, pace, fault) = route;
+    let (piece, pause) = match fault {
+        PartsFault::SlowFirst(piece, pause) if nth == 0 => (*piece, *pause),
+        _ => pace,
+    };
     let etag = match fault {
         PartsFault::EtagChangesAt(n) if nth >= *n => {
             format!("{}-changed\"", etag.trim_end_matches('"'))

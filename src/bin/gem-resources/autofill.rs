@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 use gem_resources::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
 use gem_resources::service::autofill::{agrees, check_every_address, AddressReport};
 use gem_resources::transfer::autofill::{autofill_addresses, Filled};
@@ -248,9 +247,9 @@ async fn manifest(
         }
     };
     let parallel = config.service.max_concurrent_downloads.max(1);
-    let all = futures_util::stream::iter(selected.into_iter().map(one))
-        .buffered(parallel)
-        .collect::<Vec<Outcome>>();
+    // A slot takes the next entry as soon as its own ends; the outcomes
+    // come back in the manifest's order.
+    let all = crate::context::unordered(selected.into_iter().map(one), parallel);
     tokio::pin!(all);
     let mut interrupted = crate::interrupt::signal();
     let outcomes = tokio::select! {

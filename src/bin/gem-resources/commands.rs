@@ -4,7 +4,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 use gem_resources::{download_with, Config, Error, Resource, Route, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -258,11 +257,10 @@ async fn fetch(
             (resource, outcome)
         }
     };
-    // Several at once, results in manifest order.
+    // Several at once, each slot taking the next file as soon as its own
+    // ends (a stalled file holds no other back); reported in manifest order.
     let parallel = config.service.max_concurrent_downloads.max(1);
-    let all = futures_util::stream::iter(selected.iter().map(|r| one(r)))
-        .buffered(parallel)
-        .collect::<Vec<_>>();
+    let all = crate::context::unordered(selected.iter().map(|r| one(r)), parallel);
     tokio::pin!(all);
     let mut interrupted = crate::interrupt::signal();
     let (outcomes, stopped) = tokio::select! {

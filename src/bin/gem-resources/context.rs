@@ -1,6 +1,7 @@
 //! What every command needs besides its own work: exit statuses, the
-//! manifest read with its guards, whether the store exists, and the
-//! warning about active `[dev]` settings.
+//! manifest read with its guards, whether the store exists, the warning
+//! about active `[dev]` settings, and a batch run with no slot waiting for
+//! another's result.
 
 use std::path::Path;
 
@@ -173,4 +174,25 @@ pub fn install_target(
         ),
     };
     Ok((gem, manifest))
+}
+
+/// Runs `jobs` at most `parallel` at once, each slot taking the next job as
+/// soon as its own ends, so one that stalls (a retransmission timeout, a
+/// slow server) holds no other back; the outputs come back in the jobs'
+/// order, for reports in manifest order.
+pub async fn unordered<F: std::future::Future>(
+    jobs: impl IntoIterator<Item = F>,
+    parallel: usize,
+) -> Vec<F::Output> {
+    use futures_util::StreamExt;
+    let indexed = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, job)| async move { (i, job.await) });
+    let mut done: Vec<(usize, F::Output)> = futures_util::stream::iter(indexed)
+        .buffer_unordered(parallel.max(1))
+        .collect()
+        .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, out)| out).collect()
 }
