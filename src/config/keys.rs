@@ -125,6 +125,20 @@ mod tests {
     use crate::Config;
 
     #[test]
+    fn docs_configuration_lists_every_key() {
+        let docs = include_str!("../../docs/configuration.md");
+        let table = &docs[docs.find("## Every key").expect("the table of keys")..];
+        for (name, keys) in TABLES {
+            let Some(name) = name else { continue };
+            for key in keys.iter() {
+                let row = format!("| `[{name}]` | `{key}` |");
+                assert!(table.contains(&row), "docs/configuration.md lacks {row}");
+            }
+        }
+        assert!(table.contains("| `store` |"));
+    }
+
+    #[test]
     fn the_tables_list_every_key_the_types_take() {
         for (table, keys) in TABLES {
             let header = table.map(|t| format!("[{t}]\n")).unwrap_or_default();
