@@ -111,6 +111,8 @@ export interface ResourceStatus {
   served_by?: string | null;
   /** When downloading: the bytes really held; when waiting: the bytes the download waited for holds. */
   bytes?: number;
+  /** When this service downloads it: the current rate, as its progress events say; null for another process's download. */
+  bytes_per_sec?: number | null;
   /** When waiting: the gem whose download of the same file it waits for (null: not known). */
   on?: string | null;
   /** When failed. */
@@ -250,7 +252,16 @@ export type Event =
   | ({ event: 'queued'; size: number } & OfFile)
   | ({ event: 'started'; size: number; address: string } & OfFile)
   | ({ event: 'resumed'; offset: number; size: number; address: string } & OfFile)
-  | ({ event: 'progress'; bytes: number; size: number; address: string } & OfFile)
+  | ({
+      event: 'progress';
+      bytes: number;
+      size: number;
+      address: string;
+      /** This try's rate over the last three seconds (a resumed prefix never counts). */
+      bytes_per_sec: number;
+      /** Seconds left at that rate; null when it cannot be told (no rate yet, or stalled). */
+      eta_secs: number | null;
+    } & OfFile)
   | ({ event: 'retrying'; address: string; attempt: number; of: number; wait_ms: number; reason: string } & OfFile)
   | ({ event: 'fell_back'; from: string; hop: string | null; to: string; code: ErrorCode; reason: string } & OfFile)
   | ({ event: 'waiting'; on?: string } & OfFile)

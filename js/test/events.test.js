@@ -67,6 +67,8 @@ test('a subscriber sees queued, started, progress and verified, each with its ti
   let bytes = 0;
   for (const p of events.filter((e) => e.event === 'progress')) {
     expect(p.bytes >= bytes && p.bytes <= file.size, `progress went from ${bytes} to ${p.bytes}`);
+    expect(Number.isInteger(p.bytes_per_sec) && p.bytes_per_sec >= 0, `progress without bytes_per_sec: ${JSON.stringify(p)}`);
+    expect(p.eta_secs === null || Number.isInteger(p.eta_secs), `progress with a bad eta_secs: ${JSON.stringify(p)}`);
     bytes = p.bytes;
   }
   assert.deepEqual(problems, []);

@@ -337,17 +337,7 @@ impl Resources {
                 .collect()
                 .await;
         outcomes.sort_by_key(|(entry, _, _)| entry.index);
-        let fills: Vec<Fill> = outcomes
-            .iter()
-            .filter_map(|(entry, outcome, _)| {
-                let filled = outcome.as_ref().ok()?;
-                Some(Fill {
-                    index: entry.index,
-                    size: filled.transfer.size,
-                    sha256: filled.transfer.sha256.clone(),
-                })
-            })
-            .collect();
+        let fills = fills_of(outcomes.iter().map(|(entry, outcome, _)| (entry, outcome)));
         let filled_text = fill_text(&text, &fills)
             .ok_or_else(|| Error::Invalid("the manifest's shape could not be kept".into()))?;
         let manifest: Value = serde_json::from_str(&filled_text).unwrap_or_default();
@@ -411,4 +401,21 @@ pub fn agrees(entry: &Unfilled, filled: Filled) -> Result<Filled> {
             error,
         }],
     })
+}
+
+/// The values to write into a manifest's text: one [`Fill`] for each entry
+/// that was read.
+pub fn fills_of<'a>(
+    outcomes: impl Iterator<Item = (&'a Unfilled, &'a Result<Filled>)>,
+) -> Vec<Fill> {
+    outcomes
+        .filter_map(|(entry, outcome)| {
+            let filled = outcome.as_ref().ok()?;
+            Some(Fill {
+                index: entry.index,
+                size: filled.transfer.size,
+                sha256: filled.transfer.sha256.clone(),
+            })
+        })
+        .collect()
 }

@@ -556,6 +556,20 @@ async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
             .contains("local API on"),
         "the start log names the socket"
     );
+    // The command line through the service prints the same documents.
+    let other = env.write_manifest("other.json", json!([lazy("s", &url, &body)]));
+    let out = env
+        .run(&[
+            "--json",
+            "install",
+            "--no-wait",
+            "via-cli",
+            other.to_str().unwrap(),
+        ])
+        .await;
+    let doc: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(doc["ok"], true, "{doc}");
+    assert_eq!(doc["report"]["gem"], "via-cli", "{doc}");
     // A gem a client installs through the API is not the folder's: the
     // scans leave it installed.
     let mut client = Line::connect(&socket).await;

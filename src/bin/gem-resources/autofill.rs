@@ -259,17 +259,9 @@ async fn manifest(
             return Ok(interrupted_exit());
         }
     };
-    let fills: Vec<Fill> = outcomes
-        .iter()
-        .filter_map(|(entry, outcome, _)| {
-            let filled = outcome.as_ref().ok()?;
-            Some(Fill {
-                index: entry.index,
-                size: filled.transfer.size,
-                sha256: filled.transfer.sha256.clone(),
-            })
-        })
-        .collect();
+    let fills = gem_resources::service::autofill::fills_of(
+        outcomes.iter().map(|(entry, outcome, _)| (entry, outcome)),
+    );
     let filled_text =
         fill_text(&text, &fills).context("the manifest changed its shape while it was read")?;
     if request.write && !fills.is_empty() {

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::cli::Command;
 use crate::context::store_exists;
 use crate::interrupt;
-use crate::render::{self, print_json};
-use crate::report::{self, Outcome};
+use crate::render;
+use crate::report;
 use crate::watch::{Output, Show, Watcher};
 
 /// How often a waiting command looks at the service's status.
@@ -141,44 +141,14 @@ async fn install(
         .call("install", json!({ "gem": gem, "manifest": value }))
         .await?;
     if no_wait {
-        if json {
-            print_json(
-                &json!({ "event": "install_report", "report": report::report_json(&report) }),
-            );
-        } else {
-            crate::errln!(
-                "{}: {} resource(s), {} present",
-                report::headline(&report),
-                report.resources,
-                report.present
-            );
-            if report.queued > 0 {
-                crate::errln!(
-                    "queued: {} file(s); the service downloads them",
-                    report.queued
-                );
-            }
-        }
+        report::print_queued(&report, json, "the service downloads them");
         return Ok(ExitCode::SUCCESS);
     }
     let status = settled(client, Some(gem)).await?;
     if let Some(watcher) = watcher {
         watcher.stop().await;
     }
-    let outcome = Outcome::of(&report, &status);
-    if json {
-        render::print_doc(
-            json!({
-                "event": "install_report",
-                "report": report::report_json(&report),
-                "downloaded": outcome.downloaded,
-                "failed": outcome.failed,
-            }),
-            true,
-        );
-    } else {
-        crate::errln!("{}", report::install_summary(&report, &outcome));
-    }
+    report::print_installed(&report, &status, json);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -368,3 +368,44 @@ pub fn print_sync(queued: usize, status: &[GemStatus], json: bool) -> std::proce
         std::process::ExitCode::from(1)
     }
 }
+
+/// What `install --no-wait` says: the report, and where the queued files
+/// will download (`later`).
+pub fn print_queued(report: &InstallReport, json: bool, later: &str) {
+    if json {
+        render::print_doc(
+            serde_json::json!({ "event": "install_report", "report": report_json(report) }),
+            true,
+        );
+        return;
+    }
+    crate::errln!(
+        "{}: {} resource(s), {} present",
+        headline(report),
+        report.resources,
+        report.present
+    );
+    if report.queued > 0 {
+        crate::errln!("queued: {} file(s); {later}", report.queued);
+    }
+}
+
+/// What `install` says once its downloads ended (`status`: the gem's).
+/// A failed download never fails an install: the gem is registered, and
+/// `status` and `sync` report and retry the file.
+pub fn print_installed(report: &InstallReport, status: &[GemStatus], json: bool) {
+    let outcome = Outcome::of(report, status);
+    if json {
+        render::print_doc(
+            serde_json::json!({
+                "event": "install_report",
+                "report": report_json(report),
+                "downloaded": outcome.downloaded,
+                "failed": outcome.failed,
+            }),
+            true,
+        );
+    } else {
+        crate::errln!("{}", install_summary(report, &outcome));
+    }
+}

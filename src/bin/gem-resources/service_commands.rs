@@ -10,7 +10,7 @@ use crate::cli::Command;
 use crate::context::{no_store, store_exists, store_folder};
 use crate::interrupt;
 use crate::render;
-use crate::report::{self, Outcome};
+use crate::report;
 use crate::watch::{Output, Show, Watcher};
 
 /// Runs a service subcommand.
@@ -176,25 +176,11 @@ async fn install(
         // nothing is half-written and no failure is recorded. `serve` or
         // `sync` downloads the files.
         service.shutdown().await;
-        if json {
-            render::print_doc(
-                json!({ "event": "install_report", "report": report::report_json(&report) }),
-                true,
-            );
-        } else {
-            crate::errln!(
-                "{}: {} resource(s), {} present",
-                report::headline(&report),
-                report.resources,
-                report.present
-            );
-            if report.queued > 0 {
-                crate::errln!(
-                    "queued: {} file(s); they download in the background of `serve`, or now with `sync`",
-                    report.queued
-                );
-            }
-        }
+        report::print_queued(
+            &report,
+            json,
+            "they download in the background of `serve`, or now with `sync`",
+        );
         return Ok(ExitCode::SUCCESS);
     }
     tokio::select! {
@@ -205,20 +191,7 @@ async fn install(
         w.stop().await;
     }
     let status = service.status(Some(gem))?;
-    let outcome = Outcome::of(&report, &status);
-    if json {
-        render::print_doc(
-            json!({
-                "event": "install_report",
-                "report": report::report_json(&report),
-                "downloaded": outcome.downloaded,
-                "failed": outcome.failed,
-            }),
-            true,
-        );
-    } else {
-        crate::errln!("{}", report::install_summary(&report, &outcome));
-    }
+    report::print_installed(&report, &status, json);
     // A failed download never fails an install: the gem is registered, and
     // `status` and `sync` report and retry the file.
     Ok(ExitCode::SUCCESS)
