@@ -583,6 +583,10 @@ impl Resources {
 
     async fn install_here(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
         let inner = &self.inner;
+        let store = inner.store.clone();
+        let name = gem.to_string();
+        self.on_blocking(inner.store.root(), move || store.check_installable(&name))
+            .await?;
         let lock = inner.registry.lock().await?;
         let old = inner.registry.get(gem)?;
         let registration = Registration {
@@ -750,7 +754,8 @@ impl Resources {
             return Ok(path);
         }
         // A store this user may only read cannot take a download; say so
-        // before a lock file fails.
+        // before a lock file fails (the download says it too; here no job
+        // is queued for it).
         let store = self.inner.store.clone();
         let what = format!("{gem}/{resource_id} ({})", resource.file_name());
         self.on_blocking(self.inner.store.root(), move || store.check_writable(&what))

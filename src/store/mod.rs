@@ -198,7 +198,18 @@ impl Store {
     /// file's error would say neither. Other failures of the probe are
     /// left for the download to report.
     pub fn check_writable(&self, what: &str) -> Result<()> {
-        for sub in ["tmp", "locks", "blobs"] {
+        self.check_folders_writable(&["tmp", "locks", "blobs"], &format!("download {what}"))
+    }
+
+    /// [`Store::check_writable`] for an install or upgrade of `gem`: the
+    /// folders its registration and lock live in (`the store is read-only;
+    /// cannot install g into /path: …`).
+    pub fn check_installable(&self, gem: &str) -> Result<()> {
+        self.check_folders_writable(&["gems", "locks"], &format!("install {gem}"))
+    }
+
+    fn check_folders_writable(&self, folders: &[&str], doing: &str) -> Result<()> {
+        for sub in folders {
             let dir = self.root.join(sub);
             match crate::platform::can_write(&dir) {
                 Err(e)
@@ -209,7 +220,7 @@ impl Store {
                     ) =>
                 {
                     return Err(Error::io(
-                        format!("the store is read-only; cannot download {what} into"),
+                        format!("the store is read-only; cannot {doing} into"),
                         self.folder(),
                         e,
                     ));

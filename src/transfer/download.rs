@@ -103,6 +103,17 @@ pub(crate) async fn download_for(
     if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
         return Ok(path);
     }
+    // A store this user may only read cannot take a download; say so
+    // before a lock file fails.
+    let what = match gem {
+        Some(gem) => format!("{gem}/{} ({name})", resource.id),
+        None => format!("{} ({name})", resource.id),
+    };
+    crate::store::off_runtime(store.root(), {
+        let store = store.clone();
+        move || store.check_writable(&what)
+    })
+    .await?;
     let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
     let waiting_since = std::time::SystemTime::now();
     let taken = take_lane(gem, fetcher, store, resource, &addresses, progress, cancel).await?;

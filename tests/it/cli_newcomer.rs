@@ -407,9 +407,9 @@ async fn run_as(env: &Env, user: (u32, u32), args: &[&str]) -> Output {
 
 #[cfg(unix)]
 #[tokio::test]
-async fn path_on_a_store_its_user_may_only_read_says_the_store_is_read_only() {
+async fn commands_on_a_store_its_user_may_only_read_say_the_store_is_read_only() {
     use std::os::unix::fs::{chown, PermissionsExt};
-    const TEST: &str = "path_on_a_store_its_user_may_only_read_says_the_store_is_read_only";
+    const TEST: &str = "commands_on_a_store_its_user_may_only_read_say_the_store_is_read_only";
     let Some(user) = second_user(TEST) else {
         return;
     };
@@ -438,6 +438,20 @@ async fn path_on_a_store_its_user_may_only_read_says_the_store_is_read_only() {
     assert_eq!(
         stderr(&out).trim(),
         format!("E_RESOURCE_IO: the store is read-only; cannot download g/lazy (lazy.bin) into {store}: Permission denied (os error 13)")
+    );
+    assert_eq!(env.origin.hits("/lazy.bin"), 0);
+    // `fetch` and `install` say the same, naming what they could not do.
+    let out = run_as(&env, user, &["fetch", m.to_str().unwrap(), "lazy"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("E_RESOURCE_IO: the store is read-only; cannot download lazy (lazy.bin) into {store}: Permission denied (os error 13)")
+    );
+    let out = run_as(&env, user, &["install", "g", m.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert_eq!(
+        stderr(&out).trim(),
+        format!("E_RESOURCE_IO: the store is read-only; cannot install g into {store}: Permission denied (os error 13)")
     );
     assert_eq!(env.origin.hits("/lazy.bin"), 0);
     // What it holds is still read.
