@@ -74,12 +74,16 @@ pub enum AttemptError {
         limit: usize,
     },
     /// The server answered with a status other than 200 (or a redirect).
-    #[error("HTTP status {status}{}{}", reason_suffix(*.status), retry_after_suffix(*.retry_after))]
+    #[error("HTTP status {status}{}{}{}", reason_suffix(*.status), retry_after_suffix(*.retry_after), body_suffix(.body.as_deref()))]
     Http {
         /// The status code received.
         status: u16,
         /// The server's `Retry-After`, when it gave a valid one.
         retry_after: Option<std::time::Duration>,
+        /// What a `401` or `403` said, when its body was short plain text
+        /// or JSON (a gated file, an expired signature): control and
+        /// format characters made spaces, at most 200 characters.
+        body: Option<String>,
     },
     /// DNS, connect, TLS, reset or timeout.
     #[error("{}", shorten_to(reason, MAX_REASON_CHARS))]
@@ -130,6 +134,10 @@ pub enum AttemptError {
         /// The digest of the bytes received.
         actual: String,
     },
+}
+
+fn body_suffix(body: Option<&str>) -> String {
+    body.map(|b| format!(": {b}")).unwrap_or_default()
 }
 
 fn reason_suffix(status: u16) -> String {
@@ -547,6 +555,7 @@ mod tests {
         let gone = attempt(AttemptError::Http {
             status: 404,
             retry_after: None,
+            body: None,
         });
         let manifest = ManifestError {
             problems: vec![crate::manifest::Problem {

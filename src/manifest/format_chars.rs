@@ -32,7 +32,7 @@ const FORMAT: &[(char, char)] = &[
 ];
 
 /// Whether `c` is a format character (general category Cf).
-pub(super) fn is_format(c: char) -> bool {
+pub(crate) fn is_format(c: char) -> bool {
     FORMAT
         .binary_search_by(|&(low, high)| {
             if high < c {

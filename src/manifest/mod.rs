@@ -14,6 +14,7 @@
 
 pub mod fill;
 mod format_chars;
+pub(crate) use format_chars::is_format;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -69,4 +69,33 @@ impl Response {
             },
         }
     }
+
+    /// The whole body as text when it is short: at most `most` bytes,
+    /// arriving within `within`, sent without a content coding. `None`
+    /// for anything longer, slower, encoded or broken off.
+    pub(crate) async fn short_text(
+        &mut self,
+        most: usize,
+        within: std::time::Duration,
+    ) -> Option<String> {
+        let encoded = self
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        if encoded || self.content_length().is_some_and(|n| n > most as u64) {
+            return None;
+        }
+        let read = async {
+            let mut bytes = Vec::new();
+            while let Some(chunk) = self.chunk().await.ok()? {
+                bytes.extend_from_slice(&chunk);
+                if bytes.len() > most {
+                    return None;
+                }
+            }
+            Some(bytes)
+        };
+        let bytes = tokio::time::timeout(within, read).await.ok()??;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
 }

@@ -102,7 +102,11 @@ impl Fetcher {
                 hop = next;
                 continue;
             }
-            let offset = head_offset(&hop, &response, ask, limit).map_err(|e| *e)?;
+            let mut response = response;
+            let offset = match head_offset(&hop, &response, ask, limit) {
+                Ok(offset) => offset,
+                Err(e) => return Err(with_short_body(*e, &mut response).await),
+            };
             return Ok((hop, response, offset, permit));
         }
     }
@@ -271,10 +275,108 @@ fn head_offset(
                 AttemptError::Http {
                     status,
                     retry_after,
+                    body: None,
                 },
             )))
         }
     }
+}
+
+/// A refusal (`401`, `403`) with what its body says, when that is a short
+/// plain text or JSON: a gated file or an expired signature is then
+/// readable in the warning and the error, not only its status.
+async fn with_short_body(error: HeadError, response: &mut Response) -> HeadError {
+    match error {
+        HeadError::Attempt(
+            hop,
+            AttemptError::Http {
+                status: status @ (401 | 403),
+                retry_after,
+                body: None,
+            },
+        ) => {
+            let body = if is_short_text(response) {
+                response
+                    .short_text(SHORT_BODY_BYTES, SHORT_BODY_WAIT)
+                    .await
+                    .and_then(|text| readable(&text))
+                    .filter(|text| !only_restates(text, status))
+            } else {
+                None
+            };
+            HeadError::Attempt(
+                hop,
+                AttemptError::Http {
+                    status,
+                    retry_after,
+                    body,
+                },
+            )
+        }
+        other => other,
+    }
+}
+
+/// Whether `text` says no more than the status line (`403 Forbidden`,
+/// `Forbidden`).
+fn only_restates(text: &str, status: u16) -> bool {
+    let reason = reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or_default();
+    let text = text.trim_end_matches('.');
+    text.eq_ignore_ascii_case(reason)
+        || text.eq_ignore_ascii_case(&format!("{status} {reason}"))
+        || text == status.to_string()
+}
+
+/// The most of a refusal's body that is read.
+const SHORT_BODY_BYTES: usize = 4096;
+/// How long a refusal's body may take.
+const SHORT_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The most of it that is shown.
+const SHORT_BODY_CHARS: usize = 200;
+
+/// Whether the body is plain text or JSON (`application/json`,
+/// `application/problem+json`, …), never a page of HTML.
+fn is_short_text(response: &Response) -> bool {
+    let Some(kind) = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let kind = kind.split(';').next().unwrap_or_default().trim();
+    let kind = kind.to_ascii_lowercase();
+    kind == "text/plain" || kind == "application/json" || kind.ends_with("+json")
+}
+
+/// `text` on one line: control and format characters (escapes,
+/// bidirectional overrides, zero-width characters) made spaces, runs of
+/// white space one space, cut to [`SHORT_BODY_CHARS`]; `None` when
+/// nothing is left.
+fn readable(text: &str) -> Option<String> {
+    let clean: String = text
+        .chars()
+        .map(|c| {
+            if c.is_control() || crate::manifest::is_format(c) {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect();
+    let clean = clean.split_whitespace().collect::<Vec<_>>().join(" ");
+    if clean.is_empty() {
+        return None;
+    }
+    Some(if clean.chars().count() > SHORT_BODY_CHARS {
+        let cut: String = clean.chars().take(SHORT_BODY_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        clean
+    })
 }
 
 /// The `User-Agent` of every request.
@@ -311,6 +413,7 @@ fn next_hop(current: &Url, response: &Response) -> Result<Url, AttemptError> {
     let location = response.headers().get(LOCATION).ok_or(AttemptError::Http {
         status,
         retry_after: None,
+        body: None,
     })?;
     headers::join_location(current, location.as_bytes()).map_err(|why| AttemptError::Network {
         reason: format!("redirect ({status}): {why}"),
@@ -334,4 +437,32 @@ fn request_error(e: &reqwest::Error) -> AttemptError {
     }
     let host = e.url().and_then(|u| u.host_str()).unwrap_or_default();
     crate::net::reason::network_failure(e, host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{only_restates, readable};
+
+    #[test]
+    fn a_refusals_body_is_shown_on_one_line_without_control_or_format_characters() {
+        assert_eq!(
+            readable("{\n  \"error\": \"Access to model x is restricted\"\n}\n").as_deref(),
+            Some("{ \"error\": \"Access to model x is restricted\" }")
+        );
+        assert_eq!(
+            readable("expired\u{1b}[31m\u{202e}txt.exe\u{200b}!").as_deref(),
+            Some("expired [31m txt.exe !")
+        );
+        assert_eq!(readable(" \n\t\u{200b}"), None);
+        let long = readable(&"a".repeat(500)).unwrap();
+        assert_eq!(long.chars().count(), 200);
+        assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn a_body_that_only_restates_the_status_is_not_shown() {
+        assert!(only_restates("403 Forbidden", 403));
+        assert!(only_restates("Unauthorized.", 401));
+        assert!(!only_restates("Signature expired", 403));
+    }
 }

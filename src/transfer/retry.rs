@@ -103,6 +103,7 @@ impl RetryPolicy {
         if let AttemptError::Http {
             status: 429 | 503,
             retry_after: Some(wait),
+            ..
         } = error
         {
             return if *wait <= self.retry_after_max {
@@ -141,6 +142,7 @@ mod tests {
         AttemptError::Http {
             status,
             retry_after: retry_after.map(Duration::from_secs),
+            body: None,
         }
     }
 

@@ -295,3 +295,66 @@ async fn the_fallback_warning_names_the_redirect_target_that_failed() {
     assert_eq!(event["hop"], gone.as_str(), "{event}");
     assert_eq!(event["from"], url.as_str(), "{event}");
 }
+
+#[tokio::test]
+async fn the_fallback_warning_shows_what_a_short_refusal_says() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 43);
+    let said = "{\n  \"error\": \"Access to this model is restricted.\u{202e} Ask for access at https://hub.test/m\"\n}";
+    env.origin.route(
+        "/gated.bin",
+        Behaviour::Raw {
+            head: format!(
+                "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close",
+                said.len()
+            ),
+            body: said.as_bytes().to_vec(),
+        },
+    );
+    // A page of HTML says nothing worth a line.
+    env.origin.route(
+        "/page.bin",
+        Behaviour::Raw {
+            head: "HTTP/1.1 401 Unauthorized\r\nContent-Type: text/html\r\nContent-Length: 23\r\nConnection: close".into(),
+            body: b"<html>sign in</html>   ".to_vec(),
+        },
+    );
+    let gated = env.url("origin.test", "/gated.bin");
+    let page = env.url("origin.test", "/page.bin");
+    let mirror = env.serve("/good.bin", &body);
+    let mut resource = required_entry("model", &gated, &body);
+    resource["mirrors"] = json!([page.as_str(), mirror.as_str()]);
+    let manifest = env.write_manifest("m.json", json!([resource]));
+    let m = manifest.to_str().unwrap();
+    let out = env.run(&["fetch", m]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let shown = "HTTP status 403 Forbidden: { \"error\": \"Access to this model is restricted. Ask for access at https://hub.test/m\" }";
+    assert!(
+        stderr(&out).contains(&format!(
+            "warning: model: {gated} failed (E_RESOURCE_HTTP: {shown})"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!(
+            "warning: model: {page} failed (E_RESOURCE_HTTP: HTTP status 401 Unauthorized)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // The same words in the event.
+    let _ = std::fs::remove_dir_all(env.store_dir());
+    let out = env.run(&["--json", "fetch", m]).await;
+    let event: Value = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "fell_back")
+        .unwrap_or_else(|| panic!("no fell_back event: {}", stderr(&out)));
+    assert!(
+        event
+            .to_string()
+            .contains("Access to this model is restricted."),
+        "{event}"
+    );
+}
