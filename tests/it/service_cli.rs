@@ -347,7 +347,7 @@ async fn verify_removes_and_reports_a_corrupted_file() {
         "{text}"
     );
     assert!(text.contains("removed corrupted g/bad (bad.bin)"), "{text}");
-    assert!(text.contains("`sync`"), "{text}");
+    assert!(text.contains("`verify --repair` or `sync`"), "{text}");
     assert!(stored_files(&env, &bad).is_empty());
     assert_eq!(stored_files(&env, &good).len(), 1);
     let v = status_json(&env).await;
@@ -357,6 +357,67 @@ async fn verify_removes_and_reports_a_corrupted_file() {
     assert_ok(&env.run(&["sync"]).await);
     assert_eq!(env.origin.hits("/bad.bin"), 2);
     assert_eq!(env.origin.hits("/good.bin"), 1);
+}
+
+/// Makes the stored copy of `body` writable and flips one of its bytes.
+fn corrupt_stored(env: &Env, body: &[u8]) {
+    let file = stored_files(env, body).pop().unwrap();
+    let mut perms = std::fs::metadata(&file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&file, perms).unwrap();
+    let mut corrupted = body.to_vec();
+    corrupted[100] ^= 0xff;
+    std::fs::write(&file, &corrupted).unwrap();
+}
+
+#[tokio::test]
+async fn verify_repair_downloads_what_it_removed_again() {
+    let env = Env::new().await;
+    let (good, bad) = (bytes(3000, 45), bytes(4000, 46));
+    let m = env.write_manifest(
+        "m.json",
+        json!([
+            required_entry("good", &env.serve("/good.bin", &good), &good),
+            entry("bad", &env.serve("/bad.bin", &bad), &bad)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    assert_ok(&env.run(&["path", "g", "bad"]).await);
+    corrupt_stored(&env, &bad);
+
+    let out = env.run(&["verify", "--repair"]).await;
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("removed corrupted g/bad (bad.bin); downloading it again"),
+        "{text}"
+    );
+    assert!(
+        text.contains("repaired g/bad: downloaded again and verified"),
+        "{text}"
+    );
+    let stored = stored_files(&env, &bad);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(std::fs::read(&stored[0]).unwrap(), bad);
+    assert_eq!(env.origin.hits("/bad.bin"), 2);
+    assert_eq!(env.origin.hits("/good.bin"), 1);
+
+    // A file that cannot come back: ok false, exit 1, the reason.
+    corrupt_stored(&env, &bad);
+    env.origin.route("/bad.bin", Behaviour::Status(404));
+    let out = env.run(&["--json", "verify", "--repair"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let last = stdout(&out).lines().last().unwrap().to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["repaired"], json!([]), "{v}");
+    assert_eq!(v["unrepaired"][0]["resource"], "bad", "{v}");
+    assert_eq!(
+        v["unrepaired"][0]["primary_cause"], "E_RESOURCE_HTTP",
+        "{v}"
+    );
+    assert!(stored_files(&env, &bad).is_empty());
 }
 
 #[tokio::test]

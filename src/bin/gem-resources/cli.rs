@@ -209,8 +209,15 @@ pub enum Command {
         files: Vec<PathBuf>,
     },
     /// Re-hash every stored file; remove and report corrupted ones.
-    #[command(after_long_help = "Example:\n  gem-resources verify")]
-    Verify,
+    #[command(
+        after_long_help = "Examples:\n  gem-resources verify\n  gem-resources verify --repair   # and download what it removed again"
+    )]
+    Verify {
+        /// Download each removed file that an installed gem declares again,
+        /// from that gem's addresses, and verify it.
+        #[arg(long)]
+        repair: bool,
+    },
     /// Remove stored files and kept partial files that no installed gem declares.
     #[command(after_long_help = GC_HELP)]
     Gc {

@@ -311,7 +311,7 @@ fn unix_secs(t: std::time::SystemTime) -> u64 {
 }
 
 /// `verified 3 file(s): 2 good, 1 corrupted`, then one line per removed file.
-pub fn print_verify(report: &VerifyReport) {
+pub fn print_verify(report: &VerifyReport, repairing: bool) {
     let bad: usize = report.removed.iter().map(|r| r.files.len().max(1)).sum();
     crate::outln!(
         "verified {} file(s): {} good, {} corrupted",
@@ -324,8 +324,13 @@ pub fn print_verify(report: &VerifyReport) {
         if removed.declared_by.is_empty() {
             crate::outln!("removed corrupted {files} ({})", removed.sha256);
         } else {
+            let then = if repairing {
+                "downloading it again"
+            } else {
+                "run `verify --repair` or `sync` to download it again"
+            };
             crate::outln!(
-                "removed corrupted {} ({files}); run `sync` to download it again",
+                "removed corrupted {} ({files}); {then}",
                 removed.declared_by.join(", "),
             );
         }

@@ -42,7 +42,10 @@ pub async fn run(
     // for an empty store.
     if matches!(
         command,
-        Command::Status { .. } | Command::Uninstall { .. } | Command::Verify | Command::Path { .. }
+        Command::Status { .. }
+            | Command::Uninstall { .. }
+            | Command::Verify { .. }
+            | Command::Path { .. }
     ) && !store_exists(config)
     {
         if let Command::Uninstall { gem } = command {
@@ -76,7 +79,7 @@ pub async fn run(
             Ok(ExitCode::SUCCESS)
         }
         Command::Sync => sync(&service, json).await,
-        Command::Verify => verify(&service, json).await,
+        Command::Verify { repair } => verify(&service, repair, json).await,
         Command::Serve { gems, interval } => {
             crate::serve::run(&service, config, &gems, interval, json).await
         }
@@ -122,8 +125,11 @@ async fn path(
 }
 
 /// `verify`: re-hashes every stored file. Ctrl-C stops it between reads;
-/// what it removed until then is said.
-async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
+/// what it removed until then is said. With `--repair`, each removed file
+/// an installed gem declares is downloaded again (from the first such
+/// gem's addresses) and verified; the exit status is then 0 when every
+/// one came back.
+async fn verify(service: &Resources, repair: bool, json: bool) -> anyhow::Result<ExitCode> {
     let mut interrupted = interrupt::signal();
     let mut events = service.subscribe();
     let report = tokio::select! {
@@ -141,12 +147,71 @@ async fn verify(service: &Resources, json: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(interrupt::INTERRUPTED));
         }
     };
-    if json {
-        render::print_doc(json!(report), report.corrupted.is_empty());
-    } else {
-        report::print_verify(&report);
+    if !repair {
+        if json {
+            render::print_doc(json!(report), report.corrupted.is_empty());
+        } else {
+            report::print_verify(&report, false);
+        }
+        return Ok(if report.corrupted.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
     }
-    Ok(if report.corrupted.is_empty() {
+    if !json {
+        report::print_verify(&report, true);
+    }
+    let show = Show {
+        json,
+        output: Output::Stderr,
+        failures: false,
+    };
+    let watcher = crate::watch::spawn_with(service, show);
+    let mut repaired = Vec::new();
+    let mut unrepaired = Vec::new();
+    for removed in &report.removed {
+        // Not declared by any installed gem: nothing to download it from.
+        let Some((gem, id)) = removed.declared_by.first().and_then(|d| d.split_once('/')) else {
+            continue;
+        };
+        let result = tokio::select! {
+            result = service.path(gem, id) => result,
+            () = &mut interrupted => return stop(service, Some(watcher), Some(gem)).await,
+        };
+        match result {
+            Ok(path) => {
+                if !json {
+                    crate::outln!(
+                        "repaired {gem}/{id}: downloaded again and verified, {}",
+                        path.display()
+                    );
+                }
+                repaired.push(
+                    json!({ "sha256": removed.sha256, "gem": gem, "resource": id, "path": path }),
+                );
+            }
+            Err(e) => {
+                if !json {
+                    crate::errln!("cannot repair {gem}/{id}: {}", render::error_text(&e));
+                }
+                let mut value = render::error_json(&e);
+                value["sha256"] = json!(removed.sha256);
+                value["gem"] = json!(gem);
+                value["resource"] = json!(id);
+                unrepaired.push(value);
+            }
+        }
+    }
+    watcher.stop().await;
+    let ok = unrepaired.is_empty();
+    if json {
+        let mut doc = json!(report);
+        doc["repaired"] = json!(repaired);
+        doc["unrepaired"] = json!(unrepaired);
+        render::print_doc(doc, ok);
+    }
+    Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
