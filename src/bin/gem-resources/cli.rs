@@ -210,7 +210,7 @@ pub enum Command {
     },
     /// Re-hash every stored file; remove and report corrupted ones.
     #[command(
-        after_long_help = "Examples:\n  gem-resources verify\n  gem-resources verify --repair   # and download what it removed again"
+        after_long_help = "Example:\n  gem-resources verify\n  gem-resources verify --repair   # and download what it removed again"
     )]
     Verify {
         /// Download each removed file that an installed gem declares again,
