@@ -4,9 +4,11 @@
 //! The file is hashed (streaming, constant memory) and matched by size and
 //! SHA-256 against the resources installed gems declare. A match is copied
 //! into the store through the same path as a download: the partial file in
-//! `tmp/` (created by `Store::prepare`, which checks free space) under the
-//! locks of every download of the SHA-256, fsynced, hashed again, then made read-only and renamed
-//! into `blobs/` (`Store::publish`).
+//! `tmp/` (created by `Store::prepare`, which checks free space) in a lane
+//! of the file no download holds (an import never waits for a download of
+//! the same bytes, which may drip from a hostile gem's address), fsynced,
+//! hashed again, then made read-only and renamed into `blobs/`
+//! (`Store::publish`).
 //!
 //! The copy is a reflink (`FICLONE`) where the file system supports it, and
 //! a plain copy otherwise; never a hard link, so a later edit of the user's
@@ -107,10 +109,13 @@ impl Resources {
                 sha256: Some(sha256),
             });
         }
-        // The download lock first (a download of these bytes in progress
-        // finishes), then the registry lock, so an uninstall cannot drop the
-        // declaration between the match and the publication.
-        let _sha_lock = store.lock_with_size(&sha256, size).await?;
+        // A lane of the file's own first, never waiting for a download of
+        // it in progress (it may drip from a hostile gem's address: the
+        // user's bytes are here now), then the registry lock, so an
+        // uninstall cannot drop the declaration between the match and the
+        // publication. A download in another lane stops once it finds the
+        // published file.
+        let lane = import_lane(&store, &sha256, size, &stop).await?;
         let registry_lock = registry.lock().await?;
         let matches = matching(&registry, size, Some(&sha256))?;
         let Some((_, first)) = matches.first() else {
@@ -134,7 +139,7 @@ impl Resources {
             let stored = crate::store::off_runtime(path, {
                 let (store, registry) = (store.clone(), registry.clone());
                 move || {
-                    let stored = copy_in(&store, &source, &first)?;
+                    let stored = copy_in(&store, &source, &first, lane.lane)?;
                     registry.record_served_by(&first.sha256, SERVED_BY_IMPORT);
                     Ok(stored)
                 }
@@ -152,6 +157,7 @@ impl Resources {
             }
         };
         drop(registry_lock);
+        drop(lane);
         store.clear_failure(&sha256);
         for (gem, r) in &matches {
             registry.set_failure(gem, &r.id, None).await?;
@@ -298,14 +304,39 @@ fn each_chunk(
     }
 }
 
-/// Copies `source` into the store as `resource`'s file and publishes it once
-/// the copy's own bytes are verified; the partial file is removed on any
-/// failure or a stop. Call with the locks of the SHA-256 held
-/// ([`crate::store::Store::lock_with_size`]).
-fn copy_in(store: &Store, source: &Source, resource: &Resource) -> Result<PathBuf> {
+/// A lane of the file `sha256`, `size` for an import: lane 0 when no
+/// download holds it, else any other free one; only when every lane is
+/// held does it wait (for the first to come free), until `stop`.
+async fn import_lane(
+    store: &Store,
+    sha256: &str,
+    size: u64,
+    stop: &CancellationToken,
+) -> Result<crate::store::lanes::LaneLock> {
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        if let Some(lock) = store.try_lock_lane(sha256, size, 0)? {
+            return Ok(lock);
+        }
+        if let Some(lock) = store.try_lock_other_lane(sha256, size, &[])? {
+            return Ok(lock);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = stop.cancelled() => return Err(Error::Shutdown),
+        }
+        pause = (pause * 2).min(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Copies `source` into the store as `resource`'s file, in `lane`, and
+/// publishes it once the copy's own bytes are verified; the partial file
+/// is removed on any failure or a stop. Call with that lane's lock held
+/// ([`crate::store::Store::try_lock_lane`]).
+fn copy_in(store: &Store, source: &Source, resource: &Resource, lane: u32) -> Result<PathBuf> {
     let grace = crate::store::lanes::DEFAULT_WAIT_FOR_OTHERS;
-    let paths = store.prepare(&resource.id, &resource.sha256, resource.size, 0, grace)?;
-    // A kept partial download of the same bytes is replaced by the copy.
+    let paths = store.prepare(&resource.id, &resource.sha256, resource.size, lane, grace)?;
+    // A kept partial download in this lane is replaced by the copy.
     paths.remove();
     let result = copy_and_check(source, &paths, resource);
     match result {
@@ -398,7 +429,7 @@ mod tests {
         // What the file held when it was hashed (and what is declared).
         let declared = b"the bytes hashed once";
         let r = resource(declared, hex::encode(Sha256::digest(declared)));
-        let err = copy_in(&store, &opened(&source), &r).unwrap_err();
+        let err = copy_in(&store, &opened(&source), &r, 0).unwrap_err();
         assert_eq!(err.code(), "E_RESOURCE_IO");
         assert!(
             err.to_string().contains("changed while it was imported"),
@@ -419,7 +450,7 @@ mod tests {
         let source = dir.path().join("m.bin");
         std::fs::write(&source, body).unwrap();
         let r = resource(body, opened(&source).hash().unwrap());
-        let path = copy_in(&store, &opened(&source), &r).unwrap();
+        let path = copy_in(&store, &opened(&source), &r, 0).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), body);
         assert!(std::fs::metadata(&path).unwrap().permissions().readonly());
         assert!(!std::fs::metadata(&source).unwrap().permissions().readonly());

@@ -429,3 +429,37 @@ async fn another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stor
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_never_waits_for_a_hostile_download_of_the_same_bytes() {
+    use crate::squatting::{config_waiting, drip};
+    let env = Env::new().await;
+    // Long enough that waiting for the drip would time the test out.
+    config_waiting(&env, 600.0);
+    let body = bytes(1 << 20, 160);
+    let hostile = drip(&env, "/drip.bin", &body);
+    let service = gem_resources::Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    service
+        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
+        .await
+        .unwrap();
+    let hog = {
+        let s = service.clone();
+        tokio::spawn(async move { s.path("hog", "m").await })
+    };
+    wait_until("the hostile download drips", || {
+        env.origin.hits("/drip.bin") == 1
+    })
+    .await;
+    let file = user_file(&env, "model.bin", &body);
+    let out = within("import beside the drip", env.run(&["import", arg(&file)])).await;
+    assert_exit(&out, 0);
+    assert_eq!(
+        stdout(&out),
+        format!("{}: imported hog/m\n", file.display())
+    );
+    // The dripping download stops once the file is in place, and gets it.
+    let hog = within("the hostile download stops", hog).await.unwrap();
+    assert_eq!(std::fs::read(hog.unwrap()).unwrap(), body);
+    assert_eq!(env.origin.hits("/drip.bin"), 1);
+}

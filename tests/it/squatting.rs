@@ -12,7 +12,7 @@ use crate::support::*;
 
 /// A body that would take minutes to drip: 2 KB a second, above the
 /// default `network.min_bytes_per_min`.
-fn drip(env: &Env, path: &str, body: &[u8]) -> url::Url {
+pub(crate) fn drip(env: &Env, path: &str, body: &[u8]) -> url::Url {
     env.origin.route(
         path,
         Behaviour::Slow {
@@ -26,7 +26,7 @@ fn drip(env: &Env, path: &str, body: &[u8]) -> url::Url {
 
 /// A configuration where a download waits `secs` for another gem's
 /// download of the same file.
-fn config_waiting(env: &Env, secs: f64) {
+pub(crate) fn config_waiting(env: &Env, secs: f64) {
     env.write_config(&format!(
         "stall_timeout_secs = 60\nwait_for_others_secs = {secs}"
     ));
