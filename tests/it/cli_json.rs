@@ -45,13 +45,7 @@ async fn every_json_document_says_ok() {
     assert_eq!(verify["intact"], 1, "{verify}");
 
     // A corrupted file: verify says ok false, and counts by name.
-    let stored = stored_files(&env, &body);
-    let file = stored.first().unwrap();
-    let mut perms = std::fs::metadata(file).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    std::fs::set_permissions(file, perms).unwrap();
-    std::fs::write(file, b"not the bytes").unwrap();
+    corrupt(stored_files(&env, &body).first().unwrap());
     let out = env.run(&["--json", "verify"]).await;
     let verify = doc(&out);
     assert_eq!(verify["ok"], false, "{verify}");

@@ -68,15 +68,7 @@ async fn install_no_wait_queues_and_records_no_failure() {
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(400_000, 91);
-    let gate = Gate::new();
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
+    let (url, _gate) = env.serve_gated("/held.bin", &body);
     let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
     // The stop raced the download's own clean-up; try it a few times.
     for _ in 0..3 {

@@ -44,15 +44,7 @@ async fn a_fallback_to_the_mirror_is_a_warning_naming_resource_address_and_reaso
 async fn waiting_for_another_process_downloading_the_same_file_is_said() {
     let env = Env::new().await;
     let body = bytes(50_000, 33);
-    let gate = Gate::new();
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
+    let (url, gate) = env.serve_gated("/held.bin", &body);
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     let config = env.dir.path().join("config.toml");
     let spawn = |json: bool, err: std::fs::File| {

@@ -28,17 +28,6 @@ fn keys(e: &Event) -> Vec<String> {
     keys
 }
 
-/// Makes a stored (read-only) file writable and flips one of its bytes.
-fn corrupt(file: &std::path::Path) {
-    let mut perms = std::fs::metadata(file).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    std::fs::set_permissions(file, perms).unwrap();
-    let mut bytes = std::fs::read(file).unwrap();
-    bytes[10] ^= 0xff;
-    std::fs::write(file, bytes).unwrap();
-}
-
 #[tokio::test]
 async fn a_download_says_when_each_step_was_seen_where_it_comes_from_and_what_served_it() {
     let env = Env::new().await;

@@ -60,15 +60,7 @@ fn about(e: &Event) -> Option<(&str, &str, &str)> {
 async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
     let env = Env::new().await;
     let body = bytes(50_000, 81);
-    let gate = Gate::new();
-    env.origin.route(
-        "/shared.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/shared.bin");
+    let (url, gate) = env.serve_gated("/shared.bin", &body);
     let sha = sha256_hex(&body);
     let service = Resources::open(&env.config()).unwrap();
     let mut events = service.subscribe();

@@ -135,15 +135,7 @@ async fn a_download_of_bytes_another_download_holds_waits_and_says_so() {
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(50_000, 95);
-    let gate = Gate::new();
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let held = env.url("origin.test", "/held.bin");
+    let (held, gate) = env.serve_gated("/held.bin", &body);
     // The same bytes from another address: another job, the same file.
     let other = env.serve("/other.bin", &body);
     let service = Resources::open(&env.config()).unwrap();

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gem_resources::{download, Fetcher, Resource, ResourceState, Resources, Store};
+use gem_resources::{download, Fetcher, Resource, ResourceState, Store};
 use serde_json::json;
 use url::Url;
 
@@ -47,7 +47,7 @@ async fn long_invalid_locations_behind_a_url_and_mirrors_give_a_short_error_and_
         );
         addresses.push(env.url("origin.test", &path));
     }
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     let mut entry = required_entry("r", &addresses[0], &body);
     entry["mirrors"] = json!(addresses[1..]
         .iter()
@@ -83,16 +83,8 @@ async fn a_wrong_size_in_one_gem_does_not_fail_another_gem_declaring_the_right_o
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(20_000, 91);
-    let gate = Gate::new();
-    env.origin.route(
-        "/same.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/same.bin");
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let (url, gate) = env.serve_gated("/same.bin", &body);
+    let service = env.resources();
     let mut wrong = required_entry("w", &url, &body);
     wrong["size"] = json!(body.len() + 1);
     service
@@ -229,18 +221,10 @@ async fn a_wrong_size_failing_in_another_process_is_not_shared_with_the_right_si
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(20_000, 96);
-    let gate = Gate::new();
-    env.origin.route(
-        "/same.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/same.bin");
+    let (url, gate) = env.serve_gated("/same.bin", &body);
     // Two services on one store stand for two processes.
-    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let first = env.resources();
+    let second = env.resources();
     let mut wrong = entry("w", &url, &body);
     wrong["size"] = json!(body.len() + 1);
     first.install("a", &manifest(json!([wrong]))).await.unwrap();

@@ -432,25 +432,22 @@ async fn another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_never_waits_for_a_hostile_download_of_the_same_bytes() {
-    use crate::squatting::{config_waiting, drip};
+    use crate::squatting::config_waiting;
     let env = Env::new().await;
     // Long enough that waiting for the drip would time the test out.
     config_waiting(&env, 600.0);
     let body = bytes(1 << 20, 160);
-    let hostile = drip(&env, "/drip.bin", &body);
-    let service = gem_resources::Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    service
-        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
-        .await
-        .unwrap();
-    let hog = {
-        let s = service.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
+    let hostile = env.serve_drip("/drip.bin", &body);
+    let service = env.resources();
+    let hog = env
+        .downloading(
+            &service,
+            "hog",
+            json!([entry("m", &hostile, &body)]),
+            "m",
+            "/drip.bin",
+        )
+        .await;
     let file = user_file(&env, "model.bin", &body);
     let out = within("import beside the drip", env.run(&["import", arg(&file)])).await;
     assert_exit(&out, 0);

@@ -244,15 +244,7 @@ async fn a_host_blocked_during_the_tls_handshake_gets_no_request() {
 async fn a_host_blocked_while_its_response_head_is_held_stops_the_transfer() {
     let env = Env::new().await;
     let body = bytes(50_000, 126);
-    let gate = Gate::new();
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
+    let (url, gate) = env.serve_gated("/held.bin", &body);
     let (fetcher, task) = spawn_download(&env, resource("h", &url, &[], &body));
     wait_until("the request", || env.origin.hits("/held.bin") == 1).await;
     let changed = Instant::now();

@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::support::*;
 
 fn open(env: &Env) -> Resources {
-    Resources::open_at(&env.config(), &env.store_dir()).unwrap()
+    env.resources()
 }
 
 #[tokio::test]
@@ -55,15 +55,7 @@ async fn a_download_that_outlives_an_upgrade_in_another_process_dropping_it_is_n
     write_patient_config(&env, "");
     let body = bytes(3000, 81);
     let kept = bytes(3000, 82);
-    let gate = Gate::new();
-    env.origin.route(
-        "/gated.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/gated.bin");
+    let (url, gate) = env.serve_gated("/gated.bin", &body);
     let other_url = env.serve("/kept.bin", &kept);
     // Two services on one store stand for two processes. The new version
     // has as many resources, with the same ids, as the old one: the

@@ -50,15 +50,7 @@ async fn install_no_wait_returns_before_the_download_finishes() {
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(20_000, 33);
-    let gate = Gate::new();
-    env.origin.route(
-        "/held.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/held.bin");
+    let (url, gate) = env.serve_gated("/held.bin", &body);
     let m = env.write_manifest("m.json", json!([required_entry("held", &url, &body)]));
     // The gate stays closed, so the download cannot finish before install
     // returns.
@@ -330,14 +322,7 @@ async fn verify_removes_and_reports_a_corrupted_file() {
         stdout(&clean)
     );
 
-    let file = stored_files(&env, &bad).pop().unwrap();
-    let mut perms = std::fs::metadata(&file).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    std::fs::set_permissions(&file, perms).unwrap();
-    let mut corrupted = bad.clone();
-    corrupted[100] ^= 0xff;
-    std::fs::write(&file, &corrupted).unwrap();
+    corrupt(&stored_files(&env, &bad).pop().unwrap());
 
     let out = env.run(&["verify"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -359,18 +344,6 @@ async fn verify_removes_and_reports_a_corrupted_file() {
     assert_eq!(env.origin.hits("/good.bin"), 1);
 }
 
-/// Makes the stored copy of `body` writable and flips one of its bytes.
-fn corrupt_stored(env: &Env, body: &[u8]) {
-    let file = stored_files(env, body).pop().unwrap();
-    let mut perms = std::fs::metadata(&file).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    std::fs::set_permissions(&file, perms).unwrap();
-    let mut corrupted = body.to_vec();
-    corrupted[100] ^= 0xff;
-    std::fs::write(&file, &corrupted).unwrap();
-}
-
 #[tokio::test]
 async fn verify_repair_downloads_what_it_removed_again() {
     let env = Env::new().await;
@@ -384,7 +357,7 @@ async fn verify_repair_downloads_what_it_removed_again() {
     );
     assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
     assert_ok(&env.run(&["path", "g", "bad"]).await);
-    corrupt_stored(&env, &bad);
+    corrupt(&stored_files(&env, &bad).pop().unwrap());
 
     let out = env.run(&["verify", "--repair"]).await;
     assert_ok(&out);
@@ -404,7 +377,7 @@ async fn verify_repair_downloads_what_it_removed_again() {
     assert_eq!(env.origin.hits("/good.bin"), 1);
 
     // A file that cannot come back: ok false, exit 1, the reason.
-    corrupt_stored(&env, &bad);
+    corrupt(&stored_files(&env, &bad).pop().unwrap());
     env.origin.route("/bad.bin", Behaviour::Status(404));
     let out = env.run(&["--json", "verify", "--repair"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -484,15 +457,7 @@ async fn two_processes_sharing_a_store_make_one_request() {
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(50_000, 47);
-    let gate = Gate::new();
-    env.origin.route(
-        "/both.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/both.bin");
+    let (url, gate) = env.serve_gated("/both.bin", &body);
     let m = env.write_manifest("m.json", json!([entry("both", &url, &body)]));
     assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
 

@@ -25,7 +25,7 @@ async fn fifty_concurrent_path_calls_for_one_lazy_resource_make_one_request() {
     let body = bytes(40_000, 21);
     let gate = gated(&env, "/lazy.bin", &body);
     let url = env.url("origin.test", "/lazy.bin");
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     service
         .install("g", &manifest(json!([entry("lazy", &url, &body)])))
         .await
@@ -58,7 +58,7 @@ async fn path_for_a_required_file_already_downloading_joins_that_download() {
     let body = bytes(20_000, 22);
     let gate = gated(&env, "/req.bin", &body);
     let url = env.url("origin.test", "/req.bin");
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     service
         .install("g", &manifest(json!([required_entry("req", &url, &body)])))
         .await
@@ -88,8 +88,8 @@ async fn two_services_sharing_a_store_share_one_download() {
     let body = bytes(20_000, 23);
     let gate = gated(&env, "/shared.bin", &body);
     let url = env.url("origin.test", "/shared.bin");
-    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let first = env.resources();
+    let second = env.resources();
     first
         .install("g", &manifest(json!([entry("s", &url, &body)])))
         .await
@@ -132,7 +132,7 @@ async fn a_global_limit_of_one_runs_one_download_at_a_time() {
     let (a, b) = (bytes(10_000, 24), bytes(10_000, 25));
     let gate_a = gated(&env, "/a.bin", &a);
     let gate_b = gated(&env, "/b.bin", &b);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     let mut events = service.subscribe();
     service
         .install(
@@ -210,7 +210,7 @@ async fn first_after_a(env: &Env, c_host: &str) -> &'static str {
     let gate_a = gated(env, "/a.bin", &a);
     let gate_b = gated(env, "/b.bin", &b);
     let gate_c = gated(env, "/c.bin", &c);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     let mut events = service.subscribe();
     service
         .install(

@@ -22,22 +22,14 @@ fn state_of(service: &Resources, gem: &str, id: &str) -> ResourceState {
 }
 
 fn open(env: &Env) -> Resources {
-    Resources::open_at(&env.config(), &env.store_dir()).unwrap()
+    env.resources()
 }
 
 #[tokio::test]
 async fn install_returns_before_a_required_download_finishes() {
     let env = Env::new().await;
     let body = bytes(20_000, 1);
-    let gate = Gate::new();
-    env.origin.route(
-        "/big.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/big.bin");
+    let (url, gate) = env.serve_gated("/big.bin", &body);
     let service = open(&env);
     let report = within(
         "install must not wait for the download",
@@ -200,15 +192,7 @@ async fn an_upgrade_reuses_unchanged_files_and_deletes_dropped_ones_when_it_retu
     let a_v1 = env.serve("/v1/a.bin", &a);
     let b_v1 = env.serve("/v1/b.bin", &b);
     let a_v2 = env.serve("/v2/a-renamed.bin", &a);
-    let c_gate = Gate::new();
-    env.origin.route(
-        "/v2/c.bin",
-        Behaviour::Gated {
-            body: c.clone(),
-            gate: c_gate.clone(),
-        },
-    );
-    let c_v2 = env.url("origin.test", "/v2/c.bin");
+    let (c_v2, c_gate) = env.serve_gated("/v2/c.bin", &c);
     let service = open(&env);
     service
         .install(

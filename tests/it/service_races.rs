@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::support::*;
 
 fn open(env: &Env) -> Resources {
-    Resources::open_at(&env.config(), &env.store_dir()).unwrap()
+    env.resources()
 }
 
 fn state(service: &Resources, gem: &str, id: &str) -> ResourceState {
@@ -56,15 +56,7 @@ async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
     let env = Env::new().await;
     write_patient_config(&env, "");
     let body = bytes(3000, 71);
-    let gate = Gate::new();
-    env.origin.route(
-        "/gated.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let url = env.url("origin.test", "/gated.bin");
+    let (url, gate) = env.serve_gated("/gated.bin", &body);
     let m = manifest(json!([entry("lazy", &url, &body)]));
     // Two services on one store stand for two processes.
     let downloader = open(&env);

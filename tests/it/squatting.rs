@@ -10,20 +10,6 @@ use serde_json::json;
 
 use crate::support::*;
 
-/// A body that would take minutes to drip: 2 KB a second, above the
-/// default `network.min_bytes_per_min`.
-pub(crate) fn drip(env: &Env, path: &str, body: &[u8]) -> url::Url {
-    env.origin.route(
-        path,
-        Behaviour::Slow {
-            body: body.to_vec(),
-            chunk: 2000,
-            delay: Duration::from_secs(1),
-        },
-    );
-    env.url("evil.test", path)
-}
-
 /// A configuration where a download waits `secs` for another gem's
 /// download of the same file.
 pub(crate) fn config_waiting(env: &Env, secs: f64) {
@@ -44,21 +30,18 @@ async fn a_hostile_gem_dripping_the_same_hash_does_not_hold_the_victims_download
     let env = Env::new().await;
     config_waiting(&env, 1.0);
     let body = bytes(1 << 20, 140);
-    let hostile = drip(&env, "/drip.bin", &body);
+    let hostile = env.serve_drip("/drip.bin", &body);
     let own = env.serve("/model.bin", &body);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    service
-        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
-        .await
-        .unwrap();
-    let hog = {
-        let s = service.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
+    let service = env.resources();
+    let hog = env
+        .downloading(
+            &service,
+            "hog",
+            json!([entry("m", &hostile, &body)]),
+            "m",
+            "/drip.bin",
+        )
+        .await;
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
@@ -84,9 +67,9 @@ async fn another_process_holding_a_hostile_download_does_not_hold_path() {
     let env = Env::new().await;
     config_waiting(&env, 1.0);
     let body = bytes(1 << 20, 141);
-    let hostile = drip(&env, "/drip.bin", &body);
+    let hostile = env.serve_drip("/drip.bin", &body);
     let own = env.serve("/model.bin", &body);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     service
         .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
         .await
@@ -136,18 +119,10 @@ async fn a_download_from_the_same_addresses_waits_for_the_one_racing_whatever_la
         },
     );
     let hostile = env.url("evil.test", "/drip.bin");
-    let gate = Gate::new();
-    env.origin.route(
-        "/model.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let own = env.url("origin.test", "/model.bin");
+    let (own, gate) = env.serve_gated("/model.bin", &body);
     // Two services on one store stand for two processes.
-    let first = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    let second = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let first = env.resources();
+    let second = env.resources();
     first
         .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
         .await
@@ -210,23 +185,14 @@ async fn a_hash_sharing_the_victims_prefix_does_not_make_it_wait() {
     // The same first 60 bits (and more), another hash.
     let flip = if sha.ends_with('0') { "1" } else { "0" };
     let fake = format!("{}{flip}", &sha[..63]);
-    let hostile = drip(&env, "/drip.bin", &body);
+    let hostile = env.serve_drip("/drip.bin", &body);
     let mut squat = entry("m", &hostile, &body);
     squat["sha256"] = json!(fake);
     let own = env.serve("/model.bin", &body);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    service
-        .install("hog", &manifest(json!([squat])))
-        .await
-        .unwrap();
-    let _hog = {
-        let s = service.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
+    let service = env.resources();
+    let _hog = env
+        .downloading(&service, "hog", json!([squat]), "m", "/drip.bin")
+        .await;
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
@@ -259,7 +225,7 @@ async fn another_declared_size_never_deletes_a_kept_partial_file() {
     let own = env.url("origin.test", "/model.bin");
     env.origin.route("/refused.bin", Behaviour::Status(404));
     let refused = env.url("evil.test", "/refused.bin");
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
@@ -307,7 +273,7 @@ async fn another_gems_download_of_the_same_file_never_starts_over_the_victims_ke
     let wrong = bytes(body.len(), 149);
     let hostile = env.serve("/wrong.bin", &wrong);
     let hostile = env.url("evil.test", hostile.path());
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
@@ -331,10 +297,10 @@ async fn status_names_the_gem_a_waiting_file_depends_on() {
     let env = Env::new().await;
     config_waiting(&env, 30.0);
     let body = bytes(1 << 20, 144);
-    let hostile = drip(&env, "/drip.bin", &body);
+    let hostile = env.serve_drip("/drip.bin", &body);
     let own = env.serve("/model.bin", &body);
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
-    let other = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
+    let other = env.resources();
     service
         .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
         .await
@@ -426,7 +392,7 @@ async fn a_huge_declaration_that_delivers_nothing_stops_reserving_disk_space() {
     assert!(free > 1 << 30, "too little free space for this test");
     // The victim's file fits beside what is really written, not beside the
     // whole declared size of the huge one.
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     let _gate = hold_huge(&env, &service, free - (48 << 20)).await;
     let own = env.serve("/model.bin", &body);
     service
@@ -448,7 +414,7 @@ async fn a_reservation_that_stands_in_the_way_is_named_by_its_gem() {
     let free = free_space(&env);
     let margin = 100 << 20;
     assert!(free > 4 * margin, "too little free space for this test");
-    let service = Resources::open_at(&env.config(), &env.store_dir()).unwrap();
+    let service = env.resources();
     // A new download reserves its whole size: the small file alone fits,
     // not beside it.
     let _gate = hold_huge(&env, &service, free - margin).await;

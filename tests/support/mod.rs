@@ -107,6 +107,66 @@ impl Env {
         self.url("origin.test", path)
     }
 
+    /// Serves `body` at `path` once `gate` opens (the request is counted
+    /// first): a download held in flight for as long as a test needs.
+    pub fn serve_gated(&self, path: &str, body: &[u8]) -> (Url, Gate) {
+        let gate = Gate::new();
+        self.origin.route(
+            path,
+            Behaviour::Gated {
+                body: body.to_vec(),
+                gate: gate.clone(),
+            },
+        );
+        (self.url("origin.test", path), gate)
+    }
+
+    /// Serves `body` at `path` on `evil.test`, dripping 2 KB a second
+    /// (above the default `network.min_bytes_per_min`): a download that
+    /// would take minutes, as a hostile gem's address would send it.
+    pub fn serve_drip(&self, path: &str, body: &[u8]) -> Url {
+        self.origin.route(
+            path,
+            Behaviour::Slow {
+                body: body.to_vec(),
+                chunk: 2000,
+                delay: std::time::Duration::from_secs(1),
+            },
+        );
+        self.url("evil.test", path)
+    }
+
+    /// A service on this environment's configuration and store, on the
+    /// current runtime: one per call, as separate processes would have.
+    pub fn resources(&self) -> gem_resources::Resources {
+        gem_resources::Resources::open_at(&self.config(), &self.store_dir())
+            .expect("the service opens on the test store")
+    }
+
+    /// Installs `gem` declaring `resources` on `service`, then asks for
+    /// its resource `id` in a task of its own, and returns that task once
+    /// the origin has seen `first` requested: a download in flight.
+    pub async fn downloading(
+        &self,
+        service: &gem_resources::Resources,
+        gem: &str,
+        resources: serde_json::Value,
+        id: &str,
+        first: &str,
+    ) -> tokio::task::JoinHandle<gem_resources::Result<PathBuf>> {
+        service
+            .install(gem, &manifest(resources))
+            .await
+            .expect("the gem installs");
+        let task = {
+            let (s, gem, id) = (service.clone(), gem.to_string(), id.to_string());
+            tokio::spawn(async move { s.path(&gem, &id).await })
+        };
+        let first = first.to_string();
+        wait_until("the first request", || self.origin.hits(&first) >= 1).await;
+        task
+    }
+
     /// The store folder the configuration names.
     pub fn store_dir(&self) -> PathBuf {
         self.dir.path().join("store")
@@ -187,6 +247,18 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+/// Makes the stored (read-only) `file` writable and flips one of its
+/// bytes, as a hand edit or a failing disk would.
+pub fn corrupt(file: &Path) {
+    let mut perms = std::fs::metadata(file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(file, perms).unwrap();
+    let mut bytes = std::fs::read(file).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::write(file, bytes).unwrap();
 }
 
 /// A validated manifest holding `resources`.
