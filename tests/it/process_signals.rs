@@ -121,9 +121,7 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let env = Env::new().await;
     let body = bytes(2_000_000, 85);
     let cut = body.len() / 2;
-    env.origin
-        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
-    let url = env.url("origin.test", "/held.bin");
+    let url = env.serve_held("/held.bin", &body, cut);
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     let log = env.dir.path().join("fetch.log");
     let mut child = spawn_quiet(&env, &["fetch", manifest.to_str().unwrap()], &log);
@@ -181,9 +179,7 @@ async fn ctrl_c_during_path_keeps_the_download_and_the_next_path_resumes() {
     let env = Env::new().await;
     let body = bytes(2_000_000, 86);
     let cut = body.len() / 2;
-    env.origin
-        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
-    let url = env.url("origin.test", "/held.bin");
+    let url = env.serve_held("/held.bin", &body, cut);
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     // A lazy file: installed, not downloaded until its first `path`.
     let out = env
@@ -349,9 +345,7 @@ async fn ctrl_c_during_serve_says_what_each_download_in_flight_kept() {
     let env = Env::new().await;
     let body = bytes(2_000_000, 87);
     let cut = body.len() / 2;
-    env.origin
-        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
-    let url = env.url("origin.test", "/held.bin");
+    let url = env.serve_held("/held.bin", &body, cut);
     let gems = write_gem_folder(&env, "g", json!([required_entry("held", &url, &body)]));
     let log = env.dir.path().join("serve.log");
     let mut serve = spawn_serve(&env, &gems, "0.05", &log);
@@ -374,9 +368,7 @@ async fn ctrl_c_with_json_ends_stdout_with_a_document_and_keeps_stderr_json() {
     let env = Env::new().await;
     let body = bytes(2_000_000, 86);
     let cut = body.len() / 2;
-    env.origin
-        .route("/held.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
-    let url = env.url("origin.test", "/held.bin");
+    let url = env.serve_held("/held.bin", &body, cut);
     let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
     let log = env.dir.path().join("fetch.log");
     let mut child = spawn_logged(&env, &["--json", "fetch", manifest.to_str().unwrap()], &log);

@@ -239,9 +239,7 @@ async fn a_download_killed_with_sigkill_resumes_in_the_next_process() {
     let env = Env::new().await;
     let body = bytes(3_000_000, 98);
     let cut = body.len() / 2;
-    env.origin
-        .route("/kill.bin", Behaviour::ranged_held(&body, "\"v1\"", cut));
-    let url = env.url("origin.test", "/kill.bin");
+    let url = env.serve_held("/kill.bin", &body, cut);
     let manifest = env.write_manifest("m.json", json!([entry("kill", &url, &body)]));
     let mut child = Command::new(env!("CARGO_BIN_EXE_gem-resources"))
         .arg("--config")

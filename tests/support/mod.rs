@@ -121,6 +121,15 @@ impl Env {
         (self.url("origin.test", path), gate)
     }
 
+    /// Serves `body` at `path` as a resumable server (`ETag: "v1"`) that
+    /// holds each response silent once `cut` bytes of the body are out
+    /// ([`Behaviour::ranged_held`]): a download to interrupt with bytes kept.
+    pub fn serve_held(&self, path: &str, body: &[u8], cut: usize) -> Url {
+        self.origin
+            .route(path, Behaviour::ranged_held(body, "\"v1\"", cut));
+        self.url("origin.test", path)
+    }
+
     /// Serves `body` at `path` on `evil.test`, dripping 2 KB a second
     /// (above the default `network.min_bytes_per_min`): a download that
     /// would take minutes, as a hostile gem's address would send it.
