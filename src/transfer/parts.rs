@@ -16,9 +16,12 @@
 //! down to [`MIN_PART_BYTES`]). Near the end, when nothing is left worth
 //! splitting, an idle part hedges: when a range's connection would need
 //! more than twice what the idle one would for the rest of it (a new
-//! request counted), the idle one asks for that rest once more. Both read
-//! the same range and a byte is written once, by whichever connection
-//! brings it first; the one left behind stops. A range whose hedge is
+//! request counted, at the slowest request-to-answer time the parts have
+//! seen), the idle one asks for that rest once more. Both read the same
+//! range and a byte is written once, by whichever connection brings it
+//! first; the one left behind stops, at once once the range is done (not
+//! at its next chunk, which a slow connection may send a second later),
+//! so the file is finished when its last byte is written. A range whose hedge is
 //! slow too is hedged again (at most three times). Hedges ask for
 //! at most an eighth of the file again, so the origin sends at most about a quarter
 //! more than the file. One slow connection so does not set the finishing
@@ -82,7 +85,8 @@ const MAX_HEDGES: u32 = 3;
 /// many times later than an idle one, set-up included...
 const HEDGE_FACTOR: f64 = 2.0;
 
-/// ...counting this much for the idle one's new request.
+/// ...counting this much for the idle one's new request until a part's
+/// request has been timed (then the slowest request-to-answer seen).
 const HEDGE_SETUP: Duration = Duration::from_millis(500);
 
 /// An idle part with nothing to take looks again this often while others
@@ -246,6 +250,13 @@ struct Run<'a> {
     /// Below this rate of the first connection the file is split.
     split_below: u64,
     phase: watch::Sender<Phase>,
+    /// Told whenever a range is done or a slot gets another turn: a
+    /// connection still reading for it stops at once rather than at its
+    /// next chunk (a slow connection's next chunk may be a second away).
+    moved: tokio::sync::Notify,
+    /// The slowest time a part's request took to be answered: what a new
+    /// request of a hedge costs.
+    setup: Mutex<Option<Duration>>,
 }
 
 /// The file's one progress stream.
@@ -346,6 +357,38 @@ impl Run<'_> {
     }
 
     /// Whether any range is still to come.
+    /// Whether `task` has nothing left to do: its range is done (by any
+    /// connection) or its slot was given another turn.
+    fn superseded(&self, task: Task) -> bool {
+        lock(&self.slots)
+            .get(task.slot)
+            .is_none_or(|s| s.turn != task.turn || s.next >= s.end)
+    }
+
+    /// Resolves once `task` is [`Run::superseded`].
+    async fn until_superseded(&self, task: Task) {
+        loop {
+            let notified = self.moved.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.superseded(task) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Counts a part's request that was answered after `took`.
+    fn note_setup(&self, took: Duration) {
+        let mut setup = lock(&self.setup);
+        *setup = Some(setup.map_or(took, |s| s.max(took)));
+    }
+
+    /// What a new request is expected to cost before its first byte.
+    fn setup(&self) -> Duration {
+        lock(&self.setup).unwrap_or(HEDGE_SETUP)
+    }
+
     fn unfinished(&self) -> bool {
         lock(&self.slots).iter().any(|s| s.next < s.end) || !lock(&self.pending).is_empty()
     }
@@ -358,6 +401,7 @@ impl Run<'_> {
         let mut slots = lock(&self.slots);
         if let Some((next, end)) = lock(&self.pending).pop_front() {
             slots[i].assign(next, end);
+            self.moved.notify_waiters();
             return Some(self.task_of(&slots, i));
         }
         let (j, rest) = slots
@@ -370,6 +414,7 @@ impl Run<'_> {
             let end = slots[j].end;
             slots[j].end = mid;
             slots[i].assign(mid, end);
+            self.moved.notify_waiters();
             return Some(self.task_of(&slots, i));
         }
         self.hedge(&mut slots, rate)
@@ -390,6 +435,7 @@ impl Run<'_> {
     /// first writes it; the one left behind stops.
     fn hedge(&self, slots: &mut [Slot], rate: Option<f64>) -> Option<Task> {
         let now = Instant::now();
+        let setup = self.setup().as_secs_f64();
         // A part that wrote nothing yet counts at the fastest range's rate.
         let rate = rate.or_else(|| {
             slots
@@ -404,7 +450,7 @@ impl Run<'_> {
             .filter(|(_, s)| s.hedges < MAX_HEDGES)
             .filter_map(|(j, s)| {
                 let slow = s.eta(now)?;
-                let fast = (s.end - s.next) as f64 / rate.max(1.0) + HEDGE_SETUP.as_secs_f64();
+                let fast = (s.end - s.next) as f64 / rate.max(1.0) + setup;
                 (slow > HEDGE_FACTOR * fast).then_some((j, slow))
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))?;
@@ -596,6 +642,8 @@ impl Fetcher {
             })),
             split_below: self.split_below,
             phase: watch::channel(if spread { Phase::Split } else { Phase::Probing }).0,
+            moved: tokio::sync::Notify::new(),
+            setup: Mutex::new(None),
         };
         let mut first = Some((hop.clone(), response, permit));
         // Polled only when woken: the parts waiting for a split cost the
@@ -735,7 +783,10 @@ impl Fetcher {
             head = self.response_head(source, Some(&ask), run.expected.size, policy, &mut quiet) => head,
         };
         let (hop, response, _, _permit) = match head {
-            Ok(head) => head,
+            Ok(head) => {
+                run.note_setup(started.elapsed());
+                head
+            }
             Err(HeadError::Attempt(hop, e)) => {
                 return Err(Stop::failed(run.attempt_of(source, &hop, e)))
             }
@@ -796,11 +847,26 @@ impl Fetcher {
             expected: Some(run.expected),
             limit,
         };
-        let stopped = run.stop.cancelled();
+        // The run's stop, or this range done by another connection (a
+        // hedge that was faster): the connection ends at once.
+        let stopped = async {
+            tokio::select! {
+                () = run.stop.cancelled() => {}
+                () = run.until_superseded(task) => {}
+            }
+        };
         tokio::pin!(stopped);
         let outcome = self
             .receive(body, stopped.as_mut(), policy, &mut Quiet, &fail)
             .await;
+        let outcome = match outcome {
+            Ok(Some(TransferError::Cancelled)) if !run.stop.is_cancelled() => {
+                // Nothing left for it: what it wrote stands.
+                sink.behind = true;
+                Ok(None)
+            }
+            other => other,
+        };
         let flushed = sink
             .flush()
             .await
@@ -908,6 +974,11 @@ impl BodySink for PartSink<'_, '_> {
             let more = s.next < s.end;
             (taken, more)
         };
+        if !more && matches!(taken, Take::Write(..)) {
+            // This chunk finished the range: another connection reading it
+            // stops now.
+            self.run.moved.notify_waiters();
+        }
         let (lo, hi) = match taken {
             Take::Write(lo, hi) => (lo, hi),
             Take::Skip => return Ok(true),

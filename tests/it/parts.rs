@@ -426,6 +426,31 @@ async fn one_slow_connection_does_not_set_the_finishing_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_range_a_hedge_finished_is_not_waited_for() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(16 << 20, 38);
+    // The first connection sends a piece, then nothing for 15 s: its range
+    // is hedged and finished by another connection long before its next
+    // piece would come.
+    env.origin.route(
+        "/h.bin",
+        Behaviour::Parts {
+            body: std::sync::Arc::new(body.clone()),
+            etag: "\"p2\"".into(),
+            pace: (64 << 10, Duration::from_millis(16)),
+            fault: PartsFault::SlowFirst(16 << 10, Duration::from_secs(15)),
+        },
+    );
+    let r = resource("h", &env.url("origin.test", "/h.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_connections_per_file_open_sixteen_on_sixteen_mib() {
     let env = Env::new().await;
     env.write_config_full(
