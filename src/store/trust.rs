@@ -48,13 +48,19 @@ pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
 /// the folder and the fix.
 pub(crate) fn check_folder(path: &Path) -> Result<()> {
     let meta = fs::metadata(path).map_err(|e| Error::io("cannot read store folder", path, e))?;
+    check_folder_meta(path, &meta)
+}
+
+/// [`check_folder`] of the folder at `path` that `meta` describes (read
+/// through its handle).
+pub(crate) fn check_folder_meta(path: &Path, meta: &Metadata) -> Result<()> {
     if !meta.is_dir() {
         return Err(Error::Config(format!(
             "store folder {} is not a folder: remove it, or choose another store (`store` in config.toml, or --store)",
             path.display()
         )));
     }
-    match platform::folder_problem(&meta) {
+    match platform::folder_problem(meta) {
         None => Ok(()),
         Some(FolderProblem::Owner { owner, me }) => Err(Error::Config(format!(
             "store folder {} belongs to user id {owner}, not to the current user (id {me}): another user could change what the store trusts; use a store of your own (`store` in config.toml, or --store), or `chown -R {me} {}`",
@@ -101,6 +107,14 @@ pub(crate) fn is_own_folder_at(path: &Path) -> bool {
 /// what was found. A file created by this call is `0600`.
 pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
     let file = platform::open_no_follow(path, options)?;
+    check_own(&file)?;
+    Ok(file)
+}
+
+/// Checks on the open `file` that it is a regular file of the current
+/// user ([`is_own_file`]); anything else is an error (`InvalidData`) that
+/// names what was found.
+pub(crate) fn check_own(file: &File) -> io::Result<()> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(untrusted("is not a regular file"));
@@ -108,7 +122,7 @@ pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<Fil
     if !is_own_file(&meta) {
         return Err(untrusted("belongs to another user"));
     }
-    Ok(file)
+    Ok(())
 }
 
 fn untrusted(what: &str) -> io::Error {
