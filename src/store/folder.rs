@@ -158,6 +158,17 @@ impl Folder {
             .is_ok_and(|m| m.is_dir() && crate::platform::entry_owned_by_me(&m))
     }
 
+    /// Opens the folder `name` in this one when it is a folder of the
+    /// current user (not a link to one).
+    pub(crate) fn open_own_sub(&self, name: &str) -> Option<Folder> {
+        if !self.is_own_folder(name) {
+            return None;
+        }
+        let folder = self.open_sub(name).ok()?;
+        let meta = folder.metadata().ok()?;
+        (meta.is_dir() && crate::platform::owned_by_me(&meta)).then_some(folder)
+    }
+
     /// Whether the entry `name` is the open file `meta` describes.
     pub(crate) fn names_file(&self, name: &str, meta: &fs::Metadata) -> bool {
         self.entry(name)
@@ -196,6 +207,34 @@ impl Folder {
         crate::platform::sync_dir_at(&self.dir);
     }
 
+    /// Hard-links the file `name` as `to_name` in the folder `to`.
+    pub(crate) fn hard_link(&self, name: &str, to: &Folder, to_name: &str) -> io::Result<()> {
+        self.dir
+            .hard_link(one_name(name)?, &to.dir, one_name(to_name)?)
+    }
+
+    /// Creates a new file (`0600`) named `<prefix>…` in the folder, for
+    /// reading and writing; returns it and its name.
+    pub(crate) fn create_temp(&self, prefix: &str) -> io::Result<(File, String)> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        loop {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let name = format!("{prefix}{:x}{n:x}{nanos:x}.tmp", std::process::id());
+            let created = self.open_own(
+                &name,
+                OpenOptions::new().read(true).write(true).create_new(true),
+            );
+            match created {
+                Ok(file) => return Ok((file, name)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Replaces the entry `name` with `bytes` as `atomic::replace` does:
     /// written in full to a temporary file `<prefix>…` in this folder, then
     /// renamed over it.
@@ -206,29 +245,11 @@ impl Folder {
         bytes: &[u8],
         durability: Durability,
     ) -> Result<(), ReplaceError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let fail = |step, path: PathBuf| move |error| ReplaceError { step, path, error };
         one_name(name).map_err(fail("cannot replace", self.join(name)))?;
-        let (mut file, temp) = loop {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let temp = format!("{prefix}{:x}{n:x}{nanos:x}.tmp", std::process::id());
-            let created = self.open_own(
-                &temp,
-                OpenOptions::new().read(true).write(true).create_new(true),
-            );
-            match created {
-                Ok(file) => break (file, temp),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(fail("cannot create temporary file in", self.path.clone())(
-                        e,
-                    ))
-                }
-            }
-        };
+        let (mut file, temp) = self
+            .create_temp(prefix)
+            .map_err(fail("cannot create temporary file in", self.path.clone()))?;
         let written = file.write_all(bytes).and_then(|()| match durability {
             Durability::Hint => Ok(()),
             Durability::Data => file.sync_data(),

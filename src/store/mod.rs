@@ -85,8 +85,6 @@ use crate::store::partial::PartialPaths;
 /// make records grow without bound.
 pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
-use trust::open_own;
-
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
 
@@ -116,6 +114,8 @@ struct Folders {
     tmp: Arc<Folder>,
     /// `store-v1/locks/`.
     locks: Arc<Folder>,
+    /// `store-v1/stamps/`.
+    stamps: Folder,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each
@@ -190,6 +190,7 @@ impl Store {
         let blobs = open_sub(&root, "blobs")?;
         let tmp = Arc::new(open_sub(&root, "tmp")?);
         let locks = Arc::new(open_sub(&root, "locks")?);
+        let stamps = open_sub(&root, "stamps")?;
         for sub in ["gems", "failures"] {
             open_sub(&root, sub)?;
         }
@@ -200,6 +201,7 @@ impl Store {
                 blobs,
                 tmp,
                 locks,
+                stamps,
             }),
             space: Arc::new(Mutex::new(())),
             blobs_sync: Arc::default(),
@@ -301,13 +303,13 @@ impl Store {
         // stamped, or removed.
         for _ in 0..2 {
             match self.find_present(sha256, name)? {
-                Found::Here(path) => return Ok(Some(path)),
+                Found::Here(dir, name) => return self.hand_out(&dir, &name).map(Some),
                 Found::Nothing => return Ok(None),
-                Found::Elsewhere(existing) => {
-                    return self.link_or_copy(sha256, name, &existing).map(Some)
+                Found::Elsewhere(dir, existing) => {
+                    return self.link_or_copy(sha256, &dir, name, &existing).map(Some)
                 }
-                Found::Changed(path) => {
-                    if !self.settle(sha256, &path)? {
+                Found::Changed(dir, its_name) => {
+                    if !self.settle(sha256, &dir, &its_name)? {
                         return Ok(None);
                     }
                 }
@@ -332,9 +334,43 @@ impl Store {
     /// copying or hashing anything.
     pub(crate) fn find_unchanged(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
         Ok(match self.find_present(sha256, name)? {
-            Found::Here(path) => Some(path),
+            Found::Here(dir, name) => Some(self.hand_out(&dir, &name)?),
             _ => None,
         })
+    }
+
+    /// `blobs/<sha256>`, held open, when it is a folder of the store's
+    /// user.
+    fn blob_dir(&self, sha256: &str) -> Option<Folder> {
+        self.folders.blobs.open_own_sub(sha256)
+    }
+
+    /// The path of the verified file `name` of `dir` (`blobs/<sha256>`), to
+    /// hand to a tool: only when the path leads to the very file the
+    /// store's handle reaches, never into a folder put in its place.
+    fn hand_out(&self, dir: &Folder, name: &str) -> Result<PathBuf> {
+        let path = dir.join(name);
+        let held = dir
+            .own_file_meta(name)
+            .map_err(|e| Error::io("cannot read", &path, e))?;
+        let named = fs::symlink_metadata(&path);
+        if named.is_ok_and(|m| crate::platform::same_file(&m, &held)) {
+            return Ok(path);
+        }
+        self.check_in_place(&path)?;
+        Err(Error::io(
+            "cannot hand out",
+            &path,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "its path leads to another file than the verified one",
+            ),
+        ))
+    }
+
+    /// `stamps/`, held open.
+    fn stamps(&self) -> &Folder {
+        &self.folders.stamps
     }
 
     /// Where the verified bytes of `sha256` are: under `name`, under
@@ -342,42 +378,45 @@ impl Store {
     /// nowhere.
     fn find_present(&self, sha256: &str, name: &str) -> Result<Found> {
         check_sha256(sha256)?;
-        let dir = self.root.join("blobs").join(sha256);
-        if !trust::is_own_folder_at(&dir) {
+        let Some(dir) = self.blob_dir(sha256) else {
             return Ok(Found::Nothing);
-        }
-        let wanted = dir.join(name);
-        let (path, found) = if trust::is_own_file_at(&wanted) {
-            (wanted.clone(), Found::Here(wanted))
+        };
+        let (its_name, here) = if dir.is_own_file(name) {
+            (name.to_string(), true)
         } else {
-            match first_file(&dir) {
-                Some(existing) => (existing.clone(), Found::Elsewhere(existing)),
+            match own_files(&dir).into_iter().next() {
+                Some(existing) => (existing, false),
                 None => return Ok(Found::Nothing),
             }
         };
-        let Some(its_name) = path.file_name().and_then(|n| n.to_str()) else {
-            return Ok(Found::Changed(path));
-        };
-        Ok(match stamps::check(&self.root, sha256, its_name, &path) {
-            stamps::Verdict::Holds => found,
+        let holds = match stamps::check(self.stamps(), sha256, &dir, &its_name) {
+            stamps::Verdict::Holds => true,
             stamps::Verdict::Unrecorded => {
                 // Kept by a version that recorded no stamps: trusted as it
                 // was then, and stamped from now on.
-                stamps::record(&self.root, sha256, its_name, &path);
-                found
+                stamps::record(self.stamps(), sha256, &dir, &its_name);
+                true
             }
-            stamps::Verdict::Changed => Found::Changed(path),
+            stamps::Verdict::Changed => false,
+        };
+        Ok(match (holds, here) {
+            (true, true) => Found::Here(dir, its_name),
+            (true, false) => Found::Elsewhere(dir, its_name),
+            (false, _) => Found::Changed(dir, its_name),
         })
     }
 
-    /// Hashes the stored file at `path`, whose stamp changed: when it still
-    /// holds the bytes of `sha256` it is made read-only again and stamped
-    /// (`true`); otherwise every file of `sha256` is removed (`false`), so
-    /// the next download fetches them anew.
-    fn settle(&self, sha256: &str, path: &Path) -> Result<bool> {
+    /// Hashes the stored file `name` of `dir`, whose stamp changed: when it
+    /// still holds the bytes of `sha256` it is made read-only again and
+    /// stamped (`true`); otherwise every file of `sha256` is removed
+    /// (`false`), so the next download fetches them anew.
+    fn settle(&self, sha256: &str, dir: &Folder, name: &str) -> Result<bool> {
         use sha2::Digest;
-        let map = |e| Error::io("cannot check", path, e);
-        let mut file = open_own(path, fs::OpenOptions::new().read(true)).map_err(map)?;
+        let path = dir.join(name);
+        let map = |e| Error::io("cannot check", &path, e);
+        let mut file = dir
+            .open_own(name, cap_std::fs::OpenOptions::new().read(true))
+            .map_err(map)?;
         let mut hasher = sha2::Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -391,9 +430,7 @@ impl Store {
         let actual = hex::encode(hasher.finalize());
         if actual == sha256 {
             trust::make_blob(&file).map_err(map)?;
-            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                stamps::record(&self.root, sha256, name, path);
-            }
+            stamps::record(self.stamps(), sha256, dir, name);
             return Ok(true);
         }
         tracing::warn!(
@@ -406,25 +443,28 @@ impl Store {
         Ok(false)
     }
 
-    /// Gives the verified file `existing` of `sha256` the name `name` too:
-    /// a hard link, else a copy.
-    fn link_or_copy(&self, sha256: &str, name: &str, existing: &Path) -> Result<PathBuf> {
-        let dir = self.root.join("blobs").join(sha256);
+    /// Gives the verified file `existing` of `sha256` (in `dir`) the name
+    /// `name` too: a hard link, else a copy.
+    fn link_or_copy(
+        &self,
+        sha256: &str,
+        dir: &Folder,
+        name: &str,
+        existing: &str,
+    ) -> Result<PathBuf> {
         let wanted = dir.join(name);
         // What the name holds afterwards is checked, not assumed: a link
         // planted there (or in place of `existing`) is never handed out.
-        match fs::hard_link(existing, &wanted) {
-            Ok(()) if trust::is_own_file_at(&wanted) => {
-                stamps::record(&self.root, sha256, name, &wanted);
-                return Ok(wanted);
+        match dir.hard_link(existing, dir, name) {
+            Ok(()) if dir.is_own_file(name) => {
+                stamps::record(self.stamps(), sha256, dir, name);
+                return self.hand_out(dir, name);
             }
             Ok(()) => {
-                let _ = fs::remove_file(&wanted);
+                let _ = dir.remove_file(name);
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::AlreadyExists && trust::is_own_file_at(&wanted) =>
-            {
-                return Ok(wanted)
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_own_file(name) => {
+                return self.hand_out(dir, name)
             }
             Err(_) => {}
         }
@@ -432,37 +472,46 @@ impl Store {
         // trust in the way): copy, but publish the copy like a download
         // (whole, read-only, renamed into place), so nobody sees a
         // half-copied file.
-        let tmp = self.root.join("tmp");
-        let copy = tempfile::Builder::new()
-            .prefix(&format!("{sha256}.copy."))
-            .tempfile_in(&tmp)
-            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
-        let needed = fs::symlink_metadata(existing).map_or(0, |m| m.len());
-        let fail = |e| write_failed("cannot copy stored file to", &wanted, e, needed);
-        let mut from = open_own(existing, fs::OpenOptions::new().read(true)).map_err(fail)?;
-        io::copy(&mut from, &mut copy.as_file()).map_err(fail)?;
-        copy.as_file().sync_all().map_err(fail)?;
-        trust::make_blob(copy.as_file()).map_err(fail)?;
-        copy.persist(&wanted).map_err(|e| fail(e.error))?;
-        crate::platform::sync_dir(&dir);
-        stamps::record(&self.root, sha256, name, &wanted);
-        Ok(wanted)
+        let tmp = &self.folders.tmp;
+        let (mut copy, temp) = tmp
+            .create_temp(&format!("{sha256}.copy."))
+            .map_err(|e| Error::io("cannot create temporary file in", tmp.path(), e))?;
+        let needed = dir.own_file_meta(existing).map_or(0, |m| m.len());
+        let copied = (|| {
+            let mut from = dir.open_own(existing, cap_std::fs::OpenOptions::new().read(true))?;
+            io::copy(&mut from, &mut copy)?;
+            copy.sync_all()?;
+            trust::make_blob(&copy)?;
+            drop(copy);
+            tmp.rename_to(&temp, dir, name)
+        })();
+        if let Err(e) = copied {
+            let _ = tmp.remove_file(&temp);
+            return Err(write_failed(
+                "cannot copy stored file to",
+                &wanted,
+                e,
+                needed,
+            ));
+        }
+        dir.sync();
+        stamps::record(self.stamps(), sha256, dir, name);
+        self.hand_out(dir, name)
     }
 
     /// Whether the store holds the bytes of `sha256` under any name.
     pub fn has(&self, sha256: &str) -> bool {
-        first_file(&self.root.join("blobs").join(sha256)).is_some()
+        self.blob_dir(sha256)
+            .is_some_and(|dir| !own_files(&dir).is_empty())
     }
 
     /// Every SHA-256 the store holds.
     pub fn blobs(&self) -> Result<Vec<String>> {
-        let dir = self.root.join("blobs");
-        let entries = fs::read_dir(&dir).map_err(|e| Error::io("cannot list", &dir, e))?;
-        let mut out: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| is_sha256(n))
-            .collect();
+        let blobs = &self.folders.blobs;
+        let names = blobs
+            .names()
+            .map_err(|e| Error::io("cannot list", blobs.path(), e))?;
+        let mut out: Vec<String> = names.into_iter().filter(|n| is_sha256(n)).collect();
         out.sort();
         Ok(out)
     }
@@ -471,7 +520,10 @@ impl Store {
     /// Only regular files of the store's user are listed (see
     /// [`Store::find`]).
     pub fn blob_files(&self, sha256: &str) -> Vec<PathBuf> {
-        own_files(&self.root.join("blobs").join(sha256))
+        let Some(dir) = self.blob_dir(sha256) else {
+            return Vec::new();
+        };
+        own_files(&dir).iter().map(|name| dir.join(name)).collect()
     }
 
     /// Deletes the bytes of `sha256` (every name).
@@ -480,7 +532,7 @@ impl Store {
             return Ok(());
         }
         let dir = self.root.join("blobs").join(sha256);
-        stamps::forget(&self.root, sha256);
+        stamps::forget(self.stamps(), sha256);
         match self.folders.blobs.remove_folder(sha256) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -760,18 +812,10 @@ impl Store {
         }
         dir.sync();
         let _ = folder.remove_file(&paths.meta_name());
+        stamps::record(self.stamps(), sha256, &dir, name);
         // The path handed out must lead to the file just published, not
         // into a folder put in the store's place.
-        let named = fs::symlink_metadata(&dest);
-        if !named.is_ok_and(|m| crate::platform::same_file(&m, &checked)) {
-            self.check_in_place(&dest)?;
-            return Err(map(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the verified file's path leads to another file",
-            )));
-        }
-        stamps::record(&self.root, sha256, name, &dest);
-        Ok(dest)
+        self.hand_out(&dir, name)
     }
 
     /// Makes `blobs/<sha256>` a folder of the store's user, replacing
@@ -971,38 +1015,30 @@ struct Reservations {
     largest: Option<String>,
 }
 
-/// What [`Store::find_present`] found.
+/// What [`Store::find_present`] found, in `blobs/<sha256>` (held open).
 enum Found {
     /// The file under the name asked for.
-    Here(PathBuf),
+    Here(Folder, String),
     /// Only under another name.
-    Elsewhere(PathBuf),
+    Elsewhere(Folder, String),
     /// In this file (under the name asked for or another), whose stamp
     /// changed since it was verified.
-    Changed(PathBuf),
+    Changed(Folder, String),
     Nothing,
 }
 
-/// The regular files of the store's user in `dir` (a folder of the user),
-/// sorted; symbolic links and anything else are left out.
-fn own_files(dir: &Path) -> Vec<PathBuf> {
-    if !trust::is_own_folder_at(dir) {
-        return Vec::new();
-    }
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+/// The names of the regular files of the store's user in `dir`, sorted;
+/// symbolic links and anything else are left out.
+fn own_files(dir: &Folder) -> Vec<String> {
+    let mut files: Vec<String> = dir
+        .names()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
         // The entry's own type and owner: a symbolic link is not followed.
-        .filter(|e| e.metadata().is_ok_and(|m| trust::is_own_file(&m)))
-        .map(|e| e.path())
+        .filter(|name| dir.is_own_file(name))
         .collect();
     files.sort();
     files
-}
-
-fn first_file(dir: &Path) -> Option<PathBuf> {
-    own_files(dir).into_iter().next()
 }
 
 /// Every partial data file in `tmp` (of every lane).

@@ -89,18 +89,6 @@ pub(crate) fn is_own_file(meta: &Metadata) -> bool {
     meta.file_type().is_file() && platform::owned_by_me(meta)
 }
 
-/// Whether the entry at `path` (not followed) is a file the store trusts
-/// ([`is_own_file`]).
-pub(crate) fn is_own_file_at(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| is_own_file(&m))
-}
-
-/// Whether the entry at `path` (not followed) is a folder (not a link to
-/// one) of the store's user.
-pub(crate) fn is_own_folder_at(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && platform::owned_by_me(&m))
-}
-
 /// Opens `path` with `options` without following a symbolic link, and
 /// checks on the open file that it is a regular file of the current user
 /// ([`is_own_file`]); anything else is an error (`InvalidData`) that names
