@@ -62,8 +62,15 @@ pub(crate) fn try_lock(path: &Path) -> Result<Option<File>> {
 }
 
 /// Waits for the exclusive lock on `path`.
+#[cfg(test)]
 pub(crate) async fn lock(path: &Path) -> Result<File> {
     wait(|| try_lock(path)).await
+}
+
+/// Waits for the exclusive lock on the file `name` (created when missing)
+/// of the folder `dir`, held open.
+pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<File> {
+    wait(|| try_lock_file(open_at(dir, name, true)?, &dir.join(name))).await
 }
 
 /// A held keyed lock: released (and its files removed where the platform

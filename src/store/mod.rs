@@ -116,6 +116,21 @@ struct Folders {
     locks: Arc<Folder>,
     /// `store-v1/stamps/`.
     stamps: Folder,
+    /// The registry's folders.
+    registry: RegistryFolders,
+}
+
+/// The folders of a store's registry (see `registry`), held open.
+#[derive(Debug)]
+pub(crate) struct RegistryFolders {
+    /// `store-v1/gems/`.
+    pub(crate) gems: Arc<Folder>,
+    /// `store-v1/failures/`.
+    pub(crate) failures: Arc<Folder>,
+    /// `store-v1/served/`.
+    pub(crate) served: Arc<Folder>,
+    /// `store-v1/locks/`.
+    pub(crate) locks: Arc<Folder>,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each
@@ -191,9 +206,12 @@ impl Store {
         let tmp = Arc::new(open_sub(&root, "tmp")?);
         let locks = Arc::new(open_sub(&root, "locks")?);
         let stamps = open_sub(&root, "stamps")?;
-        for sub in ["gems", "failures"] {
-            open_sub(&root, sub)?;
-        }
+        let registry = RegistryFolders {
+            gems: Arc::new(open_sub(&root, "gems")?),
+            failures: Arc::new(open_sub(&root, "failures")?),
+            served: Arc::new(open_sub(&root, "served")?),
+            locks: locks.clone(),
+        };
         Ok(Store {
             root: root.path().to_path_buf(),
             folders: Arc::new(Folders {
@@ -202,10 +220,21 @@ impl Store {
                 tmp,
                 locks,
                 stamps,
+                registry,
             }),
             space: Arc::new(Mutex::new(())),
             blobs_sync: Arc::default(),
         })
+    }
+
+    /// `store-v1/`, held open.
+    pub(crate) fn root_folder(&self) -> &Folder {
+        &self.folders.root
+    }
+
+    /// The registry's folders, held open.
+    pub(crate) fn registry_folders(&self) -> &RegistryFolders {
+        &self.folders.registry
     }
 
     /// `tmp/`, held open.
