@@ -43,6 +43,12 @@
 //! counts is decided by what each download has shown it can deliver
 //! (`lanes::counted`).
 //!
+//! The store is anchored on its folders (see `folder`): [`Store::open`]
+//! checks them, then holds each one open as a directory handle (`cap-std`),
+//! and every open, rename and removal in them is made relative to those
+//! handles with one-component names; a path is handed out only while it
+//! leads to the file the handle reaches.
+//!
 //! The store trusts only what its own user made (see `store/trust.rs`): its
 //! folders are `0700` and refused at open when another user owns them or
 //! can write them; partial files, records and logs are opened without
