@@ -345,6 +345,10 @@ impl Store {
                 }
                 Found::Changed(dir, its_name) => {
                     if !self.settle(sha256, &dir, &its_name)? {
+                        // Let go of the folder first: Windows removes no
+                        // folder a handle holds.
+                        drop(dir);
+                        self.remove(sha256)?;
                         return Ok(None);
                     }
                 }
@@ -443,8 +447,8 @@ impl Store {
 
     /// Hashes the stored file `name` of `dir`, whose stamp changed: when it
     /// still holds the bytes of `sha256` it is made read-only again and
-    /// stamped (`true`); otherwise every file of `sha256` is removed
-    /// (`false`), so the next download fetches them anew.
+    /// stamped (`true`); otherwise (`false`) the caller removes every file
+    /// of `sha256`, so the next download fetches them anew.
     fn settle(&self, sha256: &str, dir: &Folder, name: &str) -> Result<bool> {
         use sha2::Digest;
         let path = dir.join(name);
@@ -474,7 +478,6 @@ impl Store {
             "{} changed since it was verified: removed, to be downloaded again",
             path.display()
         );
-        self.remove(sha256)?;
         Ok(false)
     }
 
@@ -1295,6 +1298,39 @@ mod tests {
         );
         // The other tree is as it was: nothing written, renamed or removed.
         assert_eq!(tree(&at), before);
+    }
+
+    #[test]
+    fn a_verified_file_is_never_handed_out_at_a_path_into_a_tree_put_in_the_stores_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("store");
+        let store = Store::open(&at).unwrap();
+        let sha = "8".repeat(64);
+        let body = vec![4u8; 4096];
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
+        {
+            use std::io::Write;
+            paths.open_data().unwrap().write_all(&body).unwrap();
+        }
+        let path = store.publish(&paths, &sha, "model.bin").unwrap();
+        assert_eq!(store.find(&sha, "model.bin").unwrap(), Some(path.clone()));
+        // The store's folder renamed away, and another tree at its path
+        // holding other bytes at the verified file's path.
+        fs::rename(&at, dir.path().join("moved")).unwrap();
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"other bytes").unwrap();
+        for name in ["model.bin", "other-name.bin"] {
+            let refused = store.find(&sha, name).unwrap_err();
+            assert!(
+                refused.to_string().contains("was moved or replaced"),
+                "{refused}"
+            );
+        }
+        assert_eq!(fs::read(&path).unwrap(), b"other bytes");
+        assert!(!path.with_file_name("other-name.bin").exists());
+        assert!(store.has(&sha), "the verified file is kept where it was");
     }
 
     #[test]
