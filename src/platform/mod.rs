@@ -16,7 +16,7 @@
 //! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
 //! | [`remove_folder_at`] | `remove_dir_all` relative to a folder handle | the same, clearing the read-only attribute of the files in it and trying again where Windows refuses |
 //! | [`replace_file_at`] | `renameat` between folder handles | the rename relative to the handles, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
-//! | [`sync_dir`], [`sync_dir_at`] | fsync of the folder (by path, or its handle) | nothing (renames are durable on NTFS) |
+//! | [`sync_dir_at`] | fsync of the folder, through its handle | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
 //! | [`REMOVE_RELEASED_LOCKS`] | a lock file is removed by its holder before release | lock files stay for reuse |
@@ -41,8 +41,8 @@ pub(crate) use imp::{
     allocated_bytes, can_write, content_stamp, create_private_dir_at, entry_owned_by_me,
     folder_problem, free_space, link_count, make_read_only, never_wait, open_at, open_no_follow,
     owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink, remove_folder_at,
-    replace_file_at, same_entry, same_file, set_private_folder, start_write_back, sync_dir,
-    sync_dir_at, FileStamp, REMOVE_RELEASED_LOCKS,
+    replace_file_at, same_entry, same_file, set_private_folder, start_write_back, sync_dir_at,
+    FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]

@@ -236,9 +236,6 @@ pub(crate) fn free_space(_dir: &Path) -> io::Result<u64> {
 /// holding the new file).
 const RENAME_ATTEMPTS: u32 = 10;
 
-/// Nothing to do.
-pub(crate) fn sync_dir(_dir: &Path) {}
-
 /// Nothing to do (an optimisation only).
 pub(crate) fn start_write_back(_file: &File, _from: u64, _len: u64) {}
 

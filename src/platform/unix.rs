@@ -144,14 +144,6 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
-/// Makes the entries of `dir` (a new or renamed file) durable; errors are
-/// ignored: a failure loses nothing that was verified.
-pub(crate) fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
 /// Asks the kernel to start writing `[from, from + len)` back to disk now,
 /// without waiting. Only an optimisation: errors are ignored (the final
 /// flush reports real ones).
@@ -309,8 +301,8 @@ pub(crate) fn replace_file_at(
     from_dir.rename(from, to_dir, to)
 }
 
-/// Makes the entries of the folder `dir` durable; errors are ignored, as
-/// [`sync_dir`]'s.
+/// Makes the entries of the folder `dir` (a new or renamed file) durable;
+/// errors are ignored: a failure loses nothing that was verified.
 pub(crate) fn sync_dir_at(dir: &cap_std::fs::Dir) {
     if let Ok(d) = dir.try_clone() {
         let _ = d.into_std_file().sync_all();

@@ -235,7 +235,7 @@ impl Folder {
         }
     }
 
-    /// Replaces the entry `name` with `bytes` as `atomic::replace` does:
+    /// Replaces the entry `name` with `bytes` (see `store::atomic`):
     /// written in full to a temporary file `<prefix>…` in this folder, then
     /// renamed over it.
     pub(crate) fn replace(
@@ -289,6 +289,47 @@ mod tests {
         std::fs::write(dir.path().join("outside"), b"x").unwrap();
         assert!(folder.entry("../outside").is_err());
         assert!(dir.path().join("outside").exists());
+    }
+
+    #[test]
+    fn a_replacement_leaves_the_new_bytes_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = Folder::open_path(dir.path()).unwrap();
+        for (bytes, durability) in [
+            (&b"old"[..], Durability::Full),
+            (b"new", Durability::Data),
+            (b"newer", Durability::Hint),
+        ] {
+            folder
+                .replace("record.json", ".", bytes, durability)
+                .unwrap();
+            assert_eq!(
+                std::fs::read(dir.path().join("record.json")).unwrap(),
+                bytes
+            );
+        }
+        assert_eq!(folder.names().unwrap(), ["record.json"]);
+    }
+
+    #[test]
+    fn a_failed_replacement_says_which_step_and_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = Folder::open_path(dir.path()).unwrap();
+        let e = folder
+            .replace("no-such-folder/record.json", ".", b"x", Durability::Full)
+            .unwrap_err();
+        assert_eq!(e.step, "cannot replace");
+        // A folder where the file should be: the rename fails, nothing is
+        // lost, and no temporary file stays.
+        let path = dir.path().join("taken");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("kept"), b"kept").unwrap();
+        let e = folder
+            .replace("taken", ".", b"x", Durability::Full)
+            .unwrap_err();
+        assert_eq!(e.step, "cannot replace");
+        assert_eq!(std::fs::read(path.join("kept")).unwrap(), b"kept");
+        assert_eq!(folder.names().unwrap(), ["taken"]);
     }
 
     #[test]

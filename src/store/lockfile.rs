@@ -18,7 +18,7 @@
 //! ([`KeyLock::describe`], `<key>.lock.json`), removed before the lock is
 //! released, so that others waiting on it can say whose it is.
 
-use std::fs::{self, File, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,19 +32,6 @@ const FIRST_PAUSE: Duration = Duration::from_millis(2);
 /// Longest pause between two tries.
 const MAX_PAUSE: Duration = Duration::from_millis(100);
 
-/// Opens (creating, `0600`) the lock file `path`: a regular file of the
-/// store's user, never a symbolic link followed.
-fn open(path: &Path) -> Result<File> {
-    crate::store::trust::open_own(
-        path,
-        fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true),
-    )
-    .map_err(|e| Error::io("cannot open lock file", path, e))
-}
-
 /// Takes the exclusive lock of `file` (the lock file `path`) only if nobody
 /// holds it.
 fn try_lock_file(file: File, path: &Path) -> Result<Option<File>> {
@@ -55,22 +42,16 @@ fn try_lock_file(file: File, path: &Path) -> Result<Option<File>> {
     }
 }
 
-/// Takes the exclusive lock on `path` (created when missing) only if nobody
-/// holds it. The lock is held as long as the returned file is open.
-pub(crate) fn try_lock(path: &Path) -> Result<Option<File>> {
-    try_lock_file(open(path)?, path)
-}
-
-/// Waits for the exclusive lock on `path`.
-#[cfg(test)]
-pub(crate) async fn lock(path: &Path) -> Result<File> {
-    wait(|| try_lock(path)).await
+/// Takes the exclusive lock on the file `name` (created when missing) of
+/// the folder `dir`, held open, only if nobody holds it.
+pub(crate) fn try_lock_in(dir: &Folder, name: &str) -> Result<Option<File>> {
+    try_lock_file(open_at(dir, name, true)?, &dir.join(name))
 }
 
 /// Waits for the exclusive lock on the file `name` (created when missing)
 /// of the folder `dir`, held open.
 pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<File> {
-    wait(|| try_lock_file(open_at(dir, name, true)?, &dir.join(name))).await
+    wait(|| try_lock_in(dir, name)).await
 }
 
 /// A held keyed lock: released (and its files removed where the platform
@@ -206,15 +187,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_lock_is_waited_for_and_the_wait_can_be_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.lock");
-        let held = lock(&path).await.unwrap();
-        assert!(try_lock(&path).unwrap().is_none());
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Folder::open_path(tmp.path()).unwrap();
+        let held = lock_in(&dir, "x.lock").await.unwrap();
+        assert!(try_lock_in(&dir, "x.lock").unwrap().is_none());
         // Waiting gives up when dropped.
-        let waited = tokio::time::timeout(Duration::from_millis(50), lock(&path)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), lock_in(&dir, "x.lock")).await;
         assert!(waited.is_err());
         drop(held);
-        let again = tokio::time::timeout(Duration::from_secs(5), lock(&path)).await;
+        let again = tokio::time::timeout(Duration::from_secs(5), lock_in(&dir, "x.lock")).await;
         assert!(again.is_ok());
     }
 

@@ -1110,7 +1110,7 @@ fn open_sub(parent: &Folder, name: &str) -> Result<Folder> {
 }
 
 /// Refuses a store folder, read through its handle, that another user
-/// owns or can write (see [`trust::check_folder`]).
+/// owns or can write (see [`trust::check_folder_meta`]).
 fn check_held(folder: &Folder) -> Result<()> {
     let meta = folder
         .metadata()

@@ -6,7 +6,7 @@
 //! elsewhere), or swap in a file of their own. So:
 //! - the store's folders are created `0700` whatever the umask, and at
 //!   open a folder owned by someone else or writable by group or others is
-//!   refused ([`check_folder`]);
+//!   refused ([`check_folder_meta`]);
 //! - files the store writes are created `0600`, verified files end `0400`;
 //! - every file the store opens by name is opened without following a
 //!   symbolic link (`O_NOFOLLOW`, and `O_NONBLOCK` so that a FIFO cannot
@@ -18,7 +18,7 @@
 //! elsewhere than on Unix, ownership and modes are left to the operating
 //! system, and only symbolic links and other non-regular files are refused.
 
-use std::fs::{self, File, Metadata, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions};
 use std::io;
 use std::path::Path;
 
@@ -27,7 +27,7 @@ use crate::platform::{self, FolderProblem};
 
 /// Creates the folder `path` (and missing parents) for the store: `0700`
 /// whatever the umask. A folder that exists is left as it is (and checked
-/// by [`check_folder`]).
+/// by [`check_folder_meta`]).
 pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.exists() {
@@ -46,13 +46,6 @@ pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
 /// Refuses a store folder that is not a folder, is owned by another user,
 /// or can be written by group or others, with `E_RESOURCE_CONFIG` naming
 /// the folder and the fix.
-pub(crate) fn check_folder(path: &Path) -> Result<()> {
-    let meta = fs::metadata(path).map_err(|e| Error::io("cannot read store folder", path, e))?;
-    check_folder_meta(path, &meta)
-}
-
-/// [`check_folder`] of the folder at `path` that `meta` describes (read
-/// through its handle).
 pub(crate) fn check_folder_meta(path: &Path, meta: &Metadata) -> Result<()> {
     if !meta.is_dir() {
         return Err(Error::Config(format!(
