@@ -1099,6 +1099,12 @@ fn partial_files(tmp: &Folder) -> impl Iterator<Item = PartialEntry> {
 /// handle ([`check_held`]).
 fn open_sub(parent: &Folder, name: &str) -> Result<Folder> {
     let path = parent.join(name);
+    if parent.entry(name).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(Error::Config(format!(
+            "store folder {} is a symbolic link: the store opens its folders without following links; make it a folder, or point `store` in config.toml (or --store) at the real location",
+            path.display()
+        )));
+    }
     parent
         .create_sub(name)
         .map_err(|e| Error::io("cannot create store folder", &path, e))?;

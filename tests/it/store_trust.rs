@@ -581,3 +581,20 @@ fn paced_route(body: &[u8]) -> Behaviour {
         pace: Some((64 * 1024, std::time::Duration::from_millis(50))),
     }
 }
+
+#[tokio::test]
+async fn a_link_in_place_of_a_store_folder_is_refused_naming_it() {
+    let env = Env::new().await;
+    Store::open(&env.store_dir()).unwrap();
+    let blobs = store_root(&env).join("blobs");
+    let elsewhere = env.dir.path().join("elsewhere");
+    std::fs::rename(&blobs, &elsewhere).unwrap();
+    // The user's own link: still refused, the store follows no link
+    // inside its folder.
+    std::os::unix::fs::symlink(&elsewhere, &blobs).unwrap();
+    let refused = Store::open(&env.store_dir()).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Config, "{refused}");
+    let text = refused.to_string();
+    assert!(text.contains(&blobs.display().to_string()), "{text}");
+    assert!(text.contains("is a symbolic link"), "{text}");
+}
