@@ -13,7 +13,7 @@
 //! | [`can_write`] | `faccessat(W_OK, AT_EACCESS)` (nothing created) | a probe file created and removed |
 //! | [`same_file`], [`same_entry`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`ContentStamp::of`] | length, modification time, mode, device and inode | length, modification time, the read-only attribute, volume and file index (Windows) |
-//! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
+//! | [`free_space`], [`free_space_at`] | `statvfs` (`fstatvfs` of a folder handle) | `GetDiskFreeSpaceExW` on Windows (by path), else unknown (no check) |
 //! | [`remove_folder_at`] | `remove_dir_all` relative to a folder handle | the same, clearing the read-only attribute of the files in it and trying again where Windows refuses |
 //! | [`replace_file_at`] | `renameat` between folder handles | the rename relative to the handles, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
 //! | [`sync_dir_at`] | fsync of the folder, through its handle | nothing (renames are durable on NTFS) |
@@ -39,10 +39,10 @@ use portable as imp;
 
 pub(crate) use imp::{
     allocated_bytes, can_write, content_stamp, create_private_dir_at, entry_owned_by_me,
-    folder_problem, free_space, link_count, make_read_only, never_wait, open_at, open_no_follow,
-    owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink, remove_folder_at,
-    replace_file_at, same_entry, same_file, set_private_folder, start_write_back, sync_dir_at,
-    FileStamp, REMOVE_RELEASED_LOCKS,
+    folder_problem, free_space, free_space_at, link_count, make_read_only, never_wait, open_at,
+    open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
+    remove_folder_at, replace_file_at, same_entry, same_file, set_private_folder, start_write_back,
+    sync_dir_at, FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]

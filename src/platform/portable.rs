@@ -384,3 +384,9 @@ pub(crate) fn same_entry(open: &Metadata, entry: &cap_std::fs::Metadata) -> bool
                 .ok()
                 .map(cap_std::time::SystemTime::into_std)
 }
+
+/// [`free_space`] of the folder `dir`, which `path` names (no call here
+/// asks a handle).
+pub(crate) fn free_space_at(_dir: &cap_std::fs::Dir, path: &Path) -> io::Result<u64> {
+    free_space(path)
+}

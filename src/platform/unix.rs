@@ -315,3 +315,10 @@ pub(crate) fn same_entry(open: &Metadata, entry: &cap_std::fs::Metadata) -> bool
     use cap_std::fs::MetadataExt as _;
     open.dev() == entry.dev() && open.ino() == entry.ino()
 }
+
+/// Bytes an unprivileged user may still write on the file system of the
+/// folder `dir` (`fstatvfs` of its handle; `path` names it in messages).
+pub(crate) fn free_space_at(dir: &cap_std::fs::Dir, _path: &Path) -> io::Result<u64> {
+    let stat = rustix::fs::fstatvfs(dir).map_err(io::Error::from)?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}

@@ -35,10 +35,8 @@ pub(crate) struct Folder {
 /// is refused too (on Windows it names a file's alternate stream), on
 /// every platform alike: the store names no file with one.
 fn one_name(name: &str) -> io::Result<&Path> {
-    let plain = !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0', ':']);
+    let plain =
+        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0', ':']);
     if plain {
         Ok(Path::new(name))
     } else {
@@ -201,6 +199,11 @@ impl Folder {
     /// what is there.
     pub(crate) fn rename_to(&self, name: &str, to: &Folder, to_name: &str) -> io::Result<()> {
         crate::platform::replace_file_at(&self.dir, one_name(name)?, &to.dir, one_name(to_name)?)
+    }
+
+    /// Bytes this user may still write on the folder's file system.
+    pub(crate) fn free_space(&self) -> io::Result<u64> {
+        crate::platform::free_space_at(&self.dir, &self.path)
     }
 
     /// Makes the folder's entries durable (errors ignored).

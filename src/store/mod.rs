@@ -65,7 +65,7 @@ pub(crate) mod trust;
 
 use group_sync::GroupSync;
 pub use shared_failure::{parse_shared_failure, SharedFailure};
-use space::available_space;
+use space::available_space_at;
 pub(crate) use space::{partial_write_failed, write_failed};
 
 pub mod gc;
@@ -748,7 +748,6 @@ impl Store {
         grace: std::time::Duration,
     ) -> Result<PartialPaths> {
         check_sha256(sha256)?;
-        let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
         let paths = self.partial(sha256, size, lane);
         // A partial file the store did not make (a symbolic link, another
@@ -761,7 +760,7 @@ impl Store {
         // What the file holds beyond its trusted prefix is cut before the
         // download writes: that space comes back.
         let reclaimed = paths.untrusted_tail(kept);
-        let available = available_space(&tmp)?.saturating_add(reclaimed);
+        let available = available_space_at(&self.folders.tmp)?.saturating_add(reclaimed);
         let reservations = self.reservations(&lane_key(sha256, size, lane), grace);
         let reserved = reservations.total;
         if available < needed.saturating_add(reserved) {
