@@ -46,7 +46,7 @@ pub(crate) use imp::{
 };
 
 #[cfg(test)]
-pub(crate) use imp::DISK_FULL_CODES;
+pub(crate) use imp::{DISK_FULL_CODES, HELD_FOLDERS_STAY};
 
 /// The bytes a file holds: the blocks it occupies on disk, at most its
 /// length (a sparse file, written at offsets far apart, holds less than

@@ -343,7 +343,12 @@ mod tests {
         std::fs::create_dir(&first).unwrap();
         let folder = Folder::open_path(&first).unwrap();
         assert!(folder.still_at_path());
-        std::fs::rename(&first, &moved).unwrap();
+        let renamed = std::fs::rename(&first, &moved);
+        if renamed.is_err() && crate::platform::HELD_FOLDERS_STAY {
+            // A held folder cannot be moved at all here.
+            return;
+        }
+        renamed.unwrap();
         std::fs::create_dir(&first).unwrap();
         assert!(!folder.still_at_path());
         folder
