@@ -6,13 +6,17 @@
 //! elsewhere), or swap in a file of their own. So:
 //! - the store's folders are created `0700` whatever the umask, and at
 //!   open a folder owned by someone else or writable by group or others is
-//!   refused ([`check_folder_meta`]);
+//!   refused ([`check_folder_meta`], on the folder's handle: see
+//!   `store::folder`);
 //! - files the store writes are created `0600`, verified files end `0400`;
-//! - every file the store opens by name is opened without following a
-//!   symbolic link (`O_NOFOLLOW`, and `O_NONBLOCK` so that a FIFO cannot
-//!   block the open) and then checked on the open descriptor (`fstat`): a
-//!   regular file owned by the current user ([`open_own`]). Nobody else can
-//!   reach it through the checked folders, so its own mode is not checked.
+//! - every file the store opens is opened through its folder's handle, by
+//!   one name, without following a symbolic link (`O_NOFOLLOW`, and
+//!   `O_NONBLOCK` so that a FIFO cannot block the open) and then checked on
+//!   the open descriptor (`fstat`): a regular file owned by the current
+//!   user ([`check_own`]; [`open_own`] by path only reads the policy record
+//!   of a store that is not opened, `policy_record::read_in`). Nobody else
+//!   can reach it through the checked folders, so its own mode is not
+//!   checked.
 //!
 //! The calls behind this differ by operating system ([`crate::platform`]):
 //! elsewhere than on Unix, ownership and modes are left to the operating
