@@ -10,7 +10,7 @@
 //! | [`open_at`], [`entry_owned_by_me`], [`create_private_dir_at`] | the same, relative to a folder handle (`cap-std`'s `Dir`: `openat`, `mkdirat`), the entry's owner | a symbolic link refused, relative to the handle; every entry the user's |
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
-//! | [`can_write`] | `faccessat(W_OK, AT_EACCESS)` (nothing created) | a probe file created and removed |
+//! | [`can_write_at`] | `faccessat(W_OK, AT_EACCESS)` of a folder handle (nothing created) | a probe file created and removed through the handle |
 //! | [`same_file`], [`same_entry`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`ContentStamp::of`] | length, modification time, mode, device and inode | length, modification time, the read-only attribute, volume and file index (Windows) |
 //! | [`free_space`], [`free_space_at`] | `statvfs` (`fstatvfs` of a folder handle) | `GetDiskFreeSpaceExW` on Windows (by path), else unknown (no check) |
@@ -38,7 +38,7 @@ mod portable;
 use portable as imp;
 
 pub(crate) use imp::{
-    allocated_bytes, can_write, content_stamp, create_private_dir_at, entry_owned_by_me,
+    allocated_bytes, can_write_at, content_stamp, create_private_dir_at, entry_owned_by_me,
     folder_problem, free_space, free_space_at, link_count, make_read_only, never_wait, open_at,
     open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
     remove_folder_at, replace_file_at, same_entry, same_file, set_private_folder, start_write_back,

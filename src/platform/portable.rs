@@ -260,15 +260,17 @@ pub(crate) fn path_problem(_path: &Path) -> Option<(std::path::PathBuf, String)>
     None
 }
 
-/// Whether this process may create files in the folder `dir`: a probe
-/// file created and removed (no access call here tells of ACLs and
-/// read-only volumes alike).
-pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
-    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
-    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+/// Whether this process may create files in the folder `dir` (a handle):
+/// a probe file created and removed through it (no access call here tells
+/// of ACLs and read-only volumes alike).
+pub(crate) fn can_write_at(dir: &cap_std::fs::Dir) -> io::Result<()> {
+    let probe = format!(".write-probe-{}", std::process::id());
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    match dir.open_with(&probe, &options) {
         Ok(file) => {
             drop(file);
-            let _ = std::fs::remove_file(&probe);
+            let _ = dir.remove_file(&probe);
             Ok(())
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),

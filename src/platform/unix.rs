@@ -164,15 +164,15 @@ pub(crate) fn start_write_back(file: &File, from: u64, len: u64) {
     let _ = (file, from, len);
 }
 
-/// Whether this process may create files in the folder `dir`, asked of
-/// the kernel for the effective user (`faccessat` with `AT_EACCESS`): a
-/// read-only mount says `EROFS`, a folder this user may only read
-/// `EACCES`. Nothing is created.
-pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
-    use rustix::fs::{accessat, Access, AtFlags, CWD};
+/// Whether this process may create files in the folder `dir` (a handle),
+/// asked of the kernel for the effective user (`faccessat` of `.` with
+/// `AT_EACCESS`): a read-only mount says `EROFS`, a folder this user may
+/// only read `EACCES`. Nothing is created.
+pub(crate) fn can_write_at(dir: &cap_std::fs::Dir) -> io::Result<()> {
+    use rustix::fs::{accessat, Access, AtFlags};
     accessat(
-        CWD,
         dir,
+        ".",
         Access::WRITE_OK | Access::EXEC_OK,
         AtFlags::EACCESS,
     )

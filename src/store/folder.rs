@@ -17,6 +17,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use cap_std::fs::{Dir, OpenOptions};
 
@@ -201,6 +202,11 @@ impl Folder {
         crate::platform::replace_file_at(&self.dir, one_name(name)?, &to.dir, one_name(to_name)?)
     }
 
+    /// Whether this process may create files in the folder.
+    pub(crate) fn can_write(&self) -> io::Result<()> {
+        crate::platform::can_write_at(&self.dir)
+    }
+
     /// Bytes this user may still write on the folder's file system.
     pub(crate) fn free_space(&self) -> io::Result<u64> {
         crate::platform::free_space_at(&self.dir, &self.path)
@@ -274,6 +280,55 @@ impl Folder {
             self.sync();
         }
         Ok(())
+    }
+}
+
+/// A folder in a held folder, created and opened on first use (a store on
+/// a read-only mount, made by an earlier version, may lack it), then held.
+#[derive(Debug)]
+pub(crate) struct LazySub {
+    parent: Arc<Folder>,
+    name: &'static str,
+    held: OnceLock<Folder>,
+}
+
+impl LazySub {
+    /// The folder `name` of `parent`, not opened yet.
+    pub(crate) fn new(parent: Arc<Folder>, name: &'static str) -> LazySub {
+        LazySub {
+            parent,
+            name,
+            held: OnceLock::new(),
+        }
+    }
+
+    /// Its path (for messages).
+    pub(crate) fn path(&self) -> PathBuf {
+        self.parent.join(self.name)
+    }
+
+    /// The folder, held open: created (`0700`) when missing, opened without
+    /// following a symbolic link, and refused (`InvalidData`) when another
+    /// user owns it or others can write it.
+    pub(crate) fn get(&self) -> io::Result<&Folder> {
+        if let Some(folder) = self.held.get() {
+            return Ok(folder);
+        }
+        let folder = match self.parent.open_sub(self.name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.parent.create_sub(self.name)?;
+                self.parent.open_sub(self.name)?
+            }
+            opened => opened?,
+        };
+        let meta = folder.metadata()?;
+        if !meta.is_dir() || crate::platform::folder_problem(&meta).is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "another user owns it or can write it: the store does not trust it",
+            ));
+        }
+        Ok(self.held.get_or_init(|| folder))
     }
 }
 

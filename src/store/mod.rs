@@ -81,7 +81,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::store::folder::Folder;
+use crate::store::folder::{Folder, LazySub};
 use crate::store::lanes::{lane_key, Holder, LaneLock, LANES};
 use crate::store::lockfile::KeyLock;
 use crate::store::partial::PartialPaths;
@@ -113,15 +113,15 @@ pub struct Store {
 #[derive(Debug)]
 struct Folders {
     /// `store-v1/`.
-    root: Folder,
+    root: Arc<Folder>,
     /// `store-v1/blobs/`.
     blobs: Folder,
     /// `store-v1/tmp/`.
     tmp: Arc<Folder>,
     /// `store-v1/locks/`.
     locks: Arc<Folder>,
-    /// `store-v1/stamps/`.
-    stamps: Folder,
+    /// `store-v1/stamps/`, opened on first use.
+    stamps: LazySub,
     /// The registry's folders.
     registry: RegistryFolders,
 }
@@ -133,8 +133,8 @@ pub(crate) struct RegistryFolders {
     pub(crate) gems: Arc<Folder>,
     /// `store-v1/failures/`.
     pub(crate) failures: Arc<Folder>,
-    /// `store-v1/served/`.
-    pub(crate) served: Arc<Folder>,
+    /// `store-v1/served/`, opened on first use.
+    pub(crate) served: Arc<LazySub>,
     /// `store-v1/locks/`.
     pub(crate) locks: Arc<Folder>,
 }
@@ -207,15 +207,17 @@ impl Store {
         let top =
             Folder::open_path(&dir).map_err(|e| Error::io("cannot open store folder", &dir, e))?;
         check_held(&top)?;
-        let root = open_sub(&top, LAYOUT)?;
+        let root = Arc::new(open_sub(&top, LAYOUT)?);
         let blobs = open_sub(&root, "blobs")?;
         let tmp = Arc::new(open_sub(&root, "tmp")?);
         let locks = Arc::new(open_sub(&root, "locks")?);
-        let stamps = open_sub(&root, "stamps")?;
+        // Opened on first use: a read-only store made by an earlier
+        // version may lack them.
+        let stamps = LazySub::new(root.clone(), "stamps");
         let registry = RegistryFolders {
             gems: Arc::new(open_sub(&root, "gems")?),
             failures: Arc::new(open_sub(&root, "failures")?),
-            served: Arc::new(open_sub(&root, "served")?),
+            served: Arc::new(LazySub::new(root.clone(), "served")),
             locks: locks.clone(),
         };
         Ok(Store {
@@ -292,9 +294,9 @@ impl Store {
     /// file's error would say neither. Other failures of the probe are
     /// left for the download to report.
     pub fn check_writable(&self, what: &str) -> Result<()> {
-        for sub in ["tmp", "locks", "blobs"] {
-            let dir = self.root.join(sub);
-            match crate::platform::can_write(&dir) {
+        let folders = &self.folders;
+        for dir in [&*folders.tmp, &*folders.locks, &folders.blobs] {
+            match dir.can_write() {
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -407,8 +409,8 @@ impl Store {
         ))
     }
 
-    /// `stamps/`, held open.
-    fn stamps(&self) -> &Folder {
+    /// `stamps/`, opened on first use.
+    fn stamps(&self) -> &LazySub {
         &self.folders.stamps
     }
 

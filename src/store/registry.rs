@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{shorten_to, Error, ErrorCode, Result};
 use crate::manifest::Resource;
 use crate::store::atomic::Durability;
-use crate::store::folder::Folder;
+use crate::store::folder::{Folder, LazySub};
 use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
 /// A gem's registration: its validated resources.
@@ -183,8 +183,8 @@ pub struct Registry {
     gems: Arc<Folder>,
     /// `store-v1/failures`, held open.
     failures: Arc<Folder>,
-    /// `store-v1/served`, held open.
-    served: Arc<Folder>,
+    /// `store-v1/served`, opened on first use.
+    served: Arc<LazySub>,
     /// `store-v1/locks`, held open: the registry lock is `registry.lock`.
     locks: Arc<Folder>,
     /// Parsed registrations, shared by every clone.
@@ -293,8 +293,13 @@ impl Registry {
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         let written = self
             .served
-            .replace(&format!("{sha256}.json"), ".", &bytes, Durability::Hint)
-            .map_err(|e| registry_error(e, bytes.len()));
+            .get()
+            .map_err(|e| Error::io("cannot create store folder", self.served.path(), e))
+            .and_then(|served| {
+                served
+                    .replace(&format!("{sha256}.json"), ".", &bytes, Durability::Hint)
+                    .map_err(|e| registry_error(e, bytes.len()))
+            });
         if let Err(e) = written {
             tracing::warn!(sha256, "which address served the file is not recorded: {e}");
         }
@@ -309,6 +314,8 @@ impl Registry {
         }
         let bytes = self
             .served
+            .get()
+            .ok()?
             .read_own(&format!("{sha256}.json"), MAX_SERVED_BYTES)
             .ok()?;
         serde_json::from_slice::<ServedRecord>(&bytes)
@@ -323,7 +330,10 @@ impl Registry {
         if !crate::store::is_sha256(sha256) {
             return;
         }
-        match self.served.remove_file(&format!("{sha256}.json")) {
+        let Ok(served) = self.served.get() else {
+            return;
+        };
+        match served.remove_file(&format!("{sha256}.json")) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!(sha256, "a record of what served a deleted file stays: {e}"),
@@ -335,14 +345,14 @@ impl Registry {
     /// returns how many.
     pub fn prune_served(&self, stored: impl Fn(&str) -> bool) -> usize {
         let mut removed = 0;
-        for name in self.served.names().unwrap_or_default() {
+        let Ok(served) = self.served.get() else {
+            return 0;
+        };
+        for name in served.names().unwrap_or_default() {
             let Some(sha) = name.strip_suffix(".json") else {
                 continue;
             };
-            if crate::store::is_sha256(sha)
-                && !stored(sha)
-                && self.served.remove_file(&name).is_ok()
-            {
+            if crate::store::is_sha256(sha) && !stored(sha) && served.remove_file(&name).is_ok() {
                 removed += 1;
             }
         }
@@ -507,11 +517,13 @@ impl Registry {
     /// (the records themselves are always whole) and returns how many.
     pub fn clean(&self) -> usize {
         let mut removed = 0;
-        for (dir, failures) in [
-            (&self.gems, false),
-            (&self.failures, true),
-            (&self.served, false),
-        ] {
+        let served = self.served.get().ok();
+        let dirs = [
+            Some((&*self.gems, false)),
+            Some((&*self.failures, true)),
+            served.map(|s| (s, false)),
+        ];
+        for (dir, failures) in dirs.into_iter().flatten() {
             for name in dir.names().unwrap_or_default() {
                 // Failure records of earlier versions (one JSON map per gem)
                 // were superseded by the logs.

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::platform::ContentStamp;
 use crate::store::atomic::Durability;
-use crate::store::folder::Folder;
+use crate::store::folder::{Folder, LazySub};
 
 /// The longest record read back (a name is at most 200 bytes).
 const MAX_RECORD_BYTES: u64 = 256 * 1024;
@@ -52,8 +52,10 @@ fn record_name(sha256: &str) -> String {
     format!("{sha256}.json")
 }
 
-fn read(stamps: &Folder, sha256: &str) -> Option<Record> {
+fn read(stamps: &LazySub, sha256: &str) -> Option<Record> {
     let bytes = stamps
+        .get()
+        .ok()?
         .read_own(&record_name(sha256), MAX_RECORD_BYTES)
         .ok()?;
     serde_json::from_slice(&bytes).ok()
@@ -68,7 +70,7 @@ fn stamp_of(dir: &Folder, name: &str) -> Option<ContentStamp> {
 
 /// Whether the file `name` of `sha256`, in `dir` (`blobs/<sha256>`), still
 /// has its stamp; the records are in `stamps`.
-pub(crate) fn check(stamps: &Folder, sha256: &str, dir: &Folder, name: &str) -> Verdict {
+pub(crate) fn check(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) -> Verdict {
     let Some(record) = read(stamps, sha256) else {
         return Verdict::Unrecorded;
     };
@@ -81,7 +83,7 @@ pub(crate) fn check(stamps: &Folder, sha256: &str, dir: &Folder, name: &str) -> 
 /// Records the stamp of the file `name` of `sha256`, in `dir`, as it is
 /// now. A record that cannot be written is logged: the file is then only
 /// hashed once more before its next use.
-pub(crate) fn record(stamps: &Folder, sha256: &str, dir: &Folder, name: &str) {
+pub(crate) fn record(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) {
     let Some(stamp) = stamp_of(dir, name) else {
         return;
     };
@@ -92,17 +94,19 @@ pub(crate) fn record(stamps: &Folder, sha256: &str, dir: &Folder, name: &str) {
         .files
         .retain(|n, _| n == name || dir.entry(n).is_ok());
     let bytes = serde_json::to_vec(&record).unwrap_or_default();
-    let written = stamps.replace(&record_name(sha256), ".", &bytes, Durability::Hint);
+    let written = stamps.get().and_then(|folder| {
+        folder
+            .replace(&record_name(sha256), ".", &bytes, Durability::Hint)
+            .map_err(|e| e.error)
+    });
     if let Err(e) = written {
-        tracing::warn!(
-            sha256,
-            "the stamp of the stored file is not recorded: {}",
-            e.error
-        );
+        tracing::warn!(sha256, "the stamp of the stored file is not recorded: {e}");
     }
 }
 
 /// Removes the record of `sha256` (its files were removed).
-pub(crate) fn forget(stamps: &Folder, sha256: &str) {
-    let _ = stamps.remove_file(&record_name(sha256));
+pub(crate) fn forget(stamps: &LazySub, sha256: &str) {
+    if let Ok(folder) = stamps.get() {
+        let _ = folder.remove_file(&record_name(sha256));
+    }
 }
