@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::protocol::{ServiceInfo, PROTOCOL};
 use crate::error::{Error, Result};
-use crate::store::atomic::{self, Durability};
+use crate::store::atomic::Durability;
 use crate::store::{lockfile, trust, Store};
 
 /// The discovery file's name in `<store>/store-v1`.
@@ -60,25 +60,41 @@ pub fn default_socket(store: &Store) -> Result<PathBuf> {
 #[derive(Debug)]
 pub struct ServiceLock {
     _file: File,
-    info: PathBuf,
+    /// The store held: `service.json` is removed through its folder's
+    /// handle.
+    store: Store,
 }
 
 impl Drop for ServiceLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.info);
+        let _ = self.store.root_folder().remove_file(SERVICE_FILE);
     }
+}
+
+/// `run/`, created when missing, checked and opened through the handle of
+/// `store-v1/` the store holds.
+fn open_run(store: &Store) -> Result<crate::store::folder::Folder> {
+    let run = run_dir(store);
+    let root = store.root_folder();
+    root.create_sub("run")
+        .map_err(|e| Error::io("cannot create", &run, e))?;
+    let folder = root
+        .open_sub("run")
+        .map_err(|e| Error::io("cannot open", &run, e))?;
+    let meta = folder
+        .metadata()
+        .map_err(|e| Error::io("cannot read", &run, e))?;
+    trust::check_folder_meta(&run, &meta)?;
+    Ok(folder)
 }
 
 /// Takes the store for a service, or says which process holds it.
 pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
-    let run = run_dir(store);
-    trust::create_folder(&run).map_err(|e| Error::io("cannot create", &run, e))?;
-    trust::check_folder(&run)?;
-    let lock = run.join("service.lock");
-    match lockfile::try_lock(&lock)? {
+    let run = open_run(store)?;
+    match lockfile::try_lock_in(&run, "service.lock")? {
         Some(file) => Ok(ServiceLock {
             _file: file,
-            info: store.root().join(SERVICE_FILE),
+            store: store.clone(),
         }),
         None => Err(Error::Busy {
             store: store_dir.to_path_buf(),
@@ -97,14 +113,15 @@ pub fn publish(store: &Store, _lock: &ServiceLock, socket: &str) -> Result<()> {
     };
     let bytes = serde_json::to_vec_pretty(&file)
         .map_err(|e| Error::Invalid(format!("cannot write {SERVICE_FILE}: {e}")))?;
-    let path = store.root().join(SERVICE_FILE);
-    atomic::replace(&path, ".service.", &bytes, Durability::Hint)
+    store
+        .root_folder()
+        .replace(SERVICE_FILE, ".service.", &bytes, Durability::Hint)
         .map_err(|e| Error::io(e.step, &e.path, e.error))
 }
 
 /// What `service.json` says, whether or not its service still runs.
 pub fn read(store: &Store) -> Option<ServiceFile> {
-    let bytes = trust::read_own(&store.root().join(SERVICE_FILE), 64 * 1024).ok()?;
+    let bytes = store.root_folder().read_own(SERVICE_FILE, 64 * 1024).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -115,8 +132,8 @@ pub fn live(store: &Store) -> Option<ServiceFile> {
     if file.protocol != PROTOCOL {
         return None;
     }
-    let lock = run_dir(store).join("service.lock");
-    match lockfile::try_lock(&lock) {
+    let run = store.root_folder().open_sub("run").ok()?;
+    match lockfile::try_lock_in(&run, "service.lock") {
         // Free: nobody listens (a killed service left the file).
         Ok(Some(_released_on_drop)) => None,
         Ok(None) => Some(file),

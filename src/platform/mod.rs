@@ -7,15 +7,16 @@
 //! | [`folder_problem`], [`owned_by_me`] | owner and group/other write bits | nothing to refuse |
 //! | [`path_problem`] | a link of another user, or a folder others may write without the sticky bit, on the way to the store | nothing to refuse |
 //! | [`open_no_follow`] | `O_NOFOLLOW \| O_NONBLOCK \| O_CLOEXEC`, created `0600` | a symbolic link is refused before opening |
+//! | [`open_at`], [`entry_owned_by_me`], [`create_private_dir_at`] | the same, relative to a folder handle (`cap-std`'s `Dir`: `openat`, `mkdirat`), the entry's owner | a symbolic link refused, relative to the handle; every entry the user's |
 //! | [`never_wait`] | `O_NONBLOCK` (a FIFO cannot block the open) | nothing |
 //! | [`make_read_only`] | mode `0400` | the read-only attribute |
-//! | [`can_write`] | `faccessat(W_OK, AT_EACCESS)` (nothing created) | a probe file created and removed |
-//! | [`same_file`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
+//! | [`can_write_at`] | `faccessat(W_OK, AT_EACCESS)` of a folder handle (nothing created) | a probe file created and removed through the handle |
+//! | [`same_file`], [`same_entry`], [`link_count`], [`allocated_bytes`], [`held_bytes`], [`FileStamp`] | device and inode, link count, blocks, times to the nanosecond | size and times only |
 //! | [`ContentStamp::of`] | length, modification time, mode, device and inode | length, modification time, the read-only attribute, volume and file index (Windows) |
-//! | [`free_space`] | `statvfs` | `GetDiskFreeSpaceExW` on Windows, else unknown (no check) |
-//! | [`remove_folder`] | `remove_dir_all` | `remove_dir_all`, clearing the read-only attribute of the files in it and trying again where Windows refuses |
-//! | [`replace_file`] | `rename` | `rename`, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
-//! | [`sync_dir`] | fsync of the folder | nothing (renames are durable on NTFS) |
+//! | [`free_space`], [`free_space_at`] | `statvfs` (`fstatvfs` of a folder handle) | `GetDiskFreeSpaceExW` on Windows (by path), else unknown (no check) |
+//! | [`remove_folder_at`] | `remove_dir_all` relative to a folder handle | the same, clearing the read-only attribute of the files in it and trying again where Windows refuses |
+//! | [`replace_file_at`] | `renameat` between folder handles | the rename relative to the handles, clearing the read-only attribute of the file replaced and trying again while Windows says it is in use |
+//! | [`sync_dir_at`] | fsync of the folder, through its handle | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
 //! | [`REMOVE_RELEASED_LOCKS`] | a lock file is removed by its holder before release | lock files stay for reuse |
@@ -37,14 +38,15 @@ mod portable;
 use portable as imp;
 
 pub(crate) use imp::{
-    allocated_bytes, can_write, content_stamp, folder_problem, free_space, link_count,
-    make_read_only, never_wait, open_no_follow, owned_by_me, owned_by_root, path_problem,
-    private_dir_builder, reflink, remove_folder, replace_file, same_file, set_private_folder,
-    start_write_back, sync_dir, FileStamp, REMOVE_RELEASED_LOCKS,
+    allocated_bytes, can_write_at, content_stamp, create_private_dir_at, entry_owned_by_me,
+    folder_problem, free_space, free_space_at, link_count, make_read_only, never_wait, open_at,
+    open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
+    remove_folder_at, replace_file_at, same_entry, same_file, set_private_folder, start_write_back,
+    sync_dir_at, FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]
-pub(crate) use imp::DISK_FULL_CODES;
+pub(crate) use imp::{DISK_FULL_CODES, HELD_FOLDERS_STAY};
 
 /// The bytes a file holds: the blocks it occupies on disk, at most its
 /// length (a sparse file, written at offsets far apart, holds less than

@@ -231,71 +231,10 @@ pub(crate) fn free_space(_dir: &Path) -> io::Result<u64> {
     Ok(u64::MAX)
 }
 
-/// How many times [`replace_file`] tries a rename that Windows refuses for
-/// a while (the destination open elsewhere, a virus scanner or indexer
+/// How many times [`replace_file_at`] tries a rename that Windows refuses
+/// for a while (the destination open elsewhere, a virus scanner or indexer
 /// holding the new file).
 const RENAME_ATTEMPTS: u32 = 10;
-
-/// Renames `from` to `to`, replacing `to`. Windows cannot replace a file
-/// that another program holds open without sharing its deletion, nor a
-/// read-only one: the read-only attribute of the file found at `to` is
-/// cleared, and a rename refused with `ERROR_ACCESS_DENIED` or
-/// `ERROR_SHARING_VIOLATION` is tried again, waiting 10 ms, then twice as
-/// long each time (up to 1 s, about 5 s in all). Called on a blocking
-/// thread.
-pub(crate) fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
-    /// `ERROR_ACCESS_DENIED` and `ERROR_SHARING_VIOLATION`.
-    const BUSY: [i32; 2] = [5, 32];
-    let mut wait = std::time::Duration::from_millis(10);
-    let mut attempt = 1;
-    loop {
-        let result = fs::rename(from, to);
-        let busy = matches!(&result, Err(e) if e.raw_os_error().is_some_and(|c| BUSY.contains(&c)));
-        if !busy || attempt == RENAME_ATTEMPTS {
-            return result;
-        }
-        if attempt == 1 {
-            clear_read_only(to);
-        } else {
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(std::time::Duration::from_secs(1));
-        }
-        attempt += 1;
-    }
-}
-
-/// Clears the read-only attribute of the regular file at `path`, if any.
-fn clear_read_only(path: &Path) {
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return;
-    };
-    if meta.is_file() && meta.permissions().readonly() {
-        let mut perms = meta.permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perms.set_readonly(false);
-        let _ = fs::set_permissions(path, perms);
-    }
-}
-
-/// Removes the folder `dir` and everything in it. Windows deletes a
-/// read-only file only where the file system takes POSIX deletion (NTFS
-/// on Windows 10 and later; not FAT or exFAT, many network shares, nor
-/// Wine): refused there, the read-only attribute of the files in `dir` (not
-/// followed links) is cleared and the removal tried again.
-pub(crate) fn remove_folder(dir: &Path) -> io::Result<()> {
-    match fs::remove_dir_all(dir) {
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            for entry in fs::read_dir(dir)?.flatten() {
-                clear_read_only(&entry.path());
-            }
-            fs::remove_dir_all(dir)
-        }
-        result => result,
-    }
-}
-
-/// Nothing to do.
-pub(crate) fn sync_dir(_dir: &Path) {}
 
 /// Nothing to do (an optimisation only).
 pub(crate) fn start_write_back(_file: &File, _from: u64, _len: u64) {}
@@ -321,18 +260,141 @@ pub(crate) fn path_problem(_path: &Path) -> Option<(std::path::PathBuf, String)>
     None
 }
 
-/// Whether this process may create files in the folder `dir`: a probe
-/// file created and removed (no access call here tells of ACLs and
-/// read-only volumes alike).
-pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
-    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
-    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+/// Whether this process may create files in the folder `dir` (a handle):
+/// a probe file created and removed through it (no access call here tells
+/// of ACLs and read-only volumes alike).
+pub(crate) fn can_write_at(dir: &cap_std::fs::Dir) -> io::Result<()> {
+    let probe = format!(".write-probe-{}", std::process::id());
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    match dir.open_with(&probe, &options) {
         Ok(file) => {
             drop(file);
-            let _ = std::fs::remove_file(&probe);
+            let _ = dir.remove_file(&probe);
             Ok(())
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
     }
 }
+
+/// Opens the entry `name` of the folder `dir` with `options`, refusing a
+/// symbolic link found there.
+pub(crate) fn open_at(
+    dir: &cap_std::fs::Dir,
+    name: &Path,
+    options: &mut cap_std::fs::OpenOptions,
+) -> io::Result<File> {
+    use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+    if dir
+        .symlink_metadata(name)
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        return Err(super::link_refused());
+    }
+    options.follow(FollowSymlinks::No);
+    dir.open_with(name, options)
+        .map(cap_std::fs::File::into_std)
+}
+
+/// Every entry counts as the current user's.
+pub(crate) fn entry_owned_by_me(_meta: &cap_std::fs::Metadata) -> bool {
+    true
+}
+
+/// Creates the folder `name` in `dir` (the OS's default access).
+pub(crate) fn create_private_dir_at(dir: &cap_std::fs::Dir, name: &Path) -> io::Result<()> {
+    dir.create_dir(name)
+}
+
+/// Clears the read-only attribute of the regular file `name` of `dir`, if
+/// any.
+fn clear_read_only_at(dir: &cap_std::fs::Dir, name: &Path) {
+    let Ok(meta) = dir.symlink_metadata(name) else {
+        return;
+    };
+    if meta.is_file() && meta.permissions().readonly() {
+        let mut perms = meta.permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        let _ = dir.set_permissions(name, perms);
+    }
+}
+
+/// Removes the folder `name` of `dir` and everything in it. Windows
+/// deletes a read-only file only where the file system takes POSIX
+/// deletion (NTFS on Windows 10 and later; not FAT or exFAT, many network
+/// shares, nor Wine): refused there, the read-only attribute of the files
+/// in it (not followed links) is cleared and the removal tried again.
+pub(crate) fn remove_folder_at(dir: &cap_std::fs::Dir, name: &Path) -> io::Result<()> {
+    match dir.remove_dir_all(name) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let inner = dir.open_dir(name)?;
+            for entry in inner.entries()?.flatten() {
+                clear_read_only_at(&inner, Path::new(&entry.file_name()));
+            }
+            drop(inner);
+            dir.remove_dir_all(name)
+        }
+        result => result,
+    }
+}
+
+/// Renames the entry `from` of `from_dir` to `to` in `to_dir`, replacing
+/// `to`. Windows cannot replace a file that another program holds open
+/// without sharing its deletion, nor a read-only one: the read-only
+/// attribute of the file found at `to` is cleared, and a rename refused
+/// with `ERROR_ACCESS_DENIED` or `ERROR_SHARING_VIOLATION` is tried again,
+/// waiting 10 ms, then twice as long each time (up to 1 s, about 5 s in
+/// all). Called on a blocking thread.
+pub(crate) fn replace_file_at(
+    from_dir: &cap_std::fs::Dir,
+    from: &Path,
+    to_dir: &cap_std::fs::Dir,
+    to: &Path,
+) -> io::Result<()> {
+    /// `ERROR_ACCESS_DENIED` and `ERROR_SHARING_VIOLATION`.
+    const BUSY: [i32; 2] = [5, 32];
+    let mut wait = std::time::Duration::from_millis(10);
+    let mut attempt = 1;
+    loop {
+        let result = from_dir.rename(from, to_dir, to);
+        let busy = matches!(&result, Err(e) if e.raw_os_error().is_some_and(|c| BUSY.contains(&c)));
+        if !busy || attempt == RENAME_ATTEMPTS {
+            return result;
+        }
+        if attempt == 1 {
+            clear_read_only_at(to_dir, to);
+        } else {
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(std::time::Duration::from_secs(1));
+        }
+        attempt += 1;
+    }
+}
+
+/// Nothing to do.
+pub(crate) fn sync_dir_at(_dir: &cap_std::fs::Dir) {}
+
+/// Whether `open` (of an open file) and `entry` (of an entry read through
+/// a folder handle) describe the same file, as far as they tell.
+pub(crate) fn same_entry(open: &Metadata, entry: &cap_std::fs::Metadata) -> bool {
+    open.len() == entry.len()
+        && open.modified().ok()
+            == entry
+                .modified()
+                .ok()
+                .map(cap_std::time::SystemTime::into_std)
+}
+
+/// [`free_space`] of the folder `dir`, which `path` names (no call here
+/// asks a handle).
+pub(crate) fn free_space_at(_dir: &cap_std::fs::Dir, path: &Path) -> io::Result<u64> {
+    free_space(path)
+}
+
+/// Whether renaming or removing a folder held open as a handle may be
+/// refused (tests): Windows may refuse while the handle, opened without
+/// delete sharing as `cap-std` opens folders, is open.
+#[cfg(test)]
+pub(crate) const HELD_FOLDERS_STAY: bool = cfg!(windows);

@@ -85,6 +85,8 @@ fn a_folder_of_read_only_files_is_removed() {
         let file = fs::File::create(blob.join(name)).expect("created");
         super::make_read_only(&file).expect("made read-only");
     }
-    super::remove_folder(&blob).expect("removed");
+    let folder = cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority())
+        .expect("the folder opens");
+    super::remove_folder_at(&folder, Path::new("blob")).expect("removed");
     assert!(!blob.exists());
 }

@@ -144,24 +144,6 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
-/// Renames `from` to `to`, replacing `to` (atomic, even when `to` is open).
-pub(crate) fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
-    fs::rename(from, to)
-}
-
-/// Removes the folder `dir` and everything in it (read-only files too).
-pub(crate) fn remove_folder(dir: &Path) -> io::Result<()> {
-    fs::remove_dir_all(dir)
-}
-
-/// Makes the entries of `dir` (a new or renamed file) durable; errors are
-/// ignored: a failure loses nothing that was verified.
-pub(crate) fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
 /// Asks the kernel to start writing `[from, from + len)` back to disk now,
 /// without waiting. Only an optimisation: errors are ignored (the final
 /// flush reports real ones).
@@ -182,15 +164,15 @@ pub(crate) fn start_write_back(file: &File, from: u64, len: u64) {
     let _ = (file, from, len);
 }
 
-/// Whether this process may create files in the folder `dir`, asked of
-/// the kernel for the effective user (`faccessat` with `AT_EACCESS`): a
-/// read-only mount says `EROFS`, a folder this user may only read
-/// `EACCES`. Nothing is created.
-pub(crate) fn can_write(dir: &Path) -> io::Result<()> {
-    use rustix::fs::{accessat, Access, AtFlags, CWD};
+/// Whether this process may create files in the folder `dir` (a handle),
+/// asked of the kernel for the effective user (`faccessat` of `.` with
+/// `AT_EACCESS`): a read-only mount says `EROFS`, a folder this user may
+/// only read `EACCES`. Nothing is created.
+pub(crate) fn can_write_at(dir: &cap_std::fs::Dir) -> io::Result<()> {
+    use rustix::fs::{accessat, Access, AtFlags};
     accessat(
-        CWD,
         dir,
+        ".",
         Access::WRITE_OK | Access::EXEC_OK,
         AtFlags::EACCESS,
     )
@@ -262,3 +244,86 @@ pub(crate) fn path_problem(path: &Path) -> Option<(std::path::PathBuf, String)> 
     }
     None
 }
+
+/// Opens the entry `name` of the folder `dir` with `options`, without
+/// following a symbolic link and without waiting on a FIFO; a file it
+/// creates is `0600`.
+pub(crate) fn open_at(
+    dir: &cap_std::fs::Dir,
+    name: &Path,
+    options: &mut cap_std::fs::OpenOptions,
+) -> io::Result<File> {
+    use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+    use cap_std::fs::OpenOptionsExt as _;
+    options
+        .follow(FollowSymlinks::No)
+        .custom_flags(libc::O_NONBLOCK)
+        .mode(FILE_MODE);
+    match dir.open_with(name, options) {
+        Ok(file) => Ok(file.into_std()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(super::link_refused()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the current user owns the entry `meta` (read through a folder
+/// handle, not following a link) describes.
+pub(crate) fn entry_owned_by_me(meta: &cap_std::fs::Metadata) -> bool {
+    cap_std::fs::MetadataExt::uid(meta) == current_uid()
+}
+
+/// Creates the folder `name` in `dir`, `0700` whatever the umask.
+pub(crate) fn create_private_dir_at(dir: &cap_std::fs::Dir, name: &Path) -> io::Result<()> {
+    use cap_std::fs::DirBuilderExt as _;
+    let mut builder = cap_std::fs::DirBuilder::new();
+    builder.mode(FOLDER_MODE);
+    dir.create_dir_with(name, &builder)?;
+    dir.set_permissions(
+        name,
+        cap_std::fs::Permissions::from_std(fs::Permissions::from_mode(FOLDER_MODE)),
+    )
+}
+
+/// Removes the folder `name` of `dir` and everything in it (read-only
+/// files too).
+pub(crate) fn remove_folder_at(dir: &cap_std::fs::Dir, name: &Path) -> io::Result<()> {
+    dir.remove_dir_all(name)
+}
+
+/// Renames the entry `from` of `from_dir` to `to` in `to_dir`, replacing
+/// `to` (atomic, even when `to` is open).
+pub(crate) fn replace_file_at(
+    from_dir: &cap_std::fs::Dir,
+    from: &Path,
+    to_dir: &cap_std::fs::Dir,
+    to: &Path,
+) -> io::Result<()> {
+    from_dir.rename(from, to_dir, to)
+}
+
+/// Makes the entries of the folder `dir` (a new or renamed file) durable;
+/// errors are ignored: a failure loses nothing that was verified.
+pub(crate) fn sync_dir_at(dir: &cap_std::fs::Dir) {
+    if let Ok(d) = dir.try_clone() {
+        let _ = d.into_std_file().sync_all();
+    }
+}
+
+/// Whether `open` (of an open file) and `entry` (of an entry read through
+/// a folder handle, not following a link) describe the same file.
+pub(crate) fn same_entry(open: &Metadata, entry: &cap_std::fs::Metadata) -> bool {
+    use cap_std::fs::MetadataExt as _;
+    open.dev() == entry.dev() && open.ino() == entry.ino()
+}
+
+/// Bytes an unprivileged user may still write on the file system of the
+/// folder `dir` (`fstatvfs` of its handle; `path` names it in messages).
+pub(crate) fn free_space_at(dir: &cap_std::fs::Dir, _path: &Path) -> io::Result<u64> {
+    let stat = rustix::fs::fstatvfs(dir).map_err(io::Error::from)?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// Whether renaming or removing a folder held open as a handle may be
+/// refused (tests): not here, and the handle follows the folder.
+#[cfg(test)]
+pub(crate) const HELD_FOLDERS_STAY: bool = false;

@@ -354,15 +354,10 @@ fn copy_and_check(
     resource: &Resource,
 ) -> Result<()> {
     let dest = paths.data.as_path();
-    // A new file of the store's user (`0600`), never one found there.
-    let mut to = crate::store::trust::open_own(
-        dest,
-        File::options().read(true).write(true).create_new(true),
-    )
-    .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
-    // This file, and no other put at its name, is what gets published.
-    paths
-        .claim(&to)
+    // A new file of the store's user (`0600`), never one found there; this
+    // file, and no other put at its name, is what gets published.
+    let mut to = paths
+        .create_data()
         .map_err(|e| crate::store::write_failed("cannot create", dest, e, resource.size))?;
     let fail = |e| crate::store::write_failed("cannot copy into", dest, e, resource.size);
     if !crate::platform::reflink(&source.file, &to) {

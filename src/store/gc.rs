@@ -24,7 +24,6 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::store::partial::PartialPaths;
 use crate::store::registry::Registry;
 use crate::store::{is_sha256, Store};
 
@@ -161,8 +160,14 @@ fn remove(store: &Store, item: &Undeclared) -> Result<()> {
     match item.kind {
         Kind::Stored => store.remove(&item.sha256),
         Kind::Partial => {
+            // Through the handle of `tmp/` the store opened.
+            let tmp = store.tmp_folder();
             for file in &item.files {
-                match fs::remove_file(file) {
+                let name = file
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                match tmp.remove_file(name) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(Error::io("cannot delete", file, e)),
@@ -212,13 +217,13 @@ fn stored(store: &Store, declared: &BTreeSet<String>) -> Result<Vec<Undeclared>>
 /// The files of `tmp/` (partial files, their records, temporary copies)
 /// whose SHA-256 is not in `declared`, one entry per SHA-256.
 fn partials(store: &Store, declared: &BTreeSet<String>) -> Result<Vec<Undeclared>> {
-    let tmp = store.root().join("tmp");
-    let entries = fs::read_dir(&tmp).map_err(|e| Error::io("cannot list", &tmp, e))?;
+    let folder = store.tmp_folder();
+    let tmp = folder.path().to_path_buf();
+    let names = folder
+        .names()
+        .map_err(|e| Error::io("cannot list", &tmp, e))?;
     let mut by_sha: std::collections::BTreeMap<String, Vec<(PathBuf, u64)>> = Default::default();
-    for entry in entries.filter_map(|e| e.ok()) {
-        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
+    for name in names {
         let sha = name.split('.').next().unwrap_or_default();
         if !is_sha256(sha) || declared.contains(sha) {
             continue;
@@ -226,15 +231,15 @@ fn partials(store: &Store, declared: &BTreeSet<String>) -> Result<Vec<Undeclared
         // The entry itself, never a link followed. A partial data file
         // counts what it holds of the download.
         let held = match super::partial::parse_name(&name) {
-            Some((sha, size)) => PartialPaths::new(&tmp, sha, size).held(),
-            None => entry
-                .metadata()
+            Some((sha, size)) => store.partial(sha, size, 0).held(),
+            None => folder
+                .own_file_meta(&name)
                 .map_or(0, |m| crate::platform::held_bytes(&m)),
         };
         by_sha
             .entry(sha.to_string())
             .or_default()
-            .push((entry.path(), held));
+            .push((folder.join(&name), held));
     }
     let mut out = Vec::new();
     for (sha, mut files) in by_sha {
@@ -250,7 +255,7 @@ fn partials(store: &Store, declared: &BTreeSet<String>) -> Result<Vec<Undeclared
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(super::partial::parse_name)
-            .and_then(|(sha, size)| PartialPaths::new(&tmp, sha, size).read_meta())
+            .and_then(|(sha, size)| store.partial(sha, size, 0).read_meta())
             .map(|meta| meta.address)
             .unwrap_or_default();
         out.push(Undeclared {

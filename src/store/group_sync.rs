@@ -1,6 +1,5 @@
 //! Fsyncs of one folder shared between callers.
 
-use std::path::Path;
 use std::sync::Mutex;
 
 /// Fsyncs of one folder shared between callers ("group commit"): a caller
@@ -26,8 +25,8 @@ struct GroupState {
 impl GroupSync {
     /// Returns once an fsync of `dir` that started after this call has
     /// finished.
-    pub(super) fn sync(&self, dir: &Path) {
-        self.run(|| crate::platform::sync_dir(dir));
+    pub(super) fn sync(&self, dir: &super::folder::Folder) {
+        self.run(|| dir.sync());
     }
 
     /// [`GroupSync::sync`] with `flush` standing for the fsync.

@@ -18,9 +18,12 @@
 //! ([`KeyLock::describe`], `<key>.lock.json`), removed before the lock is
 //! released, so that others waiting on it can say whose it is.
 
-use std::fs::{self, File, TryLockError};
-use std::path::{Path, PathBuf};
+use std::fs::{File, TryLockError};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::store::folder::Folder;
 
 use crate::error::{Error, Result};
 
@@ -29,23 +32,9 @@ const FIRST_PAUSE: Duration = Duration::from_millis(2);
 /// Longest pause between two tries.
 const MAX_PAUSE: Duration = Duration::from_millis(100);
 
-/// Opens (creating, `0600`) the lock file `path`: a regular file of the
-/// store's user, never a symbolic link followed.
-fn open(path: &Path) -> Result<File> {
-    crate::store::trust::open_own(
-        path,
-        fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true),
-    )
-    .map_err(|e| Error::io("cannot open lock file", path, e))
-}
-
-/// Takes the exclusive lock on `path` (created when missing) only if nobody
-/// holds it. The lock is held as long as the returned file is open.
-pub(crate) fn try_lock(path: &Path) -> Result<Option<File>> {
-    let file = open(path)?;
+/// Takes the exclusive lock of `file` (the lock file `path`) only if nobody
+/// holds it.
+fn try_lock_file(file: File, path: &Path) -> Result<Option<File>> {
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(TryLockError::WouldBlock) => Ok(None),
@@ -53,9 +42,16 @@ pub(crate) fn try_lock(path: &Path) -> Result<Option<File>> {
     }
 }
 
-/// Waits for the exclusive lock on `path`.
-pub(crate) async fn lock(path: &Path) -> Result<File> {
-    wait(|| try_lock(path)).await
+/// Takes the exclusive lock on the file `name` (created when missing) of
+/// the folder `dir`, held open, only if nobody holds it.
+pub(crate) fn try_lock_in(dir: &Folder, name: &str) -> Result<Option<File>> {
+    try_lock_file(open_at(dir, name, true)?, &dir.join(name))
+}
+
+/// Waits for the exclusive lock on the file `name` (created when missing)
+/// of the folder `dir`, held open.
+pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<File> {
+    wait(|| try_lock_in(dir, name)).await
 }
 
 /// A held keyed lock: released (and its files removed where the platform
@@ -64,70 +60,78 @@ pub(crate) async fn lock(path: &Path) -> Result<File> {
 pub(crate) struct KeyLock {
     /// The open lock file; closing it releases the lock.
     file: File,
+    /// The folder of lock files, held open: the lock file and its
+    /// description are reached through it.
+    dir: Arc<Folder>,
     /// `<key>.lock`.
-    path: PathBuf,
+    name: String,
 }
 
 impl KeyLock {
     /// Writes what the holder says about itself next to the lock (see
     /// [`read_description`]); a failure only leaves others knowing less.
     pub(crate) fn describe(&self, bytes: &[u8]) {
-        let path = description_path(&self.path);
-        let prefix = format!(
-            "{}.tmp.",
-            path.file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-        );
+        let name = description_name(&self.name);
+        let prefix = format!("{name}.tmp.");
         let durability = crate::store::atomic::Durability::Hint;
-        if let Err(e) = crate::store::atomic::replace(&path, &prefix, bytes, durability) {
-            tracing::debug!(path = %path.display(), "cannot describe the lock holder: {}", e.error);
+        if let Err(e) = self.dir.replace(&name, &prefix, bytes, durability) {
+            tracing::debug!(path = %e.path.display(), "cannot describe the lock holder: {}", e.error);
         }
     }
 }
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
-        let _ = fs::remove_file(description_path(&self.path));
+        let _ = self.dir.remove_file(&description_name(&self.name));
         if crate::platform::REMOVE_RELEASED_LOCKS {
             // Removed while still held: whoever opens the name next gets a
             // new file, and one that opened this file before sees that the
             // name no longer leads to it.
-            let _ = fs::remove_file(&self.path);
+            let _ = self.dir.remove_file(&self.name);
         }
         // Closing `file` releases the lock.
         let _ = &self.file;
     }
 }
 
-/// The lock file of `key` in the folder `dir`.
-pub(crate) fn key_path(dir: &Path, key: &str) -> PathBuf {
-    dir.join(format!("{key}.lock"))
+/// The lock file's name of `key`.
+pub(crate) fn key_name(key: &str) -> String {
+    format!("{key}.lock")
 }
 
-fn description_path(lock: &Path) -> PathBuf {
-    let mut name = lock.as_os_str().to_os_string();
-    name.push(".json");
-    PathBuf::from(name)
+fn description_name(lock: &str) -> String {
+    format!("{lock}.json")
 }
 
 /// The description the holder of `key`'s lock wrote, at most `max` bytes,
 /// if the lock is held and there is one.
-pub(crate) fn read_description(dir: &Path, key: &str, max: u64) -> Option<Vec<u8>> {
-    let lock = key_path(dir, key);
-    crate::store::trust::read_own(&description_path(&lock), max).ok()
+pub(crate) fn read_description(dir: &Folder, key: &str, max: u64) -> Option<Vec<u8>> {
+    dir.read_own(&description_name(&key_name(key)), max).ok()
+}
+
+/// Opens (creating, `0600`) the lock file `name` of `dir`.
+fn open_at(dir: &Folder, name: &str, create: bool) -> Result<File> {
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.create(create).truncate(false).write(true);
+    dir.open_own(name, &mut options)
+        .map_err(|e| Error::io("cannot open lock file", dir.join(name), e))
 }
 
 /// Takes the exclusive lock of `key` (a name of letters, digits and dots)
 /// in the folder `dir` only if nobody holds it; held as long as the
 /// returned lock lives.
-pub(crate) fn try_lock_key(dir: &Path, key: &str) -> Result<Option<KeyLock>> {
-    let path = key_path(dir, key);
+pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLock>> {
+    let name = key_name(key);
     loop {
-        let Some(file) = try_lock(&path)? else {
+        let Some(file) = try_lock_file(open_at(dir, &name, true)?, &dir.join(&name))? else {
             return Ok(None);
         };
-        if !crate::platform::REMOVE_RELEASED_LOCKS || still_named(&file, &path) {
-            return Ok(Some(KeyLock { file, path }));
+        if !crate::platform::REMOVE_RELEASED_LOCKS || still_named(&file, dir, &name) {
+            return Ok(Some(KeyLock {
+                file,
+                dir: dir.clone(),
+                name,
+            }));
         }
         // The holder we waited for removed this file as it let go: lock
         // the new one.
@@ -137,15 +141,15 @@ pub(crate) fn try_lock_key(dir: &Path, key: &str) -> Result<Option<KeyLock>> {
 /// Whether the lock of `key` in `dir` is held now, by this process or
 /// another. Creates nothing: a lock file nobody holds is a leftover, and
 /// is removed.
-pub(crate) fn is_held(dir: &Path, key: &str) -> bool {
-    let path = key_path(dir, key);
-    let Ok(file) = crate::store::trust::open_own(&path, fs::OpenOptions::new().write(true)) else {
+pub(crate) fn is_held(dir: &Folder, key: &str) -> bool {
+    let name = key_name(key);
+    let Ok(file) = open_at(dir, &name, false) else {
         return false;
     };
     match file.try_lock() {
         Ok(()) => {
-            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(&file, &path) {
-                let _ = fs::remove_file(&path);
+            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(&file, dir, &name) {
+                let _ = dir.remove_file(&name);
             }
             false
         }
@@ -154,17 +158,15 @@ pub(crate) fn is_held(dir: &Path, key: &str) -> bool {
     }
 }
 
-/// Whether `path` still names the open `file`.
-fn still_named(file: &File, path: &Path) -> bool {
-    match (file.metadata(), fs::symlink_metadata(path)) {
-        (Ok(open), Ok(named)) => crate::platform::same_file(&open, &named),
-        _ => false,
-    }
+/// Whether the entry `name` of `dir` is still the open `file`.
+fn still_named(file: &File, dir: &Folder, name: &str) -> bool {
+    file.metadata()
+        .is_ok_and(|open| dir.names_file(name, &open))
 }
 
 /// Waits for the exclusive lock of `key` in `dir` (see [`try_lock_key`]).
 #[cfg(test)]
-pub(crate) async fn lock_key(dir: &Path, key: &str) -> Result<KeyLock> {
+pub(crate) async fn lock_key(dir: &Arc<Folder>, key: &str) -> Result<KeyLock> {
     wait(|| try_lock_key(dir, key)).await
 }
 
@@ -185,48 +187,45 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_lock_is_waited_for_and_the_wait_can_be_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.lock");
-        let held = lock(&path).await.unwrap();
-        assert!(try_lock(&path).unwrap().is_none());
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Folder::open_path(tmp.path()).unwrap();
+        let held = lock_in(&dir, "x.lock").await.unwrap();
+        assert!(try_lock_in(&dir, "x.lock").unwrap().is_none());
         // Waiting gives up when dropped.
-        let waited = tokio::time::timeout(Duration::from_millis(50), lock(&path)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), lock_in(&dir, "x.lock")).await;
         assert!(waited.is_err());
         drop(held);
-        let again = tokio::time::timeout(Duration::from_secs(5), lock(&path)).await;
+        let again = tokio::time::timeout(Duration::from_secs(5), lock_in(&dir, "x.lock")).await;
         assert!(again.is_ok());
     }
 
     #[tokio::test]
     async fn keyed_locks_exclude_the_same_key_only() {
-        let dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Folder::open_path(tmp.path()).unwrap());
         let a = format!("{}.10", "a".repeat(64));
         // The same first 60 bits, and the same hash with another size.
         let b = format!("{}b.10", "a".repeat(63));
         let c = format!("{}.11", "a".repeat(64));
-        let held = lock_key(dir.path(), &a).await.unwrap();
+        let held = lock_key(&dir, &a).await.unwrap();
         // Another holder of the same key, in this process too, must wait.
-        assert!(try_lock_key(dir.path(), &a).unwrap().is_none());
-        assert!(is_held(dir.path(), &a));
+        assert!(try_lock_key(&dir, &a).unwrap().is_none());
+        assert!(is_held(&dir, &a));
         for other in [&b, &c] {
-            assert!(!is_held(dir.path(), other));
-            let got = try_lock_key(dir.path(), other).unwrap();
+            assert!(!is_held(&dir, other));
+            let got = try_lock_key(&dir, other).unwrap();
             assert!(got.is_some(), "{other} is free");
         }
-        let waited =
-            tokio::time::timeout(Duration::from_millis(50), lock_key(dir.path(), &a)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), lock_key(&dir, &a)).await;
         assert!(waited.is_err());
         held.describe(b"{}");
-        assert_eq!(
-            read_description(dir.path(), &a, 10).as_deref(),
-            Some(&b"{}"[..])
-        );
+        assert_eq!(read_description(&dir, &a, 10).as_deref(), Some(&b"{}"[..]));
         drop(held);
-        assert!(read_description(dir.path(), &a, 10).is_none());
-        assert!(!is_held(dir.path(), &a));
-        assert!(try_lock_key(dir.path(), &a).unwrap().is_some());
+        assert!(read_description(&dir, &a, 10).is_none());
+        assert!(!is_held(&dir, &a));
+        assert!(try_lock_key(&dir, &a).unwrap().is_some());
         // Released locks leave nothing behind where the platform allows.
-        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        let files = std::fs::read_dir(tmp.path()).unwrap().count();
         assert_eq!(
             files,
             if crate::platform::REMOVE_RELEASED_LOCKS {
@@ -239,11 +238,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_taker_of_a_removed_lock_file_locks_the_new_one() {
-        let dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Folder::open_path(tmp.path()).unwrap());
         let key = format!("{}.1", "e".repeat(64));
-        let first = lock_key(dir.path(), &key).await.unwrap();
+        let first = lock_key(&dir, &key).await.unwrap();
         let waiter = {
-            let dir = dir.path().to_path_buf();
+            let dir = dir.clone();
             let key = key.clone();
             tokio::spawn(async move { lock_key(&dir, &key).await.unwrap() })
         };
@@ -254,8 +254,8 @@ mod tests {
             .unwrap()
             .unwrap();
         // Whoever holds it, nobody else can take it.
-        assert!(try_lock_key(dir.path(), &key).unwrap().is_none());
-        assert!(std::fs::symlink_metadata(key_path(dir.path(), &key)).is_ok());
+        assert!(try_lock_key(&dir, &key).unwrap().is_none());
+        assert!(std::fs::symlink_metadata(tmp.path().join(key_name(&key))).is_ok());
         drop(second);
     }
 }

@@ -43,6 +43,12 @@
 //! counts is decided by what each download has shown it can deliver
 //! (`lanes::counted`).
 //!
+//! The store is anchored on its folders (see `folder`): [`Store::open`]
+//! checks them, then holds each one open as a directory handle (`cap-std`),
+//! and every open, rename and removal in them is made relative to those
+//! handles with one-component names; a path is handed out only while it
+//! leads to the file the handle reaches.
+//!
 //! The store trusts only what its own user made (see `store/trust.rs`): its
 //! folders are `0700` and refused at open when another user owns them or
 //! can write them; partial files, records and logs are opened without
@@ -50,6 +56,7 @@
 //! a verified file is one of the user's regular files, `0400`.
 
 pub(crate) mod atomic;
+pub(crate) mod folder;
 mod group_sync;
 mod shared_failure;
 mod space;
@@ -58,7 +65,7 @@ pub(crate) mod trust;
 
 use group_sync::GroupSync;
 pub use shared_failure::{parse_shared_failure, SharedFailure};
-use space::available_space;
+use space::available_space_at;
 pub(crate) use space::{partial_write_failed, write_failed};
 
 pub mod gc;
@@ -74,6 +81,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::store::folder::{Folder, LazySub};
 use crate::store::lanes::{lane_key, Holder, LaneLock, LANES};
 use crate::store::lockfile::KeyLock;
 use crate::store::partial::PartialPaths;
@@ -83,8 +91,6 @@ use crate::store::partial::PartialPaths;
 /// make records grow without bound.
 pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
-use trust::open_own;
-
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
 
@@ -93,11 +99,44 @@ pub const LAYOUT: &str = "store-v1";
 pub struct Store {
     /// `<store>/store-v1`.
     root: PathBuf,
+    /// Its folders, opened and checked once: what the store writes,
+    /// renames and removes goes through them (see `folder`).
+    folders: Arc<Folders>,
     /// Serialises "check free space, then create the partial file" within
     /// this process, so two downloads cannot both count the same free bytes.
     space: Arc<Mutex<()>>,
     /// Fsyncs of `blobs/`, shared between downloads finishing together.
     blobs_sync: Arc<GroupSync>,
+}
+
+/// The folders of a store, held open.
+#[derive(Debug)]
+struct Folders {
+    /// `store-v1/`.
+    root: Arc<Folder>,
+    /// `store-v1/blobs/`.
+    blobs: Folder,
+    /// `store-v1/tmp/`.
+    tmp: Arc<Folder>,
+    /// `store-v1/locks/`.
+    locks: Arc<Folder>,
+    /// `store-v1/stamps/`, opened on first use.
+    stamps: LazySub,
+    /// The registry's folders.
+    registry: RegistryFolders,
+}
+
+/// The folders of a store's registry (see `registry`), held open.
+#[derive(Debug)]
+pub(crate) struct RegistryFolders {
+    /// `store-v1/gems/`.
+    pub(crate) gems: Arc<Folder>,
+    /// `store-v1/failures/`.
+    pub(crate) failures: Arc<Folder>,
+    /// `store-v1/served/`, opened on first use.
+    pub(crate) served: Arc<LazySub>,
+    /// `store-v1/locks/`.
+    pub(crate) locks: Arc<Folder>,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each
@@ -119,8 +158,6 @@ pub(crate) struct LaneInUse {
 /// A partial data file found in `tmp/`.
 #[derive(Debug, Clone)]
 struct PartialEntry {
-    /// `tmp/<key>.partial`.
-    data: PathBuf,
     sha256: String,
     size: u64,
     lane: u32,
@@ -131,7 +168,7 @@ impl PartialEntry {
         lane_key(&self.sha256, self.size, self.lane)
     }
 
-    fn paths(&self, tmp: &Path) -> PartialPaths {
+    fn paths(&self, tmp: &Arc<Folder>) -> PartialPaths {
         PartialPaths::lane(tmp, &self.sha256, self.size, self.lane)
     }
 }
@@ -162,21 +199,80 @@ impl Store {
                 )));
             }
         }
-        let root = dir.join(LAYOUT);
-        let subs = ["blobs", "tmp", "locks", "gems", "failures"];
-        let folders = [dir.clone(), root.clone()]
-            .into_iter()
-            .chain(subs.iter().map(|sub| root.join(sub)));
-        for path in folders {
-            trust::create_folder(&path)
-                .map_err(|e| Error::io("cannot create store folder", &path, e))?;
-            trust::check_folder(&path)?;
-        }
+        // Each folder is opened once as a handle and checked through it;
+        // from then on the store reaches its files through the handles
+        // only, so a folder renamed away and another put at its path
+        // changes nothing the store writes or publishes.
+        trust::create_folder(&dir).map_err(|e| Error::io("cannot create store folder", &dir, e))?;
+        let top =
+            Folder::open_path(&dir).map_err(|e| Error::io("cannot open store folder", &dir, e))?;
+        check_held(&top)?;
+        let root = Arc::new(open_sub(&top, LAYOUT)?);
+        let blobs = open_sub(&root, "blobs")?;
+        let tmp = Arc::new(open_sub(&root, "tmp")?);
+        let locks = Arc::new(open_sub(&root, "locks")?);
+        // Opened on first use: a read-only store made by an earlier
+        // version may lack them.
+        let stamps = LazySub::new(root.clone(), "stamps");
+        let registry = RegistryFolders {
+            gems: Arc::new(open_sub(&root, "gems")?),
+            failures: Arc::new(open_sub(&root, "failures")?),
+            served: Arc::new(LazySub::new(root.clone(), "served")),
+            locks: locks.clone(),
+        };
         Ok(Store {
-            root,
+            root: root.path().to_path_buf(),
+            folders: Arc::new(Folders {
+                root,
+                blobs,
+                tmp,
+                locks,
+                stamps,
+                registry,
+            }),
             space: Arc::new(Mutex::new(())),
             blobs_sync: Arc::default(),
         })
+    }
+
+    /// `store-v1/`, held open.
+    pub(crate) fn root_folder(&self) -> &Folder {
+        &self.folders.root
+    }
+
+    /// The registry's folders, held open.
+    pub(crate) fn registry_folders(&self) -> &RegistryFolders {
+        &self.folders.registry
+    }
+
+    /// `tmp/`, held open.
+    pub(crate) fn tmp_folder(&self) -> &Arc<Folder> {
+        &self.folders.tmp
+    }
+
+    /// The partial file of `lane` of `sha256` declared with `size`.
+    pub(crate) fn partial(&self, sha256: &str, size: u64, lane: u32) -> PartialPaths {
+        PartialPaths::lane(&self.folders.tmp, sha256, size, lane)
+    }
+
+    /// Fails, naming the store's folder, when its path no longer leads to
+    /// the folder the store opened (renamed away, another put in its
+    /// place): a path handed out now would lead into the other tree.
+    pub(crate) fn check_in_place(&self, what: &Path) -> Result<()> {
+        if self.folders.root.still_at_path() {
+            return Ok(());
+        }
+        Err(Error::io(
+            "cannot hand out",
+            what,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the store folder {} was moved or replaced after the store was opened: its path leads to another folder, which the store does not trust",
+                    self.folder().display()
+                ),
+            ),
+        ))
     }
 
     /// `<store>/store-v1`.
@@ -198,20 +294,23 @@ impl Store {
     /// file's error would say neither. Other failures of the probe are
     /// left for the download to report.
     pub fn check_writable(&self, what: &str) -> Result<()> {
-        self.check_folders_writable(&["tmp", "locks", "blobs"], &format!("download {what}"))
+        let folders = &self.folders;
+        let dirs = [&*folders.tmp, &*folders.locks, &folders.blobs];
+        Self::check_folders_writable(&dirs, &format!("download {what}"), self.folder())
     }
 
     /// [`Store::check_writable`] for an install or upgrade of `gem`: the
     /// folders its registration and lock live in (`the store is read-only;
     /// cannot install g into /path: …`).
     pub fn check_installable(&self, gem: &str) -> Result<()> {
-        self.check_folders_writable(&["gems", "locks"], &format!("install {gem}"))
+        let folders = &self.folders;
+        let dirs = [&*folders.registry.gems, &*folders.locks];
+        Self::check_folders_writable(&dirs, &format!("install {gem}"), self.folder())
     }
 
-    fn check_folders_writable(&self, folders: &[&str], doing: &str) -> Result<()> {
-        for sub in folders {
-            let dir = self.root.join(sub);
-            match crate::platform::can_write(&dir) {
+    fn check_folders_writable(dirs: &[&Folder], doing: &str, store: &Path) -> Result<()> {
+        for dir in dirs {
+            match dir.can_write() {
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -221,7 +320,7 @@ impl Store {
                 {
                     return Err(Error::io(
                         format!("the store is read-only; cannot {doing} into"),
-                        self.folder(),
+                        store,
                         e,
                     ));
                 }
@@ -255,13 +354,17 @@ impl Store {
         // stamped, or removed.
         for _ in 0..2 {
             match self.find_present(sha256, name)? {
-                Found::Here(path) => return Ok(Some(path)),
+                Found::Here(dir, name) => return self.hand_out(&dir, &name).map(Some),
                 Found::Nothing => return Ok(None),
-                Found::Elsewhere(existing) => {
-                    return self.link_or_copy(sha256, name, &existing).map(Some)
+                Found::Elsewhere(dir, existing) => {
+                    return self.link_or_copy(sha256, &dir, name, &existing).map(Some)
                 }
-                Found::Changed(path) => {
-                    if !self.settle(sha256, &path)? {
+                Found::Changed(dir, its_name) => {
+                    if !self.settle(sha256, &dir, &its_name)? {
+                        // Let go of the folder first: Windows removes no
+                        // folder a handle holds.
+                        drop(dir);
+                        self.remove(sha256)?;
                         return Ok(None);
                     }
                 }
@@ -286,9 +389,43 @@ impl Store {
     /// copying or hashing anything.
     pub(crate) fn find_unchanged(&self, sha256: &str, name: &str) -> Result<Option<PathBuf>> {
         Ok(match self.find_present(sha256, name)? {
-            Found::Here(path) => Some(path),
+            Found::Here(dir, name) => Some(self.hand_out(&dir, &name)?),
             _ => None,
         })
+    }
+
+    /// `blobs/<sha256>`, held open, when it is a folder of the store's
+    /// user.
+    fn blob_dir(&self, sha256: &str) -> Option<Folder> {
+        self.folders.blobs.open_own_sub(sha256)
+    }
+
+    /// The path of the verified file `name` of `dir` (`blobs/<sha256>`), to
+    /// hand to a tool: only when the path leads to the very file the
+    /// store's handle reaches, never into a folder put in its place.
+    fn hand_out(&self, dir: &Folder, name: &str) -> Result<PathBuf> {
+        let path = dir.join(name);
+        let held = dir
+            .own_file_meta(name)
+            .map_err(|e| Error::io("cannot read", &path, e))?;
+        let named = fs::symlink_metadata(&path);
+        if named.is_ok_and(|m| crate::platform::same_file(&m, &held)) {
+            return Ok(path);
+        }
+        self.check_in_place(&path)?;
+        Err(Error::io(
+            "cannot hand out",
+            &path,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "its path leads to another file than the verified one",
+            ),
+        ))
+    }
+
+    /// `stamps/`, opened on first use.
+    fn stamps(&self) -> &LazySub {
+        &self.folders.stamps
     }
 
     /// Where the verified bytes of `sha256` are: under `name`, under
@@ -296,42 +433,45 @@ impl Store {
     /// nowhere.
     fn find_present(&self, sha256: &str, name: &str) -> Result<Found> {
         check_sha256(sha256)?;
-        let dir = self.root.join("blobs").join(sha256);
-        if !trust::is_own_folder_at(&dir) {
+        let Some(dir) = self.blob_dir(sha256) else {
             return Ok(Found::Nothing);
-        }
-        let wanted = dir.join(name);
-        let (path, found) = if trust::is_own_file_at(&wanted) {
-            (wanted.clone(), Found::Here(wanted))
+        };
+        let (its_name, here) = if dir.is_own_file(name) {
+            (name.to_string(), true)
         } else {
-            match first_file(&dir) {
-                Some(existing) => (existing.clone(), Found::Elsewhere(existing)),
+            match own_files(&dir).into_iter().next() {
+                Some(existing) => (existing, false),
                 None => return Ok(Found::Nothing),
             }
         };
-        let Some(its_name) = path.file_name().and_then(|n| n.to_str()) else {
-            return Ok(Found::Changed(path));
-        };
-        Ok(match stamps::check(&self.root, sha256, its_name, &path) {
-            stamps::Verdict::Holds => found,
+        let holds = match stamps::check(self.stamps(), sha256, &dir, &its_name) {
+            stamps::Verdict::Holds => true,
             stamps::Verdict::Unrecorded => {
                 // Kept by a version that recorded no stamps: trusted as it
                 // was then, and stamped from now on.
-                stamps::record(&self.root, sha256, its_name, &path);
-                found
+                stamps::record(self.stamps(), sha256, &dir, &its_name);
+                true
             }
-            stamps::Verdict::Changed => Found::Changed(path),
+            stamps::Verdict::Changed => false,
+        };
+        Ok(match (holds, here) {
+            (true, true) => Found::Here(dir, its_name),
+            (true, false) => Found::Elsewhere(dir, its_name),
+            (false, _) => Found::Changed(dir, its_name),
         })
     }
 
-    /// Hashes the stored file at `path`, whose stamp changed: when it still
-    /// holds the bytes of `sha256` it is made read-only again and stamped
-    /// (`true`); otherwise every file of `sha256` is removed (`false`), so
-    /// the next download fetches them anew.
-    fn settle(&self, sha256: &str, path: &Path) -> Result<bool> {
+    /// Hashes the stored file `name` of `dir`, whose stamp changed: when it
+    /// still holds the bytes of `sha256` it is made read-only again and
+    /// stamped (`true`); otherwise (`false`) the caller removes every file
+    /// of `sha256`, so the next download fetches them anew.
+    fn settle(&self, sha256: &str, dir: &Folder, name: &str) -> Result<bool> {
         use sha2::Digest;
-        let map = |e| Error::io("cannot check", path, e);
-        let mut file = open_own(path, fs::OpenOptions::new().read(true)).map_err(map)?;
+        let path = dir.join(name);
+        let map = |e| Error::io("cannot check", &path, e);
+        let mut file = dir
+            .open_own(name, cap_std::fs::OpenOptions::new().read(true))
+            .map_err(map)?;
         let mut hasher = sha2::Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -345,9 +485,7 @@ impl Store {
         let actual = hex::encode(hasher.finalize());
         if actual == sha256 {
             trust::make_blob(&file).map_err(map)?;
-            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                stamps::record(&self.root, sha256, name, path);
-            }
+            stamps::record(self.stamps(), sha256, dir, name);
             return Ok(true);
         }
         tracing::warn!(
@@ -356,29 +494,31 @@ impl Store {
             "{} changed since it was verified: removed, to be downloaded again",
             path.display()
         );
-        self.remove(sha256)?;
         Ok(false)
     }
 
-    /// Gives the verified file `existing` of `sha256` the name `name` too:
-    /// a hard link, else a copy.
-    fn link_or_copy(&self, sha256: &str, name: &str, existing: &Path) -> Result<PathBuf> {
-        let dir = self.root.join("blobs").join(sha256);
+    /// Gives the verified file `existing` of `sha256` (in `dir`) the name
+    /// `name` too: a hard link, else a copy.
+    fn link_or_copy(
+        &self,
+        sha256: &str,
+        dir: &Folder,
+        name: &str,
+        existing: &str,
+    ) -> Result<PathBuf> {
         let wanted = dir.join(name);
         // What the name holds afterwards is checked, not assumed: a link
         // planted there (or in place of `existing`) is never handed out.
-        match fs::hard_link(existing, &wanted) {
-            Ok(()) if trust::is_own_file_at(&wanted) => {
-                stamps::record(&self.root, sha256, name, &wanted);
-                return Ok(wanted);
+        match dir.hard_link(existing, dir, name) {
+            Ok(()) if dir.is_own_file(name) => {
+                stamps::record(self.stamps(), sha256, dir, name);
+                return self.hand_out(dir, name);
             }
             Ok(()) => {
-                let _ = fs::remove_file(&wanted);
+                let _ = dir.remove_file(name);
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::AlreadyExists && trust::is_own_file_at(&wanted) =>
-            {
-                return Ok(wanted)
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_own_file(name) => {
+                return self.hand_out(dir, name)
             }
             Err(_) => {}
         }
@@ -386,37 +526,46 @@ impl Store {
         // trust in the way): copy, but publish the copy like a download
         // (whole, read-only, renamed into place), so nobody sees a
         // half-copied file.
-        let tmp = self.root.join("tmp");
-        let copy = tempfile::Builder::new()
-            .prefix(&format!("{sha256}.copy."))
-            .tempfile_in(&tmp)
-            .map_err(|e| Error::io("cannot create temporary file in", &tmp, e))?;
-        let needed = fs::symlink_metadata(existing).map_or(0, |m| m.len());
-        let fail = |e| write_failed("cannot copy stored file to", &wanted, e, needed);
-        let mut from = open_own(existing, fs::OpenOptions::new().read(true)).map_err(fail)?;
-        io::copy(&mut from, &mut copy.as_file()).map_err(fail)?;
-        copy.as_file().sync_all().map_err(fail)?;
-        trust::make_blob(copy.as_file()).map_err(fail)?;
-        copy.persist(&wanted).map_err(|e| fail(e.error))?;
-        crate::platform::sync_dir(&dir);
-        stamps::record(&self.root, sha256, name, &wanted);
-        Ok(wanted)
+        let tmp = &self.folders.tmp;
+        let (mut copy, temp) = tmp
+            .create_temp(&format!("{sha256}.copy."))
+            .map_err(|e| Error::io("cannot create temporary file in", tmp.path(), e))?;
+        let needed = dir.own_file_meta(existing).map_or(0, |m| m.len());
+        let copied = (|| {
+            let mut from = dir.open_own(existing, cap_std::fs::OpenOptions::new().read(true))?;
+            io::copy(&mut from, &mut copy)?;
+            copy.sync_all()?;
+            trust::make_blob(&copy)?;
+            drop(copy);
+            tmp.rename_to(&temp, dir, name)
+        })();
+        if let Err(e) = copied {
+            let _ = tmp.remove_file(&temp);
+            return Err(write_failed(
+                "cannot copy stored file to",
+                &wanted,
+                e,
+                needed,
+            ));
+        }
+        dir.sync();
+        stamps::record(self.stamps(), sha256, dir, name);
+        self.hand_out(dir, name)
     }
 
     /// Whether the store holds the bytes of `sha256` under any name.
     pub fn has(&self, sha256: &str) -> bool {
-        first_file(&self.root.join("blobs").join(sha256)).is_some()
+        self.blob_dir(sha256)
+            .is_some_and(|dir| !own_files(&dir).is_empty())
     }
 
     /// Every SHA-256 the store holds.
     pub fn blobs(&self) -> Result<Vec<String>> {
-        let dir = self.root.join("blobs");
-        let entries = fs::read_dir(&dir).map_err(|e| Error::io("cannot list", &dir, e))?;
-        let mut out: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| is_sha256(n))
-            .collect();
+        let blobs = &self.folders.blobs;
+        let names = blobs
+            .names()
+            .map_err(|e| Error::io("cannot list", blobs.path(), e))?;
+        let mut out: Vec<String> = names.into_iter().filter(|n| is_sha256(n)).collect();
         out.sort();
         Ok(out)
     }
@@ -425,7 +574,10 @@ impl Store {
     /// Only regular files of the store's user are listed (see
     /// [`Store::find`]).
     pub fn blob_files(&self, sha256: &str) -> Vec<PathBuf> {
-        own_files(&self.root.join("blobs").join(sha256))
+        let Some(dir) = self.blob_dir(sha256) else {
+            return Vec::new();
+        };
+        own_files(&dir).iter().map(|name| dir.join(name)).collect()
     }
 
     /// Deletes the bytes of `sha256` (every name).
@@ -434,8 +586,8 @@ impl Store {
             return Ok(());
         }
         let dir = self.root.join("blobs").join(sha256);
-        stamps::forget(&self.root, sha256);
-        match crate::platform::remove_folder(&dir) {
+        stamps::forget(self.stamps(), sha256);
+        match self.folders.blobs.remove_folder(sha256) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io("cannot delete", &dir, e)),
@@ -467,16 +619,14 @@ impl Store {
     }
 
     fn try_lock_keys(&self, sha256: &str, size: Option<u64>) -> Result<Option<ShaLock>> {
-        let mut keys: Vec<String> = partial_files(&self.root.join("tmp"))
+        let mut keys: Vec<String> = partial_files(&self.folders.tmp)
             .filter(|e| e.sha256 == sha256)
             .map(|e| e.key())
             .collect();
         let prefix = format!("{sha256}.");
-        for entry in fs::read_dir(self.locks()).into_iter().flatten().flatten() {
-            let name = entry.file_name();
+        for name in self.locks().names().unwrap_or_default() {
             let key = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".lock"))
+                .strip_suffix(".lock")
                 .filter(|k| k.starts_with(&prefix) && partial::parse_key(k).is_some());
             keys.extend(key.map(str::to_string));
         }
@@ -485,7 +635,7 @@ impl Store {
         keys.dedup();
         let mut locks = Vec::new();
         for key in keys {
-            match lockfile::try_lock_key(&self.locks(), &key)? {
+            match lockfile::try_lock_key(self.locks(), &key)? {
                 Some(lock) => locks.push(lock),
                 None => return Ok(None),
             }
@@ -498,7 +648,7 @@ impl Store {
     pub fn try_lock_lane(&self, sha256: &str, size: u64, lane: u32) -> Result<Option<LaneLock>> {
         check_sha256(sha256)?;
         let key = lane_key(sha256, size, lane);
-        Ok(lockfile::try_lock_key(&self.locks(), &key)?.map(|lock| LaneLock { lock, lane }))
+        Ok(lockfile::try_lock_key(self.locks(), &key)?.map(|lock| LaneLock { lock, lane }))
     }
 
     /// The first free lane other than 0 of the file `sha256`, `size`,
@@ -510,10 +660,9 @@ impl Store {
         size: u64,
         addresses: &[String],
     ) -> Result<Option<LaneLock>> {
-        let tmp = self.root.join("tmp");
         let mut lanes: Vec<(u8, u32)> = (1..LANES)
             .map(|lane| {
-                let kept = PartialPaths::lane(&tmp, sha256, size, lane).kept();
+                let kept = self.partial(sha256, size, lane).kept();
                 let rank = match kept {
                     Some((meta, _)) if addresses.contains(&meta.address) => 0,
                     None => 1,
@@ -539,8 +688,7 @@ impl Store {
     /// in a free lane move into it, so it resumes them. Where no lane is
     /// free, everything stays.
     pub(crate) fn sort_kept(&self, held: &LaneLock, sha256: &str, size: u64, addresses: &[String]) {
-        let tmp = self.root.join("tmp");
-        let mine = PartialPaths::lane(&tmp, sha256, size, held.lane);
+        let mine = self.partial(sha256, size, held.lane);
         let others = (0..LANES).filter(|&lane| lane != held.lane);
         let from_here = |paths: &PartialPaths| {
             paths
@@ -549,12 +697,12 @@ impl Store {
         };
         if from_here(&mine) == Some(false) {
             for lane in others.clone() {
-                let free = PartialPaths::lane(&tmp, sha256, size, lane);
+                let free = self.partial(sha256, size, lane);
                 if free.kept().is_some() {
                     continue;
                 }
                 if let Ok(Some(_lock)) = self.try_lock_lane(sha256, size, lane) {
-                    move_partial(&mine, &free);
+                    mine.move_to(&free);
                     break;
                 }
             }
@@ -563,12 +711,12 @@ impl Store {
             return;
         }
         for lane in others {
-            let theirs = PartialPaths::lane(&tmp, sha256, size, lane);
+            let theirs = self.partial(sha256, size, lane);
             if from_here(&theirs) != Some(true) {
                 continue;
             }
             if let Ok(Some(_lock)) = self.try_lock_lane(sha256, size, lane) {
-                move_partial(&theirs, &mine);
+                theirs.move_to(&mine);
                 return;
             }
         }
@@ -577,25 +725,25 @@ impl Store {
     /// The downloads of the file `sha256`, `size` in progress now, in this
     /// process or another, lane 0 first.
     pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
-        let tmp = self.root.join("tmp");
         (0..LANES)
-            .filter_map(|lane| self.lane_in_use(&tmp, sha256, size, lane))
+            .filter_map(|lane| self.lane_in_use(sha256, size, lane))
             .collect()
     }
 
-    fn lane_in_use(&self, tmp: &Path, sha256: &str, size: u64, lane: u32) -> Option<LaneInUse> {
+    fn lane_in_use(&self, sha256: &str, size: u64, lane: u32) -> Option<LaneInUse> {
         let key = lane_key(sha256, size, lane);
-        if !is_sha256(sha256) || !lockfile::is_held(&self.locks(), &key) {
+        if !is_sha256(sha256) || !lockfile::is_held(self.locks(), &key) {
             return None;
         }
-        let holder = lockfile::read_description(&self.locks(), &key, lanes::MAX_HOLDER_BYTES)
+        let holder = lockfile::read_description(self.locks(), &key, lanes::MAX_HOLDER_BYTES)
             .and_then(|bytes| Holder::parse(&bytes));
-        let held = PartialPaths::lane(tmp, sha256, size, lane).held();
+        let held = self.partial(sha256, size, lane).held();
         Some(LaneInUse { holder, held })
     }
 
-    fn locks(&self) -> PathBuf {
-        self.root.join("locks")
+    /// `locks/`, held open.
+    fn locks(&self) -> &Arc<Folder> {
+        &self.folders.locks
     }
 
     /// Prepares the partial file of `lane` of a download of `size` bytes
@@ -616,12 +764,11 @@ impl Store {
         grace: std::time::Duration,
     ) -> Result<PartialPaths> {
         check_sha256(sha256)?;
-        let tmp = self.root.join("tmp");
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
-        let paths = PartialPaths::lane(&tmp, sha256, size, lane);
+        let paths = self.partial(sha256, size, lane);
         // A partial file the store did not make (a symbolic link, another
         // user's file) is dropped, never written through or published.
-        if fs::symlink_metadata(&paths.data).is_ok_and(|m| !trust::is_own_file(&m)) {
+        if paths.data_untrusted() {
             paths.remove();
         }
         let kept = paths.kept().map_or(0, |(_, n)| n);
@@ -629,7 +776,7 @@ impl Store {
         // What the file holds beyond its trusted prefix is cut before the
         // download writes: that space comes back.
         let reclaimed = paths.untrusted_tail(kept);
-        let available = available_space(&tmp)?.saturating_add(reclaimed);
+        let available = available_space_at(&self.folders.tmp)?.saturating_add(reclaimed);
         let reservations = self.reservations(&lane_key(sha256, size, lane), grace);
         let reserved = reservations.total;
         if available < needed.saturating_add(reserved) {
@@ -670,7 +817,13 @@ impl Store {
         check_sha256(sha256)?;
         let tmp = &paths.data;
         let map = |e| Error::io("cannot publish", tmp, e);
-        let file = open_own(tmp, fs::OpenOptions::new().read(true)).map_err(map)?;
+        // Through the handle of `tmp/` opened with the store: never a file
+        // at this path in a folder put in the store's place since.
+        let folder = paths.folder();
+        let data = paths.data_name();
+        let file = folder
+            .open_own(&data, cap_std::fs::OpenOptions::new().read(true))
+            .map_err(map)?;
         let checked = file.metadata().map_err(map)?;
         // The file under the name must be the one the writer wrote (and
         // hashed as it wrote): one swapped in since is never published.
@@ -689,43 +842,52 @@ impl Store {
             )));
         }
         trust::make_blob(&file).map_err(map)?;
-        let blobs = self.root.join("blobs");
-        let dir = blobs.join(sha256);
-        let created = self.blob_folder(&dir)?;
+        let blobs = &self.folders.blobs;
+        let dir_path = blobs.join(sha256);
+        let created = self.blob_folder(sha256)?;
         if created {
             // The new folder's entry in `blobs/` must be durable too.
-            self.blobs_sync.sync(&blobs);
+            self.blobs_sync.sync(blobs);
         }
+        let dir = blobs
+            .open_sub(sha256)
+            .map_err(|e| Error::io("cannot open", &dir_path, e))?;
         let dest = dir.join(name);
-        crate::platform::replace_file(tmp, &dest)
+        folder
+            .rename_to(&data, &dir, name)
             .map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
-        let moved = fs::symlink_metadata(&dest);
-        if !moved.is_ok_and(|m| crate::platform::same_file(&m, &checked)) {
-            let _ = fs::remove_file(&dest);
+        if !dir.names_file(name, &checked) {
+            let _ = dir.remove_file(name);
             return Err(map(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the partial file was replaced before it was published",
             )));
         }
-        crate::platform::sync_dir(&dir);
-        let _ = fs::remove_file(&paths.meta);
-        stamps::record(&self.root, sha256, name, &dest);
-        Ok(dest)
+        dir.sync();
+        let _ = folder.remove_file(&paths.meta_name());
+        stamps::record(self.stamps(), sha256, &dir, name);
+        // The path handed out must lead to the file just published, not
+        // into a folder put in the store's place.
+        self.hand_out(&dir, name)
     }
 
-    /// Makes `dir` (`blobs/<sha256>`) a folder of the store's user,
-    /// replacing anything else found there; whether it was created.
-    fn blob_folder(&self, dir: &Path) -> Result<bool> {
-        if trust::is_own_folder_at(dir) {
+    /// Makes `blobs/<sha256>` a folder of the store's user, replacing
+    /// anything else found there; whether it was created.
+    fn blob_folder(&self, sha256: &str) -> Result<bool> {
+        let blobs = &self.folders.blobs;
+        if blobs.is_own_folder(sha256) {
             return Ok(false);
         }
-        match fs::symlink_metadata(dir) {
-            Ok(m) if m.file_type().is_dir() => fs::remove_dir_all(dir),
-            Ok(_) => fs::remove_file(dir),
+        let path = blobs.join(sha256);
+        match blobs.entry(sha256) {
+            Ok(m) if m.is_dir() => blobs.remove_folder(sha256),
+            Ok(_) => blobs.remove_file(sha256),
             Err(_) => Ok(()),
         }
-        .map_err(|e| Error::io("cannot remove untrusted entry", dir, e))?;
-        trust::create_folder(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+        .map_err(|e| Error::io("cannot remove untrusted entry", &path, e))?;
+        blobs
+            .create_sub(sha256)
+            .map_err(|e| Error::io("cannot create", &path, e))?;
         Ok(true)
     }
 
@@ -739,21 +901,20 @@ impl Store {
     /// [`Store::partial_len`] of the partial files of `sha256` declared
     /// with `size` (every size when `None`), the most any lane keeps.
     pub(crate) fn kept_bytes(&self, sha256: &str, size: Option<u64>) -> Option<u64> {
-        let tmp = self.root.join("tmp");
-        partial_files(&tmp)
+        let tmp = &self.folders.tmp;
+        partial_files(tmp)
             .filter(|e| e.sha256 == sha256 && size.is_none_or(|s| s == e.size))
-            .filter_map(|e| e.paths(&tmp).kept())
+            .filter_map(|e| e.paths(tmp).kept())
             .map(|(_, n)| n)
             .max()
     }
 
     /// Removes the partial files of `sha256` (nobody downloads it now).
     pub fn remove_partials(&self, sha256: &str) {
-        let tmp = self.root.join("tmp");
-        for entry in partial_files(&tmp) {
+        let tmp = &self.folders.tmp;
+        for entry in partial_files(tmp) {
             if entry.sha256 == sha256 {
-                entry.paths(&tmp).remove();
-                let _ = fs::remove_file(&entry.data);
+                entry.paths(tmp).remove();
             }
         }
     }
@@ -761,15 +922,14 @@ impl Store {
     /// Removes partial files whose SHA-256 is not in `keep` and that no
     /// process is downloading; returns how many.
     pub fn prune_partials(&self, keep: &std::collections::BTreeSet<String>) -> usize {
-        let tmp = self.root.join("tmp");
+        let tmp = &self.folders.tmp;
         let mut removed = 0;
-        for entry in partial_files(&tmp) {
+        for entry in partial_files(tmp) {
             if keep.contains(&entry.sha256) {
                 continue;
             }
-            if let Ok(Some(_held)) = lockfile::try_lock_key(&self.locks(), &entry.key()) {
-                entry.paths(&tmp).remove();
-                let _ = fs::remove_file(&entry.data);
+            if let Ok(Some(_held)) = lockfile::try_lock_key(self.locks(), &entry.key()) {
+                entry.paths(tmp).remove();
                 removed += 1;
             }
         }
@@ -787,14 +947,13 @@ impl Store {
     }
 
     fn reservations(&self, own: &str, grace: std::time::Duration) -> Reservations {
-        let tmp = self.root.join("tmp");
         let mut out = Reservations::default();
         let mut largest = 0;
-        for entry in partial_files(&tmp) {
+        for entry in partial_files(&self.folders.tmp) {
             if entry.key() == own {
                 continue;
             }
-            let Some(used) = self.lane_in_use(&tmp, &entry.sha256, entry.size, entry.lane) else {
+            let Some(used) = self.lane_in_use(&entry.sha256, entry.size, entry.lane) else {
                 continue;
             };
             let remaining = entry.size.saturating_sub(used.held);
@@ -815,8 +974,7 @@ impl Store {
     /// occupies on disk; never the file's length, which a download in
     /// parts sets by its furthest write.
     pub fn downloading_elsewhere(&self, sha256: &str) -> Option<u64> {
-        let tmp = self.root.join("tmp");
-        let mut sizes: Vec<u64> = partial_files(&tmp)
+        let mut sizes: Vec<u64> = partial_files(&self.folders.tmp)
             .filter(|e| e.sha256 == sha256)
             .map(|e| e.size)
             .collect();
@@ -837,51 +995,46 @@ impl Store {
     /// how many were removed.
     pub fn clean_tmp(&self, max_age: std::time::Duration) -> Result<usize> {
         let mut removed = 0;
-        let tmp = self.root.join("tmp");
-        let entries = fs::read_dir(&tmp).map_err(|e| Error::io("cannot list", &tmp, e))?;
-        for entry in entries.filter_map(|e| e.ok()) {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().to_string();
+        let tmp = &self.folders.tmp;
+        let names = tmp
+            .names()
+            .map_err(|e| Error::io("cannot list", tmp.path(), e))?;
+        for name in names {
             if self.in_use(&name) {
                 continue;
             }
             let resumable = match partial::parse_lane_name(&name) {
-                Some((sha, size, lane)) => {
-                    PartialPaths::lane(&tmp, sha, size, lane).kept().is_some()
-                }
+                Some((sha, size, lane)) => self.partial(sha, size, lane).kept().is_some(),
                 None => name
                     .strip_suffix(".json")
                     .and_then(partial::parse_lane_name)
-                    .is_some_and(|_| tmp.join(name.trim_end_matches(".json")).is_file()),
+                    .is_some_and(|_| tmp.is_own_file(name.trim_end_matches(".json"))),
             };
-            let keep = resumable && !partial::older_than(&path, max_age);
-            if !keep && fs::remove_file(&path).is_ok() {
+            let keep = resumable && !partial::older_than(tmp, &name, max_age);
+            if !keep && tmp.remove_file(&name).is_ok() {
                 removed += 1;
             }
         }
         let locks = self.locks();
-        for entry in fs::read_dir(&locks).into_iter().flatten().flatten() {
-            let name = entry.file_name();
+        for name in locks.names().unwrap_or_default() {
             // The lock file per SHA-256 and the shared lock file of earlier
             // versions: nothing takes them any more.
-            let legacy = name.to_str().is_some_and(|n| {
-                n == "downloads.lock" || n.strip_suffix(".lock").is_some_and(is_sha256)
-            });
-            if legacy && fs::remove_file(entry.path()).is_ok() {
+            let legacy =
+                name == "downloads.lock" || name.strip_suffix(".lock").is_some_and(is_sha256);
+            if legacy && locks.remove_file(&name).is_ok() {
                 removed += 1;
                 continue;
             }
             // What a download that ended without letting go (killed) left:
             // its description, and where the platform removes released lock
             // files, the lock file (`is_held` removes one nobody holds).
-            let name = name.to_string_lossy();
             let key = name
                 .strip_suffix(".lock.json")
                 .or_else(|| name.strip_suffix(".lock"))
                 .filter(|k| partial::parse_key(k).is_some());
             if let Some(key) = key {
-                let held = lockfile::is_held(&locks, key);
-                if !held && name.ends_with(".json") && fs::remove_file(entry.path()).is_ok() {
+                let held = lockfile::is_held(locks, key);
+                if !held && name.ends_with(".json") && locks.remove_file(&name).is_ok() {
                     removed += 1;
                 }
             }
@@ -898,7 +1051,7 @@ impl Store {
             .find(".partial")
             .and_then(|at| partial::parse_key(&name[..at]));
         if let Some((sha, size, lane)) = lane {
-            return lockfile::is_held(&self.locks(), &lane_key(sha, size, lane));
+            return lockfile::is_held(self.locks(), &lane_key(sha, size, lane));
         }
         let sha = name.split('.').next().unwrap_or_default();
         is_sha256(sha) && matches!(self.try_lock(sha), Ok(None))
@@ -915,65 +1068,75 @@ struct Reservations {
     largest: Option<String>,
 }
 
-/// What [`Store::find_present`] found.
+/// What [`Store::find_present`] found, in `blobs/<sha256>` (held open).
 enum Found {
     /// The file under the name asked for.
-    Here(PathBuf),
+    Here(Folder, String),
     /// Only under another name.
-    Elsewhere(PathBuf),
+    Elsewhere(Folder, String),
     /// In this file (under the name asked for or another), whose stamp
     /// changed since it was verified.
-    Changed(PathBuf),
+    Changed(Folder, String),
     Nothing,
 }
 
-/// The regular files of the store's user in `dir` (a folder of the user),
-/// sorted; symbolic links and anything else are left out.
-fn own_files(dir: &Path) -> Vec<PathBuf> {
-    if !trust::is_own_folder_at(dir) {
-        return Vec::new();
-    }
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+/// The names of the regular files of the store's user in `dir`, sorted;
+/// symbolic links and anything else are left out.
+fn own_files(dir: &Folder) -> Vec<String> {
+    let mut files: Vec<String> = dir
+        .names()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
         // The entry's own type and owner: a symbolic link is not followed.
-        .filter(|e| e.metadata().is_ok_and(|m| trust::is_own_file(&m)))
-        .map(|e| e.path())
+        .filter(|name| dir.is_own_file(name))
         .collect();
     files.sort();
     files
 }
 
-fn first_file(dir: &Path) -> Option<PathBuf> {
-    own_files(dir).into_iter().next()
-}
-
-/// Moves a partial file and its record from one lane to another (both
-/// held); what was at `to` goes.
-fn move_partial(from: &PartialPaths, to: &PartialPaths) {
-    to.remove();
-    if fs::rename(&from.data, &to.data).is_ok() {
-        let _ = fs::rename(&from.meta, &to.meta);
-    }
-}
-
 /// Every partial data file in `tmp` (of every lane).
-fn partial_files(tmp: &Path) -> impl Iterator<Item = PartialEntry> {
-    fs::read_dir(tmp)
+fn partial_files(tmp: &Folder) -> impl Iterator<Item = PartialEntry> {
+    tmp.names()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|entry| {
-            let name = entry.file_name().to_str()?.to_string();
+        .filter_map(|name| {
             let (sha, size, lane) = partial::parse_lane_name(&name)?;
             is_sha256(sha).then(|| PartialEntry {
-                data: entry.path(),
                 sha256: sha.to_string(),
                 size,
                 lane,
             })
         })
+}
+
+/// Creates (when missing) the folder `name` in `parent`, opens it as a
+/// handle without following a symbolic link, and checks it through the
+/// handle ([`check_held`]).
+fn open_sub(parent: &Folder, name: &str) -> Result<Folder> {
+    let path = parent.join(name);
+    if parent.entry(name).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(Error::Config(format!(
+            "store folder {} is a symbolic link: the store opens its folders without following links; make it a folder, or point `store` in config.toml (or --store) at the real location",
+            path.display()
+        )));
+    }
+    parent
+        .create_sub(name)
+        .map_err(|e| Error::io("cannot create store folder", &path, e))?;
+    let folder = parent
+        .open_sub(name)
+        .map_err(|e| Error::io("cannot open store folder", &path, e))?;
+    check_held(&folder)?;
+    Ok(folder)
+}
+
+/// Refuses a store folder, read through its handle, that another user
+/// owns or can write (see [`trust::check_folder_meta`]).
+fn check_held(folder: &Folder) -> Result<()> {
+    let meta = folder
+        .metadata()
+        .map_err(|e| Error::io("cannot read store folder", folder.path(), e))?;
+    trust::check_folder_meta(folder.path(), &meta)
 }
 
 /// The SHA-256 and declared size a partial file's name carries
@@ -1025,7 +1188,7 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let sha = "d".repeat(64);
         let size = 4u64 << 20;
-        let paths = PartialPaths::new(&store.root().join("tmp"), &sha, size);
+        let paths = store.partial(&sha, size, 0);
         // 3 MiB on disk, of which only the first 1 MiB was flushed and
         // recorded: 3 MiB are still to be written, 2 MiB of them in the
         // space the tail takes now.
@@ -1081,6 +1244,124 @@ mod tests {
             "{refused}"
         );
         assert!(!store.blob_path(&sha, "model.bin").exists());
+    }
+
+    /// Every entry under `dir` (not following links): its path, and its
+    /// bytes, or what else it is.
+    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).unwrap().map(|e| e.unwrap()) {
+            let (path, kind) = (entry.path(), entry.file_type().unwrap());
+            if kind.is_dir() {
+                out.push((path.clone(), b"folder".to_vec()));
+                out.extend(tree(&path));
+            } else if kind.is_file() {
+                out.push((path.clone(), fs::read(&path).unwrap()));
+            } else {
+                out.push((path, b"other".to_vec()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_store_folder_replaced_while_open_is_never_written_nor_published_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("store");
+        let store = Store::open(&at).unwrap();
+        let sha = "9".repeat(64);
+        let body = vec![3u8; 4096];
+        let size = body.len() as u64;
+        let lane = store.try_lock_lane(&sha, size, 0).unwrap().unwrap();
+        lane.describe(&Holder::new(Some("g"), &[], 0));
+        let paths = store.prepare("r", &sha, size, 0, Duration::ZERO).unwrap();
+        {
+            use std::io::Write;
+            paths.open_data().unwrap().write_all(&body).unwrap();
+        }
+        // The store's folder renamed away while it is open, and another
+        // tree at its path, with files at the names the store uses.
+        let moved = dir.path().join("moved");
+        let renamed = fs::rename(&at, &moved);
+        if renamed.is_err() && crate::platform::HELD_FOLDERS_STAY {
+            // The folders the store holds cannot be moved at all here.
+            return;
+        }
+        renamed.unwrap();
+        Store::open(&at).unwrap();
+        let key = lane_key(&sha, size, 0);
+        let other = at.join(LAYOUT);
+        fs::write(other.join(format!("tmp/{key}.partial")), b"not the bytes").unwrap();
+        fs::write(other.join(format!("tmp/{key}.partial.json")), b"{}").unwrap();
+        fs::write(other.join(format!("locks/{key}.lock")), b"").unwrap();
+        fs::write(other.join(format!("locks/{key}.lock.json")), b"{}").unwrap();
+        let before = tree(&at);
+
+        let mut checkpoints =
+            partial::Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
+        checkpoints.record(size).unwrap();
+        assert!(paths.kept().is_some(), "the record is beside the data file");
+        let published = store.publish(&paths, &sha, "model.bin");
+        lane.describe(&Holder::new(Some("g"), &[], size));
+        drop(lane);
+
+        // Published in the folder the store opened, from the very file
+        // that was written; the record and the lock went from there too.
+        let kept = moved.join(LAYOUT);
+        assert_eq!(
+            fs::read(kept.join("blobs").join(&sha).join("model.bin")).unwrap(),
+            body
+        );
+        assert!(!kept.join(format!("tmp/{key}.partial")).exists());
+        assert!(!kept.join(format!("tmp/{key}.partial.json")).exists());
+        assert!(!kept.join(format!("locks/{key}.lock")).exists());
+        // Its path now leads into the other tree: never handed out.
+        let refused = published.unwrap_err();
+        assert!(
+            refused.to_string().contains("was moved or replaced"),
+            "{refused}"
+        );
+        // The other tree is as it was: nothing written, renamed or removed.
+        assert_eq!(tree(&at), before);
+    }
+
+    #[test]
+    fn a_verified_file_is_never_handed_out_at_a_path_into_a_tree_put_in_the_stores_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("store");
+        let store = Store::open(&at).unwrap();
+        let sha = "8".repeat(64);
+        let body = vec![4u8; 4096];
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
+        {
+            use std::io::Write;
+            paths.open_data().unwrap().write_all(&body).unwrap();
+        }
+        let path = store.publish(&paths, &sha, "model.bin").unwrap();
+        assert_eq!(store.find(&sha, "model.bin").unwrap(), Some(path.clone()));
+        // The store's folder renamed away, and another tree at its path
+        // holding other bytes at the verified file's path.
+        let renamed = fs::rename(&at, dir.path().join("moved"));
+        if renamed.is_err() && crate::platform::HELD_FOLDERS_STAY {
+            // The folders the store holds cannot be moved at all here.
+            return;
+        }
+        renamed.unwrap();
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"other bytes").unwrap();
+        for name in ["model.bin", "other-name.bin"] {
+            let refused = store.find(&sha, name).unwrap_err();
+            assert!(
+                refused.to_string().contains("was moved or replaced"),
+                "{refused}"
+            );
+        }
+        assert_eq!(fs::read(&path).unwrap(), b"other bytes");
+        assert!(!path.with_file_name("other-name.bin").exists());
+        assert!(store.has(&sha), "the verified file is kept where it was");
     }
 
     #[test]
@@ -1148,9 +1429,8 @@ mod tests {
     fn another_size_or_lane_of_a_hash_keeps_its_partial_file() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let tmp = store.root().join("tmp");
         let sha = "f".repeat(64);
-        let theirs = PartialPaths::new(&tmp, &sha, 5000);
+        let theirs = store.partial(&sha, 5000, 0);
         fs::write(&theirs.data, vec![1u8; 3000]).unwrap();
         let record = serde_json::json!({
             "address": "https://cdn.test/a",

@@ -30,10 +30,13 @@
 //! at either name is never written through, and a record or data file of
 //! another user is never trusted.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+use crate::store::folder::Folder;
 
 use serde::{Deserialize, Serialize};
 
@@ -104,39 +107,75 @@ fn ranges_exact(durable: u64, ranges: &[[u64; 2]]) -> bool {
     })
 }
 
-/// A partial file of one SHA-256 and size, found or created.
+/// A partial file of one SHA-256 and size, found or created, in the
+/// store's `tmp/` folder held open (see `store::folder`): every open,
+/// rename and removal of its files goes through that handle.
 #[derive(Debug, Clone)]
 pub(crate) struct PartialPaths {
-    /// `tmp/<sha256>.<size>.partial`.
+    /// `tmp/<sha256>.<size>.partial` (for messages: the file is reached
+    /// through the folder's handle).
     pub data: PathBuf,
-    /// `tmp/<sha256>.<size>.partial.json`.
+    /// `tmp/<sha256>.<size>.partial.json` (likewise; tests write it).
+    #[cfg(test)]
     pub meta: PathBuf,
+    /// `tmp/`, held open.
+    folder: Arc<Folder>,
+    /// `<sha256>.<size>[.<n>]`.
+    key: String,
     /// The file a writer opened through [`PartialPaths::open_data`] (shared
     /// by every clone): publication moves that very file, or nothing.
-    written: std::sync::Arc<std::sync::Mutex<Option<fs::Metadata>>>,
+    written: Arc<std::sync::Mutex<Option<fs::Metadata>>>,
 }
 
 impl PartialPaths {
-    /// Lane 0's partial file of `sha256` declared with `size`.
-    pub(crate) fn new(tmp: &Path, sha256: &str, size: u64) -> PartialPaths {
-        PartialPaths::lane(tmp, sha256, size, 0)
+    /// Lane 0's partial file of `sha256` declared with `size` in the
+    /// folder `tmp` (opened for the test).
+    #[cfg(test)]
+    pub(crate) fn new(tmp: &std::path::Path, sha256: &str, size: u64) -> PartialPaths {
+        let folder = Arc::new(Folder::open_path(tmp).expect("the folder opens"));
+        PartialPaths::lane(&folder, sha256, size, 0)
     }
 
     /// The partial file of `lane` of `sha256` declared with `size`.
-    pub(crate) fn lane(tmp: &Path, sha256: &str, size: u64, lane: u32) -> PartialPaths {
+    pub(crate) fn lane(tmp: &Arc<Folder>, sha256: &str, size: u64, lane: u32) -> PartialPaths {
         let key = crate::store::lanes::lane_key(sha256, size, lane);
-        let data = tmp.join(format!("{key}.partial"));
-        let meta = tmp.join(format!("{key}.partial.json"));
         PartialPaths {
-            data,
-            meta,
+            data: tmp.join(&format!("{key}.partial")),
+            #[cfg(test)]
+            meta: tmp.join(&format!("{key}.partial.json")),
+            folder: tmp.clone(),
+            key,
             written: Default::default(),
         }
     }
 
+    /// The folder it is in, held open.
+    pub(crate) fn folder(&self) -> &Arc<Folder> {
+        &self.folder
+    }
+
+    /// The data file's name in its folder.
+    pub(crate) fn data_name(&self) -> String {
+        format!("{}.partial", self.key)
+    }
+
+    /// The record's name in its folder.
+    pub(crate) fn meta_name(&self) -> String {
+        format!("{}.partial.json", self.key)
+    }
+
+    /// The data file's metadata, when it is a regular file of the store's
+    /// user.
+    fn data_meta(&self) -> Option<fs::Metadata> {
+        self.folder.own_file_meta(&self.data_name()).ok()
+    }
+
     /// The kept record, if there is a usable one.
     pub(crate) fn read_meta(&self) -> Option<PartialMeta> {
-        let bytes = crate::store::trust::read_own(&self.meta, MAX_META_BYTES).ok()?;
+        let bytes = self
+            .folder
+            .read_own(&self.meta_name(), MAX_META_BYTES)
+            .ok()?;
         PartialMeta::parse(&bytes)
     }
 
@@ -145,10 +184,7 @@ impl PartialPaths {
     /// every byte the record claims.
     pub(crate) fn kept(&self) -> Option<(PartialMeta, u64)> {
         let meta = self.read_meta()?;
-        let data = fs::symlink_metadata(&self.data).ok()?;
-        if !crate::store::trust::is_own_file(&data) {
-            return None;
-        }
+        let data = self.data_meta()?;
         let kept = meta.durable_bytes();
         (kept > 0 && meta.end() <= data.len()).then_some((meta, kept))
     }
@@ -162,45 +198,59 @@ impl PartialPaths {
         if let Some((_, kept)) = self.kept() {
             return kept;
         }
-        match fs::symlink_metadata(&self.data) {
-            Ok(data) if crate::store::trust::is_own_file(&data) => {
-                crate::platform::held_bytes(&data)
-            }
-            _ => 0,
-        }
+        self.data_meta()
+            .map_or(0, |data| crate::platform::held_bytes(&data))
     }
 
     /// Bytes the data file holds beyond its first `kept`, which a download
     /// cuts before it writes (at most what the file takes on disk).
     pub(crate) fn untrusted_tail(&self, kept: u64) -> u64 {
-        let Ok(data) = fs::symlink_metadata(&self.data) else {
+        let Some(data) = self.data_meta() else {
             return 0;
         };
-        if !crate::store::trust::is_own_file(&data) {
-            return 0;
-        }
         let tail = data.len().saturating_sub(kept);
         tail.min(crate::platform::allocated_bytes(&data).unwrap_or(tail))
+    }
+
+    /// Whether something the store does not trust (a symbolic link,
+    /// another user's file, a folder) is at the data file's name.
+    pub(crate) fn data_untrusted(&self) -> bool {
+        self.folder.is_untrusted(&self.data_name())
     }
 
     /// Opens (creating, `0600`) the data file for writing; a symbolic link
     /// or a file that is not the store user's is an error, never followed.
     pub(crate) fn open_data(&self) -> io::Result<File> {
-        let file = crate::store::trust::open_own(
-            &self.data,
-            OpenOptions::new()
+        let file = self.folder.open_own(
+            &self.data_name(),
+            cap_std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false),
         )?;
-        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.metadata()?);
+        self.claim(&file)?;
         Ok(file)
     }
 
-    /// Makes `file` (just created at the data file's name by a writer of
-    /// its own, as `import` does) the one publication will move.
-    pub(crate) fn claim(&self, file: &File) -> io::Result<()> {
+    /// Creates the data file anew (`0600`; an error when there is one) for
+    /// a writer of its own, as `import` is, and makes it the one
+    /// publication will move.
+    pub(crate) fn create_data(&self) -> io::Result<File> {
+        let file = self.folder.open_own(
+            &self.data_name(),
+            cap_std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true),
+        )?;
+        self.claim(&file)?;
+        Ok(file)
+    }
+
+    /// Makes `file` (the data file, opened by a writer) the one
+    /// publication will move.
+    fn claim(&self, file: &File) -> io::Result<()> {
         *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.metadata()?);
         Ok(())
     }
@@ -215,22 +265,35 @@ impl PartialPaths {
 
     /// Removes both files.
     pub(crate) fn remove(&self) {
-        let _ = fs::remove_file(&self.meta);
-        let _ = fs::remove_file(&self.data);
+        let _ = self.folder.remove_file(&self.meta_name());
+        let _ = self.folder.remove_file(&self.data_name());
+    }
+
+    /// Moves both files to `to` (another lane of the same folder); what was
+    /// at `to` goes.
+    pub(crate) fn move_to(&self, to: &PartialPaths) {
+        to.remove();
+        let (folder, target) = (&self.folder, &to.folder);
+        if folder
+            .rename_to(&self.data_name(), target, &to.data_name())
+            .is_ok()
+        {
+            let _ = folder.rename_to(&self.meta_name(), target, &to.meta_name());
+        }
     }
 }
 
 /// Writes the record of one partial file each time its writer has flushed.
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
-    path: PathBuf,
+    paths: PartialPaths,
     meta: PartialMeta,
 }
 
 impl Checkpointer {
     pub(crate) fn new(paths: &PartialPaths, address: &str, validator: Option<String>) -> Self {
         Checkpointer {
-            path: paths.meta.clone(),
+            paths: paths.clone(),
             meta: PartialMeta {
                 address: address.to_string(),
                 validator,
@@ -248,10 +311,7 @@ impl Checkpointer {
 
     /// Removes the data file: nothing in it can be resumed.
     pub(crate) fn discard(&self) {
-        if let Some(data) = self.path.to_str().and_then(|p| p.strip_suffix(".json")) {
-            let _ = fs::remove_file(data);
-        }
-        let _ = fs::remove_file(&self.path);
+        self.paths.remove();
     }
 
     /// Records `durable` flushed bytes from the start (atomically: a crash
@@ -270,24 +330,13 @@ impl Checkpointer {
         self.meta.ranges = ranges;
         if self.meta.durable_bytes() == 0 || self.meta.validator.is_none() {
             // Nothing that could be resumed.
-            return match fs::remove_file(&self.path) {
+            return match self.paths.folder.remove_file(&self.paths.meta_name()) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             };
         }
         let bytes = serde_json::to_vec(&self.meta).map_err(io::Error::other)?;
-        // Named after the SHA-256 like the rest, so a cleanup in another
-        // process leaves it alone while the lock is held.
-        let prefix = match self.path.file_name() {
-            Some(name) => format!("{}.tmp.", name.to_string_lossy()),
-            None => ".tmp.".into(),
-        };
-        match crate::store::atomic::replace(
-            &self.path,
-            &prefix,
-            &bytes,
-            crate::store::atomic::Durability::Data,
-        ) {
+        match self.replace(&bytes) {
             Ok(()) => Ok(()),
             Err(e) if crate::error::is_disk_full(&e.error) => {
                 self.rewrite_in_place(&bytes, e.error)
@@ -307,17 +356,18 @@ impl Checkpointer {
             return self.record(0);
         }
         let bytes = serde_json::to_vec(&self.meta).map_err(io::Error::other)?;
-        let prefix = match self.path.file_name() {
-            Some(name) => format!("{}.tmp.", name.to_string_lossy()),
-            None => ".tmp.".into(),
-        };
-        crate::store::atomic::replace(
-            &self.path,
-            &prefix,
-            &bytes,
-            crate::store::atomic::Durability::Data,
-        )?;
+        self.replace(&bytes)?;
         Ok(())
+    }
+
+    /// Replaces the record with `bytes`, flushed, through a temporary file
+    /// named after the SHA-256 like the rest, so a cleanup in another
+    /// process leaves it alone while the lock is held.
+    fn replace(&self, bytes: &[u8]) -> Result<(), crate::store::atomic::ReplaceError> {
+        let name = self.paths.meta_name();
+        let prefix = format!("{name}.tmp.");
+        let durability = crate::store::atomic::Durability::Data;
+        self.paths.folder.replace(&name, &prefix, bytes, durability)
     }
 
     /// A full disk has no room for a new record: the existing one is
@@ -325,8 +375,11 @@ impl Checkpointer {
     /// does not parse (the file starts afresh), and the kept bytes a record
     /// names are hashed again before anything is published.
     fn rewrite_in_place(&self, bytes: &[u8], full: io::Error) -> io::Result<()> {
-        let Ok(mut file) =
-            crate::store::trust::open_own(&self.path, OpenOptions::new().write(true))
+        let name = self.paths.meta_name();
+        let Ok(mut file) = self
+            .paths
+            .folder
+            .open_own(&name, cap_std::fs::OpenOptions::new().write(true))
         else {
             return Err(full);
         };
@@ -374,10 +427,13 @@ fn digits(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Whether a partial file last changed longer than `max_age` ago.
-pub(crate) fn older_than(path: &Path, max_age: Duration) -> bool {
-    fs::symlink_metadata(path)
+/// Whether the entry `name` of `folder` last changed longer than `max_age`
+/// ago.
+pub(crate) fn older_than(folder: &Folder, name: &str, max_age: Duration) -> bool {
+    folder
+        .entry(name)
         .and_then(|m| m.modified())
+        .map(cap_std::time::SystemTime::into_std)
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok())
         .is_some_and(|age| age > max_age)

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::net::policy::{Mode, Policy};
-use crate::store::atomic::{self, Durability};
+use crate::store::atomic::Durability;
 use crate::store::{trust, Store};
 
 /// The record's file name in `<store>/store-v1`.
@@ -75,8 +75,9 @@ impl Store {
         };
         let bytes = serde_json::to_vec_pretty(&stored)
             .map_err(|e| Error::Invalid(format!("cannot write the policy record: {e}")))?;
-        let path = self.policy_record_path();
-        atomic::replace(&path, ".policy.", &bytes, Durability::Full)
+        // Through the handle of `store-v1/` the store opened.
+        self.root_folder()
+            .replace(FILE, ".policy.", &bytes, Durability::Full)
             .map_err(|e| Error::io(e.step, &e.path, e.error))
     }
 
@@ -84,14 +85,15 @@ impl Store {
     /// that cannot be read or parsed is an error naming the file: a
     /// process must not fall back to an older policy.
     pub fn policy_record(&self) -> Result<Option<PolicyRecord>> {
-        read_at(&self.policy_record_path())
+        let read = self.root_folder().read_own(FILE, MAX_BYTES);
+        parse(read, &self.policy_record_path())
     }
 
     /// A cheap look at the record (no read): changes whenever it is
     /// replaced.
     pub fn policy_stamp(&self) -> Stamp {
-        let meta = std::fs::symlink_metadata(self.policy_record_path()).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
+        let meta = self.root_folder().entry(FILE).ok()?;
+        Some((meta.modified().ok()?.into_std(), meta.len()))
     }
 }
 
@@ -102,7 +104,12 @@ pub fn read_in(store_dir: &Path) -> Result<Option<PolicyRecord>> {
 }
 
 fn read_at(path: &Path) -> Result<Option<PolicyRecord>> {
-    let bytes = match trust::read_own(path, MAX_BYTES) {
+    parse(trust::read_own(path, MAX_BYTES), path)
+}
+
+/// The record in `read` (the bytes of `path`, or why they were not read).
+fn parse(read: std::io::Result<Vec<u8>>, path: &Path) -> Result<Option<PolicyRecord>> {
+    let bytes = match read {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("cannot read the policy record", path, e)),

@@ -24,7 +24,7 @@
 //! one that reuses an inode within the file system's timestamp granularity.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{shorten_to, Error, ErrorCode, Result};
 use crate::manifest::Resource;
-use crate::store::atomic::{replace, Durability};
+use crate::store::atomic::Durability;
+use crate::store::folder::{Folder, LazySub};
 use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
 /// A gem's registration: its validated resources.
@@ -178,12 +179,14 @@ impl FailureRecord {
 /// The registrations and failure records of a store.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    /// `store-v1/gems`.
-    gems: PathBuf,
-    /// `store-v1/failures`.
-    failures: PathBuf,
-    /// `store-v1/locks/registry.lock`.
-    lock: PathBuf,
+    /// `store-v1/gems`, held open (see `store::folder`).
+    gems: Arc<Folder>,
+    /// `store-v1/failures`, held open.
+    failures: Arc<Folder>,
+    /// `store-v1/served`, opened on first use.
+    served: Arc<LazySub>,
+    /// `store-v1/locks`, held open: the registry lock is `registry.lock`.
+    locks: Arc<Folder>,
     /// Parsed registrations, shared by every clone.
     cache: Arc<Cache>,
 }
@@ -264,18 +267,14 @@ pub struct RegistryLock {
 impl Registry {
     /// The registry of `store`.
     pub fn new(store: &Store) -> Registry {
-        let root = store.root();
+        let folders = store.registry_folders();
         Registry {
-            gems: root.join("gems"),
-            failures: root.join("failures"),
-            lock: root.join("locks").join("registry.lock"),
+            gems: folders.gems.clone(),
+            failures: folders.failures.clone(),
+            served: folders.served.clone(),
+            locks: folders.locks.clone(),
             cache: Arc::default(),
         }
-    }
-
-    /// `store-v1/served`.
-    fn served_dir(&self) -> PathBuf {
-        self.gems.with_file_name("served")
     }
 
     /// Records that `served_by` (an address from the manifest, or
@@ -287,17 +286,18 @@ impl Registry {
         if !crate::store::is_sha256(sha256) {
             return;
         }
-        let dir = self.served_dir();
         let record = ServedRecord {
             served_by: shorten_to(served_by, MAX_RECORDED_TEXT_CHARS),
             at: std::time::SystemTime::now(),
         };
-        let written = crate::store::trust::create_folder(&dir)
-            .map_err(|e| Error::io("cannot create store folder", &dir, e))
-            .and_then(|()| {
-                let bytes = serde_json::to_vec(&record).unwrap_or_default();
-                let path = dir.join(format!("{sha256}.json"));
-                replace(&path, ".", &bytes, Durability::Hint)
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        let written = self
+            .served
+            .get()
+            .map_err(|e| Error::io("cannot create store folder", self.served.path(), e))
+            .and_then(|served| {
+                served
+                    .replace(&format!("{sha256}.json"), ".", &bytes, Durability::Hint)
                     .map_err(|e| registry_error(e, bytes.len()))
             });
         if let Err(e) = written {
@@ -312,8 +312,12 @@ impl Registry {
         if !crate::store::is_sha256(sha256) {
             return None;
         }
-        let path = self.served_dir().join(format!("{sha256}.json"));
-        let bytes = crate::store::trust::read_own(&path, MAX_SERVED_BYTES).ok()?;
+        let bytes = self
+            .served
+            .get()
+            .ok()?
+            .read_own(&format!("{sha256}.json"), MAX_SERVED_BYTES)
+            .ok()?;
         serde_json::from_slice::<ServedRecord>(&bytes)
             .ok()
             .map(|r| r.served_by)
@@ -326,8 +330,10 @@ impl Registry {
         if !crate::store::is_sha256(sha256) {
             return;
         }
-        let path = self.served_dir().join(format!("{sha256}.json"));
-        match fs::remove_file(&path) {
+        let Ok(served) = self.served.get() else {
+            return;
+        };
+        match served.remove_file(&format!("{sha256}.json")) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!(sha256, "a record of what served a deleted file stays: {e}"),
@@ -339,17 +345,14 @@ impl Registry {
     /// returns how many.
     pub fn prune_served(&self, stored: impl Fn(&str) -> bool) -> usize {
         let mut removed = 0;
-        for entry in fs::read_dir(self.served_dir())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = entry.file_name();
-            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+        let Ok(served) = self.served.get() else {
+            return 0;
+        };
+        for name in served.names().unwrap_or_default() {
+            let Some(sha) = name.strip_suffix(".json") else {
                 continue;
             };
-            if crate::store::is_sha256(sha) && !stored(sha) && fs::remove_file(entry.path()).is_ok()
-            {
+            if crate::store::is_sha256(sha) && !stored(sha) && served.remove_file(&name).is_ok() {
                 removed += 1;
             }
         }
@@ -358,7 +361,7 @@ impl Registry {
 
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
-        let file = crate::store::lockfile::lock(&self.lock).await?;
+        let file = crate::store::lockfile::lock_in(&self.locks, "registry.lock").await?;
         Ok(RegistryLock { _file: file })
     }
 
@@ -387,11 +390,13 @@ impl Registry {
     /// The registration of `gem` from the cache when its file is unchanged,
     /// else read, checked and cached.
     fn cached(&self, gem: &str) -> Result<Option<Cached>> {
-        let path = self.gems.join(format!("{}.json", file_stem(gem)));
+        let name = format!("{}.json", file_stem(gem));
+        let path = self.gems.join(&name);
         // The generation is read before the file: a change between the two
         // leaves a stamp that no later read matches, never a stale hit.
         let generation = self.generation();
-        let meta = match fs::symlink_metadata(&path) {
+        // A regular file of the store's user only: never a link followed.
+        let meta = match self.gems.own_file_meta(&name) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.entries().remove(gem);
@@ -408,7 +413,7 @@ impl Registry {
         }
         self.cache.parses.fetch_add(1, Ordering::Relaxed);
         // A regular file of the store's user only: never a link followed.
-        let bytes = match crate::store::trust::read_own(&path, MAX_RECORD_BYTES) {
+        let bytes = match self.gems.read_own(&name, MAX_RECORD_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.entries().remove(gem);
@@ -431,13 +436,10 @@ impl Registry {
         self.cache.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn generation_path(&self) -> PathBuf {
-        self.gems.join(".generation")
-    }
-
     /// The registry's generation (0 before the first change).
     fn generation(&self) -> u64 {
-        crate::store::trust::read_own(&self.generation_path(), 64)
+        self.gems
+            .read_own(GENERATION, 64)
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
             .and_then(|s| s.trim().parse().ok())
@@ -449,13 +451,9 @@ impl Registry {
     /// records are out of date, and a system crash ends those processes.
     fn bump_generation(&self) -> Result<()> {
         let next = self.generation().wrapping_add(1).to_string();
-        replace(
-            &self.generation_path(),
-            ".",
-            next.as_bytes(),
-            Durability::Hint,
-        )
-        .map_err(|e| registry_error(e, next.len()))?;
+        self.gems
+            .replace(GENERATION, ".", next.as_bytes(), Durability::Hint)
+            .map_err(|e| registry_error(e, next.len()))?;
         Ok(())
     }
 
@@ -475,10 +473,7 @@ impl Registry {
     /// SHA-256 or addresses it changes (an upgrade). Call with the lock held.
     pub fn put(&self, reg: &Registration) -> Result<()> {
         let old = self.get(&reg.gem)?;
-        write_json(
-            &self.gems.join(format!("{}.json", file_stem(&reg.gem))),
-            reg,
-        )?;
+        write_json(&self.gems, &format!("{}.json", file_stem(&reg.gem)), reg)?;
         self.bump_generation()?;
         self.with_failure_log(&reg.gem, |log, path| {
             let before = log.records.len();
@@ -503,11 +498,12 @@ impl Registry {
 
     /// Removes a registration and its failure records. Call with the lock held.
     pub fn remove(&self, gem: &str) -> Result<bool> {
-        let _ = fs::remove_file(self.failure_log_path(gem));
+        let _ = self.failures.remove_file(&failure_log_name(gem));
         self.failure_logs().remove(gem);
         self.unsaved().remove(gem);
-        let path = self.gems.join(format!("{}.json", file_stem(gem)));
-        let removed = match fs::remove_file(&path) {
+        let name = format!("{}.json", file_stem(gem));
+        let path = self.gems.join(&name);
+        let removed = match self.gems.remove_file(&name) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(Error::io("cannot remove", &path, e)),
@@ -521,15 +517,19 @@ impl Registry {
     /// (the records themselves are always whole) and returns how many.
     pub fn clean(&self) -> usize {
         let mut removed = 0;
-        for dir in [&self.gems, &self.failures, &self.served_dir()] {
-            for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
+        let served = self.served.get().ok();
+        let dirs = [
+            Some((&*self.gems, false)),
+            Some((&*self.failures, true)),
+            served.map(|s| (s, false)),
+        ];
+        for (dir, failures) in dirs.into_iter().flatten() {
+            for name in dir.names().unwrap_or_default() {
                 // Failure records of earlier versions (one JSON map per gem)
                 // were superseded by the logs.
-                let legacy = dir == &self.failures && name.ends_with(".json");
+                let legacy = failures && name.ends_with(".json");
                 if (legacy || (name.starts_with('.') && name.ends_with(".tmp")))
-                    && fs::remove_file(entry.path()).is_ok()
+                    && dir.remove_file(&name).is_ok()
                 {
                     removed += 1;
                 }
@@ -575,7 +575,7 @@ impl Registry {
     ) -> Result<()> {
         let lock = self.lock().await?;
         let (this, gem, resource) = (self.clone(), gem.to_string(), resource.to_string());
-        crate::store::off_runtime(&self.failures, move || {
+        crate::store::off_runtime(self.failures.path(), move || {
             let _lock = lock;
             this.set_failure_locked(&gem, &resource, record)
         })
@@ -616,7 +616,7 @@ impl Registry {
             .unsaved()
             .get(gem)
             .is_some_and(|u| u.contains_key(resource));
-        let written = self.with_failure_log(gem, |log, path| {
+        let written = self.with_failure_log(gem, |log, at| {
             if record.is_none() && !log.records.contains_key(resource) && !unsaved {
                 return Ok(());
             }
@@ -632,12 +632,17 @@ impl Registry {
             if self.cache.full_disk.load(Ordering::Relaxed) {
                 log.stale = true;
                 let full = std::io::Error::from_raw_os_error(crate::platform::DISK_FULL_CODES[0]);
-                return Err(crate::store::write_failed("cannot write", path, full, 1));
+                return Err(crate::store::write_failed(
+                    "cannot write",
+                    &at.path,
+                    full,
+                    1,
+                ));
             }
             let written = if log.lines >= 2 * log.records.len() + LOG_SLACK {
-                log.compact(path)
+                log.compact(at)
             } else {
-                log.append(path, &line)
+                log.append(at, &line)
             };
             // The file no longer says what this log holds: read it again.
             log.stale = written.is_err();
@@ -660,10 +665,6 @@ impl Registry {
         written
     }
 
-    fn failure_log_path(&self, gem: &str) -> PathBuf {
-        self.failures.join(format!("{}.jsonl", file_stem(gem)))
-    }
-
     fn failure_logs(&self) -> std::sync::MutexGuard<'_, HashMap<String, FailureLog>> {
         self.cache
             .failures
@@ -676,20 +677,30 @@ impl Registry {
     fn with_failure_log<T>(
         &self,
         gem: &str,
-        work: impl FnOnce(&mut FailureLog, &Path) -> Result<T>,
+        work: impl FnOnce(&mut FailureLog, &LogFile) -> Result<T>,
     ) -> Result<T> {
-        let path = self.failure_log_path(gem);
-        let stamp = match fs::symlink_metadata(&path) {
-            Ok(meta) if !crate::store::trust::is_own_file(&meta) => {
-                // Not the store's own file (a symbolic link planted there):
-                // its name is freed, its target never read or written.
-                tracing::warn!("removing {}: the store does not trust it", path.display());
-                fs::remove_file(&path).map_err(|e| Error::io("cannot remove", &path, e))?;
-                None
+        let name = failure_log_name(gem);
+        let path = self.failures.join(&name);
+        let at = LogFile {
+            dir: &self.failures,
+            name,
+            path,
+        };
+        let (name, path) = (&at.name, &at.path);
+        let stamp = if self.failures.is_untrusted(name) {
+            // Not the store's own file (a symbolic link planted there):
+            // its name is freed, its target never read or written.
+            tracing::warn!("removing {}: the store does not trust it", path.display());
+            self.failures
+                .remove_file(name)
+                .map_err(|e| Error::io("cannot remove", path, e))?;
+            None
+        } else {
+            match self.failures.own_file_meta(name) {
+                Ok(meta) => Some(crate::platform::FileStamp::of(path, &meta)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(Error::io("cannot read", path, e)),
             }
-            Ok(meta) => Some(crate::platform::FileStamp::of(&path, &meta)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io("cannot read", &path, e)),
         };
         let mut logs = self.failure_logs();
         let log = logs.entry(gem.to_string()).or_default();
@@ -697,10 +708,10 @@ impl Registry {
             *log = match stamp {
                 None => FailureLog::default(),
                 Some(_) => {
-                    let bytes = match crate::store::trust::read_own(&path, MAX_LOG_BYTES) {
+                    let bytes = match self.failures.read_own(name, MAX_LOG_BYTES) {
                         Ok(bytes) => bytes,
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                        Err(e) => return Err(Error::io("cannot read", &path, e)),
+                        Err(e) => return Err(Error::io("cannot read", path, e)),
                     };
                     let (records, lines) = fold_failure_log(&bytes);
                     FailureLog {
@@ -713,13 +724,30 @@ impl Registry {
                 }
             };
         }
-        work(log, &path)
+        work(log, &at)
     }
+}
+
+/// `<gem>.jsonl`, the failure log's name in `failures/`.
+fn failure_log_name(gem: &str) -> String {
+    format!("{}.jsonl", file_stem(gem))
+}
+
+/// The registry's generation's name in `gems/`.
+const GENERATION: &str = ".generation";
+
+/// A gem's failure log: its folder (held open), its name there and its
+/// path (for messages).
+struct LogFile<'a> {
+    dir: &'a Folder,
+    name: String,
+    path: PathBuf,
 }
 
 impl FailureLog {
     /// Appends one line.
-    fn append(&mut self, path: &Path, line: &FailureLine) -> Result<()> {
+    fn append(&mut self, at: &LogFile, line: &FailureLine) -> Result<()> {
+        let path = &at.path;
         let mut bytes = Vec::with_capacity(512);
         if self.torn {
             // Ends the line a crash cut short, so this one stays whole.
@@ -730,9 +758,13 @@ impl FailureLog {
         bytes.push(b'\n');
         // Readable by the owner only, as the atomically written records;
         // a symbolic link planted at the log's name is never appended to.
-        let mut file =
-            crate::store::trust::open_own(path, fs::OpenOptions::new().create(true).append(true))
-                .map_err(|e| Error::io("cannot open", path, e))?;
+        let mut file = at
+            .dir
+            .open_own(
+                &at.name,
+                cap_std::fs::OpenOptions::new().create(true).append(true),
+            )
+            .map_err(|e| Error::io("cannot open", path, e))?;
         // Not fsynced: a failure record only explains why a file is
         // missing, and the file is fetched again either way. What a power
         // cut can lose is the last few explanations, never a line's shape
@@ -750,18 +782,22 @@ impl FailureLog {
 
     /// Rewrites the log with only its live records, atomically; removes it
     /// when none is left.
-    fn compact(&mut self, path: &Path) -> Result<()> {
+    fn compact(&mut self, at: &LogFile) -> Result<()> {
+        let path = &at.path;
         if self.records.is_empty() {
-            match fs::remove_file(path) {
-                Ok(()) => sync_parent(path),
+            match at.dir.remove_file(&at.name) {
+                Ok(()) => at.dir.sync(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io("cannot remove", path, e)),
             }
             *self = FailureLog::default();
             return Ok(());
         }
-        write_atomic(path, &encode_failures(&self.records))?;
-        let meta = fs::symlink_metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
+        write_atomic(at.dir, &at.name, &encode_failures(&self.records))?;
+        let meta = at
+            .dir
+            .own_file_meta(&at.name)
+            .map_err(|e| Error::io("cannot read", path, e))?;
         self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
         self.lines = self.records.len();
         self.torn = false;
@@ -946,34 +982,30 @@ pub fn parse_failures(bytes: &[u8]) -> BTreeMap<String, FailureRecord> {
     fold_failure_log(bytes).0
 }
 
-fn json_stems(dir: &Path) -> Result<Vec<String>> {
-    let entries = fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))?;
-    let mut out: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+fn json_stems(dir: &Folder) -> Result<Vec<String>> {
+    let names = dir
+        .names()
+        .map_err(|e| Error::io("cannot list", dir.path(), e))?;
+    let mut out: Vec<String> = names
+        .into_iter()
         .filter_map(|n| n.strip_suffix(".json").and_then(gem_of_stem))
         .collect();
     out.sort();
     Ok(out)
 }
 
-/// Writes `value` as JSON to `path` atomically and durably.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+/// Writes `value` as JSON to the file `name` of `dir` atomically and
+/// durably.
+fn write_json<T: Serialize>(dir: &Folder, name: &str, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value)
-        .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
-    write_atomic(path, &bytes)
+        .map_err(|e| Error::io("cannot encode", dir.join(name), std::io::Error::other(e)))?;
+    write_atomic(dir, name, &bytes)
 }
 
-/// Fsyncs the folder of `path` (a new or removed entry); errors ignored.
-fn sync_parent(path: &Path) {
-    if let Some(dir) = path.parent() {
-        crate::platform::sync_dir(dir);
-    }
-}
-
-/// Writes `bytes` to `path` atomically and durably.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, ".", bytes, Durability::Full).map_err(|e| registry_error(e, bytes.len()))
+/// Writes `bytes` to the file `name` of `dir` atomically and durably.
+fn write_atomic(dir: &Folder, name: &str, bytes: &[u8]) -> Result<()> {
+    dir.replace(name, ".", bytes, Durability::Full)
+        .map_err(|e| registry_error(e, bytes.len()))
 }
 
 /// A failed replacement as the registry reports it: a full disk says how
@@ -1132,7 +1164,7 @@ mod tests {
 
     fn log_lines(dir: &tempfile::TempDir) -> usize {
         let path = dir.path().join("store-v1/failures/g.jsonl");
-        fs::read(path).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count())
+        std::fs::read(path).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count())
     }
 
     #[test]
@@ -1188,7 +1220,10 @@ mod tests {
             .unwrap();
         // A crash in the middle of the next append.
         let path = dir.path().join("store-v1/failures/g.jsonl");
-        let mut file = fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         file.write_all(br#"{"resource":"r1","record":{"at":"#)
             .unwrap();
         drop(file);

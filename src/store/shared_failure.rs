@@ -1,10 +1,6 @@
 //! The last failed download of each SHA-256, for callers in other
 //! processes that waited on it (`locks/<sha256>.failed.json`).
 
-use std::fs;
-use std::path::PathBuf;
-
-use super::trust::read_own;
 use super::Store;
 use crate::error::Error;
 
@@ -27,10 +23,8 @@ pub struct SharedFailure {
 }
 
 impl Store {
-    fn failure_path(&self, sha256: &str) -> PathBuf {
-        self.root
-            .join("locks")
-            .join(format!("{sha256}.failed.json"))
+    fn failure_name(sha256: &str) -> String {
+        format!("{sha256}.failed.json")
     }
 
     /// Records a failed download of `sha256` declared as `size` bytes (best
@@ -52,8 +46,8 @@ impl Store {
             return;
         };
         // Best effort: only callers waiting in other processes read it.
-        let _ = crate::store::atomic::replace(
-            &self.failure_path(sha256),
+        let _ = self.locks().replace(
+            &Store::failure_name(sha256),
             &format!(".{sha256}.failed."),
             &bytes,
             crate::store::atomic::Durability::Hint,
@@ -62,7 +56,7 @@ impl Store {
 
     /// Forgets the failure of `sha256`. Call with a lane of the file held.
     pub fn clear_failure(&self, sha256: &str) {
-        let _ = fs::remove_file(self.failure_path(sha256));
+        let _ = self.locks().remove_file(&Store::failure_name(sha256));
     }
 
     /// The failure of `sha256` declared as `size` bytes, from the same
@@ -76,7 +70,10 @@ impl Store {
         addresses: &[String],
         since: std::time::SystemTime,
     ) -> Option<SharedFailure> {
-        let bytes = read_own(&self.failure_path(sha256), MAX_SHARED_FAILURE_BYTES).ok()?;
+        let bytes = self
+            .locks()
+            .read_own(&Store::failure_name(sha256), MAX_SHARED_FAILURE_BYTES)
+            .ok()?;
         let record = parse_shared_failure(&bytes)?;
         let since_ns = since
             .duration_since(std::time::UNIX_EPOCH)

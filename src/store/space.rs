@@ -39,6 +39,17 @@ pub(crate) fn partial_write_failed(context: &str, path: &Path, e: io::Error) -> 
     write_failed(context, path, e, declared.saturating_sub(written))
 }
 
+/// Free bytes on the file system of the folder `dir`, held open (for this
+/// process's user).
+pub(super) fn available_space_at(dir: &crate::store::folder::Folder) -> Result<u64> {
+    #[cfg(test)]
+    if let Some(free) = FREE.get() {
+        return Ok(free);
+    }
+    dir.free_space()
+        .map_err(|e| Error::io("cannot read free space of", dir.path(), e))
+}
+
 /// Free bytes on the file system of `dir` (for this process's user).
 pub(super) fn available_space(dir: &Path) -> Result<u64> {
     #[cfg(test)]

@@ -20,13 +20,12 @@
 //! only hashed once more.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::platform::ContentStamp;
-use crate::store::atomic::{replace, Durability};
+use crate::store::atomic::Durability;
+use crate::store::folder::{Folder, LazySub};
 
 /// The longest record read back (a name is at most 200 bytes).
 const MAX_RECORD_BYTES: u64 = 256 * 1024;
@@ -48,51 +47,57 @@ pub(crate) enum Verdict {
     Unrecorded,
 }
 
-/// `store-v1/stamps/<sha256>.json`.
-fn record_path(root: &Path, sha256: &str) -> PathBuf {
-    root.join("stamps").join(format!("{sha256}.json"))
+/// `<sha256>.json`, in `store-v1/stamps/`.
+fn record_name(sha256: &str) -> String {
+    format!("{sha256}.json")
 }
 
-fn read(root: &Path, sha256: &str) -> Option<Record> {
-    let bytes = crate::store::trust::read_own(&record_path(root, sha256), MAX_RECORD_BYTES).ok()?;
+fn read(stamps: &LazySub, sha256: &str) -> Option<Record> {
+    let bytes = stamps
+        .get()
+        .ok()?
+        .read_own(&record_name(sha256), MAX_RECORD_BYTES)
+        .ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
-/// The stamp of the file at `path` now, not following a link.
-fn stamp_of(path: &Path) -> Option<ContentStamp> {
-    let meta = fs::symlink_metadata(path).ok()?;
-    Some(ContentStamp::of(path, &meta))
+/// The stamp of the file `name` of `dir` now (a regular file of the
+/// store's user, opened through the folder's handle, never followed).
+fn stamp_of(dir: &Folder, name: &str) -> Option<ContentStamp> {
+    let meta = dir.own_file_meta(name).ok()?;
+    Some(ContentStamp::of(&dir.join(name), &meta))
 }
 
-/// Whether the file `name` of `sha256`, at `path`, still has its stamp.
-pub(crate) fn check(root: &Path, sha256: &str, name: &str, path: &Path) -> Verdict {
-    let Some(record) = read(root, sha256) else {
+/// Whether the file `name` of `sha256`, in `dir` (`blobs/<sha256>`), still
+/// has its stamp; the records are in `stamps`.
+pub(crate) fn check(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) -> Verdict {
+    let Some(record) = read(stamps, sha256) else {
         return Verdict::Unrecorded;
     };
-    match (record.files.get(name), stamp_of(path)) {
+    match (record.files.get(name), stamp_of(dir, name)) {
         (Some(recorded), Some(now)) if *recorded == now => Verdict::Holds,
         _ => Verdict::Changed,
     }
 }
 
-/// Records the stamp of the file `name` of `sha256`, at `path`, as it is
+/// Records the stamp of the file `name` of `sha256`, in `dir`, as it is
 /// now. A record that cannot be written is logged: the file is then only
 /// hashed once more before its next use.
-pub(crate) fn record(root: &Path, sha256: &str, name: &str, path: &Path) {
-    let Some(stamp) = stamp_of(path) else {
+pub(crate) fn record(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) {
+    let Some(stamp) = stamp_of(dir, name) else {
         return;
     };
-    let mut record = read(root, sha256).unwrap_or_default();
+    let mut record = read(stamps, sha256).unwrap_or_default();
     record.files.insert(name.to_string(), stamp);
     // Names whose file is gone say nothing any more.
-    let dir = path.parent().unwrap_or(root);
     record
         .files
-        .retain(|n, _| n == name || dir.join(n).exists());
-    let dir = root.join("stamps");
-    let written = crate::store::trust::create_folder(&dir).and_then(|()| {
-        let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        replace(&record_path(root, sha256), ".", &bytes, Durability::Hint).map_err(Into::into)
+        .retain(|n, _| n == name || dir.entry(n).is_ok());
+    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+    let written = stamps.get().and_then(|folder| {
+        folder
+            .replace(&record_name(sha256), ".", &bytes, Durability::Hint)
+            .map_err(|e| e.error)
     });
     if let Err(e) = written {
         tracing::warn!(sha256, "the stamp of the stored file is not recorded: {e}");
@@ -100,6 +105,8 @@ pub(crate) fn record(root: &Path, sha256: &str, name: &str, path: &Path) {
 }
 
 /// Removes the record of `sha256` (its files were removed).
-pub(crate) fn forget(root: &Path, sha256: &str) {
-    let _ = fs::remove_file(record_path(root, sha256));
+pub(crate) fn forget(stamps: &LazySub, sha256: &str) {
+    if let Ok(folder) = stamps.get() {
+        let _ = folder.remove_file(&record_name(sha256));
+    }
 }

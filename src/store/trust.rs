@@ -6,19 +6,23 @@
 //! elsewhere), or swap in a file of their own. So:
 //! - the store's folders are created `0700` whatever the umask, and at
 //!   open a folder owned by someone else or writable by group or others is
-//!   refused ([`check_folder`]);
+//!   refused ([`check_folder_meta`], on the folder's handle: see
+//!   `store::folder`);
 //! - files the store writes are created `0600`, verified files end `0400`;
-//! - every file the store opens by name is opened without following a
-//!   symbolic link (`O_NOFOLLOW`, and `O_NONBLOCK` so that a FIFO cannot
-//!   block the open) and then checked on the open descriptor (`fstat`): a
-//!   regular file owned by the current user ([`open_own`]). Nobody else can
-//!   reach it through the checked folders, so its own mode is not checked.
+//! - every file the store opens is opened through its folder's handle, by
+//!   one name, without following a symbolic link (`O_NOFOLLOW`, and
+//!   `O_NONBLOCK` so that a FIFO cannot block the open) and then checked on
+//!   the open descriptor (`fstat`): a regular file owned by the current
+//!   user ([`check_own`]; [`open_own`] by path only reads the policy record
+//!   of a store that is not opened, `policy_record::read_in`). Nobody else
+//!   can reach it through the checked folders, so its own mode is not
+//!   checked.
 //!
 //! The calls behind this differ by operating system ([`crate::platform`]):
 //! elsewhere than on Unix, ownership and modes are left to the operating
 //! system, and only symbolic links and other non-regular files are refused.
 
-use std::fs::{self, File, Metadata, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions};
 use std::io;
 use std::path::Path;
 
@@ -27,7 +31,7 @@ use crate::platform::{self, FolderProblem};
 
 /// Creates the folder `path` (and missing parents) for the store: `0700`
 /// whatever the umask. A folder that exists is left as it is (and checked
-/// by [`check_folder`]).
+/// by [`check_folder_meta`]).
 pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.exists() {
@@ -46,15 +50,14 @@ pub(crate) fn create_folder(path: &Path) -> io::Result<()> {
 /// Refuses a store folder that is not a folder, is owned by another user,
 /// or can be written by group or others, with `E_RESOURCE_CONFIG` naming
 /// the folder and the fix.
-pub(crate) fn check_folder(path: &Path) -> Result<()> {
-    let meta = fs::metadata(path).map_err(|e| Error::io("cannot read store folder", path, e))?;
+pub(crate) fn check_folder_meta(path: &Path, meta: &Metadata) -> Result<()> {
     if !meta.is_dir() {
         return Err(Error::Config(format!(
             "store folder {} is not a folder: remove it, or choose another store (`store` in config.toml, or --store)",
             path.display()
         )));
     }
-    match platform::folder_problem(&meta) {
+    match platform::folder_problem(meta) {
         None => Ok(()),
         Some(FolderProblem::Owner { owner, me }) => Err(Error::Config(format!(
             "store folder {} belongs to user id {owner}, not to the current user (id {me}): another user could change what the store trusts; use a store of your own (`store` in config.toml, or --store), or `chown -R {me} {}`",
@@ -83,24 +86,20 @@ pub(crate) fn is_own_file(meta: &Metadata) -> bool {
     meta.file_type().is_file() && platform::owned_by_me(meta)
 }
 
-/// Whether the entry at `path` (not followed) is a file the store trusts
-/// ([`is_own_file`]).
-pub(crate) fn is_own_file_at(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| is_own_file(&m))
-}
-
-/// Whether the entry at `path` (not followed) is a folder (not a link to
-/// one) of the store's user.
-pub(crate) fn is_own_folder_at(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir() && platform::owned_by_me(&m))
-}
-
 /// Opens `path` with `options` without following a symbolic link, and
 /// checks on the open file that it is a regular file of the current user
 /// ([`is_own_file`]); anything else is an error (`InvalidData`) that names
 /// what was found. A file created by this call is `0600`.
 pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
     let file = platform::open_no_follow(path, options)?;
+    check_own(&file)?;
+    Ok(file)
+}
+
+/// Checks on the open `file` that it is a regular file of the current
+/// user ([`is_own_file`]); anything else is an error (`InvalidData`) that
+/// names what was found.
+pub(crate) fn check_own(file: &File) -> io::Result<()> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(untrusted("is not a regular file"));
@@ -108,7 +107,7 @@ pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<Fil
     if !is_own_file(&meta) {
         return Err(untrusted("belongs to another user"));
     }
-    Ok(file)
+    Ok(())
 }
 
 fn untrusted(what: &str) -> io::Error {

@@ -416,6 +416,11 @@ async fn commands_on_a_store_its_user_may_only_read_say_the_store_is_read_only()
     chown(env.store_dir(), Some(user.0), Some(user.1)).unwrap();
     let out = run_as(&env, user, &["install", "g", m.to_str().unwrap()]).await;
     assert!(out.status.success(), "{}", stderr(&out));
+    // As an earlier version left it: `stamps/` and `served/` were made
+    // on first use only.
+    for sub in ["stamps", "served"] {
+        let _ = std::fs::remove_dir_all(store_root(&env).join(sub));
+    }
     // Then the store becomes read-only, as a read-only mount or a copy
     // handed over would be.
     let done = std::process::Command::new("chmod")

@@ -488,3 +488,113 @@ async fn a_stored_file_only_made_writable_is_hashed_and_made_read_only_again() {
     assert_eq!(store.find(&r.sha256, &r.file_name()).unwrap(), None);
     assert!(!store.has(&r.sha256));
 }
+
+/// Every file and folder under `dir` (links not followed), each file with
+/// the SHA-256 of its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Option<String>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(snapshot(&path));
+            out.push((path, None));
+        } else {
+            let digest = std::fs::read(&path).ok().map(|b| sha256_hex(&b));
+            out.push((path, digest));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_store_folder_replaced_during_a_download_is_never_written_nor_published_from() {
+    let env = Env::new().await;
+    let body = bytes(4 << 20, 61);
+    // About 1.2 MiB/s, resumable: the download takes a few seconds and
+    // records its flushed bytes every two.
+    let paced = paced_route(&body);
+    env.origin.route("/swap.bin", paced);
+    let url = env.url("origin.test", "/swap.bin");
+    let manifest = env.write_manifest("m.json", json!([entry("swap", &url, &body)]));
+    let log = env.dir.path().join("fetch.log");
+    let mut child = spawn_logged(&env, &["fetch", manifest.to_str().unwrap()], &log);
+    let sha = sha256_hex(&body);
+    let key = format!("{sha}.{}", body.len());
+    let data = store_root(&env).join(format!("tmp/{key}.partial"));
+    wait_until("the download has written 1 MiB", || {
+        std::fs::metadata(&data).is_ok_and(|m| m.len() >= 1 << 20)
+    })
+    .await;
+
+    // While the download runs, the store's folder is renamed away and
+    // another tree put at its path, with files at the names the download
+    // uses: a partial file of other bytes, its record, the lock.
+    let moved = env.dir.path().join("moved-store");
+    std::fs::rename(env.store_dir(), &moved).unwrap();
+    Store::open(&env.store_dir()).unwrap();
+    let other = store_root(&env);
+    std::fs::write(other.join(format!("tmp/{key}.partial")), bytes(4 << 20, 7)).unwrap();
+    let record = json!({ "address": url.as_str(), "validator": "\"s1\"", "durable": 4 << 20 });
+    std::fs::write(
+        other.join(format!("tmp/{key}.partial.json")),
+        record.to_string(),
+    )
+    .unwrap();
+    std::fs::write(other.join(format!("locks/{key}.lock")), b"").unwrap();
+    let before = snapshot(&env.store_dir());
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "fetch did not end");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let out = child_stdout(&mut child);
+    let err = std::fs::read_to_string(&log).unwrap();
+
+    // The other tree is exactly as it was put there: nothing written,
+    // renamed or removed in it, nothing published from it.
+    assert_eq!(snapshot(&env.store_dir()), before, "{err}");
+    // The verified bytes went where the store opened its folders.
+    let kept = moved.join("store-v1/blobs").join(&sha).join("swap.bin");
+    assert_eq!(
+        std::fs::read(&kept).ok().as_deref(),
+        Some(&body[..]),
+        "{err}"
+    );
+    // And no path into the other tree is handed out as the file.
+    assert!(!status.success(), "{out}\n{err}");
+    assert!(err.contains("was moved or replaced"), "{err}");
+}
+
+/// A resumable route of `body` sent at about 1.2 MiB/s.
+fn paced_route(body: &[u8]) -> Behaviour {
+    Behaviour::Ranged {
+        body: body.to_vec(),
+        etag: "\"s1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        pace: Some((64 * 1024, std::time::Duration::from_millis(50))),
+    }
+}
+
+#[tokio::test]
+async fn a_link_in_place_of_a_store_folder_is_refused_naming_it() {
+    let env = Env::new().await;
+    Store::open(&env.store_dir()).unwrap();
+    let blobs = store_root(&env).join("blobs");
+    let elsewhere = env.dir.path().join("elsewhere");
+    std::fs::rename(&blobs, &elsewhere).unwrap();
+    // The user's own link: still refused, the store follows no link
+    // inside its folder.
+    std::os::unix::fs::symlink(&elsewhere, &blobs).unwrap();
+    let refused = Store::open(&env.store_dir()).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Config, "{refused}");
+    let text = refused.to_string();
+    assert!(text.contains(&blobs.display().to_string()), "{text}");
+    assert!(text.contains("is a symbolic link"), "{text}");
+}
