@@ -10,7 +10,7 @@ use reqwest::header::{
     USER_AGENT,
 };
 use tokio::sync::watch;
-use url::Url;
+use url::{Host, Url};
 
 use crate::error::AttemptError;
 use crate::net::connecting::{Connecting, CONNECTING};
@@ -192,12 +192,35 @@ impl Fetcher {
         url: &Url,
         ask: Option<&Ask>,
     ) -> Result<reqwest::Response, AttemptError> {
-        self.client
+        // The name is resolved again for every request, so a connection
+        // kept open to an address it no longer resolves to is not reused.
+        let answers = match url.host() {
+            Some(Host::Domain(name)) => Some(self.resolver.lookup(name).await?),
+            _ => None,
+        };
+        let authority = authority(url);
+        let lease = self.pool.client(&authority, answers.as_deref())?;
+        let response = lease
+            .client
             .get(url.clone())
             .headers(request_headers(ask))
             .send()
             .await
-            .map_err(|e| request_error(&e))
+            .map_err(|e| request_error(&e))?;
+        if let Some(peer) = response.remote_addr() {
+            self.pool.record(&authority, lease.generation, peer.ip());
+        }
+        Ok(response)
+    }
+}
+
+/// The host and port a request goes to, as connections are kept by.
+fn authority(url: &Url) -> String {
+    let port = url.port_or_known_default().unwrap_or(443);
+    match url.host() {
+        Some(Host::Ipv6(ip)) => format!("[{ip}]:{port}"),
+        Some(host) => format!("{host}:{port}"),
+        None => String::new(),
     }
 }
 

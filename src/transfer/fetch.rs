@@ -36,12 +36,12 @@ use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::net::connecting::{permitted, ReportConnections};
+use crate::net::connecting::permitted;
 use crate::net::guard::{normalise_host, AddressGuard, Blocked};
 use crate::net::hosts::HostSlots;
 use crate::net::policy::Policy;
+use crate::net::pool::Pool;
 use crate::net::proxy::ProxySettings;
-use crate::net::reason::chain;
 use crate::net::resolve::GuardedResolver;
 use crate::net::throttle::Throttle;
 use crate::net::tunnel::Tunnels;
@@ -184,8 +184,10 @@ pub(crate) struct Control<'a> {
 /// Downloads over HTTPS under the scheme, policy and address rules.
 #[derive(Clone)]
 pub struct Fetcher {
-    /// HTTP client: no redirects, no proxy, guarded resolver.
-    pub(super) client: reqwest::Client,
+    /// The HTTP client (no redirects, no proxy, guarded resolver) and the
+    /// connections it keeps open between requests, dropped on every policy
+    /// change.
+    pub(super) pool: Arc<Pool>,
     /// Resolves names and filters the answers.
     pub(super) resolver: GuardedResolver,
     /// The user's allowlist or blocklist; replaced live by [`Fetcher::set_policy`].
@@ -279,26 +281,13 @@ impl Fetcher {
             GuardedResolver::with_policy(guard, settings.resolve.clone(), policy.clone());
         let certs =
             crate::net::tls::extra_roots(&settings.extra_root_certs, &settings.extra_root_pems)?;
-        let tunnels = Tunnels::new(
-            crate::net::tls::client_config(certs.clone())?,
-            settings.connect_timeout,
-        );
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .referer(false)
-            .connect_timeout(settings.connect_timeout)
-            .tcp_nodelay(true)
-            .dns_resolver(resolver.clone())
-            .connector_layer(ReportConnections);
-        if !certs.is_empty() {
-            builder = builder.tls_backend_preconfigured(crate::net::tls::client_config(certs)?);
-        }
-        let client = builder
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", chain(&e))))?;
+        // One TLS configuration for every client and tunnel of this
+        // fetcher: one session store, so new connections resume.
+        let tls = Arc::new(crate::net::tls::client_config(certs)?);
+        let pool = Pool::new(tls, resolver.clone(), settings.connect_timeout)?;
+        let tunnels = Tunnels::new(pool.tls(), settings.connect_timeout);
         Ok(Fetcher {
-            client,
+            pool: Arc::new(pool),
             resolver,
             policy,
             policy_version: Arc::new(watch::channel(0).0),
@@ -368,8 +357,12 @@ impl Fetcher {
     /// `E_RESOURCE_POLICY`, which moves on to the next address; a download
     /// whose every address failed ends with `E_RESOURCE_UNAVAILABLE`, whose
     /// [`Error::primary_cause`] is then `E_RESOURCE_POLICY`.
+    ///
+    /// Connections kept open between requests are all dropped, so the next
+    /// request goes on a new connection vetted under the new policy.
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        self.pool.drop_connections();
         self.policy_version.send_modify(|v| *v += 1);
     }
 

@@ -1,0 +1,122 @@
+//! Connections kept open between the files of one fetcher, TLS sessions
+//! resumed, and neither trusted past a policy change: the origin counts its
+//! TCP connections and TLS handshakes.
+
+use gem_resources::policy::{Mode, Policy};
+use gem_resources::{download, Fetcher, Store};
+
+use crate::support::*;
+
+fn policy(mode: Mode, hosts: &[&str]) -> Policy {
+    let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+    Policy::new(mode, &hosts).unwrap()
+}
+
+/// One fetcher and store for the env, as one run of `fetch` or the service
+/// has.
+fn fetcher_and_store(env: &Env) -> (Fetcher, Store) {
+    let config = env.config();
+    let fetcher = Fetcher::new(&config).unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    (fetcher, store)
+}
+
+/// Serves `count` small files on origin.test and returns their resources.
+fn small_files(env: &Env, count: usize, seed: u8) -> Vec<(gem_resources::Resource, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let body = bytes(20_000 + i * 1000, seed.wrapping_add(i as u8));
+            let url = env.serve(&format!("/small-{seed}-{i}.bin"), &body);
+            (resource(&format!("f{i}"), &url, &[], &body), body)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_files_of_one_fetcher_from_one_host_share_one_tls_connection() {
+    let env = Env::new().await;
+    env.origin.keep_alive();
+    let files = small_files(&env, 4, 140);
+    let (fetcher, store) = fetcher_and_store(&env);
+    for (r, body) in &files {
+        let path = within(
+            "a download",
+            download(&fetcher, &store, r, no_retry(), &mut |_| {}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), *body);
+    }
+    assert_eq!(env.origin.total_hits(), 4);
+    assert_eq!(
+        env.origin.connections(),
+        1,
+        "one TCP connection for 4 files"
+    );
+    assert_eq!(env.origin.handshakes(), 1, "one TLS handshake for 4 files");
+}
+
+#[tokio::test]
+async fn a_new_connection_to_a_host_seen_before_resumes_its_tls_session() {
+    // The origin closes every connection: each file needs a new one.
+    let env = Env::new().await;
+    let files = small_files(&env, 3, 150);
+    let (fetcher, store) = fetcher_and_store(&env);
+    let (first, _) = &files[0];
+    download(&fetcher, &store, first, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.resumed_handshakes(), 0);
+    let (second, _) = &files[1];
+    download(&fetcher, &store, second, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.handshakes(), 2);
+    assert_eq!(env.origin.resumed_handshakes(), 1, "the second one resumed");
+    // A policy change drops the kept connections, not the TLS sessions.
+    fetcher.set_policy(policy(Mode::Blocklist, &["other.test"]));
+    let (third, _) = &files[2];
+    download(&fetcher, &store, third, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.handshakes(), 3);
+    assert_eq!(
+        env.origin.resumed_handshakes(),
+        2,
+        "resumed after the change"
+    );
+}
+
+#[tokio::test]
+async fn a_kept_connection_carries_no_request_after_a_policy_change() {
+    let env = Env::new().await;
+    env.origin.keep_alive();
+    let files = small_files(&env, 3, 160);
+    let (fetcher, store) = fetcher_and_store(&env);
+    let (a, _) = &files[0];
+    download(&fetcher, &store, a, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.connections(), 1);
+    // A change that still permits the host: the next file goes on a new
+    // connection, vetted under the new policy.
+    fetcher.set_policy(policy(Mode::Blocklist, &["other.test"]));
+    let (b, _) = &files[1];
+    download(&fetcher, &store, b, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        env.origin.connections(),
+        2,
+        "not the connection kept before"
+    );
+    // A change that blocks it: the policy is checked for every request.
+    fetcher.set_policy(policy(Mode::Blocklist, &["127.0.0.1"]));
+    let (c, _) = &files[2];
+    let err = download(&fetcher, &store, c, no_retry(), &mut |_| {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    assert_eq!(env.origin.total_hits(), 2, "no request after the change");
+    assert_eq!(env.origin.connections(), 2);
+}
