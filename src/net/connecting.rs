@@ -57,6 +57,13 @@ pub(crate) fn mark_connected() -> Result<(), AttemptError> {
         .unwrap_or(Ok(()))
 }
 
+/// Says that the request being sent on this task was answered, on a
+/// connection made for it or kept open from an earlier request (which no
+/// connector reports): the transfer counts either as connected.
+pub(crate) fn mark_answered() {
+    let _ = CONNECTING.try_with(|c| c.made.notify_one());
+}
+
 /// Tells the transfer each connection the HTTP client makes for it
 /// ([`mark_connected`]).
 #[derive(Clone)]

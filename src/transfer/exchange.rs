@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures_util::FutureExt;
 use reqwest::header::{
     ACCEPT_ENCODING, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, LOCATION, RANGE, RETRY_AFTER,
     USER_AGENT,
@@ -13,7 +14,7 @@ use tokio::sync::watch;
 use url::{Host, Url};
 
 use crate::error::AttemptError;
-use crate::net::connecting::{Connecting, CONNECTING};
+use crate::net::connecting::{mark_answered, Connecting, CONNECTING};
 use crate::net::guard::Blocked;
 use crate::net::headers;
 use crate::net::hosts::HostPermit;
@@ -109,7 +110,8 @@ impl Fetcher {
 
     /// Runs `wait` for `hop` while watching the policy: a change that no
     /// longer permits the hop stops the wait with the policy failure. With
-    /// a `reporter`, a connection made while waiting is reported.
+    /// a `reporter`, a connection made while waiting is reported, and so is
+    /// an answer on a connection kept open from an earlier request.
     pub(super) async fn live<T>(
         &self,
         hop: &Url,
@@ -134,7 +136,16 @@ impl Fetcher {
                         r.connected();
                     }
                 }
-                out = &mut wait => return Ok(out),
+                out = &mut wait => {
+                    // A request that went on a connection kept open from an
+                    // earlier one is reported once it is answered.
+                    if let Some(r) = reporter.take() {
+                        if connected.notified().now_or_never().is_some() {
+                            r.connected();
+                        }
+                    }
+                    return Ok(out);
+                }
             }
         }
     }
@@ -207,6 +218,7 @@ impl Fetcher {
             .send()
             .await
             .map_err(|e| request_error(&e))?;
+        mark_answered();
         if let Some(peer) = response.remote_addr() {
             self.pool.record(&authority, lease.generation, peer.ip());
         }

@@ -94,8 +94,9 @@ pub(crate) enum TransferError {
 /// Receives a transfer's progress.
 pub trait Reporter: Send {
     /// A connection to the address (or a redirect target, or a tunnel
-    /// through the proxy) was made: every rule refusing it before any
-    /// connection (scheme, policy, address) passed.
+    /// through the proxy) was made, or one kept open from an earlier
+    /// request answered: every rule refusing it before any connection
+    /// (scheme, policy, address) passed.
     fn connected(&mut self) {}
     /// The server agreed to continue a kept partial file at `offset`.
     fn resumed(&mut self, offset: u64) {

@@ -3,7 +3,8 @@
 //! TCP connections and TLS handshakes.
 
 use gem_resources::policy::{Mode, Policy};
-use gem_resources::{download, Fetcher, Store};
+use gem_resources::{download, Event, Fetcher, Resources, Store};
+use serde_json::json;
 
 use crate::support::*;
 
@@ -54,6 +55,43 @@ async fn the_files_of_one_fetcher_from_one_host_share_one_tls_connection() {
         "one TCP connection for 4 files"
     );
     assert_eq!(env.origin.handshakes(), 1, "one TLS handshake for 4 files");
+}
+
+#[tokio::test]
+async fn the_service_reuses_a_connection_across_gems_and_a_request_on_it_is_a_start() {
+    let env = Env::new().await;
+    env.origin.keep_alive();
+    let (a, b) = (bytes(30_000, 145), bytes(40_000, 146));
+    let ua = env.serve("/a.bin", &a);
+    // The second file is not there: its download fails once connected.
+    env.origin.route("/b.bin", Behaviour::Status(404));
+    let ub = env.url("origin.test", "/b.bin");
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    for (gem, id, url, body) in [("g1", "a", &ua, &a), ("g2", "b", &ub, &b)] {
+        let entries = json!([required_entry(id, url, body)]);
+        service.install(gem, &manifest(entries)).await.unwrap();
+        within("the download", service.wait_idle()).await;
+    }
+    assert_eq!(stored_files(&env, &a).len(), 1);
+    assert_eq!(env.origin.hits("/b.bin"), 1);
+    assert_eq!(
+        env.origin.connections(),
+        1,
+        "the second gem's file reused it"
+    );
+    let mut started = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let Event::Started { resource, .. } = event {
+            started.push(resource);
+        }
+    }
+    assert_eq!(
+        started,
+        ["a", "b"],
+        "a request on a kept connection is a start"
+    );
+    service.shutdown().await;
 }
 
 #[tokio::test]
