@@ -20,7 +20,7 @@ use crate::net::headers;
 use crate::net::hosts::HostPermit;
 use crate::net::proxy::ProxyUrl;
 use crate::net::resolve::LookupRefused;
-use crate::net::response::Response;
+use crate::net::response::{Dialled, Response};
 use crate::transfer::fetch::{Fetcher, Reporter, Resume, MAX_REDIRECTS};
 
 /// The bytes one request asks for: from `start` to `end` (inclusive; to
@@ -85,7 +85,10 @@ impl Fetcher {
                 .live(&hop, policy, Some(&mut *reporter), self.send(&hop, ask))
                 .await
                 .and_then(|sent| sent)
-                .and_then(|response| self.check_policy(&hop).map(|()| response))
+                .and_then(|response| {
+                    let dialled = response.dialled();
+                    self.check_live(&hop, dialled).map(|()| response)
+                })
                 .map_err(|e| attempt(&hop, e))?;
             let status = response.status().as_u16();
             if matches!(status, 301 | 302 | 303 | 307 | 308) {
@@ -191,10 +194,14 @@ impl Fetcher {
                 })?;
         request.headers_mut().extend(request_headers(ask));
         let check = || self.check_policy(url);
-        let response = self
+        let mut response = self
             .tunnels
             .send(proxy, &target, url, request, &check)
             .await?;
+        if let Ok(dialled) = target.parse::<std::net::SocketAddr>() {
+            let ip = dialled.ip().to_canonical();
+            response.extensions_mut().insert(Dialled(ip));
+        }
         Ok(Response::Proxied(response))
     }
 

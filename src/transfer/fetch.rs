@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::net::connecting::permitted;
+use crate::net::connecting::{permitted, permitted_address};
 use crate::net::guard::{normalise_host, AddressGuard, Blocked};
 use crate::net::hosts::HostSlots;
 use crate::net::policy::Policy;
@@ -359,6 +359,9 @@ impl Fetcher {
     /// whose every address failed ends with `E_RESOURCE_UNAVAILABLE`, whose
     /// [`Error::primary_cause`] is then `E_RESOURCE_POLICY`.
     ///
+    /// The policy's IP entries apply to the address each connection dialled
+    /// too: a transfer reading from an address the new policy refuses stops
+    /// the same way, even when its URL named a host that resolved to it.
     /// Connections kept open between requests are all dropped, so the next
     /// request goes on a new connection vetted under the new policy.
     pub fn set_policy(&self, policy: Policy) {
@@ -408,6 +411,21 @@ impl Fetcher {
     /// The policy part of [`Fetcher::check_hop`], re-run on a live change.
     pub(super) fn check_policy(&self, url: &Url) -> Result<(), AttemptError> {
         permitted(&self.policy, url)
+    }
+
+    /// [`Fetcher::check_policy`] for a hop being read, and the policy's IP
+    /// entries for the address its connection dialled (`None`: not known,
+    /// as through a proxy that resolves names).
+    pub(super) fn check_live(
+        &self,
+        url: &Url,
+        dialled: Option<IpAddr>,
+    ) -> Result<(), AttemptError> {
+        self.check_policy(url)?;
+        match dialled {
+            Some(ip) => permitted_address(&self.policy, url, ip),
+            None => Ok(()),
+        }
     }
 
     /// Applies the address rules to `url`, resolving its name (connecting to

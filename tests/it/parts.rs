@@ -327,6 +327,42 @@ async fn a_policy_change_stops_every_part_within_a_second() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_the_address_the_parts_dialled_stops_every_part() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 39);
+    // 16 KiB every 50 ms per connection: a minute for the whole file.
+    env.origin.route(
+        "/d.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let cfg = env.config();
+    let fetcher = Fetcher::new(&cfg).unwrap();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    // By name: origin.test resolves to 127.0.0.1 through `[dev] resolve`.
+    let r = resource("d", &env.url("origin.test", "/d.bin"), &[], &body);
+    let task = {
+        let (fetcher, store, r) = (fetcher.clone(), store.clone(), r.clone());
+        tokio::spawn(async move { download(&fetcher, &store, &r, no_retry(), &mut |_| {}).await })
+    };
+    wait_until("several parts run", || starts(&env, "/d.bin").len() >= 4).await;
+    let hosts = vec!["127.0.0.1".to_string()];
+    fetcher.set_policy(Policy::new(Mode::Blocklist, &hosts).unwrap());
+    let err = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the download stops")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
+    // Every connection is closed: nothing more is sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let served = env.origin.served("/d.bin");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.origin.served("/d.bin"), served, "a part still receives");
+    assert!((served as usize) < SIZE / 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_over_mirrors_takes_parts_from_the_url_and_the_mirror_at_once() {
     let env = Env::new().await;
     config(&env, "spread_over_mirrors = true");

@@ -2,6 +2,10 @@
 //! resumed, and neither trusted past a policy change: the origin counts its
 //! TCP connections and TLS handshakes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use gem_resources::policy::{Mode, Policy};
 use gem_resources::{download, Event, Fetcher, Resources, Store};
 use serde_json::json;
@@ -157,4 +161,59 @@ async fn a_kept_connection_carries_no_request_after_a_policy_change() {
     assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
     assert_eq!(env.origin.total_hits(), 2, "no request after the change");
     assert_eq!(env.origin.connections(), 2);
+}
+
+/// Downloads a slow file by name (origin.test, which resolves to 127.0.0.1
+/// through `[dev] resolve`) with the env's configuration, blocks
+/// 127.0.0.1 once bytes arrive, and checks that the transfer stops with
+/// the policy failure and asks nothing more.
+async fn blocking_the_dialled_address_stops(env: &Env) {
+    // 2 MB at about 200 KB/s: ten seconds unless it is stopped.
+    let body = bytes(2_000_000, 170);
+    env.origin.route(
+        "/slow.bin",
+        Behaviour::Slow {
+            body: body.clone(),
+            chunk: 10_240,
+            delay: Duration::from_millis(50),
+        },
+    );
+    let url = env.url("origin.test", "/slow.bin");
+    let (fetcher, store) = fetcher_and_store(env);
+    let seen = Arc::new(AtomicU64::new(0));
+    let task = {
+        let (f, seen) = (fetcher.clone(), seen.clone());
+        let r = resource("s", &url, &[], &body);
+        tokio::spawn(async move {
+            let mut progress = |n: u64| seen.store(n, Ordering::Relaxed);
+            download(&f, &store, &r, no_retry(), &mut progress).await
+        })
+    };
+    wait_until("bytes arriving", || seen.load(Ordering::Relaxed) > 50_000).await;
+    fetcher.set_policy(policy(Mode::Blocklist, &["127.0.0.1"]));
+    let err = within("the stop", task).await.unwrap().unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("origin.test (connected to 127.0.0.1)"),
+        "{text}"
+    );
+    assert_eq!(env.origin.hits("/slow.bin"), 1, "no further request");
+    assert!(stored_files(env, &body).is_empty());
+}
+
+#[tokio::test]
+async fn a_transfer_from_an_address_blocked_while_it_runs_stops_though_its_url_names_a_host() {
+    let env = Env::new().await;
+    blocking_the_dialled_address_stops(&env).await;
+}
+
+#[tokio::test]
+async fn through_a_proxy_too_a_transfer_from_an_address_blocked_while_it_runs_stops() {
+    let env = Env::new().await;
+    let proxy = crate::support::proxy::Proxy::start().await;
+    env.write_config(&format!("proxy = \"{}\"", proxy.url()));
+    blocking_the_dialled_address_stops(&env).await;
+    let target = format!("127.0.0.1:{}", env.origin.port());
+    assert_eq!(proxy.targets(), [target], "the tunnel went to the address");
 }
