@@ -42,7 +42,7 @@ use crate::net::hosts::HostSlots;
 use crate::net::policy::Policy;
 use crate::net::pool::Pool;
 use crate::net::proxy::ProxySettings;
-use crate::net::resolve::GuardedResolver;
+use crate::net::resolve::{GuardedResolver, SystemLookup};
 use crate::net::throttle::Throttle;
 use crate::net::tunnel::Tunnels;
 use crate::net::NetSettings;
@@ -327,6 +327,19 @@ impl Fetcher {
     pub fn with_split_below(mut self, bytes_per_sec: u64) -> Fetcher {
         self.split_below = bytes_per_sec;
         self
+    }
+
+    /// The same fetcher asking `lookup` for every name without a fixed
+    /// answer (`[dev] resolve`) instead of the system's DNS: a resolver of
+    /// the app's own, or a test's. Its answers pass the address guard and
+    /// the policy like any other, and connections kept open are checked
+    /// against them before every request. Fails only as
+    /// [`Fetcher::new`] would.
+    pub fn with_system_lookup(mut self, lookup: Arc<dyn SystemLookup>) -> Result<Fetcher> {
+        self.resolver = self.resolver.with_system(lookup);
+        let pool = Pool::new(self.pool.tls(), self.resolver.clone(), self.connect)?;
+        self.pool = Arc::new(pool);
+        Ok(self)
     }
 
     /// `network.min_bytes_per_min` (0: no floor) and the window it is

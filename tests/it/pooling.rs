@@ -6,7 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use gem_resources::policy::{Mode, Policy};
+use gem_resources::resolve::{LookupResult, SystemLookup};
 use gem_resources::{download, Event, Fetcher, Resources, Store};
 use serde_json::json;
 
@@ -161,6 +165,79 @@ async fn a_kept_connection_carries_no_request_after_a_policy_change() {
     assert_eq!(err.primary_cause(), "E_RESOURCE_POLICY", "{err}");
     assert_eq!(env.origin.total_hits(), 2, "no request after the change");
     assert_eq!(env.origin.connections(), 2);
+}
+
+/// Answers every name with what it holds now.
+struct Moving(std::sync::Mutex<Vec<std::net::IpAddr>>);
+
+impl Moving {
+    fn answer(&self, ip: &str) {
+        *self.0.lock().unwrap() = vec![ip.parse().unwrap()];
+    }
+}
+
+impl SystemLookup for Moving {
+    fn lookup<'a>(
+        &'a self,
+        _name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = LookupResult> + Send + 'a>> {
+        let answers = self.0.lock().unwrap().clone();
+        Box::pin(async move { Ok(answers) })
+    }
+}
+
+#[tokio::test]
+async fn a_kept_connection_carries_no_request_once_its_name_resolves_elsewhere() {
+    let env = Env::new().await;
+    env.origin.keep_alive();
+    // 127.0.0.2 passes the guard too; nothing listens there.
+    let dev = Env::dev_section().replace("127.0.0.1/32", "127.0.0.0/30");
+    let text =
+        format!("store = \"store\"\n[network]\nconnect_timeout_secs = 5\nretries = 0\n{dev}\n");
+    std::fs::write(env.dir.path().join("config.toml"), text).unwrap();
+    // Not a name of `[dev] resolve`: it goes to the lookup.
+    let host = "moving.origin.test";
+    let moving = Arc::new(Moving(std::sync::Mutex::new(Vec::new())));
+    moving.answer("127.0.0.1");
+    let config = env.config();
+    let fetcher = Fetcher::new(&config)
+        .unwrap()
+        .with_system_lookup(moving.clone())
+        .unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    let files: Vec<_> = (0..3)
+        .map(|i| {
+            let body = bytes(20_000, 180 + i);
+            let path = format!("/moving-{i}.bin");
+            env.origin.route(&path, Behaviour::Body(body.clone()));
+            (resource("m", &env.url(host, &path), &[], &body), body)
+        })
+        .collect();
+    download(&fetcher, &store, &files[0].0, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.connections(), 1);
+    // The name moves: the connection kept to its old address is not used.
+    moving.answer("127.0.0.2");
+    let err = within(
+        "the try elsewhere",
+        download(&fetcher, &store, &files[1].0, no_retry(), &mut |_| {}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.primary_cause(), "E_RESOURCE_NETWORK", "{err}");
+    assert_eq!(
+        env.origin.total_hits(),
+        1,
+        "nothing went to the old address"
+    );
+    // Back where the origin is: a new connection.
+    moving.answer("127.0.0.1");
+    download(&fetcher, &store, &files[2].0, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(env.origin.connections(), 2);
+    assert_eq!(env.origin.total_hits(), 2);
 }
 
 /// Downloads a slow file by name (origin.test, which resolves to 127.0.0.1
