@@ -462,6 +462,59 @@ async fn one_slow_connection_does_not_set_the_finishing_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_that_is_slow_too_is_hedged_again() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(16 << 20, 35);
+    // The first connection (from byte 0) and the first hedge of its range
+    // run at 16 KiB/s, the others at 4 MiB/s. The first connection's range
+    // keeps at least 256 KiB after every split, so byte 200 KiB stays in
+    // it, and a hedge asks for the rest of it: that byte is in the hedge.
+    let at = 200 << 10;
+    env.origin.route(
+        "/h.bin",
+        Behaviour::Parts {
+            body: std::sync::Arc::new(body.clone()),
+            etag: "\"p1\"".into(),
+            pace: (64 << 10, Duration::from_millis(16)),
+            fault: PartsFault::SlowCovering {
+                at,
+                count: 2,
+                piece: 2 << 10,
+                pause: Duration::from_millis(125),
+            },
+        },
+    );
+    let r = resource("h", &env.url("origin.test", "/h.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    // Three requests brought that byte: the first, its slow hedge, and the
+    // hedge of the hedge.
+    let ranges = env.origin.ranges("/h.bin");
+    let covering = ranges
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = r.strip_prefix("bytes=")?.split_once('-')?;
+            let s: usize = s.parse().ok()?;
+            let e: usize = e.parse().unwrap_or(usize::MAX);
+            (s <= at && at <= e).then_some(r)
+        })
+        .count();
+    assert!(covering >= 3, "{covering} requests covered it: {ranges:?}");
+    // The two slow connections alone would need at least 256 KiB at
+    // 16 KiB/s: 16 s.
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let served = env.origin.served("/h.bin");
+    assert!(
+        served * 4 <= body.len() as u64 * 5,
+        "the origin sent {served} bytes for {}: {ranges:?}",
+        body.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_connections_per_file_open_sixteen_on_sixteen_mib() {
     let env = Env::new().await;
     env.write_config_full(

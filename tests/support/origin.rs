@@ -205,6 +205,19 @@ pub enum PartsFault {
     /// The first response is paced to this many bytes, then this pause,
     /// instead (one slow connection among fast ones).
     SlowFirst(usize, Duration),
+    /// The first `count` responses whose bytes include offset `at` are
+    /// paced to `piece` bytes, then `pause` (a slow connection whose hedge
+    /// is slow too).
+    SlowCovering {
+        /// The offset.
+        at: usize,
+        /// How many responses covering it are slow.
+        count: usize,
+        /// Bytes per piece of a slow response.
+        piece: usize,
+        /// The pause after each.
+        pause: Duration,
+    },
 }
 
 impl Behaviour {
@@ -308,6 +321,9 @@ struct Shared {
     /// Whether `Body`, `Slow` and `Parts` answers keep their connection
     /// open for the next request (see [`Origin::keep_alive`]).
     keep_alive: std::sync::atomic::AtomicBool,
+    /// Responses of a [`PartsFault::SlowCovering`] route that covered its
+    /// offset.
+    covering: AtomicUsize,
     /// Every `Range` header asked for, per path, in arrival order.
     ranges: Mutex<HashMap<String, Vec<String>>>,
     /// Called with every well-formed request head (see [`Origin::observe`]).
@@ -957,10 +973,6 @@ async fn serve_parts(
     keep: bool,
 ) -> std::io::Result<bool> {
     let (body, etag, pace, fault) = route;
-    let (piece, pause) = match fault {
-        PartsFault::SlowFirst(piece, pause) if nth == 0 => (*piece, *pause),
-        _ => pace,
-    };
     let etag = match fault {
         PartsFault::EtagChangesAt(n) if nth >= *n => {
             format!("{}-changed\"", etag.trim_end_matches('"'))
@@ -998,6 +1010,20 @@ async fn serve_parts(
             (s, e + 1, status)
         }
         None => (0, len, "200 OK".to_string()),
+    };
+    let (piece, pause) = match fault {
+        PartsFault::SlowFirst(piece, pause) if nth == 0 => (*piece, *pause),
+        PartsFault::SlowCovering {
+            at,
+            count,
+            piece,
+            pause,
+        } if (start..end).contains(at)
+            && shared.covering.fetch_add(1, Ordering::SeqCst) < *count =>
+        {
+            (*piece, *pause)
+        }
+        _ => pace,
     };
     let close_header = if keep { "" } else { "Connection: close\r\n" };
     let head = format!(
