@@ -137,10 +137,11 @@ impl Pool {
         answers: Option<&[IpAddr]>,
     ) -> Result<Lease, AttemptError> {
         let moved = answers.is_some_and(|answers| {
-            self.lock()
-                .peers
-                .get(authority)
-                .is_some_and(|peers| peers.iter().any(|ip| !answers.contains(ip)))
+            self.lock().peers.get(authority).is_some_and(|peers| {
+                peers
+                    .iter()
+                    .any(|ip| !answers.iter().any(|a| a.to_canonical() == *ip))
+            })
         });
         if moved {
             tracing::debug!(
@@ -208,6 +209,10 @@ mod tests {
         // The same answers (and more): the kept connection may carry it.
         let answers = [ip("192.0.2.1"), ip("192.0.2.2")];
         let same = pool.client("cdn.example:443", Some(&answers)).unwrap();
+        assert_eq!(same.generation, generation);
+        // An answer spelled as an IPv4-mapped address is the same address.
+        let mapped = [ip("::ffff:192.0.2.1")];
+        let same = pool.client("cdn.example:443", Some(&mapped)).unwrap();
         assert_eq!(same.generation, generation);
         // An IP literal, or another host: nothing to compare.
         assert_eq!(
