@@ -133,6 +133,40 @@ async fn a_new_connection_to_a_host_seen_before_resumes_its_tls_session() {
     );
 }
 
+/// Downloads two small files from `env`'s origin (which closes every
+/// connection) with one fetcher, and says whether the second handshake
+/// resumed the first one's session.
+async fn second_handshake_resumes(env: &Env) -> bool {
+    let files = small_files(env, 2, 155);
+    let (fetcher, store) = fetcher_and_store(env);
+    for (r, _) in &files {
+        download(&fetcher, &store, r, no_retry(), &mut |_| {})
+            .await
+            .unwrap();
+    }
+    assert_eq!(env.origin.handshakes(), 2);
+    env.origin.resumed_handshakes() == 1
+}
+
+#[tokio::test]
+async fn a_pinned_dev_certificate_and_a_proxy_tunnel_resume_sessions_too() {
+    // A self-signed certificate listed in `[dev] extra_root_certs`: the
+    // pinned path of the verifier.
+    let origin = Origin::start_self_signed().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), origin.ca_pem()).unwrap();
+    let pinned = Env { origin, dir };
+    pinned.write_config("");
+    assert!(second_handshake_resumes(&pinned).await, "pinned");
+    // Through a proxy, each request has its own tunnel; its TLS session
+    // is resumed.
+    let env = Env::new().await;
+    let proxy = crate::support::proxy::Proxy::start().await;
+    env.write_config(&format!("proxy = \"{}\"", proxy.url()));
+    assert!(second_handshake_resumes(&env).await, "tunnelled");
+    assert_eq!(proxy.targets().len(), 2);
+}
+
 #[tokio::test]
 async fn a_kept_connection_carries_no_request_after_a_policy_change() {
     let env = Env::new().await;
