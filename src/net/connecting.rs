@@ -3,6 +3,7 @@
 //! passes the live policy once more before a request is written on it,
 //! whether the HTTP client's connector or a proxy tunnel made it.
 
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use url::{Host, Url};
@@ -25,6 +26,29 @@ pub(crate) fn permitted(policy: &RwLock<Policy>, url: &Url) -> Result<(), Attemp
             mode: policy.mode().as_str(),
         })
     }
+}
+
+/// Whether `policy` lets a connection for `url` read from `ip`, the
+/// address it dialled (the policy's IP entries, [`Policy::permits_address`]).
+pub(crate) fn permitted_address(
+    policy: &RwLock<Policy>,
+    url: &Url,
+    ip: IpAddr,
+) -> Result<(), AttemptError> {
+    let policy = policy.read().unwrap_or_else(|p| p.into_inner());
+    if policy.permits_address(ip) {
+        return Ok(());
+    }
+    let host = url.host().map(|h| host_text(&h)).unwrap_or_default();
+    let host = if host == ip.to_string() {
+        host
+    } else {
+        format!("{host} (connected to {ip})")
+    };
+    Err(AttemptError::Policy {
+        host,
+        mode: policy.mode().as_str(),
+    })
 }
 
 /// The request being sent on a task: told when its connection is made,
@@ -55,6 +79,13 @@ pub(crate) fn mark_connected() -> Result<(), AttemptError> {
             permitted(&c.policy, &c.hop)
         })
         .unwrap_or(Ok(()))
+}
+
+/// Says that the request being sent on this task was answered, on a
+/// connection made for it or kept open from an earlier request (which no
+/// connector reports): the transfer counts either as connected.
+pub(crate) fn mark_answered() {
+    let _ = CONNECTING.try_with(|c| c.made.notify_one());
 }
 
 /// Tells the transfer each connection the HTTP client makes for it

@@ -5,8 +5,9 @@
 //! ([`resolve`]), certificate trust (`tls`), proxies and `CONNECT`
 //! tunnels ([`proxy`], `tunnel`), one response type for both
 //! (`response`), the parsers of headers a server controls ([`headers`]),
-//! short failure reasons (`reason`), the bandwidth cap ([`throttle`]) and
-//! connections per host (`hosts`).
+//! short failure reasons (`reason`), the bandwidth cap ([`throttle`]),
+//! connections per host (`hosts`) and the HTTP client with the connections
+//! it keeps (`pool`).
 //!
 //! Uses only [`crate::error`]; knows nothing of files, the store or the
 //! service.
@@ -17,6 +18,7 @@ pub mod headers;
 pub(crate) mod hosts;
 mod pinned;
 pub mod policy;
+pub(crate) mod pool;
 pub mod proxy;
 pub(crate) mod reason;
 pub mod resolve;

@@ -157,6 +157,19 @@ impl GuardedResolver {
         resolver
     }
 
+    /// The same resolver (guard, fixed answers, policy) asking `system`
+    /// for every name without a fixed answer.
+    pub(crate) fn with_system(&self, system: Arc<dyn SystemLookup>) -> GuardedResolver {
+        GuardedResolver {
+            inner: Arc::new(Inner {
+                guard: self.inner.guard.clone(),
+                fixed: self.inner.fixed.clone(),
+                system,
+                policy: self.inner.policy.clone(),
+            }),
+        }
+    }
+
     /// The guard in use.
     pub fn guard(&self) -> &AddressGuard {
         &self.inner.guard

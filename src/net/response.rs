@@ -2,6 +2,8 @@
 //! HTTP client directly, or a tunnel through a proxy ([`crate::net::tunnel`]).
 //! The transfer loop in [`crate::transfer::fetch`] reads both the same way.
 
+use std::net::IpAddr;
+
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
@@ -15,6 +17,11 @@ pub(crate) enum Response {
     /// Over a tunnel through a proxy.
     Proxied(http::Response<Incoming>),
 }
+
+/// The address a tunnelled response's connection was asked to reach (the
+/// vetted `CONNECT` target), kept in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dialled(pub(crate) IpAddr);
 
 /// A body that broke off, with its cause chain intact for classification.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +48,16 @@ impl Response {
         match self {
             Response::Direct(r) => r.headers(),
             Response::Proxied(r) => r.headers(),
+        }
+    }
+
+    /// The address the response's connection dialled, when known: the
+    /// peer of a direct connection, the `CONNECT` target of a tunnel (not
+    /// known when the proxy resolves names).
+    pub(crate) fn dialled(&self) -> Option<IpAddr> {
+        match self {
+            Response::Direct(r) => r.remote_addr().map(|a| a.ip().to_canonical()),
+            Response::Proxied(r) => r.extensions().get::<Dialled>().map(|d| d.0),
         }
     }
 

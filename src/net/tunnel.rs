@@ -49,9 +49,9 @@ pub(crate) struct Tunnels {
 
 impl Tunnels {
     /// Tunnels trusting what `tls` trusts.
-    pub(crate) fn new(tls: ClientConfig, connect_timeout: Duration) -> Tunnels {
+    pub(crate) fn new(tls: Arc<ClientConfig>, connect_timeout: Duration) -> Tunnels {
         Tunnels {
-            tls: TlsConnector::from(Arc::new(tls)),
+            tls: TlsConnector::from(tls),
             connect_timeout,
         }
     }

@@ -48,7 +48,7 @@ impl Fetcher {
                 biased;
                 () = cancelled.as_mut() => return Ok(Some(TransferError::Cancelled)),
                 Ok(()) = policy.changed() => {
-                    match self.check_policy(hop) {
+                    match self.check_live(hop, response.dialled()) {
                         Ok(()) => continue,
                         Err(e) => return Ok(Some(fail(hop, e))),
                     }

@@ -5,21 +5,22 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures_util::FutureExt;
 use reqwest::header::{
     ACCEPT_ENCODING, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, LOCATION, RANGE, RETRY_AFTER,
     USER_AGENT,
 };
 use tokio::sync::watch;
-use url::Url;
+use url::{Host, Url};
 
 use crate::error::AttemptError;
-use crate::net::connecting::{Connecting, CONNECTING};
+use crate::net::connecting::{mark_answered, Connecting, CONNECTING};
 use crate::net::guard::Blocked;
 use crate::net::headers;
 use crate::net::hosts::HostPermit;
 use crate::net::proxy::ProxyUrl;
 use crate::net::resolve::LookupRefused;
-use crate::net::response::Response;
+use crate::net::response::{Dialled, Response};
 use crate::transfer::fetch::{Fetcher, Reporter, Resume, MAX_REDIRECTS};
 
 /// The bytes one request asks for: from `start` to `end` (inclusive; to
@@ -84,7 +85,10 @@ impl Fetcher {
                 .live(&hop, policy, Some(&mut *reporter), self.send(&hop, ask))
                 .await
                 .and_then(|sent| sent)
-                .and_then(|response| self.check_policy(&hop).map(|()| response))
+                .and_then(|response| {
+                    let dialled = response.dialled();
+                    self.check_live(&hop, dialled).map(|()| response)
+                })
                 .map_err(|e| attempt(&hop, e))?;
             let status = response.status().as_u16();
             if matches!(status, 301 | 302 | 303 | 307 | 308) {
@@ -113,7 +117,8 @@ impl Fetcher {
 
     /// Runs `wait` for `hop` while watching the policy: a change that no
     /// longer permits the hop stops the wait with the policy failure. With
-    /// a `reporter`, a connection made while waiting is reported.
+    /// a `reporter`, a connection made while waiting is reported, and so is
+    /// an answer on a connection kept open from an earlier request.
     pub(super) async fn live<T>(
         &self,
         hop: &Url,
@@ -138,7 +143,16 @@ impl Fetcher {
                         r.connected();
                     }
                 }
-                out = &mut wait => return Ok(out),
+                out = &mut wait => {
+                    // A request that went on a connection kept open from an
+                    // earlier one is reported once it is answered.
+                    if let Some(r) = reporter.take() {
+                        if connected.notified().now_or_never().is_some() {
+                            r.connected();
+                        }
+                    }
+                    return Ok(out);
+                }
             }
         }
     }
@@ -184,10 +198,14 @@ impl Fetcher {
                 })?;
         request.headers_mut().extend(request_headers(ask));
         let check = || self.check_policy(url);
-        let response = self
+        let mut response = self
             .tunnels
             .send(proxy, &target, url, request, &check)
             .await?;
+        if let Ok(dialled) = target.parse::<std::net::SocketAddr>() {
+            let ip = dialled.ip().to_canonical();
+            response.extensions_mut().insert(Dialled(ip));
+        }
         Ok(Response::Proxied(response))
     }
 
@@ -196,12 +214,36 @@ impl Fetcher {
         url: &Url,
         ask: Option<&Ask>,
     ) -> Result<reqwest::Response, AttemptError> {
-        self.client
+        // The name is resolved again for every request, so a connection
+        // kept open to an address it no longer resolves to is not reused.
+        let answers = match url.host() {
+            Some(Host::Domain(name)) => Some(self.resolver.lookup(name).await?),
+            _ => None,
+        };
+        let authority = authority(url);
+        let lease = self.pool.client(&authority, answers.as_deref())?;
+        let response = lease
+            .client
             .get(url.clone())
             .headers(request_headers(ask))
             .send()
             .await
-            .map_err(|e| request_error(&e))
+            .map_err(|e| request_error(&e))?;
+        mark_answered();
+        if let Some(peer) = response.remote_addr() {
+            self.pool.record(&authority, lease.generation, peer.ip());
+        }
+        Ok(response)
+    }
+}
+
+/// The host and port a request goes to, as connections are kept by.
+fn authority(url: &Url) -> String {
+    let port = url.port_or_known_default().unwrap_or(443);
+    match url.host() {
+        Some(Host::Ipv6(ip)) => format!("[{ip}]:{port}"),
+        Some(host) => format!("{host}:{port}"),
+        None => String::new(),
     }
 }
 

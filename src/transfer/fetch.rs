@@ -36,13 +36,13 @@ use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
 use crate::error::{Attempt, AttemptError, Error, Result};
-use crate::net::connecting::{permitted, ReportConnections};
+use crate::net::connecting::{permitted, permitted_address};
 use crate::net::guard::{normalise_host, AddressGuard, Blocked};
 use crate::net::hosts::HostSlots;
 use crate::net::policy::Policy;
+use crate::net::pool::Pool;
 use crate::net::proxy::ProxySettings;
-use crate::net::reason::chain;
-use crate::net::resolve::GuardedResolver;
+use crate::net::resolve::{GuardedResolver, SystemLookup};
 use crate::net::throttle::Throttle;
 use crate::net::tunnel::Tunnels;
 use crate::net::NetSettings;
@@ -94,8 +94,9 @@ pub(crate) enum TransferError {
 /// Receives a transfer's progress.
 pub trait Reporter: Send {
     /// A connection to the address (or a redirect target, or a tunnel
-    /// through the proxy) was made: every rule refusing it before any
-    /// connection (scheme, policy, address) passed.
+    /// through the proxy) was made, or one kept open from an earlier
+    /// request answered: every rule refusing it before any connection
+    /// (scheme, policy, address) passed.
     fn connected(&mut self) {}
     /// The server agreed to continue a kept partial file at `offset`.
     fn resumed(&mut self, offset: u64) {
@@ -184,8 +185,10 @@ pub(crate) struct Control<'a> {
 /// Downloads over HTTPS under the scheme, policy and address rules.
 #[derive(Clone)]
 pub struct Fetcher {
-    /// HTTP client: no redirects, no proxy, guarded resolver.
-    pub(super) client: reqwest::Client,
+    /// The HTTP client (no redirects, no proxy, guarded resolver) and the
+    /// connections it keeps open between requests, dropped on every policy
+    /// change.
+    pub(super) pool: Arc<Pool>,
     /// Resolves names and filters the answers.
     pub(super) resolver: GuardedResolver,
     /// The user's allowlist or blocklist; replaced live by [`Fetcher::set_policy`].
@@ -279,26 +282,13 @@ impl Fetcher {
             GuardedResolver::with_policy(guard, settings.resolve.clone(), policy.clone());
         let certs =
             crate::net::tls::extra_roots(&settings.extra_root_certs, &settings.extra_root_pems)?;
-        let tunnels = Tunnels::new(
-            crate::net::tls::client_config(certs.clone())?,
-            settings.connect_timeout,
-        );
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .referer(false)
-            .connect_timeout(settings.connect_timeout)
-            .tcp_nodelay(true)
-            .dns_resolver(resolver.clone())
-            .connector_layer(ReportConnections);
-        if !certs.is_empty() {
-            builder = builder.tls_backend_preconfigured(crate::net::tls::client_config(certs)?);
-        }
-        let client = builder
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", chain(&e))))?;
+        // One TLS configuration for every client and tunnel of this
+        // fetcher: one session store, so new connections resume.
+        let tls = Arc::new(crate::net::tls::client_config(certs)?);
+        let pool = Pool::new(tls, resolver.clone(), settings.connect_timeout)?;
+        let tunnels = Tunnels::new(pool.tls(), settings.connect_timeout);
         Ok(Fetcher {
-            client,
+            pool: Arc::new(pool),
             resolver,
             policy,
             policy_version: Arc::new(watch::channel(0).0),
@@ -339,6 +329,19 @@ impl Fetcher {
         self
     }
 
+    /// The same fetcher asking `lookup` for every name without a fixed
+    /// answer (`[dev] resolve`) instead of the system's DNS: a resolver of
+    /// the app's own, or a test's. Its answers pass the address guard and
+    /// the policy like any other, and connections kept open are checked
+    /// against them before every request. Fails only as
+    /// [`Fetcher::new`] would.
+    pub fn with_system_lookup(mut self, lookup: Arc<dyn SystemLookup>) -> Result<Fetcher> {
+        self.resolver = self.resolver.with_system(lookup);
+        let pool = Pool::new(self.pool.tls(), self.resolver.clone(), self.connect)?;
+        self.pool = Arc::new(pool);
+        Ok(self)
+    }
+
     /// `network.min_bytes_per_min` (0: no floor) and the window it is
     /// measured over.
     pub(crate) fn progress_floor(&self) -> (u64, Duration) {
@@ -368,8 +371,15 @@ impl Fetcher {
     /// `E_RESOURCE_POLICY`, which moves on to the next address; a download
     /// whose every address failed ends with `E_RESOURCE_UNAVAILABLE`, whose
     /// [`Error::primary_cause`] is then `E_RESOURCE_POLICY`.
+    ///
+    /// The policy's IP entries apply to the address each connection dialled
+    /// too: a transfer reading from an address the new policy refuses stops
+    /// the same way, even when its URL named a host that resolved to it.
+    /// Connections kept open between requests are all dropped, so the next
+    /// request goes on a new connection vetted under the new policy.
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        self.pool.drop_connections();
         self.policy_version.send_modify(|v| *v += 1);
     }
 
@@ -414,6 +424,21 @@ impl Fetcher {
     /// The policy part of [`Fetcher::check_hop`], re-run on a live change.
     pub(super) fn check_policy(&self, url: &Url) -> Result<(), AttemptError> {
         permitted(&self.policy, url)
+    }
+
+    /// [`Fetcher::check_policy`] for a hop being read, and the policy's IP
+    /// entries for the address its connection dialled (`None`: not known,
+    /// as through a proxy that resolves names).
+    pub(super) fn check_live(
+        &self,
+        url: &Url,
+        dialled: Option<IpAddr>,
+    ) -> Result<(), AttemptError> {
+        self.check_policy(url)?;
+        match dialled {
+            Some(ip) => permitted_address(&self.policy, url, ip),
+            None => Ok(()),
+        }
     }
 
     /// Applies the address rules to `url`, resolving its name (connecting to

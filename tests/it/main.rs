@@ -43,6 +43,7 @@ mod manifest_cli;
 mod no_proxy;
 mod parts;
 mod patience;
+mod pooling;
 mod process_signals;
 mod prop_guard;
 mod prop_iana;

@@ -327,6 +327,42 @@ async fn a_policy_change_stops_every_part_within_a_second() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_the_address_the_parts_dialled_stops_every_part() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 39);
+    // 16 KiB every 50 ms per connection: a minute for the whole file.
+    env.origin.route(
+        "/d.bin",
+        Behaviour::parts(&body, "\"p1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let cfg = env.config();
+    let fetcher = Fetcher::new(&cfg).unwrap();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    // By name: origin.test resolves to 127.0.0.1 through `[dev] resolve`.
+    let r = resource("d", &env.url("origin.test", "/d.bin"), &[], &body);
+    let task = {
+        let (fetcher, store, r) = (fetcher.clone(), store.clone(), r.clone());
+        tokio::spawn(async move { download(&fetcher, &store, &r, no_retry(), &mut |_| {}).await })
+    };
+    wait_until("several parts run", || starts(&env, "/d.bin").len() >= 4).await;
+    let hosts = vec!["127.0.0.1".to_string()];
+    fetcher.set_policy(Policy::new(Mode::Blocklist, &hosts).unwrap());
+    let err = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the download stops")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.primary_cause(), ErrorCode::Policy, "{err}");
+    // Every connection is closed: nothing more is sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let served = env.origin.served("/d.bin");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.origin.served("/d.bin"), served, "a part still receives");
+    assert!((served as usize) < SIZE / 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_over_mirrors_takes_parts_from_the_url_and_the_mirror_at_once() {
     let env = Env::new().await;
     config(&env, "spread_over_mirrors = true");
@@ -448,6 +484,59 @@ async fn a_connection_whose_range_a_hedge_finished_is_not_waited_for() {
     let took = started.elapsed();
     assert_eq!(std::fs::read(path).unwrap(), body);
     assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_that_is_slow_too_is_hedged_again() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(16 << 20, 35);
+    // The first connection (from byte 0) and the first hedge of its range
+    // run at 16 KiB/s, the others at 4 MiB/s. The first connection's range
+    // keeps at least 256 KiB after every split, so byte 200 KiB stays in
+    // it, and a hedge asks for the rest of it: that byte is in the hedge.
+    let at = 200 << 10;
+    env.origin.route(
+        "/h.bin",
+        Behaviour::Parts {
+            body: std::sync::Arc::new(body.clone()),
+            etag: "\"p1\"".into(),
+            pace: (64 << 10, Duration::from_millis(16)),
+            fault: PartsFault::SlowCovering {
+                at,
+                count: 2,
+                piece: 2 << 10,
+                pause: Duration::from_millis(125),
+            },
+        },
+    );
+    let r = resource("h", &env.url("origin.test", "/h.bin"), &[], &body);
+    let started = Instant::now();
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    // Three requests brought that byte: the first, its slow hedge, and the
+    // hedge of the hedge.
+    let ranges = env.origin.ranges("/h.bin");
+    let covering = ranges
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = r.strip_prefix("bytes=")?.split_once('-')?;
+            let s: usize = s.parse().ok()?;
+            let e: usize = e.parse().unwrap_or(usize::MAX);
+            (s <= at && at <= e).then_some(r)
+        })
+        .count();
+    assert!(covering >= 3, "{covering} requests covered it: {ranges:?}");
+    // The two slow connections alone would need at least 256 KiB at
+    // 16 KiB/s: 16 s.
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let served = env.origin.served("/h.bin");
+    assert!(
+        served * 4 <= body.len() as u64 * 5,
+        "the origin sent {served} bytes for {}: {ranges:?}",
+        body.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -205,6 +205,19 @@ pub enum PartsFault {
     /// The first response is paced to this many bytes, then this pause,
     /// instead (one slow connection among fast ones).
     SlowFirst(usize, Duration),
+    /// The first `count` responses whose bytes include offset `at` are
+    /// paced to `piece` bytes, then `pause` (a slow connection whose hedge
+    /// is slow too).
+    SlowCovering {
+        /// The offset.
+        at: usize,
+        /// How many responses covering it are slow.
+        count: usize,
+        /// Bytes per piece of a slow response.
+        piece: usize,
+        /// The pause after each.
+        pause: Duration,
+    },
 }
 
 impl Behaviour {
@@ -302,6 +315,15 @@ struct Shared {
     connections: AtomicUsize,
     /// While set, TLS handshakes wait for this gate.
     hold_handshakes: Mutex<Option<Gate>>,
+    /// TLS handshakes completed, and how many of them resumed a session.
+    handshakes: AtomicUsize,
+    resumed: AtomicUsize,
+    /// Whether `Body`, `Slow` and `Parts` answers keep their connection
+    /// open for the next request (see [`Origin::keep_alive`]).
+    keep_alive: std::sync::atomic::AtomicBool,
+    /// Responses of a [`PartsFault::SlowCovering`] route that covered its
+    /// offset.
+    covering: AtomicUsize,
     /// Every `Range` header asked for, per path, in arrival order.
     ranges: Mutex<HashMap<String, Vec<String>>>,
     /// Called with every well-formed request head (see [`Origin::observe`]).
@@ -453,6 +475,23 @@ impl Origin {
         self.shared.connections.load(Ordering::SeqCst)
     }
 
+    /// How many TLS handshakes completed.
+    pub fn handshakes(&self) -> usize {
+        self.shared.handshakes.load(Ordering::SeqCst)
+    }
+
+    /// How many completed TLS handshakes resumed an earlier session.
+    pub fn resumed_handshakes(&self) -> usize {
+        self.shared.resumed.load(Ordering::SeqCst)
+    }
+
+    /// From now on, `Body`, `Slow` and `Parts` answers leave out
+    /// `Connection: close` and the connection waits for the next request
+    /// (every other answer still closes it).
+    pub fn keep_alive(&self) {
+        self.shared.keep_alive.store(true, Ordering::SeqCst);
+    }
+
     /// Holds every TLS handshake from now on (the TCP connection is
     /// accepted and counted) until `gate` opens.
     pub fn hold_handshakes(&self, gate: &Gate) {
@@ -597,7 +636,11 @@ async fn connection(tcp: TcpStream, acceptor: TlsAcceptor, shared: Arc<Shared>) 
     let Ok(mut tls) = acceptor.accept(tcp).await else {
         return;
     };
-    let _ = serve(&mut tls, &shared).await;
+    shared.handshakes.fetch_add(1, Ordering::SeqCst);
+    if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        shared.resumed.fetch_add(1, Ordering::SeqCst);
+    }
+    while let Ok(true) = serve(&mut tls, &shared).await {}
 }
 
 /// The parsed request head.
@@ -664,14 +707,15 @@ fn parse_head(head: &[u8]) -> Result<Request, ()> {
     })
 }
 
-/// Reads one request, records it and answers it.
-async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Result<()> {
+/// Reads one request, records it and answers it. `Ok(true)`: the
+/// connection stays open for the next request.
+async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Result<bool> {
     let request = match read_head(tls).await? {
-        None => return Ok(()),
+        None => return Ok(false),
         Some(Ok(request)) => request,
         Some(Err(())) => {
             write_status(tls, 400, false).await?;
-            return close(tls).await;
+            return close(tls).await.map(|()| false);
         }
     };
 
@@ -705,11 +749,11 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
     let head_only = request.method == "HEAD";
     if request.method != "GET" && !head_only {
         write_status(tls, 405, false).await?;
-        return close(tls).await;
+        return close(tls).await.map(|()| false);
     }
     let Some(behaviour) = behaviour else {
         write_status(tls, 404, head_only).await?;
-        return close(tls).await;
+        return close(tls).await.map(|()| false);
     };
 
     let mut behaviour: &Behaviour = &behaviour;
@@ -718,10 +762,15 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             Some(next) => behaviour = next,
             None => {
                 write_status(tls, 404, head_only).await?;
-                return close(tls).await;
+                return close(tls).await.map(|()| false);
             }
         }
     }
+    let keep = shared.keep_alive.load(Ordering::SeqCst)
+        && matches!(
+            behaviour,
+            Behaviour::Body(_) | Behaviour::Slow { .. } | Behaviour::Parts { .. }
+        );
     match behaviour {
         Behaviour::Parts {
             body,
@@ -730,7 +779,8 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             fault,
         } => {
             let key = key.clone();
-            return serve_parts(tls, shared, &request, &key, nth, (body, etag, *pace, fault)).await;
+            let route = (body, etag, *pace, fault);
+            return serve_parts(tls, shared, &request, &key, nth, route, keep).await;
         }
         Behaviour::Ranged {
             body,
@@ -789,7 +839,7 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             if end < body.len() {
                 tokio::time::sleep(RESET_PAUSE).await;
                 tls.get_ref().0.set_zero_linger()?;
-                return Ok(());
+                return Ok(false);
             }
         }
         Behaviour::Drip {
@@ -837,7 +887,7 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         }
         Behaviour::Sequence(_) => write_status(tls, 500, head_only).await?,
         Behaviour::Body(body) => {
-            write_ok_head(tls, Some(body.len() as u64)).await?;
+            write_head(tls, Some(body.len() as u64), keep).await?;
             if !head_only {
                 write_body(tls, body).await?;
             }
@@ -875,7 +925,7 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             // dropping the socket sends RST instead of FIN.
             tokio::time::sleep(RESET_PAUSE).await;
             tls.get_ref().0.set_zero_linger()?;
-            return Ok(());
+            return Ok(false);
         }
         Behaviour::Status(status) => write_status(tls, *status, head_only).await?,
         Behaviour::Redirect { status, location } => {
@@ -894,7 +944,7 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             }
         }
         Behaviour::Slow { body, chunk, delay } => {
-            write_ok_head(tls, Some(body.len() as u64)).await?;
+            write_head(tls, Some(body.len() as u64), keep).await?;
             if !head_only {
                 let mut pieces = body.chunks((*chunk).max(1)).peekable();
                 while let Some(piece) = pieces.next() {
@@ -906,7 +956,10 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
             }
         }
     }
-    close(tls).await
+    if keep {
+        return Ok(true);
+    }
+    close(tls).await.map(|()| false)
 }
 
 /// Answers one request of a [`Behaviour::Parts`] route.
@@ -917,12 +970,9 @@ async fn serve_parts(
     key: &str,
     nth: usize,
     route: (&Arc<Vec<u8>>, &String, (usize, Duration), &PartsFault),
-) -> std::io::Result<()> {
+    keep: bool,
+) -> std::io::Result<bool> {
     let (body, etag, pace, fault) = route;
-    let (piece, pause) = match fault {
-        PartsFault::SlowFirst(piece, pause) if nth == 0 => (*piece, *pause),
-        _ => pace,
-    };
     let etag = match fault {
         PartsFault::EtagChangesAt(n) if nth >= *n => {
             format!("{}-changed\"", etag.trim_end_matches('"'))
@@ -961,8 +1011,23 @@ async fn serve_parts(
         }
         None => (0, len, "200 OK".to_string()),
     };
+    let (piece, pause) = match fault {
+        PartsFault::SlowFirst(piece, pause) if nth == 0 => (*piece, *pause),
+        PartsFault::SlowCovering {
+            at,
+            count,
+            piece,
+            pause,
+        } if (start..end).contains(at)
+            && shared.covering.fetch_add(1, Ordering::SeqCst) < *count =>
+        {
+            (*piece, *pause)
+        }
+        _ => pace,
+    };
+    let close_header = if keep { "" } else { "Connection: close\r\n" };
     let head = format!(
-        "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\n{close_header}\r\n",
         end - start
     );
     tls.write_all(head.as_bytes()).await?;
@@ -982,7 +1047,10 @@ async fn serve_parts(
             tokio::time::sleep(pause).await;
         }
     }
-    close(tls).await
+    if keep {
+        return Ok(true);
+    }
+    close(tls).await.map(|()| false)
 }
 
 /// Where a resumable response starts: the `Range: bytes=N-` asked for when
@@ -1006,12 +1074,21 @@ async fn write_ok_head(
     tls: &mut TlsStream<TcpStream>,
     content_length: Option<u64>,
 ) -> std::io::Result<()> {
+    write_head(tls, content_length, false).await
+}
+
+/// [`write_ok_head`], without `Connection: close` when `keep`.
+async fn write_head(
+    tls: &mut TlsStream<TcpStream>,
+    content_length: Option<u64>,
+    keep: bool,
+) -> std::io::Result<()> {
     let length = content_length
         .map(|n| format!("Content-Length: {n}\r\n"))
         .unwrap_or_default();
-    let head = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{length}Connection: close\r\n\r\n"
-    );
+    let close = if keep { "" } else { "Connection: close\r\n" };
+    let head =
+        format!("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n{length}{close}\r\n");
     tls.write_all(head.as_bytes()).await?;
     tls.flush().await
 }
