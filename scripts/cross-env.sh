@@ -8,7 +8,9 @@
 # Knobs (environment):
 #   CROSS_CARGO=/usr/bin/cargo  CROSS_RUSTC=/usr/bin/rustc   Debian's
 #                                   rustc-web toolchain (std sources from
-#                                   rust-web-src, found through its sysroot)
+#                                   rust-web-src, found through its sysroot),
+#                                   used only when rustup cannot add the
+#                                   targets' standard libraries
 #   CROSS_NICE=19                   niceness of the builds
 
 CARGO=${CROSS_CARGO:-/usr/bin/cargo}
@@ -34,6 +36,35 @@ need() {
 # Work that runs and fails always fails.
 skip() {
     echo "$CROSS_TOOL: SKIPPED $1: cannot install $2 ($CROSS_UNDONE)" >&2
+}
+
+# The toolchain used: "rustup" (the machine's own, with the target's
+# standard library added by `rustup target add`) when rustup can add the
+# targets, else "web" (Debian's rustc-web, std built from source).
+CROSS_MODE=
+
+# Whether rustup has, or can add, the standard library of every target
+# given; sets CROSS_MODE=rustup then.
+rustup_targets() {
+    command -v rustup >/dev/null 2>&1 || return 1
+    local installed t
+    installed=$(rustup target list --installed 2>/dev/null) || return 1
+    for t in "$@"; do
+        if ! grep -qx "$t" <<<"$installed"; then
+            echo "$CROSS_TOOL: adding the $t standard library (rustup target add)" >&2
+            timeout 600 rustup target add "$t" >&2 || return 1
+        fi
+    done
+    CROSS_MODE=rustup
+}
+
+# A toolchain for `targets`: rustup's when it can add them, else Debian's
+# rustc-web (see have_toolchain).
+have_cross_toolchain() {
+    if rustup_targets "$@"; then
+        return 0
+    fi
+    have_toolchain && CROSS_MODE=web
 }
 
 # Whether Debian's rustc-web toolchain and its std sources are there (or
@@ -86,20 +117,32 @@ target_envs() {
         CROSS_ENVS+=("CC_$var=x86_64-w64-mingw32-gcc" "AR_$var=x86_64-w64-mingw32-ar")
         ;;
     *-apple-darwin)
-        need "command -v clang-22" clang-22 || { skip "$target" clang-22; return 1; }
+        # Any clang compiles for another target; the newest Debian offers.
+        local clang
+        clang=$(command -v clang-22 clang-19 clang 2>/dev/null | head -1 || true)
+        if [ -z "$clang" ]; then
+            need "command -v clang-19" clang-19 || { skip "$target" clang-19; return 1; }
+            clang=$(command -v clang-19)
+        fi
         local inc
         inc=$(apple_include)
-        CROSS_ENVS+=("CC_$var=clang-22" "AR_$var=ar"
+        CROSS_ENVS+=("CC_$var=$clang" "AR_$var=ar"
             "CFLAGS_$var=-ffreestanding -nostdlibinc -DRING_CORE_NOSTDLIBINC=1 -I$inc")
         ;;
     esac
 }
 
 # Runs `cargo SUBCOMMAND ARGS…` for `target` (set CROSS_ENVS first with
-# target_envs), std built from source, warnings as errors, nice'd.
+# target_envs), warnings as errors, nice'd: with rustup's toolchain and the
+# target's standard library, or with rustc-web and std built from source.
 cross_cargo() {
     local target=$1
     shift
-    env "${CROSS_ENVS[@]}" RUSTC="$RUSTC" RUSTC_BOOTSTRAP=1 RUSTFLAGS="-D warnings" \
-        nice -n "$NICE" "$CARGO" "$@" -Zbuild-std=std,panic_abort --target "$target"
+    if [ "$CROSS_MODE" = rustup ]; then
+        env "${CROSS_ENVS[@]}" RUSTFLAGS="-D warnings" \
+            nice -n "$NICE" cargo "$@" --target "$target"
+    else
+        env "${CROSS_ENVS[@]}" RUSTC="$RUSTC" RUSTC_BOOTSTRAP=1 RUSTFLAGS="-D warnings" \
+            nice -n "$NICE" "$CARGO" "$@" -Zbuild-std=std,panic_abort --target "$target"
+    fi
 }

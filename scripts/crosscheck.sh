@@ -6,12 +6,13 @@
 #   scripts/crosscheck.sh                          # all three targets
 #   scripts/crosscheck.sh x86_64-pc-windows-gnu    # one target
 #
-# The standard library of each target is built from source
-# (`-Zbuild-std`) with Debian's rustc-web toolchain (`/usr/bin/rustc` and
-# `/usr/bin/cargo`, std sources from rust-web-src), so no rustup target is
-# needed. `ring` compiles C: mingw-w64 for Windows; clang-22 with a small
-# TargetConditionals.h for macOS (enough to check; linking for macOS needs
-# Apple's SDK and is not done).
+# The standard library of each target comes from rustup (`rustup target
+# add`, done here when missing); where rustup cannot add it, it is built
+# from source (`-Zbuild-std`) with Debian's rustc-web toolchain
+# (`/usr/bin/rustc` and `/usr/bin/cargo`, std sources from rust-web-src).
+# `ring` compiles C: mingw-w64 for Windows; clang (clang-19 from Debian
+# when none is there) with a small TargetConditionals.h for macOS (enough
+# to check; linking for macOS needs Apple's SDK and is not done).
 #
 # Knobs (environment):
 #   CROSS_TARGET_DIR=$CARGO_TARGET_DIR/cross (target/cross)   kept between
@@ -19,8 +20,8 @@
 #                                   on two cores, a warm one about a minute)
 #   CROSS_CARGO, CROSS_RUSTC, CROSS_NICE   see scripts/cross-env.sh
 #
-# Installs with apt-get what it needs when missing (rustc-web, cargo-web,
-# rust-web-src, gcc-mingw-w64-x86-64, clang-22).
+# Installs with apt-get what it needs when missing (gcc-mingw-w64-x86-64,
+# clang-19; rustc-web, cargo-web and rust-web-src only without rustup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,8 +38,8 @@ CROSS_UNDONE="the code was not checked"
 # shellcheck source=scripts/cross-env.sh
 . scripts/cross-env.sh
 
-if ! have_toolchain; then
-    skip "${TARGETS[*]}" "Debian's rustc-web toolchain in the crate's rust-version"
+if ! have_cross_toolchain "${TARGETS[@]}"; then
+    skip "${TARGETS[*]}" "the targets' standard libraries (rustup target add) or Debian's rustc-web toolchain in the crate's rust-version"
     exit 0
 fi
 

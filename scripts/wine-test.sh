@@ -9,7 +9,8 @@
 #   WINE_PARTS="lib cli" scripts/wine-test.sh   # some parts only
 #
 # The build is `cargo test --no-run --target x86_64-pc-windows-gnu` with
-# std built from source by Debian's rustc-web toolchain and linked by
+# rustup's standard library of the target (or, where rustup cannot add it,
+# std built from source by Debian's rustc-web toolchain), linked by
 # mingw-w64 (shared with scripts/crosscheck.sh: scripts/cross-env.sh). Wine
 # 8 lacks bcryptprimitives.dll, from which std takes its random numbers: a
 # test-only stand-in that forwards `ProcessPrng` to `RtlGenRandom`
@@ -49,8 +50,8 @@ CROSS_UNDONE="the Windows tests were not run"
 # shellcheck source=scripts/cross-env.sh
 . scripts/cross-env.sh
 
-if ! have_toolchain; then
-    skip "$TARGET" "Debian's rustc-web toolchain in the crate's rust-version"
+if ! have_cross_toolchain "$TARGET"; then
+    skip "$TARGET" "the target's standard library (rustup target add) or Debian's rustc-web toolchain in the crate's rust-version"
     exit 0
 fi
 target_envs "$TARGET" || exit 0
