@@ -39,10 +39,10 @@ use portable as imp;
 
 pub(crate) use imp::{
     allocated_bytes, can_write_at, content_stamp, create_private_dir_at, entry_owned_by_me,
-    folder_problem, free_space, free_space_at, link_count, make_read_only, never_wait, open_at,
-    open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder, reflink,
-    remove_folder_at, replace_file_at, same_entry, same_file, set_private_folder, start_write_back,
-    sync_dir_at, FileStamp, REMOVE_RELEASED_LOCKS,
+    file_id, folder_problem, free_space, free_space_at, link_count, make_read_only, never_wait,
+    open_at, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
+    reflink, remove_folder_at, replace_file_at, same_entry, same_file, set_private_folder,
+    start_write_back, sync_dir_at, FileStamp, REMOVE_RELEASED_LOCKS,
 };
 
 #[cfg(test)]

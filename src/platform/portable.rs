@@ -50,6 +50,34 @@ pub(crate) fn make_read_only(file: &File) -> io::Result<()> {
     file.set_permissions(perms)
 }
 
+/// What tells the open `file` from every other file on the machine: on
+/// Windows its volume's serial number and its file index
+/// (`GetFileInformationByHandle`), as Unix's device and inode; elsewhere
+/// refused (`Unsupported`), and the caller compares what metadata tell.
+pub(crate) fn file_id(file: &File) -> io::Result<(u64, u64)> {
+    #[cfg(windows)]
+    {
+        use std::os::windows::io::AsRawHandle;
+        use windows_sys::Win32::Storage::FileSystem::{
+            GetFileInformationByHandle, BY_HANDLE_FILE_INFORMATION,
+        };
+        // SAFETY: a plain C struct for which all-zero is a valid value.
+        let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+        // SAFETY: the handle is open while `file` is borrowed, and `info` is
+        // a valid, writable struct.
+        if unsafe { GetFileInformationByHandle(file.as_raw_handle(), &mut info) } == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let index = (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow);
+        Ok((u64::from(info.dwVolumeSerialNumber), index))
+    }
+    #[cfg(not(windows))]
+    {
+        let _ = file;
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
+
 /// Whether two metadata describe the same file, as far as they tell.
 pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
     a.len() == b.len() && a.modified().ok() == b.modified().ok()

@@ -79,6 +79,13 @@ pub(crate) fn make_read_only(file: &File) -> io::Result<()> {
     file.set_permissions(fs::Permissions::from_mode(READ_ONLY_MODE))
 }
 
+/// What tells the open `file` from every other file on the machine: its
+/// device and inode.
+pub(crate) fn file_id(file: &File) -> io::Result<(u64, u64)> {
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 /// Whether two metadata describe the same file.
 pub(crate) fn same_file(a: &Metadata, b: &Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()

@@ -827,13 +827,11 @@ impl Store {
         let checked = file.metadata().map_err(map)?;
         // The file under the name must be the one the writer wrote (and
         // hashed as it wrote): one swapped in since is never published.
-        if let Some(written) = paths.written() {
-            if !crate::platform::same_file(&checked, &written) {
-                return Err(map(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "the partial file is not the one that was written and hashed: the store does not trust it",
-                )));
-            }
+        if !paths.is_written(&file).map_err(map)? {
+            return Err(map(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the partial file is not the one that was written and hashed: the store does not trust it",
+            )));
         }
         if crate::platform::link_count(&checked) != 1 {
             return Err(map(io::Error::new(

@@ -124,7 +124,15 @@ pub(crate) struct PartialPaths {
     key: String,
     /// The file a writer opened through [`PartialPaths::open_data`] (shared
     /// by every clone): publication moves that very file, or nothing.
-    written: Arc<std::sync::Mutex<Option<fs::Metadata>>>,
+    written: Arc<std::sync::Mutex<Option<Written>>>,
+}
+
+/// The file a writer opened: its identity where the platform tells it
+/// (device and inode, volume and file index), else its metadata then.
+#[derive(Debug)]
+enum Written {
+    Id((u64, u64)),
+    Meta(fs::Metadata),
 }
 
 impl PartialPaths {
@@ -251,16 +259,23 @@ impl PartialPaths {
     /// Makes `file` (the data file, opened by a writer) the one
     /// publication will move.
     fn claim(&self, file: &File) -> io::Result<()> {
-        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.metadata()?);
+        let written = match crate::platform::file_id(file) {
+            Ok(id) => Written::Id(id),
+            Err(_) => Written::Meta(file.metadata()?),
+        };
+        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(written);
         Ok(())
     }
 
-    /// What a writer opened through [`PartialPaths::open_data`], if one did.
-    pub(crate) fn written(&self) -> Option<fs::Metadata> {
-        self.written
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// Whether `file` is the one a writer opened through
+    /// [`PartialPaths::open_data`]; `true` when none did.
+    pub(crate) fn is_written(&self, file: &File) -> io::Result<bool> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(match &*written {
+            None => true,
+            Some(Written::Id(id)) => crate::platform::file_id(file)? == *id,
+            Some(Written::Meta(meta)) => crate::platform::same_file(&file.metadata()?, meta),
+        })
     }
 
     /// Removes both files.

@@ -200,6 +200,7 @@ async fn kept_ranges_are_hashed_in_order_with_the_rest() {
 /// run in a user and mount namespace of their own over a small tmpfs
 /// (`$1` the tmpfs, `$2` the folder of marks, `$3` the binary, `$4` the
 /// configuration, `$5` the manifest).
+#[cfg(target_os = "linux")]
 const FILL_DURING_PARTS: &str = r#"
 set -u
 # Every wait gives up after a minute: nothing outlives the test.
@@ -222,6 +223,8 @@ echo $? >"$2/rc2"
 find "$1/store/store-v1/blobs" -type f -exec sha256sum {} + >"$2/sums"
 "#;
 
+// A tmpfs of its own through `unshare`: Linux only.
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_that_fills_during_parts_is_disk_space_and_keeps_its_ranges() {
     let env = Env::new().await;
