@@ -279,11 +279,7 @@ async fn the_fallback_warning_names_the_redirect_target_that_failed() {
     // --json gives the whole hop.
     let _ = std::fs::remove_dir_all(env.store_dir());
     let out = env.run(&["--json", "fetch", m]).await;
-    let event: Value = stderr(&out)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["event"] == "fell_back")
-        .unwrap_or_else(|| panic!("no fell_back event: {}", stderr(&out)));
+    let event = fell_back(&out);
     assert_eq!(event["hop"], gone.as_str(), "{event}");
     assert_eq!(event["from"], url.as_str(), "{event}");
 }
@@ -338,15 +334,20 @@ async fn the_fallback_warning_shows_what_a_short_refusal_says() {
     // The same words in the event.
     let _ = std::fs::remove_dir_all(env.store_dir());
     let out = env.run(&["--json", "fetch", m]).await;
-    let event: Value = stderr(&out)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["event"] == "fell_back")
-        .unwrap_or_else(|| panic!("no fell_back event: {}", stderr(&out)));
+    let event = fell_back(&out);
     assert!(
         event
             .to_string()
             .contains("Access to this model is restricted."),
         "{event}"
     );
+}
+
+/// The `fell_back` event line of a `--json` run's stderr.
+fn fell_back(out: &std::process::Output) -> Value {
+    stderr(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "fell_back")
+        .unwrap_or_else(|| panic!("no fell_back event: {}", stderr(out)))
 }

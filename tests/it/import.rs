@@ -432,22 +432,13 @@ async fn another_user_swapping_the_file_for_a_link_to_dev_zero_gets_nothing_stor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_never_waits_for_a_hostile_download_of_the_same_bytes() {
-    use crate::squatting::config_waiting;
+    use crate::squatting::{config_waiting, hog_dripping};
     let env = Env::new().await;
     // Long enough that waiting for the drip would time the test out.
     config_waiting(&env, 600.0);
     let body = bytes(1 << 20, 160);
-    let hostile = env.serve_drip("/drip.bin", &body);
     let service = env.resources();
-    let hog = env
-        .downloading(
-            &service,
-            "hog",
-            json!([entry("m", &hostile, &body)]),
-            "m",
-            "/drip.bin",
-        )
-        .await;
+    let hog = hog_dripping(&env, &service, &body).await;
     let file = user_file(&env, "model.bin", &body);
     let out = within("import beside the drip", env.run(&["import", arg(&file)])).await;
     assert_exit(&out, 0);

@@ -18,6 +18,24 @@ pub(crate) fn config_waiting(env: &Env, secs: f64) {
     ));
 }
 
+/// Gem `hog` declaring `body` at a dripping address of its own, its
+/// download under way on `service`.
+pub(crate) async fn hog_dripping(
+    env: &Env,
+    service: &Resources,
+    body: &[u8],
+) -> tokio::task::JoinHandle<gem_resources::Result<std::path::PathBuf>> {
+    let hostile = env.serve_drip("/drip.bin", body);
+    env.downloading(
+        service,
+        "hog",
+        json!([entry("m", &hostile, body)]),
+        "m",
+        "/drip.bin",
+    )
+    .await
+}
+
 /// The state of resource `id` of `gem` in `service`'s status.
 fn state_of(service: &Resources, gem: &str) -> ResourceState {
     service.status(Some(gem)).unwrap()[0].resources[0]
@@ -30,18 +48,9 @@ async fn a_hostile_gem_dripping_the_same_hash_does_not_hold_the_victims_download
     let env = Env::new().await;
     config_waiting(&env, 1.0);
     let body = bytes(1 << 20, 140);
-    let hostile = env.serve_drip("/drip.bin", &body);
     let own = env.serve("/model.bin", &body);
     let service = env.resources();
-    let hog = env
-        .downloading(
-            &service,
-            "hog",
-            json!([entry("m", &hostile, &body)]),
-            "m",
-            "/drip.bin",
-        )
-        .await;
+    let hog = hog_dripping(&env, &service, &body).await;
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
