@@ -79,22 +79,19 @@ async fn another_process_holding_a_hostile_download_does_not_hold_path() {
     let hostile = env.serve_drip("/drip.bin", &body);
     let own = env.serve("/model.bin", &body);
     let service = env.resources();
-    service
-        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
-        .await
-        .unwrap();
+    let _hog = env
+        .downloading(
+            &service,
+            "hog",
+            json!([entry("m", &hostile, &body)]),
+            "m",
+            "/drip.bin",
+        )
+        .await;
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
         .unwrap();
-    let _hog = {
-        let s = service.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
     let started = Instant::now();
     let out = within("path in another process", env.run(&["path", "victim", "m"])).await;
     assert!(out.status.success(), "{}", stderr(&out));
@@ -132,22 +129,19 @@ async fn a_download_from_the_same_addresses_waits_for_the_one_racing_whatever_la
     // Two services on one store stand for two processes.
     let first = env.resources();
     let second = env.resources();
-    first
-        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
-        .await
-        .unwrap();
+    let hog = env
+        .downloading(
+            &first,
+            "hog",
+            json!([entry("m", &hostile, &body)]),
+            "m",
+            "/drip.bin",
+        )
+        .await;
     first
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
         .unwrap();
-    let hog = {
-        let s = first.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
     let a = {
         let s = first.clone();
         tokio::spawn(async move { s.path("victim", "m").await })
@@ -310,22 +304,19 @@ async fn status_names_the_gem_a_waiting_file_depends_on() {
     let own = env.serve("/model.bin", &body);
     let service = env.resources();
     let other = env.resources();
-    service
-        .install("hog", &manifest(json!([entry("m", &hostile, &body)])))
-        .await
-        .unwrap();
+    let _hog = env
+        .downloading(
+            &service,
+            "hog",
+            json!([entry("m", &hostile, &body)]),
+            "m",
+            "/drip.bin",
+        )
+        .await;
     service
         .install("victim", &manifest(json!([entry("m", &own, &body)])))
         .await
         .unwrap();
-    let _hog = {
-        let s = service.clone();
-        tokio::spawn(async move { s.path("hog", "m").await })
-    };
-    wait_until("the hostile download drips", || {
-        env.origin.hits("/drip.bin") == 1
-    })
-    .await;
     // Another process sees whose download the victim's file depends on.
     wait_until("the other process names the gem", || {
         matches!(

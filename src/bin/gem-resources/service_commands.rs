@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use gem_resources::{Config, Error, Event, Resources};
+use gem_resources::{Config, Error, Event, Resources, VerifyReport};
 use serde_json::json;
 
 use crate::cli::Command;
@@ -168,6 +168,33 @@ async fn verify(service: &Resources, repair: bool, json: bool) -> anyhow::Result
         failures: false,
     };
     let watcher = crate::watch::spawn_with(service, show);
+    let (repaired, unrepaired) = tokio::select! {
+        done = download_again(service, &report, json) => done,
+        () = &mut interrupted => return stop(service, Some(watcher), None).await,
+    };
+    watcher.stop().await;
+    let ok = unrepaired.is_empty();
+    if json {
+        let mut doc = json!(report);
+        doc["repaired"] = json!(repaired);
+        doc["unrepaired"] = json!(unrepaired);
+        render::print_doc(doc, ok);
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Downloads again each file `verify` removed that an installed gem declares, from
+/// the first such gem's addresses: the JSON rows of those that came back
+/// and of those that did not (with their error), each said as it ends.
+async fn download_again(
+    service: &Resources,
+    report: &VerifyReport,
+    json: bool,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let mut repaired = Vec::new();
     let mut unrepaired = Vec::new();
     for removed in &report.removed {
@@ -175,11 +202,7 @@ async fn verify(service: &Resources, repair: bool, json: bool) -> anyhow::Result
         let Some((gem, id)) = removed.declared_by.first().and_then(|d| d.split_once('/')) else {
             continue;
         };
-        let result = tokio::select! {
-            result = service.path(gem, id) => result,
-            () = &mut interrupted => return stop(service, Some(watcher), Some(gem)).await,
-        };
-        match result {
+        match service.path(gem, id).await {
             Ok(path) => {
                 if !json {
                     crate::outln!(
@@ -203,19 +226,7 @@ async fn verify(service: &Resources, repair: bool, json: bool) -> anyhow::Result
             }
         }
     }
-    watcher.stop().await;
-    let ok = unrepaired.is_empty();
-    if json {
-        let mut doc = json!(report);
-        doc["repaired"] = json!(repaired);
-        doc["unrepaired"] = json!(unrepaired);
-        render::print_doc(doc, ok);
-    }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    (repaired, unrepaired)
 }
 
 async fn install(
