@@ -92,16 +92,22 @@ pub(crate) fn delay(base: Duration, failures: u32, retry_after: Option<Duration>
     }
 }
 
-/// The longest `Retry-After` a server gave among the attempts of `error`.
+/// How long the servers of `error` asked to be left alone: the shortest
+/// `Retry-After` among its attempts, and only when every attempt gave one.
+/// One address's wish (a mirror's "come back in an hour") never holds back
+/// the addresses that asked for nothing.
 pub(crate) fn retry_after(error: &Error) -> Option<Duration> {
     match error {
-        Error::Unavailable { attempts, .. } => attempts
-            .iter()
-            .filter_map(|a| match &a.error {
-                AttemptError::Http { retry_after, .. } => *retry_after,
-                _ => None,
-            })
-            .max(),
+        Error::Unavailable { attempts, .. } => {
+            let asked: Option<Vec<Duration>> = attempts
+                .iter()
+                .map(|a| match &a.error {
+                    AttemptError::Http { retry_after, .. } => *retry_after,
+                    _ => None,
+                })
+                .collect();
+            asked?.into_iter().min()
+        }
         _ => None,
     }
 }
@@ -109,6 +115,44 @@ pub(crate) fn retry_after(error: &Error) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unavailable(waits: &[Option<u64>]) -> Error {
+        let attempts = waits
+            .iter()
+            .enumerate()
+            .map(|(i, wait)| crate::error::Attempt {
+                address: url::Url::parse(&format!("https://cdn{i}.test/m.bin")).unwrap(),
+                hop: None,
+                error: match wait {
+                    Some(secs) => AttemptError::Http {
+                        status: 503,
+                        retry_after: Some(Duration::from_secs(*secs)),
+                        body: None,
+                    },
+                    None => AttemptError::Network {
+                        reason: "connection reset".into(),
+                    },
+                },
+            })
+            .collect();
+        Error::Unavailable {
+            resource: "m".into(),
+            attempts,
+        }
+    }
+
+    #[test]
+    fn one_address_asking_for_an_hour_does_not_hold_back_the_others() {
+        assert_eq!(retry_after(&unavailable(&[Some(3600), None])), None);
+        assert_eq!(
+            retry_after(&unavailable(&[Some(3600), Some(2)])),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            retry_after(&unavailable(&[Some(5)])),
+            Some(Duration::from_secs(5))
+        );
+    }
 
     const MIN: Duration = Duration::from_secs(60);
 
