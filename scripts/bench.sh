@@ -30,12 +30,28 @@
 #                         (10.88.0.1) and every tool in gr-cli, on 16 MiB,
 #                         64 MiB and 100 x 256 KiB; needs root
 #                         far:  RTT 160 ms, loss 0.5 %, 100 Mbit/s
+#                         farbbr: the same, the server's TCP on BBR
 #                         home: RTT 40 ms, loss 0.1 %, 50 Mbit/s
 #                         wifi: RTT 80 +- 10 ms, loss 2 %, 30 Mbit/s
+#                         Both namespaces use CUBIC (farbbr: BBR) whatever
+#                         the machine's default: a namespace inherits the
+#                         host's, and on BBR loss barely slows a connection.
+#                         The host's tcp_allowed_congestion_control gains
+#                         the one needed while the run lasts.
 #   BENCH_LINK_FILES="l16 l64 lmany"   which of those three each link runs
+#   BENCH_LINK_ONE=no     leaves out the one-connection rows of a link (curl,
+#                         aria2c -x1: minutes per run on the lossy links)
 #   BENCH_DIR=/var/tmp    where the origin's files and every store go (the
 #                         file system measured; not a tmpfs unless you mean it)
 #   BENCH_BIN=target/release/gem-resources   (built when missing)
+#   BENCH_LOG_DIR=DIR     keep every run's stderr there, ours at
+#                         RUST_LOG=gem_resources=debug, and over a link
+#                         nginx's lines for the run (connection, status,
+#                         bytes, end, seconds, range): what to read before
+#                         changing code for speed
+#   BENCH_BEFORE=path/to/an/older/gem-resources   an A/B: that binary gets a
+#                         row of its own (same configuration, interleaved)
+#                         in the one-file, capped and many-files cases
 #
 # Installs what it needs from Debian when missing (nginx-light, aria2, curl,
 # time, openssl). Not part of CI. Touches nothing outside its temporary
@@ -58,6 +74,7 @@ SLOW_MIB=${BENCH_SLOW_MIB:-16}
 LINKS=${BENCH_LINKS:-}
 LINK_SH=${BENCH_LINK_SH:-$(cd "$(dirname "$0")/.." && pwd)/../shared/tools/wanemu/link.sh}
 LINK_FILES=${BENCH_LINK_FILES:-"l16 l64 lmany"}
+LINK_ONE=${BENCH_LINK_ONE:-yes}
 LINK_PORT=8443
 LINK_IP=10.88.0.1
 BASE=${BENCH_DIR:-/var/tmp}
@@ -117,6 +134,8 @@ cleanup() {
     stop_pid "$NGINX_PID"
     stop_pid "$LINK_NGINX_PID"
     [ -z "$LINK_UP" ] || "$LINK_SH" down || true
+    [ -z "$SAVED_ALLOWED_CC" ] ||
+        sysctl -qw net.ipv4.tcp_allowed_congestion_control="$SAVED_ALLOWED_CC" || true
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -274,17 +293,44 @@ names_of() { (cd "$W/www" && ls -1 "$1"/*.bin); }
 mkdir -p "$W/t"
 TOOLS_OF=()   # "case|tool" in display order
 FAILS=0
+LINK_LOG=$W/nginx/link-access.log
+# The bytes the link carried from the server so far (its Ethernet frames):
+# what a run really cost the link, unlike nginx's count, which includes
+# what sat in a socket buffer when the tool closed the connection.
+link_wire() {
+    "$LINK_SH" stats >/dev/null 2>&1 || { echo 0; return; }
+    awk '$1 == "a_to_b" { for (i = 2; i <= NF; i++) if ($i ~ /^bytes=/) { sub(/^bytes=/, "", $i); print $i } }' \
+        "${STATE:-/var/tmp/gr-link}/stats"
+}
+LOG_DIR=${BENCH_LOG_DIR:-}
+[ -z "$LOG_DIR" ] || { mkdir -p "$LOG_DIR"; export RUST_LOG=gem_resources=debug; }
 timed() { # case tool command...
     local case=$1 tool=$2; shift 2
     local rec=$W/t/$case/${tool//\//_}
     mkdir -p "$W/t/$case"
     [ -e "$rec" ] || { : >"$rec"; TOOLS_OF+=("$case|$tool"); }
-    local t0 t1
+    local t0 t1 seen=0 wire0=
+    [ ! -e "$LINK_LOG" ] || seen=$(wc -l <"$LINK_LOG")
+    [[ $case != *-l* || -z $LINK_UP ]] || wire0=$(link_wire)
     t0=$(date +%s%N)
     if /usr/bin/time -f '%U %S %M' -o "$W/time.out" "$@" >"$W/cmd.out" 2>"$W/cmd.err"; then
         t1=$(date +%s%N)
         read -r u s m <"$W/time.out"
-        echo "$(( (t1 - t0) / 1000 )) $u $s $m" >>"$rec"
+        # Over a link: the connections and requests nginx saw for this run
+        # (nginx writes a request's line when it ends).
+        local conns=- reqs=- wire=-
+        if [[ $case == *-l* && -e $LINK_LOG ]]; then
+            sleep 0.3 # the lines of requests cut by the tool's exit
+            read -r conns reqs < <(tail -n +$((seen + 1)) "$LINK_LOG" |
+                awk '{c[$1] = 1; n++} END {print length(c), n + 0}')
+        fi
+        [ -z "$wire0" ] || wire=$(( $(link_wire) - wire0 ))
+        echo "$(( (t1 - t0) / 1000 )) $u $s $m $conns $reqs $wire" >>"$rec"
+        if [ -n "$LOG_DIR" ]; then
+            local at=$LOG_DIR/$case.${tool//[^a-zA-Z0-9=._-]/_}.$(wc -l <"$rec")
+            cp "$W/cmd.err" "$at.log"
+            [ ! -e "$LINK_LOG" ] || tail -n +$((seen + 1)) "$LINK_LOG" >"$at.access"
+        fi
     else
         say "  FAILED: $case / $tool"; sed 's/^/    /' "$W/cmd.err" | tail -5 >&2
         FAILS=$((FAILS + 1))
@@ -308,6 +354,13 @@ fresh_aside() {
     mkdir -p "$W/out"
 }
 OURS=("$BIN" --config "$W/config.toml" --store "$W/store")
+BEFORE=${BENCH_BEFORE:-}
+BEFORE_ROW="gem-resources fetch, the build before (BENCH_BEFORE)"
+OURSB=("$BEFORE" --config "$W/config.toml" --store "$W/store")
+# The row of BENCH_BEFORE, when set: case manifest.
+before_row() {
+    [ -z "$BEFORE" ] || { fresh; timed "$1" "$BEFORE_ROW" "${OURSB[@]}" fetch "$2"; }
+}
 # The same with one connection per file (no ranged parts), and with six
 # connections per host (the former default of max_per_host, now 8).
 { printf '[network]\nconnections_per_file = 1\n'; cat "$W/config.toml"; } >"$W/one.toml"
@@ -329,6 +382,7 @@ one_file_round() { # case file
     local c=$1 f=$2 sha
     sha=$(sha_of "$f")
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    before_row "$c" "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl | openssl dgst -sha256" bash -c \
         "set -o pipefail; \"\$@\" | openssl dgst -sha256 | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
@@ -352,6 +406,7 @@ capped_round() { # case file
     local u1=https://$HOST:$PORT3/$f i1=https://127.0.0.1:$PORT3/$f
     local i2=https://127.0.0.1:$PORT4/$f i3=https://127.0.0.1:$PORT5/$f
     fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    before_row "$c" "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, max_per_host = 6" "${OURS6[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, spread_over_mirrors" "${OURSS[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
@@ -394,9 +449,11 @@ link_round() { # regime
         [[ " $LINK_FILES " == *" ${f%.bin} "* ]] || continue
         fresh; timed "$c" "gem-resources fetch" "${IN_CLI[@]}" "${LOURS[@]}" fetch "$W/res/$c.json"
         fresh; timed "$c" "gem-resources fetch, connections_per_file = 16" "${IN_CLI[@]}" "${LOURS16[@]}" fetch "$W/res/$c.json"
-        fresh; timed "$c" "curl -o (one connection)" "${lcurl[@]}" -o "$W/out/f" "$lu/$f"
-        fresh; timed "$c" "aria2c -x1 --checksum" "${IN_CLI[@]}" aria2c -q -x1 --ca-certificate="$CERT" \
-            --file-allocation=none --allow-overwrite=true -d "$W/out" -o f --checksum="sha-256=$sha" "$li/$f"
+        if [ "$LINK_ONE" != no ]; then
+            fresh; timed "$c" "curl -o (one connection)" "${lcurl[@]}" -o "$W/out/f" "$lu/$f"
+            fresh; timed "$c" "aria2c -x1 --checksum" "${IN_CLI[@]}" aria2c -q -x1 --ca-certificate="$CERT" \
+                --file-allocation=none --allow-overwrite=true -d "$W/out" -o f --checksum="sha-256=$sha" "$li/$f"
+        fi
         for x in 8 16; do
             fresh; timed "$c" "aria2c -x$x -s$x -k1M --checksum" "${IN_CLI[@]}" aria2c -q -x$x -s$x -k1M \
                 --ca-certificate="$CERT" --file-allocation=none --allow-overwrite=true -d "$W/out" -o f \
@@ -412,11 +469,32 @@ link_round() { # regime
 }
 link_params() { # regime -> DELAY_MS JITTER_MS LOSS_PCT RATE_MBIT
     case $1 in
-        far) echo "80 0 0.5 100" ;;
+        far | farbbr) echo "80 0 0.5 100" ;;
         home) echo "20 0 0.1 50" ;;
         wifi) echo "40 10 2 30" ;;
         *) return 1 ;;
     esac
+}
+link_cc() { # regime -> the TCP congestion control of both ends
+    case $1 in
+        farbbr) echo bbr ;;
+        *) echo cubic ;;
+    esac
+}
+SAVED_ALLOWED_CC=
+set_link_cc() { # congestion control, in gr-srv and gr-cli
+    local cc=$1 allowed
+    allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+    [ -n "$SAVED_ALLOWED_CC" ] || SAVED_ALLOWED_CC=$allowed
+    modprobe "tcp_$cc" 2>/dev/null || true
+    # A namespace may only pick an algorithm the host allows.
+    case " $allowed " in
+        *" $cc "*) ;;
+        *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" ;;
+    esac
+    local n
+    for n in gr-srv gr-cli; do ip netns exec "$n" sysctl -qw net.ipv4.tcp_congestion_control="$cc"; done
+    say "link: TCP congestion control $cc on both ends"
 }
 start_link_nginx() {
     local user_line=
@@ -428,7 +506,10 @@ pid $W/nginx/link.pid;
 error_log $W/nginx/link-error.log warn;
 events { worker_connections 1024; }
 http {
-    access_log off;
+    # One line per request: the report counts each run's connections and
+    # requests from it.
+    log_format counted '\$connection \$status \$bytes_sent \$msec \$request_time "\$http_range"';
+    access_log $LINK_LOG counted;
     sendfile on;
     tcp_nopush on;
     keepalive_requests 100000;
@@ -459,6 +540,7 @@ many_files_round() { # case dir
     local c=$1 d=$2 fresh=fresh
     [ "$c" != tiny ] || fresh=fresh_aside
     $fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    [ -z "$BEFORE" ] || { $fresh; timed "$c" "$BEFORE_ROW" "${OURSB[@]}" fetch "$W/res/$c.json"; }
     if [ "$c" = tiny ]; then
         $fresh
         timed "$c" "gem-resources install" "${OURS[@]}" install bench "$W/res/$c.json"
@@ -560,6 +642,7 @@ for r in $LINKS; do
     # shellcheck disable=SC2046
     "$LINK_SH" up $(link_params "$r") >&2
     LINK_UP=1
+    set_link_cc "$(link_cc "$r")"
     start_link_nginx
     for run in $(seq "$RUNS"); do
         say "link $r: run $run/$RUNS"
@@ -598,7 +681,7 @@ label_of() {
             local r=${1%-*} what d j l m
             case $1 in *-l16) what="16 MiB, one file" ;; *-l64) what="64 MiB, one file" ;; *) what="100 × 256 KiB" ;; esac
             read -r d j l m < <(link_params "$r")
-            echo "$what, link $r: RTT $((2 * d)) ms ± $j ms, loss $l % per direction, $m Mbit/s" ;;
+            echo "$what, link $r: RTT $((2 * d)) ms ± $j ms, loss $l % per direction, $m Mbit/s, TCP $(link_cc "$r")" ;;
         many) echo "$MANY × $MANY_KIB KiB in one manifest" ;;
         tiny) echo "$TINY × $TINY_BYTES B in one manifest" ;;
     esac
@@ -608,7 +691,9 @@ CPU=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 echo
 echo "Commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with local changes)')"
 echo "Machine: $(nproc) CPUs, $CPU, Linux $(uname -r), store on $FS ($BASE)"
-echo "Origin: nginx, TLS 1.3, HTTP/1.1 on loopback (HTTP/2 only where the tool says --http2)"
+echo "Origin: nginx, TLS 1.3, HTTP/1.1 on loopback (HTTP/2 only where the tool says --http2);"
+echo "over a link: on $LINK_IP in the namespace gr-srv, every tool in gr-cli."
+[ -z "$BEFORE" ] || echo "The build before: $BEFORE."
 echo "Median of $RUNS runs, interleaved. Wall time; MB/s = 10^6 bytes per second;"
 echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is faster);"
 echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
@@ -623,8 +708,14 @@ for c in big mid capped slowconn many tiny $LINK_CASES; do
     echo
     echo "### $(label_of "$c")"
     echo
-    echo "| tool | seconds | MB/s | ratio to gem-resources fetch | user s | sys s | RSS MiB |"
-    echo "|---|---:|---:|---:|---:|---:|---:|"
+    link=; [[ " $LINK_CASES " == *" $c "* ]] && link=1
+    if [ -n "$link" ]; then
+        echo "| tool | seconds | MB/s | ratio to gem-resources fetch | connections | requests | link bytes / file | user s | sys s | RSS MiB |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    else
+        echo "| tool | seconds | MB/s | ratio to gem-resources fetch | user s | sys s | RSS MiB |"
+        echo "|---|---:|---:|---:|---:|---:|---:|"
+    fi
     for entry in "${TOOLS_OF[@]}"; do
         [ "${entry%%|*}" = "$c" ] || continue
         tool=${entry#*|}; rec=$W/t/$c/${tool//\//_}
@@ -633,13 +724,18 @@ for c in big mid capped slowconn many tiny $LINK_CASES; do
         user=$(col 2 "$rec" | median)
         sys=$(col 3 "$rec" | median)
         rss=$(col 4 "$rec" | median)
+        cr=
+        [ -z "$link" ] ||
+            cr="$(col 5 "$rec" | median) | $(col 6 "$rec" | median) | $(col 7 "$rec" | median |
+                awk -v b="$(bytes_of "$c")" '{printf "%.2f", $1 / b}') | "
         awk -v t="$tool" -v us="$us" -v ours="$ours" -v b="$(bytes_of "$c")" -v user="$user" -v sys="$sys" -v rss="$rss" \
+            -v cr="$cr" \
             'BEGIN {
                 s = us / 1e6
                 mbs = (t ~ /sync \(all|status|path|uninstall|refused/) ? "" : sprintf(b / s < 1e7 ? "%.2f" : "%.0f", b / s / 1e6)
-                r = (ours == "nan" || t ~ /^gem-resources/) ? "" : sprintf("%.2f", us / ours)
+                r = (ours == "nan" || (t ~ /^gem-resources/ && t !~ /BENCH_BEFORE/)) ? "" : sprintf("%.2f", us / ours)
                 gsub(/\|/, "\\|", t)
-                printf "| %s | %.3f | %s | %s | %.2f | %.2f | %.1f |\n", t, s, mbs, r, user, sys, rss / 1024
+                printf "| %s | %.3f | %s | %s | %s%.2f | %.2f | %.1f |\n", t, s, mbs, r, cr, user, sys, rss / 1024
             }'
     done
 done
