@@ -8,12 +8,15 @@
 //! is measured, and only when it is below [`SPLIT_BELOW_BYTES_PER_SEC`]
 //! (a connection capped by its server, or a slow link) do up to
 //! `network.connections_per_file` parts (at most `service.max_per_host`)
-//! take over ranges of the rest, each with `Range` and `If-Range`. A
+//! take over equal ranges of the rest, each asked for exactly, with `Range`
+//! and `If-Range` (the first connection keeps the lowest). A
 //! connection faster than that is left alone: past it, more connections add
 //! work (decryption, a read-back of the bytes written ahead of the hashed
 //! prefix) on the same cores instead of speed. A part that finishes takes
 //! over the upper half of the largest range still to come (work stealing,
-//! down to [`MIN_PART_BYTES`]). Near the end, when nothing is left worth
+//! down to [`MIN_PART_BYTES`]), leaving its connection what it has on the
+//! way (its rate over a request-to-answer time): a request cut short wastes
+//! those bytes, up to a window. Near the end, when nothing is left worth
 //! splitting, an idle part hedges: when a range's connection would need
 //! more than twice what the idle one would for the rest of it (a new
 //! request counted, at the slowest request-to-answer time the parts have
@@ -295,6 +298,7 @@ impl Run<'_> {
         if rate < self.split_below as f64 {
             tracing::debug!(address = %self.address, rate, "a slow connection: fetching in parts");
             *window = None;
+            share_first(&mut lock(&self.slots));
             self.set_phase(Phase::Split);
         } else if elapsed >= RATE_WINDOW {
             *w = Window {
@@ -404,20 +408,31 @@ impl Run<'_> {
             self.moved.notify_waiters();
             return Some(self.task_of(&slots, i));
         }
-        let (j, rest) = slots
+        let (j, _) = slots
             .iter()
             .map(|s| s.end.saturating_sub(s.next))
             .enumerate()
             .max_by_key(|&(_, rest)| rest)?;
-        if rest >= 2 * MIN_PART_BYTES {
-            let mid = slots[j].next + rest / 2;
-            let end = slots[j].end;
+        let (next, end) = (slots[j].next, slots[j].end);
+        if let Some(mid) = steal_point(next, end, self.in_flight(&slots[j])) {
             slots[j].end = mid;
             slots[i].assign(mid, end);
             self.moved.notify_waiters();
             return Some(self.task_of(&slots, i));
         }
         self.hedge(&mut slots, rate)
+    }
+
+    /// About what `slot`'s connection has on the way (sent by the server,
+    /// not yet received): its rate over one request-to-answer time, an
+    /// upper bound of its window.
+    fn in_flight(&self, slot: &Slot) -> u64 {
+        let elapsed = slot.since.elapsed();
+        if elapsed < HEDGE_LOOK {
+            return 0;
+        }
+        let rate = slot.got as f64 / elapsed.as_secs_f64();
+        (rate * self.setup().as_secs_f64()) as u64
     }
 
     fn task_of(&self, slots: &[Slot], i: usize) -> Task {
@@ -540,21 +555,39 @@ fn first_slots(gaps: &[(u64, u64)], n: usize) -> Vec<Slot> {
     slots
 }
 
-/// Cuts the first range of `slots` into equal ones over all of them (each
-/// of at least [`MIN_PART_BYTES`] when it can): for parts that start at
-/// once.
-fn spread_first(slots: &mut [Slot]) {
+/// Where a part takes over the range `[next, end)` of another whose
+/// connection has about `in_flight` bytes of it on the way: the upper half,
+/// but never those bytes (they would come twice, and the other's request is
+/// cut where its range now ends); `None` when less than [`MIN_PART_BYTES`]
+/// would be left to either.
+fn steal_point(next: u64, end: u64, in_flight: u64) -> Option<u64> {
+    let rest = end.saturating_sub(next);
+    let mid = next + (rest / 2).max(in_flight);
+    (rest >= 2 * MIN_PART_BYTES && end.saturating_sub(mid) >= MIN_PART_BYTES).then_some(mid)
+}
+
+/// Cuts the first slot's range into equal ones over all slots (each of at
+/// least [`MIN_PART_BYTES`] when it can). The first slot keeps the lowest,
+/// which its connection may be reading already; every other slot gets one
+/// of its own to ask for exactly. So no part's request reaches past its
+/// range's end, as it would if the ranges were halved one after another:
+/// a request cut short wastes what is on the way on its connection, up to
+/// a window (megabytes on a far, fast link).
+fn share_first(slots: &mut [Slot]) {
     let (offset, size) = (slots[0].next, slots[0].end);
-    let rest = size - offset;
+    let rest = size.saturating_sub(offset);
     let count = (rest / MIN_PART_BYTES).clamp(1, slots.len() as u64);
     let step = rest / count;
-    for k in 0..count {
+    for k in 1..count {
         let end = if k + 1 == count {
             size
         } else {
             offset + (k + 1) * step
         };
-        slots[k as usize] = Slot::new(offset + k * step, end);
+        slots[k as usize].assign(offset + k * step, end);
+    }
+    if count > 1 {
+        slots[0].end = offset + step;
     }
 }
 
@@ -615,7 +648,7 @@ impl Fetcher {
         // Parts from several sources were asked for: they start at once.
         let spread = sources.len() > 1;
         if spread {
-            spread_first(&mut slots);
+            share_first(&mut slots);
         }
         tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
         let count = slots.len();
@@ -1041,7 +1074,7 @@ mod tests {
         assert!(slots[1..].iter().all(|s| s.next == s.end));
         assert_eq!(first_slots(&missing(0, MIN_PART_BYTES, &[]), 8).len(), 1);
         let mut spread = slots.clone();
-        spread_first(&mut spread);
+        share_first(&mut spread);
         assert_eq!(spread[0].next, 100);
         for w in spread.windows(2) {
             assert_eq!(w[0].end, w[1].next);
@@ -1083,6 +1116,34 @@ mod tests {
         // A range given another turn (stolen, reassigned) stops the rest.
         slot.assign(3000, 4000);
         assert_eq!(take(&mut slot, hedge, 3000, 10, 0), Take::Done);
+    }
+
+    #[test]
+    fn a_steal_takes_the_upper_half_but_not_what_is_on_the_way() {
+        let m = MIN_PART_BYTES;
+        assert_eq!(steal_point(0, 8 * m, 0), Some(4 * m));
+        assert_eq!(steal_point(0, 8 * m, m), Some(4 * m));
+        // Most of the rest is on the way already: only what is beyond it.
+        assert_eq!(steal_point(0, 8 * m, 6 * m), Some(6 * m));
+        assert_eq!(steal_point(0, 8 * m, 7 * m + 1), None);
+        assert_eq!(steal_point(0, 2 * m - 1, 0), None);
+    }
+
+    #[test]
+    fn the_first_range_is_shared_out_equally_once_the_file_is_split() {
+        let size = 16 << 20;
+        let mut slots = first_slots(&missing(0, size, &[]), 8);
+        // The first connection has read some of it meanwhile.
+        slots[0].next = 300_000;
+        let turn = slots[0].turn;
+        share_first(&mut slots);
+        assert_eq!((slots[0].next, slots[0].turn), (300_000, turn));
+        let step = (size - 300_000) / 8;
+        for (k, w) in slots.windows(2).enumerate() {
+            assert_eq!(w[0].end, w[1].next, "slot {k} meets the next");
+            assert!(w[0].end - w[0].next == step, "equal shares: {slots:?}");
+        }
+        assert_eq!(slots[7].end, size);
     }
 
     #[test]

@@ -86,6 +86,52 @@ async fn parts_run_at_once_and_end_verified() {
     eprintln!("{SIZE} bytes in parts took {took:?}");
 }
 
+/// The `[start, end]` of a `Range: bytes=start-end` header (`end` the
+/// file's last byte when open).
+fn asked(range: &str, size: u64) -> Option<(u64, u64)> {
+    let (start, end) = range.strip_prefix("bytes=")?.split_once('-')?;
+    let end = if end.is_empty() {
+        size - 1
+    } else {
+        end.parse().ok()?
+    };
+    Some((start.parse().ok()?, end))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_file_is_shared_out_in_equal_ranges_each_asked_for_exactly() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 33);
+    env.origin.route("/q.bin", paced(&body));
+    let r = resource("q", &env.url("origin.test", "/q.bin"), &[], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let size = SIZE as u64;
+    let ranges = env.origin.ranges("/q.bin");
+    let asked: Vec<(u64, u64)> = ranges.iter().filter_map(|r| asked(r, size)).collect();
+    assert_eq!(asked.first(), Some(&(0, size - 1)), "{ranges:?}");
+    // The seven parts that take over once the first connection is found
+    // slow: each an eighth of what was left, meeting the next, the last
+    // ending at the file's end. Halving ranges one after another instead
+    // makes requests that reach past where their range ends up (a request
+    // cut short wastes what is on the way on its connection).
+    let mut parts: Vec<(u64, u64)> = asked.iter().skip(1).take(7).copied().collect();
+    parts.sort();
+    let share = (size - parts[0].0) / 7;
+    for w in parts.windows(2) {
+        assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
+    }
+    assert_eq!(parts[6].1, size - 1, "{ranges:?}");
+    for &(start, end) in &parts {
+        let len = end + 1 - start;
+        assert!(
+            len.abs_diff(share) <= share / 7 + 1,
+            "{len} against {share}: {ranges:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_connection_fast_enough_is_not_split() {
     let env = Env::new().await;
