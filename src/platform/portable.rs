@@ -402,7 +402,9 @@ pub(crate) fn replace_file_at(
 }
 
 /// Nothing to do.
-pub(crate) fn sync_dir_at(_dir: &cap_std::fs::Dir) {}
+pub(crate) fn sync_dir_at(_dir: &cap_std::fs::Dir) -> io::Result<()> {
+    Ok(())
+}
 
 /// Whether `open` (of an open file) and `entry` (of an entry read through
 /// a folder handle) describe the same file, as far as they tell.

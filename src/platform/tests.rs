@@ -90,3 +90,13 @@ fn a_folder_of_read_only_files_is_removed() {
     super::remove_folder_at(&folder, Path::new("blob")).expect("removed");
     assert!(!blob.exists());
 }
+
+#[test]
+fn a_folder_held_as_a_handle_is_synced_through_it() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let handle = cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority())
+        .expect("the folder opens");
+    fs::write(dir.path().join("new"), b"entry").expect("written");
+    // On Linux the handle is a path handle, which fsync refuses (EBADF).
+    super::sync_dir_at(&handle).expect("the folder is synced");
+}

@@ -308,12 +308,16 @@ pub(crate) fn replace_file_at(
     from_dir.rename(from, to_dir, to)
 }
 
-/// Makes the entries of the folder `dir` (a new or renamed file) durable;
-/// errors are ignored: a failure loses nothing that was verified.
-pub(crate) fn sync_dir_at(dir: &cap_std::fs::Dir) {
-    if let Ok(d) = dir.try_clone() {
-        let _ = d.into_std_file().sync_all();
-    }
+/// Makes the entries of the folder `dir` (a new or renamed file) durable.
+/// The handle is a path handle (`O_PATH`), which `fsync` refuses
+/// (`EBADF`): the folder is opened for reading through it (`.`, the very
+/// folder, whatever its name leads to now), and that is synced.
+pub(crate) fn sync_dir_at(dir: &cap_std::fs::Dir) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let folder = rustix::fs::openat(dir, ".", flags, Mode::empty())?;
+    rustix::fs::fsync(&folder)?;
+    Ok(())
 }
 
 /// Whether `open` (of an open file) and `entry` (of an entry read through

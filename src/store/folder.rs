@@ -212,9 +212,13 @@ impl Folder {
         crate::platform::free_space_at(&self.dir, &self.path)
     }
 
-    /// Makes the folder's entries durable (errors ignored).
+    /// Makes the folder's entries durable. A failure is logged, not
+    /// returned: some file systems refuse to sync a folder, and what was
+    /// verified is published either way.
     pub(crate) fn sync(&self) {
-        crate::platform::sync_dir_at(&self.dir);
+        if let Err(e) = crate::platform::sync_dir_at(&self.dir) {
+            tracing::debug!("cannot sync the folder {}: {e}", self.path.display());
+        }
     }
 
     /// Hard-links the file `name` as `to_name` in the folder `to`.
