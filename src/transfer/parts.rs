@@ -171,14 +171,20 @@ impl Slot {
         };
     }
 
+    /// Bytes a second this slot's connection wrote into its range so far,
+    /// once it has been measured long enough ([`HEDGE_LOOK`]).
+    fn rate(&self, now: Instant) -> Option<f64> {
+        let elapsed = now.duration_since(self.since);
+        (elapsed >= HEDGE_LOOK).then(|| self.got as f64 / elapsed.as_secs_f64())
+    }
+
     /// Seconds this slot's connection would still need at its rate so
     /// far, once it has been measured long enough.
     fn eta(&self, now: Instant) -> Option<f64> {
-        let elapsed = now.duration_since(self.since);
-        if elapsed < HEDGE_LOOK || self.next >= self.end {
+        if self.next >= self.end {
             return None;
         }
-        let rate = self.got as f64 / elapsed.as_secs_f64();
+        let rate = self.rate(now)?;
         Some((self.end - self.next) as f64 / rate.max(1.0))
     }
 }
@@ -427,12 +433,8 @@ impl Run<'_> {
     /// not yet received): its rate over one request-to-answer time, an
     /// upper bound of its window.
     fn in_flight(&self, slot: &Slot) -> u64 {
-        let elapsed = slot.since.elapsed();
-        if elapsed < HEDGE_LOOK {
-            return 0;
-        }
-        let rate = slot.got as f64 / elapsed.as_secs_f64();
-        (rate * self.setup().as_secs_f64()) as u64
+        slot.rate(Instant::now())
+            .map_or(0, |rate| (rate * self.setup().as_secs_f64()) as u64)
     }
 
     fn task_of(&self, slots: &[Slot], i: usize) -> Task {
@@ -455,8 +457,7 @@ impl Run<'_> {
         let rate = rate.or_else(|| {
             slots
                 .iter()
-                .filter(|s| now.duration_since(s.since) >= HEDGE_LOOK)
-                .map(|s| s.got as f64 / now.duration_since(s.since).as_secs_f64())
+                .filter_map(|s| s.rate(now))
                 .max_by(f64::total_cmp)
         })?;
         let (j, _) = slots
@@ -1141,7 +1142,7 @@ mod tests {
         let step = (size - 300_000) / 8;
         for (k, w) in slots.windows(2).enumerate() {
             assert_eq!(w[0].end, w[1].next, "slot {k} meets the next");
-            assert!(w[0].end - w[0].next == step, "equal shares: {slots:?}");
+            assert_eq!(w[0].end - w[0].next, step, "equal shares: {slots:?}");
         }
         assert_eq!(slots[7].end, size);
     }
