@@ -93,7 +93,8 @@ const HEDGE_FACTOR: f64 = 2.0;
 const HEDGE_SETUP: Duration = Duration::from_millis(500);
 
 /// An idle part with nothing to take looks again this often while others
-/// still run: a range may become worth hedging.
+/// still run (a range may become worth hedging), and at once whenever a
+/// range moves.
 const IDLE_LOOK: Duration = Duration::from_millis(250);
 
 pub use crate::transfer::fetch::SPLIT_BELOW_BYTES_PER_SEC;
@@ -543,6 +544,47 @@ fn missing(offset: u64, size: u64, ranges: &[[u64; 2]]) -> Vec<(u64, u64)> {
     gaps
 }
 
+/// What an idle part finds when it looks for work.
+enum Look<T> {
+    /// Something to take.
+    Take(T),
+    /// Nothing now, but other parts still run.
+    Wait,
+    /// The file is done, or nothing is left for this part.
+    Done,
+}
+
+/// An idle part waiting for work: `look` now, then again as soon as a
+/// range moves (taken over, or done: the last range's end ends every idle
+/// part at once, not at its next look) and at least every [`IDLE_LOOK`]
+/// (a range may become worth hedging); `None` once `look` is done or the
+/// run stops.
+async fn idle<T>(
+    stop: &CancellationToken,
+    moved: &tokio::sync::Notify,
+    mut look: impl FnMut() -> Look<T>,
+) -> Option<T> {
+    loop {
+        if stop.is_cancelled() {
+            return None;
+        }
+        // Listening before looking: a move in between is not missed.
+        let notified = moved.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match look() {
+            Look::Take(next) => return Some(next),
+            Look::Done => return None,
+            Look::Wait => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => return None,
+            () = &mut notified => {}
+            () = tokio::time::sleep(IDLE_LOOK) => {}
+        }
+    }
+}
+
 /// The first ranges: the first missing range for the first connection,
 /// and an empty one for each other part, up to `n` parts in all and one
 /// per [`MIN_PART_BYTES`] still missing; they take over ranges once the
@@ -772,22 +814,15 @@ impl Fetcher {
                     return;
                 }
             };
-            task = loop {
-                if run.stop.is_cancelled() {
-                    return;
-                }
-                if let Some(next) = run.steal(i, rate) {
-                    break next;
-                }
-                if !run.unfinished() {
-                    return;
-                }
-                // Nothing to take now; a range may become worth hedging.
-                tokio::select! {
-                    () = run.stop.cancelled() => return,
-                    () = tokio::time::sleep(IDLE_LOOK) => {}
-                }
-            };
+            let next = idle(&run.stop, &run.moved, || match run.steal(i, rate) {
+                Some(next) => Look::Take(next),
+                None if run.unfinished() => Look::Wait,
+                None => Look::Done,
+            });
+            match next.await {
+                Some(next) => task = next,
+                None => return,
+            }
         }
     }
 
@@ -1065,6 +1100,49 @@ impl BodySink for PartSink<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_part_ends_when_the_last_range_is_done_not_at_its_next_look() {
+        let stop = CancellationToken::new();
+        let moved = tokio::sync::Notify::new();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let started = Instant::now();
+        let waiting = idle(&stop, &moved, || {
+            if done.load(std::sync::atomic::Ordering::SeqCst) {
+                Look::<()>::Done
+            } else {
+                Look::Wait
+            }
+        });
+        let finishing = async {
+            // The last range ends a little after the part went idle.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            moved.notify_waiters();
+        };
+        let (ended, ()) = tokio::join!(waiting, finishing);
+        assert_eq!(ended, None);
+        // The clock is paused: only a sleep moves it.
+        assert_eq!(started.elapsed(), Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_part_looks_again_while_nothing_moves() {
+        let stop = CancellationToken::new();
+        let moved = tokio::sync::Notify::new();
+        let looks = std::sync::atomic::AtomicU32::new(0);
+        let started = Instant::now();
+        let found = idle(&stop, &moved, || {
+            match looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0..=2 => Look::Wait,
+                _ => Look::Take(7),
+            }
+        })
+        .await;
+        // A range that became worth hedging is found at a look.
+        assert_eq!(found, Some(7));
+        assert_eq!(started.elapsed(), IDLE_LOOK * 3);
+    }
 
     #[test]
     fn the_first_connection_has_the_rest_and_the_others_take_it_over() {
