@@ -187,9 +187,16 @@ pub(crate) async fn download_for(
                 return Ok(path);
             }
             let result = outcome.and_then(|served| {
-                let path = store.publish(&paths, &sha256, &name)?;
-                Registry::new(&store).record_served_by(&sha256, served.as_str());
-                Ok(path)
+                // Recorded before the file is there: whoever finds it
+                // published (another download waiting for it) finds what
+                // served it too.
+                let registry = Registry::new(&store);
+                registry.record_served_by(&sha256, served.as_str());
+                store.publish(&paths, &sha256, &name).inspect_err(|_| {
+                    if !store.has(&sha256) {
+                        registry.forget_served_by(&sha256);
+                    }
+                })
             });
             if result.is_err() && paths.kept().is_none() {
                 // Nothing in it can be resumed.
