@@ -1,15 +1,18 @@
 //! A large file in ranged parts over several connections.
 //!
-//! A file of at least [`PARTS_MIN_BYTES`] asks for all of itself as a range
-//! (`Range: bytes=0-`, or the rest after kept bytes with `If-Range`). When
-//! the server answers with a `206` whose `Content-Range` is exactly that
-//! range and a validator (a strong `ETag`, else `Last-Modified`), the file
-//! may be split: that first response is read as one stream while its rate
-//! is measured, and only when it is below [`SPLIT_BELOW_BYTES_PER_SEC`]
-//! (a connection capped by its server, or a slow link) do up to
-//! `network.connections_per_file` parts (at most `service.max_per_host`)
-//! take over equal ranges of the rest, each asked for exactly, with `Range`
-//! and `If-Range` (the first connection keeps the lowest). A
+//! A file of at least [`PARTS_MIN_BYTES`] asks for its first share as a
+//! range (`Range: bytes=0-E`, an eighth with 8 parts; a resumed one the rest
+//! after kept bytes, with `If-Range`). When the server answers with a `206`
+//! whose `Content-Range` is exactly that range and a validator (a strong
+//! `ETag`, else `Last-Modified`), the file may be split: that first
+//! response is read as one stream while its rate is measured, and only
+//! when it is below [`SPLIT_BELOW_BYTES_PER_SEC`] (a connection capped by
+//! its server, or a slow link) do up to `network.connections_per_file`
+//! parts (at most `service.max_per_host`) take over equal ranges of the
+//! rest, each asked for exactly, with `Range` and `If-Range` (the first
+//! connection keeps the share it asked for, so its request is not cut
+//! short either). A first connection that is not split asks for the rest
+//! on the same connection when its share is done. A
 //! connection faster than that is left alone: past it, more connections add
 //! work (decryption, a read-back of the bytes written ahead of the hashed
 //! prefix) on the same cores instead of speed. A part that finishes takes
@@ -110,14 +113,14 @@ const FIRST_LOOK: Duration = Duration::from_millis(100);
 pub(super) struct FirstPart {
     /// The hop that answered.
     pub hop: Url,
-    /// Its `206`, from `offset` to the end of the file.
+    /// Its `206`, from `offset` to `end`.
     pub response: Response,
     /// Its host's connection slot.
     pub permit: HostPermit,
     /// Where its body starts (the kept prefix before it).
     pub offset: u64,
-    /// Where its body ends: the first kept range after `offset`, else the
-    /// file's end.
+    /// Where its body ends: at most the first kept range after `offset`
+    /// (a fresh file asks for its first share only, [`first_share_end`]).
     pub end: u64,
     /// The kept ranges beyond the prefix (`[start, end)`, sorted, apart):
     /// only the ranges between them are asked for.
@@ -242,6 +245,10 @@ struct Run<'a> {
     /// the first response's).
     validators: Mutex<Vec<Option<String>>>,
     slots: Mutex<Vec<Slot>>,
+    /// Where the first connection's request in flight ends: the first
+    /// request's share, then its range's end. The split leaves it that
+    /// range, so that its request is never cut short.
+    first_asked: std::sync::atomic::AtomicU64,
     /// Missing ranges between kept ones that no part has taken yet.
     pending: Mutex<std::collections::VecDeque<(u64, u64)>>,
     /// Bytes hedges may still ask for a second time: the waste is bounded
@@ -305,7 +312,8 @@ impl Run<'_> {
         if rate < self.split_below as f64 {
             tracing::debug!(address = %self.address, rate, "a slow connection: fetching in parts");
             *window = None;
-            share_first(&mut lock(&self.slots));
+            let asked = self.first_asked.load(std::sync::atomic::Ordering::Relaxed);
+            share_first(&mut lock(&self.slots), asked);
             self.set_phase(Phase::Split);
         } else if elapsed >= RATE_WINDOW {
             *w = Window {
@@ -611,27 +619,47 @@ fn steal_point(next: u64, end: u64, in_flight: u64) -> Option<u64> {
 
 /// Cuts the first slot's range into equal ones over all slots (each of at
 /// least [`MIN_PART_BYTES`] when it can). The first slot keeps the lowest,
-/// which its connection may be reading already; every other slot gets one
-/// of its own to ask for exactly. So no part's request reaches past its
-/// range's end, as it would if the ranges were halved one after another:
-/// a request cut short wastes what is on the way on its connection, up to
-/// a window (megabytes on a far, fast link).
-fn share_first(slots: &mut [Slot]) {
+/// which its connection may be reading already: up to `asked`, where its
+/// request ends, when that is within its range (the first request of a
+/// fresh file asks for its share only), the others sharing the rest; else
+/// an equal share. Every other slot gets a range of its own to ask for
+/// exactly. So no request reaches past its range's end, as it would if the
+/// ranges were halved one after another, or if the first asked for the
+/// whole file: a request cut short wastes what is on the way on its
+/// connection, up to a window (megabytes on a far, fast link).
+fn share_first(slots: &mut [Slot], asked: u64) {
     let (offset, size) = (slots[0].next, slots[0].end);
-    let rest = size.saturating_sub(offset);
-    let count = (rest / MIN_PART_BYTES).clamp(1, slots.len() as u64);
+    let keep = asked > offset && asked < size && slots.len() > 1;
+    let from = if keep { asked } else { offset };
+    let sharing = slots.len() - usize::from(keep);
+    let rest = size.saturating_sub(from);
+    let count = (rest / MIN_PART_BYTES).clamp(1, sharing as u64);
     let step = rest / count;
-    for k in 1..count {
-        let end = if k + 1 == count {
-            size
+    let first = usize::from(keep);
+    for k in 0..count {
+        let start = from + k * step;
+        let end = if k + 1 == count { size } else { start + step };
+        let slot = first + k as usize;
+        if slot == 0 {
+            slots[0].end = end;
         } else {
-            offset + (k + 1) * step
-        };
-        slots[k as usize].assign(offset + k * step, end);
+            slots[slot].assign(start, end);
+        }
     }
-    if count > 1 {
-        slots[0].end = offset + step;
+    if keep {
+        slots[0].end = asked;
     }
+}
+
+/// Where the first request of a fresh file of `size` bytes ends (exclusive)
+/// when the file may be fetched in up to `parts` parts: its share of the
+/// file. Once the file is split, the first connection keeps that range and
+/// the other parts share the rest, so no request is cut short; a first
+/// connection fast enough to be left alone asks for the rest on the same
+/// connection when its share is done.
+pub(super) fn first_share_end(size: u64, parts: usize) -> u64 {
+    let count = (size / MIN_PART_BYTES).clamp(1, parts.max(1) as u64);
+    (size / count).max(MIN_PART_BYTES.min(size))
 }
 
 impl Fetcher {
@@ -674,7 +702,9 @@ impl Fetcher {
             .map_err(|e| local_write(&paths.data, e))?;
         let checkpoints = Checkpointer::new(paths, address.as_str(), Some(validator.clone()));
         let gaps = missing(offset, expected.size, &ranges);
-        if gaps.first().map(|g| g.1) != Some(end) {
+        let within =
+            |&(start, gap_end): &(u64, u64)| start == offset && offset < end && end <= gap_end;
+        if !gaps.first().is_some_and(within) {
             return Err(local_write(
                 &paths.data,
                 std::io::Error::other("the first part is not the first missing range"),
@@ -691,7 +721,7 @@ impl Fetcher {
         // Parts from several sources were asked for: they start at once.
         let spread = sources.len() > 1;
         if spread {
-            share_first(&mut slots);
+            share_first(&mut slots, end);
         }
         tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
         let count = slots.len();
@@ -701,6 +731,7 @@ impl Fetcher {
             sources,
             validators: Mutex::new(validators),
             slots: Mutex::new(slots),
+            first_asked: std::sync::atomic::AtomicU64::new(end),
             pending: Mutex::new(gaps.into_iter().skip(1).collect()),
             hedge_left: Mutex::new(expected.size / 8),
             progress: Mutex::new(Progress {
@@ -721,7 +752,7 @@ impl Fetcher {
             moved: tokio::sync::Notify::new(),
             setup: Mutex::new(None),
         };
-        let mut first = Some((hop.clone(), response, permit));
+        let mut first = Some((hop.clone(), response, permit, end));
         // Polled only when woken: the parts waiting for a split cost the
         // first connection nothing.
         let mut workers: futures_util::stream::FuturesUnordered<_> = (0..count)
@@ -773,7 +804,7 @@ impl Fetcher {
     /// One connection's work: its range (the first's, or one taken over
     /// once the file is split), then ranges taken over from the others,
     /// until nothing is worth taking.
-    async fn worker(&self, run: &Run<'_>, i: usize, first: Option<(Url, Response, HostPermit)>) {
+    async fn worker(&self, run: &Run<'_>, i: usize, first: Option<First>) {
         let task = match i {
             0 => Some(run.own(0)),
             _ => run.opened(i).await,
@@ -786,29 +817,26 @@ impl Fetcher {
         }
     }
 
-    async fn work(
-        &self,
-        run: &Run<'_>,
-        i: usize,
-        mut task: Task,
-        mut first: Option<(Url, Response, HostPermit)>,
-    ) {
+    async fn work(&self, run: &Run<'_>, i: usize, mut task: Task, mut first: Option<First>) {
         let mut policy = run.policy.clone();
         let started = Instant::now();
         loop {
             let result = match first.take() {
-                Some((hop, response, _permit)) => match run.claim(task) {
+                Some((hop, response, _permit, asked)) => match run.claim(task) {
                     Some((start, limit)) => {
-                        let body = (run.address, &hop, response, start, limit);
+                        let body = (run.address, &hop, response, start, limit.min(asked));
                         self.part_body(run, i, task, body, started, &mut policy)
                             .await
                     }
-                    None => Ok(None),
+                    None => Ok(Ended::default()),
                 },
                 None => self.part(run, i, task, &mut policy).await,
             };
             let rate = match result {
-                Ok(rate) => rate,
+                // Its request is done and its range goes on: it asks for
+                // the rest.
+                Ok(Ended { more: true, .. }) => continue,
+                Ok(ended) => ended.rate,
                 Err(stop) => {
                     run.fail(stop);
                     return;
@@ -826,19 +854,22 @@ impl Fetcher {
         }
     }
 
-    /// Asks for the range of `task` (part `i`'s connection) and reads it;
-    /// the rate it wrote at, when it wrote.
+    /// Asks for the range of `task` (part `i`'s connection) and reads it.
     async fn part(
         &self,
         run: &Run<'_>,
         i: usize,
         task: Task,
         policy: &mut watch::Receiver<u64>,
-    ) -> Result<Option<f64>, Stop> {
+    ) -> Result<Ended, Stop> {
         let started = Instant::now();
         let Some((start, end)) = run.claim(task) else {
-            return Ok(None);
+            return Ok(Ended::default());
         };
+        if i == 0 {
+            run.first_asked
+                .store(end, std::sync::atomic::Ordering::Relaxed);
+        }
         let (k, source, known) = run.source(i);
         let ask = Ask {
             start,
@@ -883,8 +914,7 @@ impl Fetcher {
 
     /// Reads one part's body (from `start` up to `limit`, what it asked
     /// for) into its task's range, stopping where the range ends now, or
-    /// when another connection of the range is ahead of it; the rate it
-    /// wrote at since `started`, when it wrote.
+    /// when another connection of the range is ahead of it.
     async fn part_body(
         &self,
         run: &Run<'_>,
@@ -893,7 +923,7 @@ impl Fetcher {
         body: (&Url, &Url, Response, u64, u64),
         started: Instant,
         policy: &mut watch::Receiver<u64>,
-    ) -> Result<Option<f64>, Stop> {
+    ) -> Result<Ended, Stop> {
         let (source, hop, mut response, start, limit) = body;
         let mut sink = PartSink {
             run,
@@ -942,12 +972,15 @@ impl Fetcher {
             .map_err(|e| local_write(&run.sink_path, e));
         let rate =
             (sink.wrote > 0).then(|| sink.wrote as f64 / started.elapsed().as_secs_f64().max(1e-3));
+        let ended = |more| Ok(Ended { rate, more });
         match (outcome, flushed) {
             (Err(e), _) | (Ok(_), Err(e)) => Err(Stop::failed(e)),
             (Ok(Some(failure)), _) => Err(Stop::failed(failure)),
-            (Ok(None), _) if sink.behind => Ok(rate),
+            (Ok(None), _) if sink.behind => ended(false),
             (Ok(None), _) => match run.claim(task) {
-                None => Ok(rate),
+                None => ended(false),
+                // All it asked for came, and its range goes on.
+                Some((next, _)) if next >= limit => ended(true),
                 Some((next, _)) => {
                     let detail = format!("a part's connection closed after byte {next}");
                     let error = size_error(Some(run.expected), run.expected.size, detail);
@@ -956,6 +989,20 @@ impl Fetcher {
             },
         }
     }
+}
+
+/// The accepted answer to the first request as its part reads it: the hop,
+/// the response, its host's slot and where the bytes it asked for end.
+type First = (Url, Response, HostPermit, u64);
+
+/// How a part's request ended.
+#[derive(Debug, Default)]
+struct Ended {
+    /// The rate it wrote at, when it wrote.
+    rate: Option<f64>,
+    /// It brought all it asked for and its range goes on past that (the
+    /// first request asked for its share only): the part asks for the rest.
+    more: bool,
 }
 
 /// A part's reporter: the file's progress comes from [`PartSink`].
@@ -1153,7 +1200,7 @@ mod tests {
         assert!(slots[1..].iter().all(|s| s.next == s.end));
         assert_eq!(first_slots(&missing(0, MIN_PART_BYTES, &[]), 8).len(), 1);
         let mut spread = slots.clone();
-        share_first(&mut spread);
+        share_first(&mut spread, size);
         assert_eq!(spread[0].next, 100);
         for w in spread.windows(2) {
             assert_eq!(w[0].end, w[1].next);
@@ -1215,7 +1262,8 @@ mod tests {
         // The first connection has read some of it meanwhile.
         slots[0].next = 300_000;
         let turn = slots[0].turn;
-        share_first(&mut slots);
+        // Its request asked for the whole file (a resumed one, `bytes=N-`).
+        share_first(&mut slots, size);
         assert_eq!((slots[0].next, slots[0].turn), (300_000, turn));
         let step = (size - 300_000) / 8;
         for (k, w) in slots.windows(2).enumerate() {
@@ -1223,6 +1271,35 @@ mod tests {
             assert_eq!(w[0].end - w[0].next, step, "equal shares: {slots:?}");
         }
         assert_eq!(slots[7].end, size);
+    }
+
+    #[test]
+    fn the_first_connection_keeps_the_share_its_request_asked_for() {
+        let size = 16 << 20;
+        let asked = first_share_end(size, 8);
+        assert_eq!(asked, 2 << 20);
+        let mut slots = first_slots(&missing(0, size, &[]), 8);
+        slots[0].next = 300_000;
+        share_first(&mut slots, asked);
+        // Its range ends where its request does: nothing of it is cut.
+        assert_eq!((slots[0].next, slots[0].end), (300_000, asked));
+        let step = (size - asked) / 7;
+        for (k, w) in slots.windows(2).enumerate() {
+            assert_eq!(w[0].end, w[1].next, "slot {k} meets the next");
+            if k > 0 {
+                assert_eq!(w[0].end - w[0].next, step, "equal shares: {slots:?}");
+            }
+        }
+        assert_eq!(slots[7].end, size);
+        // A request that reached past its range's end, or one already
+        // over, leaves equal shares of what is left.
+        let mut past = first_slots(&missing(0, size, &[]), 8);
+        past[0].next = 3 << 20;
+        share_first(&mut past, asked);
+        assert_eq!(past[0].end, (3 << 20) + (size - (3 << 20)) / 8);
+        // Small files: one share each of at least the least part.
+        assert_eq!(first_share_end(1 << 20, 8), 256 << 10);
+        assert_eq!(first_share_end(100, 8), 100);
     }
 
     #[test]

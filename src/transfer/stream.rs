@@ -15,7 +15,7 @@ use crate::transfer::exchange::{validator, Ask, HeadError};
 use crate::transfer::fetch::{
     Control, Expected, Fetcher, Output, Reporter, Resume, Transfer, TransferError,
 };
-use crate::transfer::parts::{FirstPart, PARTS_MIN_BYTES};
+use crate::transfer::parts::{first_share_end, FirstPart, PARTS_MIN_BYTES};
 use crate::transfer::sink::Sink;
 
 /// One try of one address, as [`Fetcher::transfer`] runs it.
@@ -130,17 +130,7 @@ impl Fetcher {
         // Taken before the first hop is checked: a change from here on is
         // seen, whatever the transfer is waiting for.
         let mut policy_changes = self.policy_version.subscribe();
-        // A fresh large file asks for all of it as a range: the probe of
-        // whether its server answers ranges exactly.
-        let mut ask = match &resume {
-            Some(r) => Some(Ask::resume(r, parts)),
-            None if parts => Some(Ask {
-                start: 0,
-                end: None,
-                validator: None,
-            }),
-            None => None,
-        };
+        let mut ask = first_ask(resume.as_ref(), parts.then_some(self.parts), limit);
         let (hop, mut response, offset, host_permit) = loop {
             let head = tokio::select! {
                 head = self.response_head(address, ask.as_ref(), limit, &mut policy_changes, &mut *reporter) => head,
@@ -193,6 +183,12 @@ impl Fetcher {
                 return self.parts(address, e, paths, first, cancel, reporter).await;
             }
         }
+        if response.status().as_u16() == 206 && end < limit {
+            // Ranges, but none to fetch in parts (no validator to hold them
+            // to one file): one stream of the whole file instead.
+            tracing::debug!(%hop, "ranges without a validator: fetching as one stream");
+            return Ok(None);
+        }
         let mut sink = match paths {
             None => Sink::hash_only(),
             Some(paths) => open_sink(paths, address, offset, kept_validator).await?,
@@ -232,6 +228,23 @@ impl Fetcher {
             sha256: finished.sha256,
             final_url: hop,
         }))
+    }
+}
+
+/// What the first request of a try asks for: the rest after kept bytes,
+/// or, for a fresh file of `limit` bytes that may come in up to `parts`
+/// parts, its first share as a range (the probe of whether its server
+/// answers ranges exactly, and a request that is not cut short when the
+/// file is split); nothing otherwise.
+fn first_ask(resume: Option<&Resume>, parts: Option<usize>, limit: u64) -> Option<Ask> {
+    match (resume, parts) {
+        (Some(r), parts) => Some(Ask::resume(r, parts.is_some())),
+        (None, Some(parts)) => Some(Ask {
+            start: 0,
+            end: Some(first_share_end(limit, parts) - 1),
+            validator: None,
+        }),
+        (None, None) => None,
     }
 }
 

@@ -110,15 +110,20 @@ async fn a_split_file_is_shared_out_in_equal_ranges_each_asked_for_exactly() {
     let size = SIZE as u64;
     let ranges = env.origin.ranges("/q.bin");
     let asked: Vec<(u64, u64)> = ranges.iter().filter_map(|r| asked(r, size)).collect();
-    assert_eq!(asked.first(), Some(&(0, size - 1)), "{ranges:?}");
+    // The first request asks for its share only (an eighth), so that the
+    // split does not cut it short.
+    let first = size / 8;
+    assert_eq!(asked.first(), Some(&(0, first - 1)), "{ranges:?}");
     // The seven parts that take over once the first connection is found
-    // slow: each an eighth of what was left, meeting the next, the last
-    // ending at the file's end. Halving ranges one after another instead
-    // makes requests that reach past where their range ends up (a request
-    // cut short wastes what is on the way on its connection).
+    // slow: each a seventh of the rest, the first meeting the first
+    // request's end, each the next, the last ending at the file's end.
+    // Halving ranges one after another instead makes requests that reach
+    // past where their range ends up (a request cut short wastes what is on
+    // the way on its connection).
     let mut parts: Vec<(u64, u64)> = asked.iter().skip(1).take(7).copied().collect();
     parts.sort();
-    let share = (size - parts[0].0) / 7;
+    assert_eq!(parts[0].0, first, "{ranges:?}");
+    let share = (size - first) / 7;
     for w in parts.windows(2) {
         assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
     }
@@ -147,7 +152,15 @@ async fn a_first_connection_fast_enough_is_not_split() {
         .await
         .unwrap();
     assert_eq!(std::fs::read(path).unwrap(), body);
-    assert_eq!(env.origin.ranges("/f.bin"), vec!["bytes=0-".to_string()]);
+    // Its first share, then the rest of the file on the same connection.
+    let first = SIZE / 8;
+    assert_eq!(
+        env.origin.ranges("/f.bin"),
+        vec![
+            format!("bytes=0-{}", first - 1),
+            format!("bytes={first}-{}", SIZE - 1)
+        ]
+    );
     assert_eq!(env.origin.served("/f.bin"), SIZE as u64);
     // Below a threshold of 64 MB/s: the same source in parts.
     let other = bytes(SIZE, 43);
@@ -162,6 +175,24 @@ async fn a_first_connection_fast_enough_is_not_split() {
         starts(&env, "/g.bin").len() >= 4,
         "{:?}",
         env.origin.ranges("/g.bin")
+    );
+}
+
+#[tokio::test]
+async fn ranges_without_a_validator_get_one_stream_of_the_whole_file() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 44);
+    env.origin
+        .route("/n.bin", faulty(&body, PartsFault::NoValidator));
+    let r = resource("n", &env.url("origin.test", "/n.bin"), &[], &body);
+    let path = fetch_with(&env, &r, no_retry()).await.unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    // The first share was answered, but with nothing to hold parts to one
+    // file: the whole file once more, without a range.
+    assert_eq!(
+        env.origin.ranges("/n.bin"),
+        vec![format!("bytes=0-{}", SIZE / 8 - 1)]
     );
 }
 

@@ -151,9 +151,8 @@ async fn a_record_of_ranges_that_is_not_exact_restarts_from_zero() {
         let path = fetch_with(&env, &r, no_retry()).await.unwrap();
         assert_eq!(std::fs::read(path).unwrap(), body);
         let asked = env.origin.ranges("/c.bin");
-        assert_eq!(
-            asked.first().map(String::as_str),
-            Some("bytes=0-"),
+        assert!(
+            asked.first().is_some_and(|r| r.starts_with("bytes=0-")),
             "{ranges:?}: a fresh start, {asked:?}"
         );
     }
@@ -192,7 +191,11 @@ async fn kept_ranges_are_hashed_in_order_with_the_rest() {
         Some(format!("bytes=0-{}", 2 * mib - 1).as_str()),
         "the first try asks for the gap only: {asked:?}"
     );
-    assert!(asked.contains(&"bytes=0-".to_string()), "{asked:?}");
+    // Then from zero again.
+    assert!(
+        asked.iter().skip(1).any(|r| r.starts_with("bytes=0-")),
+        "{asked:?}"
+    );
     assert!(logs.text().contains("E_RESOURCE_SHA256"), "{}", logs.text());
 }
 

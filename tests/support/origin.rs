@@ -193,6 +193,9 @@ pub enum Behaviour {
 pub enum PartsFault {
     /// Not at all.
     None,
+    /// No `ETag` (and no other validator): ranges are answered, but nothing
+    /// holds them to one version of the file.
+    NoValidator,
     /// A `206` that does not start at 0 names a start one byte later in its
     /// `Content-Range` than the bytes it sends.
     WrongContentRange,
@@ -1026,8 +1029,13 @@ async fn serve_parts(
         _ => pace,
     };
     let close_header = if keep { "" } else { "Connection: close\r\n" };
+    let etag_header = if *fault == PartsFault::NoValidator {
+        String::new()
+    } else {
+        format!("ETag: {etag}\r\n")
+    };
     let head = format!(
-        "HTTP/1.1 {status}\r\nETag: {etag}\r\nContent-Length: {}\r\n{close_header}\r\n",
+        "HTTP/1.1 {status}\r\n{etag_header}Content-Length: {}\r\n{close_header}\r\n",
         end - start
     );
     tls.write_all(head.as_bytes()).await?;
