@@ -3,7 +3,7 @@
 //! and the redirects followed by hand until a body can be read.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use reqwest::header::{
@@ -57,7 +57,9 @@ impl Fetcher {
     /// Sends the request (with `Range` and `If-Range` when resuming) and
     /// follows redirects until a response whose body can be read: a `200`,
     /// or a `206` that continues exactly the kept bytes. Returns the final
-    /// hop, the response and the offset its body starts at.
+    /// hop, the response, the offset its body starts at, its host's slot and
+    /// how long the final hop took to answer once its slot was free (the
+    /// connection's set-up included).
     ///
     /// Every wait (the host slot, the connection, the head) watches
     /// `policy` and stops when the hop is no longer permitted; the hop is
@@ -69,7 +71,7 @@ impl Fetcher {
         limit: u64,
         policy: &mut watch::Receiver<u64>,
         reporter: &mut dyn Reporter,
-    ) -> Result<(Url, Response, u64, HostPermit), HeadError> {
+    ) -> Result<(Url, Response, u64, HostPermit, Duration), HeadError> {
         let mut hop = address.clone();
         let mut redirects = 0;
         loop {
@@ -81,6 +83,7 @@ impl Fetcher {
                 .await
                 .map_err(|e| attempt(&hop, e))?;
             self.check_policy(&hop).map_err(|e| attempt(&hop, e))?;
+            let asked = tokio::time::Instant::now();
             let response = self
                 .live(&hop, policy, Some(&mut *reporter), self.send(&hop, ask))
                 .await
@@ -111,7 +114,7 @@ impl Fetcher {
                 Ok(offset) => offset,
                 Err(e) => return Err(with_short_body(*e, &mut response).await),
             };
-            return Ok((hop, response, offset, permit));
+            return Ok((hop, response, offset, permit, asked.elapsed()));
         }
     }
 

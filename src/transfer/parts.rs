@@ -109,6 +109,14 @@ pub const RATE_WINDOW: Duration = Duration::from_millis(250);
 /// ...and a window this old that is already below the rate splits the file.
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 
+/// A first request answered this long after it was sent (connection and
+/// TLS set-up included) came from a far server: the file is split at once.
+/// Its connection cannot reach [`SPLIT_BELOW_BYTES_PER_SEC`] before many
+/// round trips of slow start, so measuring it would only keep the other
+/// parts waiting (on a link of 160 ms, a round trip per look). On loopback
+/// and in a LAN the answer comes within milliseconds.
+pub const FAR_ANSWER: Duration = Duration::from_millis(100);
+
 /// The accepted answer to the first request, which becomes the first part.
 pub(super) struct FirstPart {
     /// The hop that answered.
@@ -117,6 +125,8 @@ pub(super) struct FirstPart {
     pub response: Response,
     /// Its host's connection slot.
     pub permit: HostPermit,
+    /// How long it took to answer once its slot was free.
+    pub answered: Duration,
     /// Where its body starts (the kept prefix before it).
     pub offset: u64,
     /// Where its body ends: at most the first kept range after `offset`
@@ -684,6 +694,7 @@ impl Fetcher {
             hop,
             response,
             permit,
+            answered,
             offset,
             end,
             ranges,
@@ -718,12 +729,18 @@ impl Fetcher {
         let (scatter, thread) =
             scatter::start(file, kept, checkpoints).map_err(|e| local_write(&paths.data, e))?;
         let mut slots = first_slots(&gaps, self.parts);
-        // Parts from several sources were asked for: they start at once.
-        let spread = sources.len() > 1;
+        // Parts from several sources were asked for, or the server is far:
+        // they start at once.
+        let far = answered >= FAR_ANSWER;
+        let spread = sources.len() > 1 || far;
         if spread {
             share_first(&mut slots, end);
         }
-        tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
+        if far {
+            tracing::debug!(%address, parts = slots.len(), answered_ms = answered.as_millis(), "a far server: fetching in parts at once");
+        } else {
+            tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
+        }
         let count = slots.len();
         let run = Run {
             address,
@@ -882,11 +899,8 @@ impl Fetcher {
             () = run.stop.cancelled() => return Err(Stop::Failed(Box::new(TransferError::Cancelled))),
             head = self.response_head(source, Some(&ask), run.expected.size, policy, &mut quiet) => head,
         };
-        let (hop, response, _, _permit) = match head {
-            Ok(head) => {
-                run.note_setup(started.elapsed());
-                head
-            }
+        let (hop, response, _, _permit, answered) = match head {
+            Ok(head) => head,
             Err(HeadError::Attempt(hop, e)) => {
                 return Err(Stop::failed(run.attempt_of(source, &hop, e)))
             }
@@ -894,6 +908,7 @@ impl Fetcher {
                 return Err(Stop::Refused(format!("{hop} refused a part: {why}")))
             }
         };
+        run.note_setup(answered);
         let status = response.status().as_u16();
         if status != 206 {
             return Err(Stop::Refused(format!(

@@ -131,7 +131,7 @@ impl Fetcher {
         // seen, whatever the transfer is waiting for.
         let mut policy_changes = self.policy_version.subscribe();
         let mut ask = first_ask(resume.as_ref(), parts.then_some(self.parts), limit);
-        let (hop, mut response, offset, host_permit) = loop {
+        let (hop, mut response, offset, host_permit, answered) = loop {
             let head = tokio::select! {
                 head = self.response_head(address, ask.as_ref(), limit, &mut policy_changes, &mut *reporter) => head,
                 () = &mut cancelled => return Err(TransferError::Cancelled),
@@ -173,6 +173,7 @@ impl Fetcher {
                     hop,
                     response,
                     permit: host_permit,
+                    answered,
                     offset,
                     end,
                     ranges,

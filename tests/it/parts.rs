@@ -178,6 +178,44 @@ async fn a_first_connection_fast_enough_is_not_split() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_server_is_fetched_in_parts_at_once() {
+    let env = Env::new().await;
+    config(&env, "");
+    let cfg = env.config();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    // 16 MB/s is above a threshold of 1 MB/s: a connection that answers at
+    // once is left alone (a_first_connection_fast_enough_is_not_split).
+    let fetcher = Fetcher::new(&cfg).unwrap().with_split_below(1_000_000);
+    let body = bytes(SIZE, 45);
+    // The first answer comes after 300 ms, as over a link of 100 ms a round
+    // trip: the file is split before a byte of it is measured.
+    let late = PartsFault::LateFirstHead(Duration::from_millis(300));
+    env.origin.route("/far.bin", faulty(&body, late));
+    let r = resource("far", &env.url("origin.test", "/far.bin"), &[], &body);
+    let logs = Logs::capture();
+    let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    let ranges = env.origin.ranges("/far.bin");
+    assert!(starts(&env, "/far.bin").len() >= 8, "{ranges:?}");
+    assert!(logs.text().contains("a far server"), "{}", logs.text());
+    // Each asked for exactly once: the first its share, the others the
+    // rest, in equal ranges.
+    let size = SIZE as u64;
+    let mut asked: Vec<(u64, u64)> = ranges
+        .iter()
+        .take(8)
+        .filter_map(|r| asked(r, size))
+        .collect();
+    asked.sort();
+    assert_eq!(asked[0], (0, size / 8 - 1), "{ranges:?}");
+    for w in asked.windows(2) {
+        assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
+    }
+}
+
 #[tokio::test]
 async fn ranges_without_a_validator_get_one_stream_of_the_whole_file() {
     let env = Env::new().await;

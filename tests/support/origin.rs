@@ -196,6 +196,8 @@ pub enum PartsFault {
     /// No `ETag` (and no other validator): ranges are answered, but nothing
     /// holds them to one version of the file.
     NoValidator,
+    /// The first response's head is sent this late (a far server).
+    LateFirstHead(Duration),
     /// A `206` that does not start at 0 names a start one byte later in its
     /// `Content-Range` than the bytes it sends.
     WrongContentRange,
@@ -1038,6 +1040,11 @@ async fn serve_parts(
         "HTTP/1.1 {status}\r\n{etag_header}Content-Length: {}\r\n{close_header}\r\n",
         end - start
     );
+    if let PartsFault::LateFirstHead(late) = fault {
+        if nth == 0 {
+            tokio::time::sleep(*late).await;
+        }
+    }
     tls.write_all(head.as_bytes()).await?;
     let mut at = start;
     while at < end {
