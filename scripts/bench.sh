@@ -51,7 +51,8 @@
 #                         changing code for speed
 #   BENCH_BEFORE=path/to/an/older/gem-resources   an A/B: that binary gets a
 #                         row of its own (same configuration, interleaved)
-#                         in the one-file, capped and many-files cases
+#                         in the one-file, capped and many-files cases and
+#                         over every link
 #
 # Installs what it needs from Debian when missing (nginx-light, aria2, curl,
 # time, openssl). Not part of CI. Touches nothing outside its temporary
@@ -376,6 +377,7 @@ sed "s#\"127.0.0.1\"\]#\"$LINK_IP\"]#; s#127.0.0.1/32#10.88.0.0/24#" "$W/config.
 { printf '[network]\nconnections_per_file = 16\n[service]\nmax_per_host = 16\n'; cat "$W/link.toml"; } >"$W/link16.toml"
 LOURS=("$BIN" --config "$W/link.toml" --store "$W/store")
 LOURS16=("$BIN" --config "$W/link16.toml" --store "$W/store")
+LOURSB=("$BEFORE" --config "$W/link.toml" --store "$W/store")
 
 # --- one file ----------------------------------------------------------------
 one_file_round() { # case file
@@ -448,6 +450,7 @@ link_round() { # regime
         c=$r-${f%.bin}; sha=$(sha_of "$f")
         [[ " $LINK_FILES " == *" ${f%.bin} "* ]] || continue
         fresh; timed "$c" "gem-resources fetch" "${IN_CLI[@]}" "${LOURS[@]}" fetch "$W/res/$c.json"
+        [ -z "$BEFORE" ] || { fresh; timed "$c" "$BEFORE_ROW" "${IN_CLI[@]}" "${LOURSB[@]}" fetch "$W/res/$c.json"; }
         fresh; timed "$c" "gem-resources fetch, connections_per_file = 16" "${IN_CLI[@]}" "${LOURS16[@]}" fetch "$W/res/$c.json"
         if [ "$LINK_ONE" != no ]; then
             fresh; timed "$c" "curl -o (one connection)" "${lcurl[@]}" -o "$W/out/f" "$lu/$f"
@@ -463,6 +466,7 @@ link_round() { # regime
     c=$r-lmany
     [[ " $LINK_FILES " == *" lmany "* ]] || return 0
     fresh; timed "$c" "gem-resources fetch" "${IN_CLI[@]}" "${LOURS[@]}" fetch "$W/res/$c.json"
+    [ -z "$BEFORE" ] || { fresh; timed "$c" "$BEFORE_ROW" "${IN_CLI[@]}" "${LOURSB[@]}" fetch "$W/res/$c.json"; }
     fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${lcurl[@]}" -Z --parallel-max 8 -K "$W/res/lmany.curl"
     fresh; timed "$c" "aria2c -j8 --checksum" "${IN_CLI[@]}" aria2c -q -j8 -x1 --ca-certificate="$CERT" \
         --file-allocation=none --allow-overwrite=true -d "$W/out" -i "$W/res/lmany.aria2"
