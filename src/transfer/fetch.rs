@@ -224,6 +224,9 @@ pub struct Fetcher {
     /// A large file is split into parts only while its first connection
     /// brings less than this, in bytes per second.
     pub(super) split_below: u64,
+    /// A first request answered this long or more after it was sent is
+    /// from a far server: its file is split at once.
+    pub(super) far_answer: Duration,
 }
 
 /// How a transfer of an address would connect (see [`Fetcher::route`]).
@@ -307,6 +310,7 @@ impl Fetcher {
                 .max(1),
             spread: settings.spread_over_mirrors,
             split_below: SPLIT_BELOW_BYTES_PER_SEC,
+            far_answer: crate::transfer::parts::FAR_ANSWER,
         })
     }
 
@@ -326,6 +330,16 @@ impl Fetcher {
     /// 0 never splits, `u64::MAX` splits at the first look.
     pub fn with_split_below(mut self, bytes_per_sec: u64) -> Fetcher {
         self.split_below = bytes_per_sec;
+        self
+    }
+
+    /// The same fetcher splitting a large file into parts at once when its
+    /// first request took `after` or more to be answered (a far server)
+    /// instead of [`FAR_ANSWER`](crate::transfer::parts::FAR_ANSWER);
+    /// `Duration::MAX` never does. A fetcher that never splits
+    /// ([`Fetcher::with_split_below`] 0) does not either.
+    pub fn with_far_answer(mut self, after: Duration) -> Fetcher {
+        self.far_answer = after;
         self
     }
 

@@ -732,7 +732,7 @@ impl Fetcher {
         let mut slots = first_slots(&gaps, self.parts);
         // Parts from several sources were asked for, or the server is far:
         // they start at once.
-        let far = answered >= FAR_ANSWER;
+        let far = self.split_below > 0 && answered >= self.far_answer;
         let spread = sources.len() > 1 || far;
         if spread {
             share_first(&mut slots, end);

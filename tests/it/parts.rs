@@ -146,8 +146,12 @@ async fn a_first_connection_fast_enough_is_not_split() {
     let r = resource("f", &env.url("origin.test", "/f.bin"), &[], &body);
     let cfg = env.config();
     let store = Store::open(&cfg.store_dir()).unwrap();
-    // 16 MB/s is above a threshold of 1 MB/s: one connection.
-    let fetcher = Fetcher::new(&cfg).unwrap().with_split_below(1_000_000);
+    // 16 MB/s is above a threshold of 1 MB/s: one connection (however
+    // late a loaded machine answers: the far-server rule is another test's).
+    let fetcher = Fetcher::new(&cfg)
+        .unwrap()
+        .with_split_below(1_000_000)
+        .with_far_answer(Duration::MAX);
     let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
         .await
         .unwrap();
@@ -166,7 +170,10 @@ async fn a_first_connection_fast_enough_is_not_split() {
     let other = bytes(SIZE, 43);
     env.origin.route("/g.bin", faulty(&other, PartsFault::None));
     let r = resource("g", &env.url("origin.test", "/g.bin"), &[], &other);
-    let fetcher = Fetcher::new(&cfg).unwrap().with_split_below(64_000_000);
+    let fetcher = Fetcher::new(&cfg)
+        .unwrap()
+        .with_split_below(64_000_000)
+        .with_far_answer(Duration::MAX);
     let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
         .await
         .unwrap();
@@ -214,6 +221,17 @@ async fn a_far_server_is_fetched_in_parts_at_once() {
     for w in asked.windows(2) {
         assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
     }
+    // A fetcher that never splits does not for a far server either.
+    let other = bytes(SIZE, 46);
+    let late = PartsFault::LateFirstHead(Duration::from_millis(300));
+    env.origin.route("/far2.bin", faulty(&other, late));
+    let r = resource("far2", &env.url("origin.test", "/far2.bin"), &[], &other);
+    let never = Fetcher::new(&cfg).unwrap().with_split_below(0);
+    let path = download(&never, &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), other);
+    assert_eq!(starts(&env, "/far2.bin"), vec![0, size / 8]);
 }
 
 #[tokio::test]
