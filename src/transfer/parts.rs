@@ -429,20 +429,10 @@ impl Run<'_> {
     /// range that would finish last; `None` when nothing is worth taking.
     fn steal(&self, i: usize, rate: Option<f64>) -> Option<Task> {
         let mut slots = lock(&self.slots);
-        if let Some((next, end)) = lock(&self.pending).pop_front() {
-            slots[i].assign(next, end);
-            self.moved.notify_waiters();
-            return Some(self.task_of(&slots, i));
-        }
-        let (j, _) = slots
-            .iter()
-            .map(|s| s.end.saturating_sub(s.next))
-            .enumerate()
-            .max_by_key(|&(_, rest)| rest)?;
-        let (next, end) = (slots[j].next, slots[j].end);
-        if let Some(mid) = steal_point(next, end, self.in_flight(&slots[j])) {
-            slots[j].end = mid;
-            slots[i].assign(mid, end);
+        let taken = take_over(&mut slots, &mut lock(&self.pending), i, |s| {
+            self.in_flight(s)
+        });
+        if taken {
             self.moved.notify_waiters();
             return Some(self.task_of(&slots, i));
         }
@@ -615,6 +605,42 @@ fn first_slots(gaps: &[(u64, u64)], n: usize) -> Vec<Slot> {
     let mut slots = vec![Slot::new(end, end); count as usize];
     slots[0].next = next;
     slots
+}
+
+/// Gives slot `i` the next missing range no part has taken, else the upper
+/// half of the largest range still to come ([`steal_point`], `in_flight`
+/// telling what a slot's connection has on the way); whether it did. Never
+/// while `i`'s own range is unfinished: then a hedge that overtook its
+/// connection still reads it, and a new range in its slot would end that
+/// hedge and lose the rest of the range (a gap in the file).
+fn take_over(
+    slots: &mut [Slot],
+    pending: &mut std::collections::VecDeque<(u64, u64)>,
+    i: usize,
+    in_flight: impl Fn(&Slot) -> u64,
+) -> bool {
+    if slots[i].next < slots[i].end {
+        return false;
+    }
+    if let Some((next, end)) = pending.pop_front() {
+        slots[i].assign(next, end);
+        return true;
+    }
+    let largest = slots
+        .iter()
+        .map(|s| s.end.saturating_sub(s.next))
+        .enumerate()
+        .max_by_key(|&(_, rest)| rest);
+    let Some((j, _)) = largest else {
+        return false;
+    };
+    let (next, end) = (slots[j].next, slots[j].end);
+    let Some(mid) = steal_point(next, end, in_flight(&slots[j])) else {
+        return false;
+    };
+    slots[j].end = mid;
+    slots[i].assign(mid, end);
+    true
 }
 
 /// Where a part takes over the range `[next, end)` of another whose
@@ -1316,6 +1342,31 @@ mod tests {
         // Small files: one share each of at least the least part.
         assert_eq!(first_share_end(1 << 20, 8), 256 << 10);
         assert_eq!(first_share_end(100, 8), 100);
+    }
+
+    #[test]
+    fn a_part_whose_range_a_hedge_still_reads_takes_no_new_one() {
+        let m = 1u64 << 20;
+        let mut slots = vec![Slot::new(0, m), Slot::new(m, 8 * m)];
+        let mut pending = std::collections::VecDeque::new();
+        // Slot 0's connection fell behind the hedge of its range, which
+        // still reads it: nothing may take its slot, or the rest of its
+        // range would be lost.
+        assert!(!take_over(&mut slots, &mut pending, 0, |_| 0));
+        assert_eq!((slots[0].next, slots[0].end), (0, m));
+        assert_eq!((slots[1].next, slots[1].end), (m, 8 * m));
+        pending.push_back((9 * m, 10 * m));
+        assert!(!take_over(&mut slots, &mut pending, 0, |_| 0));
+        assert_eq!(pending.len(), 1);
+        // Once the hedge has finished it: the missing range, then the
+        // upper half of the largest.
+        slots[0].next = m;
+        assert!(take_over(&mut slots, &mut pending, 0, |_| 0));
+        assert_eq!((slots[0].next, slots[0].end), (9 * m, 10 * m));
+        slots[0].next = 10 * m;
+        assert!(take_over(&mut slots, &mut pending, 0, |_| 0));
+        assert_eq!((slots[1].next, slots[1].end), (m, 4 * m + m / 2));
+        assert_eq!((slots[0].next, slots[0].end), (4 * m + m / 2, 8 * m));
     }
 
     #[test]
