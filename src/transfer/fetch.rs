@@ -58,6 +58,14 @@ pub const MAX_REDIRECTS: usize = 5;
 /// copy into the page cache).
 pub const SPLIT_BELOW_BYTES_PER_SEC: u64 = 64 << 20;
 
+/// A first request answered this long after it was sent (connection and
+/// TLS set-up included) came from a far server: its file is split into
+/// parts at once. Its connection cannot reach [`SPLIT_BELOW_BYTES_PER_SEC`]
+/// before many round trips of slow start, so measuring it would only keep
+/// the other parts waiting (on a link of 160 ms, a round trip per look). On
+/// loopback and in a LAN the answer comes within milliseconds.
+pub const FAR_ANSWER: Duration = Duration::from_millis(100);
+
 /// What the bytes must be.
 #[derive(Debug, Clone, Copy)]
 pub struct Expected<'a> {
@@ -310,7 +318,7 @@ impl Fetcher {
                 .max(1),
             spread: settings.spread_over_mirrors,
             split_below: SPLIT_BELOW_BYTES_PER_SEC,
-            far_answer: crate::transfer::parts::FAR_ANSWER,
+            far_answer: FAR_ANSWER,
         })
     }
 
@@ -335,7 +343,7 @@ impl Fetcher {
 
     /// The same fetcher splitting a large file into parts at once when its
     /// first request took `after` or more to be answered (a far server)
-    /// instead of [`FAR_ANSWER`](crate::transfer::parts::FAR_ANSWER);
+    /// instead of [`FAR_ANSWER`];
     /// `Duration::MAX` never does. A fetcher that never splits
     /// ([`Fetcher::with_split_below`] 0) does not either.
     pub fn with_far_answer(mut self, after: Duration) -> Fetcher {

@@ -101,7 +101,7 @@ const HEDGE_SETUP: Duration = Duration::from_millis(500);
 /// range moves.
 const IDLE_LOOK: Duration = Duration::from_millis(250);
 
-pub use crate::transfer::fetch::SPLIT_BELOW_BYTES_PER_SEC;
+pub use crate::transfer::fetch::{FAR_ANSWER, SPLIT_BELOW_BYTES_PER_SEC};
 
 /// The first connection's rate is measured over windows this long, from
 /// its first byte on...
@@ -110,13 +110,6 @@ pub const RATE_WINDOW: Duration = Duration::from_millis(250);
 /// ...and a window this old that is already below the rate splits the file.
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 
-/// A first request answered this long after it was sent (connection and
-/// TLS set-up included) came from a far server: the file is split at once.
-/// Its connection cannot reach [`SPLIT_BELOW_BYTES_PER_SEC`] before many
-/// round trips of slow start, so measuring it would only keep the other
-/// parts waiting (on a link of 160 ms, a round trip per look). On loopback
-/// and in a LAN the answer comes within milliseconds.
-pub const FAR_ANSWER: Duration = Duration::from_millis(100);
 
 /// The accepted answer to the first request, which becomes the first part.
 pub(super) struct FirstPart {
