@@ -110,7 +110,6 @@ pub const RATE_WINDOW: Duration = Duration::from_millis(250);
 /// ...and a window this old that is already below the rate splits the file.
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 
-
 /// The accepted answer to the first request, which becomes the first part.
 pub(super) struct FirstPart {
     /// The hop that answered.
