@@ -206,20 +206,17 @@ async fn a_far_server_is_fetched_in_parts_at_once() {
         .unwrap();
     assert_eq!(std::fs::read(path).unwrap(), body);
     let ranges = env.origin.ranges("/far.bin");
-    assert!(starts(&env, "/far.bin").len() >= 8, "{ranges:?}");
     assert!(logs.text().contains("a far server"), "{}", logs.text());
-    // Each asked for exactly once: the first its share, the others the
-    // rest, in equal ranges.
+    // The first request asked for its share, and the seven other parts
+    // started at once on equal ranges of the rest (a steal, however early,
+    // only moves where a range ends).
     let size = SIZE as u64;
-    let mut asked: Vec<(u64, u64)> = ranges
-        .iter()
-        .take(8)
-        .filter_map(|r| asked(r, size))
-        .collect();
-    asked.sort();
-    assert_eq!(asked[0], (0, size / 8 - 1), "{ranges:?}");
-    for w in asked.windows(2) {
-        assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
+    let first = size / 8;
+    assert_eq!(asked(&ranges[0], size), Some((0, first - 1)), "{ranges:?}");
+    let step = (size - first) / 7;
+    let began = starts(&env, "/far.bin");
+    for k in 0..7 {
+        assert!(began.contains(&(first + k * step)), "{ranges:?}");
     }
     // A fetcher that never splits does not for a far server either.
     let other = bytes(SIZE, 46);
