@@ -542,6 +542,7 @@ impl Scheduler {
                             .set_failure(&w.gem, &w.resource, Some(record.clone()));
                     record_outcome(job, &w, write).await;
                 }
+                self.drop_undeclared_partials(&sha256).await;
                 self.each(job, |w, at| Event::Failed {
                     at,
                     gem: w.gem.clone(),
@@ -553,6 +554,35 @@ impl Scheduler {
                 });
                 Err(error)
             }
+        }
+    }
+
+    /// After a failed download: bytes no installed gem declares any more
+    /// (an uninstall or upgrade, here or in another process, dropped them
+    /// while they downloaded) are not kept for resume. The uninstall could
+    /// not remove them itself while this download held them. Checked under
+    /// the registry lock, as [`Scheduler::still_declared`] does.
+    async fn drop_undeclared_partials(&self, sha256: &str) {
+        let registry = &self.deps.registry;
+        let drop = async {
+            let _lock = registry.lock().await?;
+            if registry.declares(sha256)? {
+                return Ok(0);
+            }
+            let (store, sha) = (self.deps.store.clone(), sha256.to_string());
+            crate::store::off_runtime(self.deps.store.root(), move || {
+                Ok(store.remove_partials(&sha))
+            })
+            .await
+        };
+        match drop.await {
+            Ok(0) => {}
+            Ok(removed) => tracing::debug!(
+                sha256,
+                removed,
+                "removed the bytes of a failed download no installed gem declares"
+            ),
+            Err(e) => tracing::debug!(sha256, "{}: {e}", e.code()),
         }
     }
 

@@ -907,14 +907,23 @@ impl Store {
             .max()
     }
 
-    /// Removes the partial files of `sha256` (nobody downloads it now).
-    pub fn remove_partials(&self, sha256: &str) {
+    /// Removes the partial files of `sha256` that no process is
+    /// downloading now; returns how many. A lane another process holds is
+    /// left to it: that download ends by removing its bytes itself when no
+    /// installed gem declares them any more.
+    pub fn remove_partials(&self, sha256: &str) -> usize {
         let tmp = &self.folders.tmp;
+        let mut removed = 0;
         for entry in partial_files(tmp) {
-            if entry.sha256 == sha256 {
+            if entry.sha256 != sha256 {
+                continue;
+            }
+            if let Ok(Some(_held)) = lockfile::try_lock_key(self.locks(), &entry.key()) {
                 entry.paths(tmp).remove();
+                removed += 1;
             }
         }
+        removed
     }
 
     /// Removes partial files whose SHA-256 is not in `keep` and that no

@@ -85,6 +85,47 @@ async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
 }
 
 #[tokio::test]
+async fn a_download_that_fails_after_the_uninstall_of_its_gem_keeps_no_bytes() {
+    let env = Env::new().await;
+    let path = env.dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "store = \"store\"\n[network]\nstall_timeout_secs = 3\nretries = 0\n\n{}\n",
+            Env::dev_section()
+        ),
+    )
+    .unwrap();
+    let body = bytes(200_000, 73);
+    // Resumable bytes that stop coming: kept for resume, unless nothing
+    // declares them any more.
+    let url = env.serve_held("/held.bin", &body, 120_000);
+    let m = manifest(json!([entry("lazy", &url, &body)]));
+    // Two services on one store stand for two processes.
+    let downloader = open(&env);
+    let other = open(&env);
+    downloader.install("g", &m).await.unwrap();
+    let lookup = {
+        let downloader = downloader.clone();
+        tokio::spawn(async move { downloader.path("g", "lazy").await })
+    };
+    wait_until("the bytes up to the stall are written", || {
+        !partial_files(&env).is_empty() && env.origin.served("/held.bin") >= 120_000
+    })
+    .await;
+    // The other process cannot remove bytes this download holds.
+    other.uninstall("g").await.unwrap();
+    assert!(!partial_files(&env).is_empty());
+    let result = within("the lookup", lookup).await.unwrap();
+    assert!(result.is_err(), "the held download failed at its stall");
+    assert_eq!(
+        partial_files(&env),
+        Vec::<std::path::PathBuf>::new(),
+        "bytes no installed gem declares are not kept for resume"
+    );
+}
+
+#[tokio::test]
 async fn a_record_whose_sha256_is_not_a_digest_is_refused_not_used_as_a_path() {
     let env = Env::new().await;
     let body = bytes(100, 72);
