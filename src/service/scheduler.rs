@@ -335,7 +335,7 @@ impl Scheduler {
                         reason: reason.clone(),
                     });
                 }
-                Err(error) => this.retry_later(&key, job.waiters(), error),
+                Err(error) => this.retry_later(&key, error),
                 Ok(_) => this.retries.succeeded(&key),
             }
             {
@@ -351,13 +351,16 @@ impl Scheduler {
     }
 
     /// Queues the job of `key` again once its wait is over (see
-    /// [`crate::service::retry`]), for those of `waiters` whose gem still
-    /// declares it as a required file that is missing.
-    fn retry_later(self: &Arc<Self>, key: &str, waiters: Vec<Waiter>, error: &Error) {
+    /// [`crate::service::retry`]), for every installed gem that then
+    /// declares it as a required file that is missing. Not only for the
+    /// gems that waited for this try: the timer replaces the one a former
+    /// try of the same bytes set, whose gems may still need them when this
+    /// try's gems are gone.
+    fn retry_later(self: &Arc<Self>, key: &str, error: &Error) {
         let Some(base) = self.deps.retry_failed_after else {
             return;
         };
-        if self.required_now(key, &waiters).is_empty() {
+        if self.required_now(key).is_empty() {
             return;
         }
         let (failures, timer) = self.retries.failed(key);
@@ -377,7 +380,7 @@ impl Scheduler {
             if !this.retries.fired(&key, &timer) {
                 return;
             }
-            let due = this.required_now(&key, &waiters);
+            let due = this.required_now(&key);
             if due.is_empty() {
                 // Present by now, lazy, or no longer installed: nothing
                 // to keep for it.
@@ -390,21 +393,22 @@ impl Scheduler {
         self.tracker.spawn_on(task, &self.handle);
     }
 
-    /// Those of `waiters` whose gem is installed and declares their resource,
-    /// with the job key `key`, as a required file missing from the store.
-    fn required_now(&self, key: &str, waiters: &[Waiter]) -> Vec<(String, Resource)> {
+    /// The installed gems that declare a resource with the job key `key`
+    /// as a required file, with that resource, while it is missing from the
+    /// store.
+    fn required_now(&self, key: &str) -> Vec<(String, Resource)> {
+        let Ok(registrations) = self.deps.registry.list() else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
-        for w in waiters {
-            let Ok(Some(reg)) = self.deps.registry.get(&w.gem) else {
-                continue;
-            };
+        for reg in registrations {
             let declared = reg
                 .resources
                 .into_iter()
-                .find(|r| r.id == w.resource && r.required && job_key(r) == key);
-            if let Some(r) = declared {
+                .filter(|r| r.required && job_key(r) == key);
+            for r in declared {
                 if !self.deps.store.has(&r.sha256) {
-                    out.push((w.gem.clone(), r));
+                    out.push((reg.gem.clone(), r));
                 }
             }
         }

@@ -123,6 +123,43 @@ async fn a_file_of_a_gem_uninstalled_after_its_failure_is_not_retried() {
 }
 
 #[tokio::test]
+async fn a_failed_file_is_retried_for_its_gem_when_another_gem_that_failed_on_it_since_is_gone() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 95);
+    env.origin.route(
+        "/shared.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::Status(500),
+            Behaviour::Status(500),
+            Behaviour::Body(body.clone()),
+        ]),
+    );
+    let url = env.url("origin.test", "/shared.bin");
+    let service = open_retrying(&env, Duration::from_secs(1));
+    let m = manifest(json!([required_entry("model", &url, &body)]));
+    service.install("a", &m).await.unwrap();
+    wait_until("a's download has failed", || {
+        matches!(state(&service, "a"), ResourceState::Failed { .. })
+    })
+    .await;
+    // Gem b's download of the same bytes fails too, within a's wait: its
+    // retry replaces a's. Then b goes, before that retry.
+    service.install("b", &m).await.unwrap();
+    wait_until("b's download has failed", || {
+        env.origin.hits("/shared.bin") == 2
+            && matches!(state(&service, "b"), ResourceState::Failed { .. })
+    })
+    .await;
+    service.uninstall("b").await.unwrap();
+    wait_until("a's file is present, tried again on its own", || {
+        matches!(state(&service, "a"), ResourceState::Present { .. })
+    })
+    .await;
+    assert_eq!(env.origin.hits("/shared.bin"), 3);
+    service.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_record_of_what_served_a_file_is_removed_with_the_file() {
     let env = Env::new().await;
     let body = bytes(10_000, 95);
