@@ -546,7 +546,7 @@ impl Scheduler {
                             .set_failure(&w.gem, &w.resource, Some(record.clone()));
                     record_outcome(job, &w, write).await;
                 }
-                self.drop_undeclared_partials(&sha256).await;
+                self.drop_undeclared_partials(&sha256, job).await;
                 self.each(job, |w, at| Event::Failed {
                     at,
                     gem: w.gem.clone(),
@@ -565,8 +565,10 @@ impl Scheduler {
     /// (an uninstall or upgrade, here or in another process, dropped them
     /// while they downloaded) are not kept for resume. The uninstall could
     /// not remove them itself while this download held them. Checked under
-    /// the registry lock, as [`Scheduler::still_declared`] does.
-    async fn drop_undeclared_partials(&self, sha256: &str) {
+    /// the registry lock, as [`Scheduler::still_declared`] does, and given
+    /// up when the job is cancelled meanwhile: an uninstall holds that lock
+    /// while it waits for the job to stop, and removes the bytes itself.
+    async fn drop_undeclared_partials(&self, sha256: &str, job: &Job) {
         let registry = &self.deps.registry;
         let drop = async {
             let _lock = registry.lock().await?;
@@ -579,7 +581,11 @@ impl Scheduler {
             })
             .await
         };
-        match drop.await {
+        let dropped = tokio::select! {
+            r = drop => r,
+            () = job.cancel.cancelled() => Ok(0),
+        };
+        match dropped {
             Ok(0) => {}
             Ok(removed) => tracing::debug!(
                 sha256,

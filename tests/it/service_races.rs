@@ -126,6 +126,40 @@ async fn a_download_that_fails_after_the_uninstall_of_its_gem_keeps_no_bytes() {
 }
 
 #[tokio::test]
+async fn a_download_that_fails_while_another_process_holds_the_registry_can_be_cancelled() {
+    let env = Env::new().await;
+    env.origin.route("/missing.bin", Behaviour::Status(404));
+    let url = env.url("origin.test", "/missing.bin");
+    let body = bytes(1000, 74);
+    let service = open(&env);
+    service
+        .install("g", &manifest(json!([entry("lazy", &url, &body)])))
+        .await
+        .unwrap();
+    // Another process's install or uninstall holds the registry while
+    // this download fails (and looks whether its file is still declared).
+    let registry = std::fs::OpenOptions::new()
+        .write(true)
+        .open(store_root(&env).join("locks").join("registry.lock"))
+        .unwrap();
+    registry.lock().unwrap();
+    let lookup = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("g", "lazy").await })
+    };
+    wait_until("the request", || env.origin.hits("/missing.bin") == 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // An uninstall here cancels the job the same way, holding the
+    // registry of this process while it waits for the job to stop.
+    within("the cancel", service.cancel("g", "lazy"))
+        .await
+        .unwrap();
+    let result = within("the lookup", lookup).await.unwrap();
+    assert!(result.is_err(), "the download failed");
+    drop(registry);
+}
+
+#[tokio::test]
 async fn a_record_whose_sha256_is_not_a_digest_is_refused_not_used_as_a_path() {
     let env = Env::new().await;
     let body = bytes(100, 72);
