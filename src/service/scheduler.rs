@@ -477,7 +477,7 @@ impl Scheduler {
             .host_str()
             .unwrap_or_default()
             .to_ascii_lowercase();
-        let _permit = tokio::select! {
+        let permit = tokio::select! {
             permit = self.slots.acquire(gem, &host, &job.urgent) => permit,
             () = job.cancel.cancelled() => return Err(self.cancelled(resource, job)),
         };
@@ -500,6 +500,10 @@ impl Scheduler {
             Some(&job.cancel),
         )
         .await;
+        // The transfer is over: what follows may wait for the registry
+        // lock (another process's install or import), and must not hold a
+        // download slot meanwhile.
+        drop(permit);
         if job.cancel.is_cancelled() {
             // Stopped by shutdown, uninstall or the user: not a failure.
             return Err(self.cancelled(resource, job));

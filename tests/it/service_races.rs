@@ -9,6 +9,17 @@ fn open(env: &Env) -> Resources {
     env.resources()
 }
 
+/// Takes the registry's lock as another process's install, uninstall or
+/// import would; released when the file is dropped.
+fn hold_registry(env: &Env) -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(store_root(env).join("locks").join("registry.lock"))
+        .unwrap();
+    file.lock().unwrap();
+    file
+}
+
 fn state(service: &Resources, gem: &str, id: &str) -> ResourceState {
     service.status(Some(gem)).unwrap()[0]
         .resources
@@ -87,28 +98,23 @@ async fn a_download_that_outlives_the_uninstall_of_its_gem_is_not_kept() {
 #[tokio::test]
 async fn a_download_that_fails_after_the_uninstall_of_its_gem_keeps_no_bytes() {
     let env = Env::new().await;
-    let path = env.dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "store = \"store\"\n[network]\nstall_timeout_secs = 3\nretries = 0\n\n{}\n",
-            Env::dev_section()
-        ),
-    )
-    .unwrap();
+    env.write_config("stall_timeout_secs = 3");
     let body = bytes(200_000, 73);
     // Resumable bytes that stop coming: kept for resume, unless nothing
     // declares them any more.
     let url = env.serve_held("/held.bin", &body, 120_000);
-    let m = manifest(json!([entry("lazy", &url, &body)]));
     // Two services on one store stand for two processes.
     let downloader = open(&env);
     let other = open(&env);
-    downloader.install("g", &m).await.unwrap();
-    let lookup = {
-        let downloader = downloader.clone();
-        tokio::spawn(async move { downloader.path("g", "lazy").await })
-    };
+    let lookup = env
+        .downloading(
+            &downloader,
+            "g",
+            json!([entry("lazy", &url, &body)]),
+            "lazy",
+            "/held.bin",
+        )
+        .await;
     wait_until("the bytes up to the stall are written", || {
         !partial_files(&env).is_empty() && env.origin.served("/held.bin") >= 120_000
     })
@@ -138,11 +144,7 @@ async fn a_download_that_fails_while_another_process_holds_the_registry_can_be_c
         .unwrap();
     // Another process's install or uninstall holds the registry while
     // this download fails (and looks whether its file is still declared).
-    let registry = std::fs::OpenOptions::new()
-        .write(true)
-        .open(store_root(&env).join("locks").join("registry.lock"))
-        .unwrap();
-    registry.lock().unwrap();
+    let registry = hold_registry(&env);
     let lookup = {
         let service = service.clone();
         tokio::spawn(async move { service.path("g", "lazy").await })
@@ -157,6 +159,40 @@ async fn a_download_that_fails_while_another_process_holds_the_registry_can_be_c
     let result = within("the lookup", lookup).await.unwrap();
     assert!(result.is_err(), "the download failed");
     drop(registry);
+}
+
+#[tokio::test]
+async fn a_failed_download_waiting_for_the_registry_holds_no_download_slot() {
+    let env = Env::new().await;
+    env.origin.route("/missing.bin", Behaviour::Status(404));
+    let missing = env.url("origin.test", "/missing.bin");
+    let body = bytes(1000, 75);
+    let next = env.serve("/next.bin", &body);
+    let mut config = env.config();
+    config.service.max_concurrent_downloads = 1;
+    let service = Resources::open_at(&config, &env.store_dir()).unwrap();
+    let m = manifest(json!([
+        entry("first", &missing, &bytes(1000, 76)),
+        entry("second", &next, &body)
+    ]));
+    service.install("g", &m).await.unwrap();
+    // Another process holds the registry: the failed download waits for
+    // it before it ends (to see whether its file is still declared).
+    let registry = hold_registry(&env);
+    let first = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("g", "first").await })
+    };
+    wait_until("the first request", || env.origin.hits("/missing.bin") == 1).await;
+    let second = {
+        let service = service.clone();
+        tokio::spawn(async move { service.path("g", "second").await })
+    };
+    // The one download slot is free once the first transfer is over.
+    wait_until("the second request", || env.origin.hits("/next.bin") == 1).await;
+    drop(registry);
+    assert!(within("the first", first).await.unwrap().is_err());
+    within("the second", second).await.unwrap().unwrap();
 }
 
 #[tokio::test]
