@@ -539,30 +539,36 @@ impl Scheduler {
             // cut short, a task cancelled): not a failure of the download.
             Err(_) if job.cancel.is_cancelled() => Err(self.cancelled(resource, job)),
             Err(error @ Error::Cancelled { .. }) => Err(error),
-            Err(error) => {
-                // The Failed event below is what users see; the log line is
-                // for debugging only, so a failure is not printed twice.
-                tracing::debug!(gem, "{}: {error}", error.code());
-                let record = FailureRecord::new(resource, &error);
-                for w in job.waiters() {
-                    let write =
-                        deps.registry
-                            .set_failure(&w.gem, &w.resource, Some(record.clone()));
-                    record_outcome(job, &w, write).await;
-                }
-                self.drop_undeclared_partials(&sha256, job).await;
-                self.each(job, |w, at| Event::Failed {
-                    at,
-                    gem: w.gem.clone(),
-                    resource: w.resource.clone(),
-                    sha256: sha256.clone(),
-                    code: error.code(),
-                    primary_cause: error.primary_cause(),
-                    message: error.to_string(),
-                });
-                Err(error)
-            }
+            Err(error) => Err(self.failed(gem, resource, job, error).await),
         }
+    }
+
+    /// A download of `resource` that failed with `error`: records the
+    /// failure for each waiter, keeps its bytes only while a gem declares
+    /// them, and tells each waiter ([`Event::Failed`]); returns `error`.
+    async fn failed(&self, gem: &str, resource: &Resource, job: &Job, error: Error) -> Error {
+        // The Failed event below is what users see; the log line is for
+        // debugging only, so a failure is not printed twice.
+        tracing::debug!(gem, "{}: {error}", error.code());
+        let record = FailureRecord::new(resource, &error);
+        for w in job.waiters() {
+            let write = self
+                .deps
+                .registry
+                .set_failure(&w.gem, &w.resource, Some(record.clone()));
+            record_outcome(job, &w, write).await;
+        }
+        self.drop_undeclared_partials(&resource.sha256, job).await;
+        self.each(job, |w, at| Event::Failed {
+            at,
+            gem: w.gem.clone(),
+            resource: w.resource.clone(),
+            sha256: resource.sha256.clone(),
+            code: error.code(),
+            primary_cause: error.primary_cause(),
+            message: error.to_string(),
+        });
+        error
     }
 
     /// After a failed download: bytes no installed gem declares any more
