@@ -187,6 +187,7 @@ pub use fetch::{Fetcher, Reporter, Route, Transfer, MAX_REDIRECTS};
 pub use import::ImportOutcome;
 pub use manifest::{parse_manifest, Manifest, Resource};
 pub use policy::{Mode, Policy, PolicyError};
+pub use registry::InstalledBy;
 pub use service::{
     Blocking, BlockingGem, GemResources, GemStatus, InstallReport, PolicyChange, ResourceState,
     ResourceStatus, Resources, ResourcesBuilder, UninstallReport, VerifyReport,

@@ -248,6 +248,11 @@ pub struct InstallParams {
     pub gem: String,
     /// The manifest, as a JSON object.
     pub manifest: Value,
+    /// Who installs it, as the registration keeps it: `"api"` (the
+    /// default) or `"cli"` (the command line, through the service). A
+    /// client can never claim a gems folder: only `serve` records those.
+    #[serde(default)]
+    pub installed_by: Option<String>,
 }
 
 /// `autofill`'s params: a url, or a manifest.

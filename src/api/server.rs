@@ -347,7 +347,11 @@ async fn dispatch(
             Err(e) => Err(e),
         },
         "install" => match required::<InstallParams>(p) {
-            Ok(InstallParams { gem, manifest }) => ok(install(service, &gem, &manifest).await),
+            Ok(InstallParams {
+                gem,
+                manifest,
+                installed_by,
+            }) => ok(install(service, &gem, &manifest, installed_by.as_deref()).await),
             Err(e) => Err(e),
         },
         "uninstall" => match required::<ResourceGem>(p) {
@@ -426,11 +430,26 @@ async fn status(shared: &Shared, gem: Option<String>) -> Result<StatusResult> {
     }
 }
 
-async fn install(service: &Resources, gem: &str, manifest: &Value) -> Result<crate::InstallReport> {
+async fn install(
+    service: &Resources,
+    gem: &str,
+    manifest: &Value,
+    by: Option<&str>,
+) -> Result<crate::InstallReport> {
+    let by = match by {
+        None | Some("api") => crate::InstalledBy::Api,
+        Some("cli") => crate::InstalledBy::Cli,
+        Some(other) => {
+            return Err(Error::Invalid(format!(
+                "params.installed_by: {:?} is not one of \"api\" or \"cli\"",
+                other.chars().take(64).collect::<String>()
+            )))
+        }
+    };
     let bytes = serde_json::to_vec(manifest)
         .map_err(|e| Error::Invalid(format!("the manifest cannot be read: {e}")))?;
     let manifest = crate::manifest::parse_manifest(&bytes)?;
-    service.install(gem, &manifest).await
+    service.install_by(gem, &manifest, by).await
 }
 
 async fn uninstall(service: &Resources, gem: &str) -> Result<UninstallResult> {

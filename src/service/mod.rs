@@ -50,7 +50,7 @@ use crate::net::policy::Policy;
 use crate::service::events::{Event, Events, DEFAULT_EVENT_BUFFER};
 use crate::service::scheduler::{Deps, JobResult, JobState, Scheduler};
 use crate::store::policy_record;
-use crate::store::registry::{check_gem_id, FailureRecord, Registration, Registry};
+use crate::store::registry::{check_gem_id, FailureRecord, InstalledBy, Registration, Registry};
 use crate::store::Store;
 use crate::transfer::fetch::Fetcher;
 
@@ -292,6 +292,10 @@ pub struct ResourceStatus {
 pub struct GemStatus {
     /// The gem.
     pub gem: String,
+    /// Who installed it (the last install or upgrade); `null` for a gem
+    /// registered before this was kept.
+    #[serde(default)]
+    pub installed_by: Option<InstalledBy>,
     /// Its resources in manifest order.
     pub resources: Vec<ResourceStatus>,
 }
@@ -574,14 +578,34 @@ impl Resources {
     /// declares now are deleted after the new registration is written.
     /// [`Event::Installed`] is published once the registration is written,
     /// before the events of what it causes.
+    ///
+    /// The registration records [`InstalledBy::Library`] as who installed
+    /// it; [`Resources::install_by`] names another installer.
     pub async fn install(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
+        self.install_by(gem, manifest, InstalledBy::Library).await
+    }
+
+    /// [`Resources::install`], recording `by` as who installed the gem (the
+    /// last install or upgrade wins). `serve` uninstalls only the gems its
+    /// own folder installed; [`GemStatus::installed_by`] shows it.
+    pub async fn install_by(
+        &self,
+        gem: &str,
+        manifest: &Manifest,
+        by: InstalledBy,
+    ) -> Result<InstallReport> {
         check_gem_id(gem)?;
         let (this, gem, manifest) = (self.clone(), gem.to_string(), manifest.clone());
-        self.on_runtime(async move { this.install_here(&gem, &manifest).await })
+        self.on_runtime(async move { this.install_here(&gem, &manifest, by).await })
             .await
     }
 
-    async fn install_here(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
+    async fn install_here(
+        &self,
+        gem: &str,
+        manifest: &Manifest,
+        by: InstalledBy,
+    ) -> Result<InstallReport> {
         let inner = &self.inner;
         let store = inner.store.clone();
         let name = gem.to_string();
@@ -592,6 +616,7 @@ impl Resources {
         let registration = Registration {
             gem: gem.to_string(),
             resources: manifest.resources.clone(),
+            installed_by: Some(by),
         };
         let registry = inner.registry.clone();
         self.on_blocking(inner.store.root(), move || registry.put(&registration))
@@ -650,7 +675,7 @@ impl Resources {
     pub async fn uninstall(&self, gem: &str) -> Result<UninstallReport> {
         check_gem_id(gem)?;
         let (this, gem) = (self.clone(), gem.to_string());
-        self.on_runtime(async move { this.uninstall_here(&gem).await })
+        self.on_runtime(async move { this.uninstall_here(&gem, None).await })
             .await
     }
 
@@ -666,12 +691,49 @@ impl Resources {
         }
     }
 
-    async fn uninstall_here(&self, gem: &str) -> Result<UninstallReport> {
+    /// [`Resources::uninstall`], only when `by` installed the gem: checked
+    /// under the registry lock, so an install by anyone else in between
+    /// (another process included) keeps it. `Ok(None)`: not installed, or
+    /// installed by someone else (nothing changes or is published).
+    pub async fn uninstall_installed_by(
+        &self,
+        gem: &str,
+        by: &InstalledBy,
+    ) -> Result<Option<UninstallReport>> {
+        check_gem_id(gem)?;
+        let (this, gem, by) = (self.clone(), gem.to_string(), by.clone());
+        match self
+            .on_runtime(async move { this.uninstall_here(&gem, Some(&by)).await })
+            .await
+        {
+            Ok(report) => Ok(Some(report)),
+            Err(Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn uninstall_here(
+        &self,
+        gem: &str,
+        only_by: Option<&InstalledBy>,
+    ) -> Result<UninstallReport> {
         let inner = &self.inner;
         let lock = inner.registry.lock().await?;
         let Some(old) = inner.registry.get(gem)? else {
             return Err(Error::NotFound(format!("gem {gem:?} is not installed")));
         };
+        if let Some(by) = only_by {
+            if old.installed_by.as_ref() != Some(by) {
+                let who = old
+                    .installed_by
+                    .as_ref()
+                    .map_or_else(|| "an earlier version".to_string(), |w| w.describe());
+                return Err(Error::NotFound(format!(
+                    "gem {gem:?} was installed by {who}, not {}",
+                    by.describe()
+                )));
+            }
+        }
         let (registry, owner) = (inner.registry.clone(), gem.to_string());
         self.on_blocking(inner.store.root(), move || registry.remove(&owner))
             .await?;
@@ -1024,6 +1086,19 @@ impl Resources {
             .collect())
     }
 
+    /// Every installed gem's id with who installed it (`None`: a gem
+    /// registered before this was recorded).
+    pub fn installed_by(&self) -> Result<BTreeMap<String, Option<InstalledBy>>> {
+        self.live()?;
+        Ok(self
+            .inner
+            .registry
+            .list()?
+            .into_iter()
+            .map(|r| (r.gem, r.installed_by))
+            .collect())
+    }
+
     /// Every installed gem (or just `gem`) with each resource's state.
     ///
     /// Blocking but cheap, and safe to call from async code: it reads the
@@ -1048,6 +1123,7 @@ impl Resources {
             out.push(GemStatus {
                 resources: self.rows_with(&reg.resources, &failures),
                 gem: reg.gem,
+                installed_by: reg.installed_by,
             });
         }
         Ok(out)

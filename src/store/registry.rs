@@ -38,13 +38,73 @@ use crate::store::atomic::Durability;
 use crate::store::folder::{Folder, LazySub};
 use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
-/// A gem's registration: its validated resources.
+/// A gem's registration: its validated resources, and who installed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registration {
     /// The gem's id.
     pub gem: String,
     /// Its resources, as validated at install.
     pub resources: Vec<Resource>,
+    /// Who installed it (the last install or upgrade). `None` in records
+    /// written before this was kept: such a gem is never uninstalled by a
+    /// scan of `serve` until a scan has seen its manifest in its folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_by: Option<InstalledBy>,
+}
+
+/// Who installed a gem, kept in its registration. `serve --gems DIR`
+/// uninstalls only gems that it installed from `DIR` itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum InstalledBy {
+    /// A scan of `serve`'s gems folder found its manifest.
+    Folder {
+        /// The gems folder, as an absolute path with symbolic links resolved.
+        path: String,
+    },
+    /// A client of the local API (`install`).
+    Api,
+    /// The command line (`gem-resources install`).
+    Cli,
+    /// A program using the library directly ([`crate::Resources::install`]).
+    Library,
+}
+
+impl InstalledBy {
+    /// The gems folder `path` as a scan of it records it: absolute, with
+    /// symbolic links resolved where the folder exists, so two spellings
+    /// of one folder are one owner.
+    pub fn folder(path: &std::path::Path) -> InstalledBy {
+        let path = std::fs::canonicalize(path)
+            .or_else(|_| std::path::absolute(path))
+            .unwrap_or_else(|_| path.to_path_buf());
+        InstalledBy::Folder {
+            path: path.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// Says who, for people: `serve's gems folder /srv/gems`, `the local
+    /// API`, `the command line`, `a program using the library`.
+    pub fn describe(&self) -> String {
+        match self {
+            InstalledBy::Folder { path } => format!("serve's gems folder {path}"),
+            InstalledBy::Api => "the local API".to_string(),
+            InstalledBy::Cli => "the command line".to_string(),
+            InstalledBy::Library => "a program using the library".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for InstalledBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InstalledBy::Folder { path } => write!(f, "folder {path}"),
+            InstalledBy::Api => f.write_str("api"),
+            InstalledBy::Cli => f.write_str("cli"),
+            InstalledBy::Library => f.write_str("library"),
+        }
+    }
 }
 
 /// The last failure of one resource.
@@ -1039,6 +1099,7 @@ mod tests {
         Registration {
             gem: gem.to_string(),
             resources: manifest.resources,
+            installed_by: Some(InstalledBy::Library),
         }
     }
 

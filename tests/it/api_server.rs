@@ -580,6 +580,24 @@ async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     let status = client.result("status", json!({ "gem": "from-api" })).await;
     assert_eq!(status["gems"][0]["gem"], "from-api", "{status}");
+    // Each records who installed it; a client cannot claim a folder.
+    assert_eq!(status["gems"][0]["installed_by"], json!({ "kind": "api" }));
+    let status = client.result("status", json!({ "gem": "via-cli" })).await;
+    assert_eq!(status["gems"][0]["installed_by"], json!({ "kind": "cli" }));
+    let status = client.result("status", json!({ "gem": "g" })).await;
+    assert_eq!(status["gems"][0]["installed_by"]["kind"], "folder");
+    let claim = client
+        .call(
+            "install",
+            json!({ "gem": "claim", "manifest": manifest_value(json!([])), "installed_by": "folder" }),
+        )
+        .await;
+    assert!(
+        claim["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("params.installed_by")),
+        "{claim}"
+    );
     // A subscription may name a gem that is not installed yet.
     let subscribed = client
         .result("subscribe", json!({ "gem": "not-yet" }))

@@ -56,6 +56,7 @@ mod resume;
 mod resume_checks;
 mod resume_parts;
 mod scale;
+mod serve_ownership;
 mod serve_reload;
 mod serve_scans;
 mod service_cli;

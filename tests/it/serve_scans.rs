@@ -25,6 +25,9 @@ async fn serve_uninstalls_a_gem_only_after_the_second_missed_scan() {
     let body = bytes(5000, 60);
     let url = env.serve("/s.bin", &body);
     let gems = write_gem_folder(&env, "g", json!([required_entry("s", &url, &body)]));
+    // Another gem keeps the folder from going empty (an empty folder
+    // uninstalls nothing).
+    write_gem(&gems, "other", json!([]));
     let log = env.dir.path().join("serve.log");
     // One second between scans: the first missed scan is seen well before
     // the second.

@@ -134,6 +134,10 @@ async fn serve_follows_the_gems_folder_and_stops_cleanly_on_sigterm() {
     std::fs::create_dir_all(&gem_dir).unwrap();
     let doc = json!({ "id": "g", "resources": [required_entry("served", &url, &body)] });
     std::fs::write(gem_dir.join("notochord.json"), doc.to_string()).unwrap();
+    // Another gem keeps the folder from going empty (an empty folder
+    // uninstalls nothing).
+    std::fs::create_dir_all(gems.join("other")).unwrap();
+    std::fs::write(gems.join("other/notochord.json"), r#"{"resources": []}"#).unwrap();
 
     let log = env.dir.path().join("serve.log");
     let mut child = spawn_serve(&env, &gems, "0.05", &log);

@@ -37,8 +37,11 @@ Each sub-folder of the gems folder is one installed gem, named by its id; its
 manifest is notochord.json, or manifest.json when there is no notochord.json.
 The folder is scanned every --interval seconds: a new or changed manifest is
 installed (upgraded), a removed folder uninstalled; an invalid manifest is
-reported and the gem keeps its installed version. A gem installed through the
-local API (not in the folder) is left alone by the scans.
+reported and the gem keeps its installed version. Every gem records who
+installed it (`status` shows it): the scans uninstall only gems they installed
+from this folder, never one installed through the local API, the command line
+or another folder. A folder that holds no manifest at all (a wrong path, an
+unmounted disk) uninstalls nothing: it is said once, and the scans wait.
 
 The configuration file is read again on SIGHUP, and when it changes (once it
 has stopped changing).

@@ -138,7 +138,10 @@ async fn install(
         Some(watch(client, Some(gem), show).await?)
     };
     let report: InstallReport = client
-        .call("install", json!({ "gem": gem, "manifest": value }))
+        .call(
+            "install",
+            json!({ "gem": gem, "manifest": value, "installed_by": "cli" }),
+        )
         .await?;
     if no_wait {
         report::print_queued(&report, json, "the service downloads them");

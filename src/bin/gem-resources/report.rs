@@ -164,9 +164,25 @@ pub fn print_uninstalled(
             })
         })
         .collect();
+    let installed_by = before
+        .iter()
+        .find(|g| g.gem == result.gem)
+        .and_then(|g| g.installed_by.clone());
+    let comes_back = match &installed_by {
+        Some(gem_resources::InstalledBy::Folder { path }) => Some(format!(
+            "{} was installed by `serve` from its gems folder {path}: while {} holds its manifest, a running `serve` installs it again at its next scan; remove that folder to keep it uninstalled",
+            result.gem,
+            std::path::Path::new(path).join(&result.gem).display()
+        )),
+        _ => None,
+    };
     if json {
         let mut doc = serde_json::json!(result);
         doc["kept_files"] = serde_json::json!(kept);
+        doc["installed_by"] = serde_json::json!(installed_by);
+        if let Some(note) = &comes_back {
+            doc["note"] = serde_json::json!(note);
+        }
         render::print_doc(doc, true);
         return;
     }
@@ -176,6 +192,9 @@ pub fn print_uninstalled(
         result.deleted.len(),
         result.kept.len()
     );
+    if let Some(note) = &comes_back {
+        crate::errln!("note: {note}");
+    }
     for k in &kept {
         let text = |key: &str| k[key].as_str().map(str::to_string);
         let sha256 = text("sha256").unwrap_or_default();
@@ -206,7 +225,14 @@ pub fn print_status(status: &[GemStatus]) {
         return;
     }
     for gem in status {
-        crate::outln!("{}", field(&gem.gem));
+        match &gem.installed_by {
+            Some(by) => crate::outln!(
+                "{}  (installed by {})",
+                field(&gem.gem),
+                field(&by.describe())
+            ),
+            None => crate::outln!("{}  (installed by an earlier version)", field(&gem.gem)),
+        }
         // Text from the manifest and the servers, kept to one line each.
         let id_width = gem
             .resources

@@ -3,12 +3,14 @@
 //! The folder holds one sub-folder per installed gem, named by the gem's id,
 //! with its `notochord.json` (or Gem Studio's `manifest.json`). Every
 //! `interval` seconds the folder is scanned: a new or changed manifest is an
-//! install or upgrade, a removed sub-folder an uninstall. A manifest that
+//! install or upgrade, a removed sub-folder an uninstall of a gem this
+//! folder installed (every registration records who installed it; a gem
+//! from anywhere else is never uninstalled by a scan). A manifest that
 //! fails validation is reported and the gem keeps its previous version (a
 //! failed upgrade changes nothing). Polling works the same on every file
 //! system, network mounts included.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gem_resources::manifest::read_manifest_file;
 use gem_resources::registry::valid_gem_id;
-use gem_resources::{parse_manifest, Resources};
+use gem_resources::{parse_manifest, InstalledBy, Resources};
 use sha2::{Digest, Sha256};
 
 use crate::reload::{Overrides, Reloader};
@@ -35,19 +37,37 @@ const MAX_INTERVAL_SECS: f64 = 86_400.0;
 const MISSING_SCANS_TO_UNINSTALL: u32 = 2;
 
 /// What the scans have seen so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
-    /// SHA-256 of each gem's manifest as last installed (or rejected).
-    manifests: BTreeMap<String, [u8; 32]>,
-    /// Consecutive scans each installed gem has been missing from.
+    /// Who this folder is as an installer: what its installs record, and
+    /// the only gems its scans ever uninstall.
+    owner: InstalledBy,
+    /// SHA-256 of each gem's manifest as last seen, and whether it was
+    /// installed (`false`: rejected, or unreadable).
+    manifests: BTreeMap<String, ([u8; 32], bool)>,
+    /// Consecutive scans each gem this folder installed has been missing
+    /// from.
     missing: BTreeMap<String, u32>,
     /// Folders ignored at the last scan, with why (each is logged once).
     ignored: BTreeMap<String, String>,
-    /// The gems the folder answers for: those installed when the first
-    /// scan ran, and every gem seen in the folder since. A gem a client
-    /// installed through the local API is none of these, and a scan
-    /// leaves it alone.
-    known: Option<BTreeSet<String>>,
+    /// Whether the folder holding no manifest, while gems it installed are
+    /// registered, has been said (it is said once, until a manifest shows).
+    said_empty: bool,
+    /// The last failed scan's error, said once until it changes.
+    said_failure: Option<String>,
+}
+
+impl Seen {
+    fn new(gems: &Path) -> Seen {
+        Seen {
+            owner: InstalledBy::folder(gems),
+            manifests: BTreeMap::new(),
+            missing: BTreeMap::new(),
+            ignored: BTreeMap::new(),
+            said_empty: false,
+            said_failure: None,
+        }
+    }
 }
 
 /// What `serve` runs with, said once at start: the configuration file,
@@ -126,11 +146,21 @@ pub async fn run(
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
     }
-    let mut seen = Seen::default();
+    let mut seen = Seen::new(gems);
     let mut forced = false;
     let stop = loop {
-        if let Err(e) = scan(service, gems, &mut seen).await {
-            tracing::warn!("scan of {} failed: {e:#}", gems.display());
+        match scan(service, gems, &mut seen).await {
+            Ok(()) => seen.said_failure = None,
+            Err(e) => {
+                let text = format!("{e:#}");
+                if seen.said_failure.as_ref() != Some(&text) {
+                    tracing::warn!(
+                        "scan of {} failed: {text}; uninstalling nothing until it can be read",
+                        gems.display()
+                    );
+                    seen.said_failure = Some(text);
+                }
+            }
         }
         // One look at the configuration per round; after SIGHUP, one that
         // applies what it finds at once. A slow file system never holds up
@@ -161,6 +191,11 @@ pub async fn run(
     })
 }
 
+/// One scan: installs what is new or changed in the folder, and
+/// uninstalls what the folder installed and no longer holds. A gem that
+/// anyone else installed (the local API, the command line, a program using
+/// the library, another gems folder, or an earlier version that did not
+/// record who) is never uninstalled by a scan.
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
     let (present, ignored) = manifests(gems)?;
     for (name, why) in &ignored {
@@ -170,11 +205,9 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
     }
     seen.ignored = ignored;
-    let installed_before: BTreeSet<String> = service.installed()?.into_iter().collect();
-    let known = seen.known.get_or_insert_with(|| installed_before.clone());
-    known.extend(present.keys().cloned());
+    let installed_before = service.installed_by()?;
     let keeping = |gem: &str| {
-        if installed_before.contains(gem) {
+        if installed_before.contains_key(gem) {
             "keeping the installed version"
         } else {
             "not installed"
@@ -187,20 +220,25 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
                 // Remembered like a rejected manifest, so an unchanged
                 // problem is reported once and the installed version kept.
                 let digest: [u8; 32] = Sha256::digest(&why).into();
-                if seen.manifests.insert(gem.clone(), digest) != Some(digest) {
+                if seen.manifests.insert(gem.clone(), (digest, false)) != Some((digest, false)) {
                     tracing::error!(gem, "{why}; {}", keeping(gem));
                 }
                 continue;
             }
         };
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        if seen.manifests.get(gem) == Some(&digest) {
-            continue;
+        match seen.manifests.get(gem) {
+            // Installed from this manifest, and still installed (by this
+            // folder, or by whoever installed it since).
+            Some(&(d, true)) if d == digest && installed_before.contains_key(gem) => continue,
+            // Rejected as it is: said once.
+            Some(&(d, false)) if d == digest => continue,
+            _ => {}
         }
         match parse_manifest(&bytes) {
-            Ok(manifest) => match service.install(gem, &manifest).await {
+            Ok(manifest) => match service.install_by(gem, &manifest, seen.owner.clone()).await {
                 Ok(report) => {
-                    seen.manifests.insert(gem.clone(), digest);
+                    seen.manifests.insert(gem.clone(), (digest, true));
                     tracing::info!(
                         gem,
                         upgrade = report.upgrade,
@@ -214,19 +252,37 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
             Err(e) => {
                 // Remembered, so an unchanged invalid manifest is reported
                 // once; a fixed one is installed at the next scan.
-                seen.manifests.insert(gem.clone(), digest);
+                seen.manifests.insert(gem.clone(), (digest, false));
                 tracing::error!(gem, "{} rejected; {}:\n{e}", path.display(), keeping(gem))
             }
         }
     }
-    let installed: BTreeSet<String> = service.installed()?.into_iter().collect();
-    seen.missing
-        .retain(|gem, _| installed.contains(gem) && !present.contains_key(gem));
-    let known = seen.known.clone().unwrap_or_default();
-    for gem in installed
-        .difference(&present.keys().cloned().collect())
-        .filter(|gem| known.contains(*gem))
-    {
+    // The gems this folder installed (as the registry says now: an install
+    // by anyone else since makes a gem theirs) that it no longer holds.
+    let gone: Vec<String> = service
+        .installed_by()?
+        .into_iter()
+        .filter(|(gem, by)| by.as_ref() == Some(&seen.owner) && !present.contains_key(gem))
+        .map(|(gem, _)| gem)
+        .collect();
+    seen.missing.retain(|gem, _| gone.contains(gem));
+    if present.is_empty() && !gone.is_empty() {
+        // A wrong path, an unmounted disk, a folder being replaced: an
+        // empty folder is never taken as "every gem was removed".
+        if !seen.said_empty {
+            tracing::warn!(
+                "the gems folder {} holds no manifest, while {} gem(s) installed from it are registered ({}): uninstalling nothing until a manifest appears in it (`gem-resources uninstall GEM` removes one)",
+                gems.display(),
+                gone.len(),
+                gone.join(", ")
+            );
+            seen.said_empty = true;
+        }
+        seen.missing.clear();
+        return Ok(());
+    }
+    seen.said_empty = false;
+    for gem in &gone {
         let scans = seen.missing.entry(gem.clone()).or_default();
         *scans += 1;
         tracing::info!(
@@ -238,11 +294,13 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
         seen.missing.remove(gem);
         seen.manifests.remove(gem);
-        if let Some(known) = seen.known.as_mut() {
-            known.remove(gem);
-        }
-        match service.uninstall(gem).await {
-            Ok(report) => tracing::info!(gem, deleted = report.deleted.len(), "uninstalled"),
+        // Checked again under the registry lock: a gem installed by anyone
+        // else since the listing above is theirs, and stays.
+        match service.uninstall_installed_by(gem, &seen.owner).await {
+            Ok(Some(report)) => {
+                tracing::info!(gem, deleted = report.deleted.len(), "uninstalled")
+            }
+            Ok(None) => tracing::info!(gem, "installed by someone else since; left alone"),
             Err(e) => tracing::error!(gem, "uninstall failed: {}", error_text(&e)),
         }
     }

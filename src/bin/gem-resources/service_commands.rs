@@ -246,7 +246,9 @@ async fn install(
     }
     let mut interrupted = interrupt::signal();
     let watcher = (!no_wait).then(|| crate::watch::spawn(service, json, Output::Stderr));
-    let report = service.install(gem, &manifest).await?;
+    let report = service
+        .install_by(gem, &manifest, gem_resources::InstalledBy::Cli)
+        .await?;
     if no_wait {
         // This process ends now: stop what it queued, cleanly, so that
         // nothing is half-written and no failure is recorded. `serve` or
