@@ -1076,14 +1076,7 @@ impl Resources {
 
     /// The ids of every installed gem.
     pub fn installed(&self) -> Result<Vec<String>> {
-        self.live()?;
-        Ok(self
-            .inner
-            .registry
-            .list()?
-            .into_iter()
-            .map(|r| r.gem)
-            .collect())
+        Ok(self.installed_by()?.into_keys().collect())
     }
 
     /// Every installed gem's id with who installed it (`None`: a gem
