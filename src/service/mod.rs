@@ -143,7 +143,12 @@ struct Inner {
     /// How long an interrupted download is kept for resume.
     partial_max_age: std::time::Duration,
     /// The store's policy record as last seen.
-    policy_stamp: std::sync::Mutex<policy_record::Stamp>,
+    /// The generation of the store's policy record last applied (or
+    /// written) here.
+    policy_seen: std::sync::Mutex<Option<u64>>,
+    /// The configuration file the service was opened with, named in the
+    /// policy records it writes.
+    config_file: Option<PathBuf>,
     /// The most bytes auto-fill reads from one address.
     autofill_max_bytes: u64,
     /// Files auto-fill reads at once.
@@ -381,7 +386,7 @@ impl Resources {
             store.policy_record()?,
         );
         fetcher.set_policy(policy);
-        let policy_stamp = store.policy_stamp();
+        let policy_seen = store.policy_generation();
         let deps = Deps {
             fetcher,
             store: store.clone(),
@@ -403,7 +408,8 @@ impl Resources {
                 scheduler: Arc::new(scheduler),
                 events,
                 partial_max_age: config.partial_max_age(),
-                policy_stamp: std::sync::Mutex::new(policy_stamp),
+                policy_seen: std::sync::Mutex::new(policy_seen),
+                config_file: config.source.clone(),
                 autofill_max_bytes: config.network.autofill_max_bytes,
                 autofill_parallel: config.service.max_concurrent_downloads.max(1),
             }),
@@ -430,19 +436,20 @@ impl Resources {
         });
     }
 
-    /// Applies the store's policy record when it changed since last seen.
+    /// Applies the store's policy record when its generation changed since
+    /// last seen.
     pub(crate) fn follow_policy_record(&self) {
-        let stamp = self.inner.store.policy_stamp();
+        let generation = self.inner.store.policy_generation();
         {
             let mut seen = self
                 .inner
-                .policy_stamp
+                .policy_seen
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if *seen == stamp {
+            if *seen == generation {
                 return;
             }
-            *seen = stamp;
+            *seen = generation;
         }
         match self.inner.store.policy_record() {
             Ok(Some(record)) if !policy_record::same(&record.policy, &self.policy()) => {
@@ -984,13 +991,16 @@ impl Resources {
     pub fn set_policy_counted(&self, policy: Policy) -> Result<PolicyChange> {
         self.live()?;
         let stopped = self.stopped_by(&policy)?;
-        self.inner.store.write_policy_record(&policy)?;
+        let generation = self
+            .inner
+            .store
+            .write_policy_record(&policy, self.inner.config_file.as_deref())?;
         // Our own write is not news to the watcher.
         *self
             .inner
-            .policy_stamp
+            .policy_seen
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = self.inner.store.policy_stamp();
+            .unwrap_or_else(|p| p.into_inner()) = Some(generation);
         let queued = self.apply_policy(policy)?;
         Ok(PolicyChange { stopped, queued })
     }

@@ -54,6 +54,16 @@ pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<File> {
     wait(|| try_lock_in(dir, name)).await
 }
 
+/// Takes the exclusive lock on the file `name` (created when missing) of
+/// the folder `dir`, held open, blocking the thread until it is free: for
+/// locks held only for a short read and write, by synchronous callers.
+pub(crate) fn lock_blocking_in(dir: &Folder, name: &str) -> Result<File> {
+    let file = open_at(dir, name, true)?;
+    file.lock()
+        .map_err(|e| Error::io("cannot lock", dir.join(name), e))?;
+    Ok(file)
+}
+
 /// A held keyed lock: released (and its files removed where the platform
 /// allows) when dropped.
 #[derive(Debug)]

@@ -362,6 +362,100 @@ async fn a_policy_set_by_one_service_applies_in_another_on_the_same_store() {
 }
 
 #[tokio::test]
+async fn a_policy_whose_record_would_not_be_read_back_is_refused_and_nothing_is_written() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let mut app = api.client().await;
+    app.result(
+        "set_policy",
+        json!({ "mode": "blocklist", "hosts": ["kept.test"] }),
+    )
+    .await;
+    let record = env.store_dir().join("store-v1/policy.json");
+    let before = std::fs::read(&record).unwrap();
+    // 45,000 hosts: a request under the line limit, a record over 1 MiB.
+    let hosts: Vec<String> = (0..45_000).map(|i| format!("h{i}.example.com")).collect();
+    let answer = app
+        .call("set_policy", json!({ "mode": "blocklist", "hosts": hosts }))
+        .await;
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("45000 hosts"), "{answer}");
+    assert_eq!(std::fs::read(&record).unwrap(), before);
+    assert_eq!(
+        app.result("policy", json!(null)).await["hosts"],
+        json!(["kept.test"])
+    );
+    api.stop().await;
+    // Every process on the store still opens.
+    let out = env.run(&["--json", "status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Resources::open(&env.config()).unwrap().shutdown().await;
+}
+
+#[tokio::test]
+async fn a_change_of_the_same_length_in_the_same_tick_is_still_followed() {
+    let env = Env::new().await;
+    let first = Resources::open(&env.config()).unwrap();
+    let second = Resources::open(&env.config()).unwrap();
+    let record = env.store_dir().join("store-v1/policy.json");
+    second
+        .set_policy(Policy::new(Mode::Blocklist, &["aaa.test".into()]).unwrap())
+        .unwrap();
+    wait_until("the first service follows", || {
+        first.policy().hosts() == ["aaa.test".to_string()]
+    })
+    .await;
+    // A file system with coarse timestamps: the next record, of the same
+    // length, carries the same modification time.
+    let stamped = std::fs::metadata(&record).unwrap().modified().unwrap();
+    let len = std::fs::metadata(&record).unwrap().len();
+    second
+        .set_policy(Policy::new(Mode::Blocklist, &["bbb.test".into()]).unwrap())
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&record)
+        .unwrap()
+        .set_modified(stamped)
+        .unwrap();
+    assert_eq!(std::fs::metadata(&record).unwrap().len(), len);
+    wait_until("the first service follows again", || {
+        first.policy().hosts() == ["bbb.test".to_string()]
+    })
+    .await;
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_record_from_a_clock_in_the_future_does_not_hide_a_later_edit_of_the_configuration() {
+    let env = Env::new().await;
+    let first = Resources::open(&env.config()).unwrap();
+    first
+        .set_policy(Policy::new(Mode::Blocklist, &["origin.test".into()]).unwrap())
+        .unwrap();
+    first.shutdown().await;
+    let record = env.store_dir().join("store-v1/policy.json");
+    let mut text: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    text["set_at"] = json!("2999-01-01T00:00:00Z");
+    text["set_at_ms"] = json!(32_472_144_000_000u64);
+    std::fs::write(&record, serde_json::to_vec(&text).unwrap()).unwrap();
+    // The user edits the configuration file: it holds.
+    let body = bytes(30_000, 41);
+    let url = env.serve("/later.bin", &body);
+    let manifest = env.write_manifest("later", json!([entry("later", &url, &body)]));
+    env.write_config("# edited: every host again");
+    let out = env
+        .run(&["--json", "install", "later", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = env
+        .run(&["--json", "--no-service", "path", "later", "later"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[tokio::test]
 async fn autofill_through_the_api_follows_the_policy_and_the_mirrors() {
     let env = Env::new().await;
     let body = bytes(70_000, 41);

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use gem_resources::store::policy_record;
 use gem_resources::{parse_manifest, Config, Error, Fetcher, Manifest};
 
 /// Exit status for a failed operation.
@@ -110,20 +111,12 @@ pub fn fetcher(config: &Config) -> Result<Fetcher, Error> {
     let fetcher = Fetcher::new(config)?;
     fetcher.set_policy(config.effective_policy()?);
     let (following, config) = (fetcher.clone(), config.clone());
-    let record = config
-        .store_dir()
-        .join(gem_resources::store::LAYOUT)
-        .join(gem_resources::store::policy_record::FILE);
-    let stamp = |path: &Path| {
-        std::fs::symlink_metadata(path)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()))
-    };
-    let mut seen = stamp(&record);
+    let store_dir = config.store_dir();
+    let mut seen = policy_record::generation_in(&store_dir);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(gem_resources::service::POLICY_WATCH_EVERY).await;
-            let now = stamp(&record);
+            let now = policy_record::generation_in(&store_dir);
             if now == seen {
                 continue;
             }
