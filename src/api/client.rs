@@ -1,20 +1,51 @@
 //! A Rust client of the local API, which the command line uses when a
-//! service listens on its store.
+//! service listens on its store, and a second instance of an app uses to
+//! share the first one's service.
+//!
+//! [`Client::for_store`] talks only to the store's own service: it checks
+//! the socket and the process at the other end before it sends a byte, then
+//! has the service prove with `hello` that it holds the secret of the
+//! store's `service.json` (see [`crate::api::discovery`]). Connecting and
+//! `hello` are bounded by [`CONNECT_TIMEOUT`], and every call that does not
+//! wait for a download by [`ANSWER_TIMEOUT`].
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::discovery;
-use crate::api::protocol::{RpcError, Subscribed};
+use crate::api::discovery::{self, ServiceFile};
+use crate::api::protocol::{
+    Hello, PathResult, PolicyBody, RpcError, StatusResult, Subscribed, UninstallResult, PROTOCOL,
+};
 use crate::error::{Error, Result};
+use crate::net::policy::Policy;
 use crate::platform::local_socket::{self, Duplex};
+use crate::service::{InstallReport, PolicyChange};
 use crate::store::Store;
+
+/// How long connecting to a service and its `hello` may take together.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a call waits for its answer, except those that wait for a
+/// download or a transfer (`path`, `autofill`), which wait as long as it
+/// runs.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The answer timeout of `method`: none for a call that waits for a
+/// download or a transfer.
+fn answer_timeout(method: &str) -> Option<Duration> {
+    match method {
+        "path" | "autofill" => None,
+        _ => Some(ANSWER_TIMEOUT),
+    }
+}
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<std::result::Result<Value, RpcError>>>>>;
 
@@ -36,16 +67,99 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects to the service listening on `store`, when one does
-    /// (`None` when none does, or its socket refuses).
+    /// Connects to the service listening on `store`, when one does and it
+    /// proves it is the store's own (`None` when none does, or it refuses
+    /// or fails the checks: a warning says why).
     pub async fn for_store(store: &Store) -> Option<Client> {
-        let file = discovery::live(store)?;
-        Client::connect(&file.socket).await.ok()
+        match Client::for_store_checked(store).await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!("not using the service: {e}");
+                None
+            }
+        }
     }
 
-    /// Connects to the socket (or named pipe) `socket`.
+    /// [`Client::for_store`], saying why a service that `service.json`
+    /// names was not used (`E_RESOURCE_SERVICE`); `Ok(None)` when no
+    /// service listens.
+    pub async fn for_store_checked(store: &Store) -> Result<Option<Client>> {
+        let Some(file) = discovery::live(store) else {
+            return Ok(None);
+        };
+        Client::connect_to(&file).await.map(Some)
+    }
+
+    /// Connects to the service `file` describes (a store's
+    /// `service.json`) and checks it: the socket and its folder are the
+    /// user's own, the process at the other end is the user's and the one
+    /// the file names, and its `hello` proves it holds the file's secret.
+    /// Nothing but `hello` is sent before.
+    pub async fn connect_to(file: &ServiceFile) -> Result<Client> {
+        let socket = file.socket.as_str();
+        let fail = |reason: String| Error::Service {
+            socket: socket.to_string(),
+            reason,
+        };
+        if file.secret.is_empty() {
+            return Err(fail(
+                "its service.json holds no secret (a service of an earlier version): not trusted; restart it".into(),
+            ));
+        }
+        let connect = async {
+            let client = Client::open(socket, Some(file.pid)).await?;
+            let nonce = discovery::random_hex()?;
+            let hello: Hello = client
+                .call_within("hello", json!({ "nonce": nonce }), None)
+                .await?;
+            let proved = hello
+                .proof
+                .as_deref()
+                .is_some_and(|p| discovery::proves(&file.secret, &nonce, p));
+            if !proved {
+                return Err(fail(
+                    "it did not prove that it holds the store's secret (service.json): not the store's service, nothing sent".into(),
+                ));
+            }
+            if hello.pid != file.pid {
+                return Err(fail(format!(
+                    "it is process {}, not the service {} that service.json names",
+                    hello.pid, file.pid
+                )));
+            }
+            if hello.protocol != PROTOCOL {
+                return Err(fail(format!(
+                    "it speaks protocol {}, this client {PROTOCOL}",
+                    hello.protocol
+                )));
+            }
+            Ok(client)
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(fail(format!(
+                "no answer to hello within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    /// Connects to the socket (or named pipe) `socket`, named by the
+    /// caller rather than by a store's `service.json`: the socket, its
+    /// folder and the process at the other end must be the user's own
+    /// (where the platform says), but no secret is checked.
     pub async fn connect(socket: &str) -> Result<Client> {
-        let stream = local_socket::connect(socket)
+        match tokio::time::timeout(CONNECT_TIMEOUT, Client::open(socket, None)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Service {
+                socket: socket.to_string(),
+                reason: format!("cannot connect within {} s", CONNECT_TIMEOUT.as_secs()),
+            }),
+        }
+    }
+
+    async fn open(socket: &str, pid: Option<u32>) -> Result<Client> {
+        let stream = local_socket::connect(socket, pid)
             .await
             .map_err(|e| Error::Service {
                 socket: socket.to_string(),
@@ -70,8 +184,22 @@ impl Client {
     }
 
     /// Calls `method` with `params` and reads its result as `T`; the
-    /// service's errors come back as [`Error::Remote`].
+    /// service's errors come back as [`Error::Remote`]. A call that does
+    /// not wait for a download fails after [`ANSWER_TIMEOUT`] without an
+    /// answer (`E_RESOURCE_SERVICE`).
     pub async fn call<T: DeserializeOwned>(&self, method: &str, params: Value) -> Result<T> {
+        self.call_within(method, params, answer_timeout(method))
+            .await
+    }
+
+    /// [`Client::call`] waiting at most `limit` for the answer (for ever
+    /// with `None`).
+    pub async fn call_within<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: Value,
+        limit: Option<Duration>,
+    ) -> Result<T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending
@@ -92,17 +220,77 @@ impl Client {
                 .await
                 .map_err(|e| lost(format!("cannot send {method}: {e}")))?;
         }
-        let value = match rx.await {
-            Ok(Ok(value)) => value,
-            Ok(Err(error)) => return Err(error.into_error()),
-            Err(_) => {
+        let answered = match limit {
+            None => Ok(rx.await),
+            Some(limit) => tokio::time::timeout(limit, rx).await,
+        };
+        let value = match answered {
+            Ok(Ok(Ok(value))) => value,
+            Ok(Ok(Err(error))) => return Err(error.into_error()),
+            Ok(Err(_)) => {
                 return Err(lost(format!(
                     "the connection closed before {method} was answered"
                 )))
             }
+            Err(_) => {
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                return Err(lost(format!(
+                    "no answer to {method} within {} s",
+                    limit.map_or(0, |l| l.as_secs())
+                )));
+            }
         };
         serde_json::from_value(value)
             .map_err(|e| lost(format!("cannot read the answer to {method}: {e}")))
+    }
+
+    /// `hello`: the service's protocol, version, store and process.
+    pub async fn hello(&self) -> Result<Hello> {
+        self.call("hello", json!({})).await
+    }
+
+    /// Every installed gem's status (or `gem`'s), as `status --json`.
+    pub async fn status(&self, gem: Option<&str>) -> Result<StatusResult> {
+        self.call("status", json!({ "gem": gem })).await
+    }
+
+    /// The local path of `gem`'s resource `id`, downloaded first by the
+    /// service when missing (waits as long as the download runs).
+    pub async fn path(&self, gem: &str, id: &str) -> Result<std::path::PathBuf> {
+        let result: PathResult = self.call("path", json!({ "gem": gem, "id": id })).await?;
+        Ok(result.path)
+    }
+
+    /// Installs (or upgrades) `gem` from the manifest file `manifest`,
+    /// recorded as installed through the API; required files then
+    /// download in the service.
+    pub async fn install(&self, gem: &str, manifest: &Path) -> Result<InstallReport> {
+        let bytes = std::fs::read(manifest)
+            .map_err(|e| Error::io("cannot read the manifest", manifest, e))?;
+        let manifest: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Invalid(format!("{}: not JSON: {e}", manifest.display())))?;
+        self.call("install", json!({ "gem": gem, "manifest": manifest }))
+            .await
+    }
+
+    /// Uninstalls `gem`.
+    pub async fn uninstall(&self, gem: &str) -> Result<UninstallResult> {
+        self.call("uninstall", json!({ "gem": gem })).await
+    }
+
+    /// The service's network policy.
+    pub async fn policy(&self) -> Result<Policy> {
+        let body: PolicyBody = self.call("policy", json!({})).await?;
+        Ok(Policy::new(body.mode, &body.hosts)?)
+    }
+
+    /// Sets the network policy of every process on the store.
+    pub async fn set_policy(&self, policy: &Policy) -> Result<PolicyChange> {
+        self.call("set_policy", json!(PolicyBody::from(policy)))
+            .await
     }
 
     /// Subscribes to events (of `gem`, or all): the starting status, and

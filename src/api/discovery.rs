@@ -7,13 +7,24 @@
 //!   for as long as it runs: a second service on the store is refused, and
 //!   a `service.json` whose lock is free is stale (its process was killed).
 //! - The socket is `<store>/store-v1/run/api.sock` (the folder is `0700`)
-//!   when that path fits a socket address; otherwise a short path in the
-//!   user's runtime folder, named by a digest of the store's path
-//!   (the platform layer decides; on Windows it is a named pipe).
+//!   when that path fits a socket address; otherwise `api.sock` in a
+//!   folder made anew with a random name in the user's runtime folder (the
+//!   platform layer decides; on Windows it is a named pipe with a random
+//!   suffix). Nobody can take the name first or compute it.
+//!
+//! **How a client knows its service.** `service.json` (`0600`, in the
+//! user's own `0700` folder) holds a random `secret` made anew by each
+//! service. A client checks the socket and the process at the other end
+//! before it sends a byte (see `platform::local_socket`), then sends
+//! `hello` with a random `nonce`; the service answers with
+//! [`proof`]`(secret, nonce)`, and its `pid`, which must be the one
+//! `service.json` names. A service that cannot prove it holds the secret
+//! gets nothing more: no manifest, no policy, no question.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -26,7 +37,7 @@ use crate::store::{lockfile, trust, Store};
 pub const SERVICE_FILE: &str = "service.json";
 
 /// What `service.json` holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceFile {
     /// The protocol the service speaks.
     pub protocol: u32,
@@ -36,6 +47,61 @@ pub struct ServiceFile {
     pub pid: u32,
     /// Its crate version.
     pub version: String,
+    /// The secret with which its `hello` proves it is the store's service
+    /// (hex; empty in files of earlier versions, whose service no client
+    /// trusts).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ServiceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceFile")
+            .field("protocol", &self.protocol)
+            .field("socket", &self.socket)
+            .field("pid", &self.pid)
+            .field("version", &self.version)
+            .field("secret", &"…")
+            .finish()
+    }
+}
+
+/// Bytes of randomness in a secret and a nonce.
+const RANDOM_BYTES: usize = 32;
+
+/// Longest `nonce` a service answers to.
+pub const MAX_NONCE_CHARS: usize = 256;
+
+/// Random bytes, hex: a service's secret, a client's nonce.
+pub fn random_hex() -> Result<String> {
+    let mut bytes = [0u8; RANDOM_BYTES];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::Invalid(format!("the system gave no random bytes: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// What a service answers to `hello` with `nonce`: HMAC-SHA256 keyed with
+/// its secret (the text of `service.json`'s `secret`) of
+/// `"gem-resources hello\n"` followed by the nonce, hex.
+pub fn proof(secret: &str, nonce: &str) -> String {
+    hex::encode(hello_mac(secret, nonce).finalize().into_bytes())
+}
+
+/// Whether `answer` is [`proof`]`(secret, nonce)`, compared in constant
+/// time; never for an empty secret.
+pub fn proves(secret: &str, nonce: &str, answer: &str) -> bool {
+    let Ok(answer) = hex::decode(answer) else {
+        return false;
+    };
+    !secret.is_empty() && hello_mac(secret, nonce).verify_slice(&answer).is_ok()
+}
+
+fn hello_mac(secret: &str, nonce: &str) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(b"gem-resources hello\n");
+    mac.update(nonce.as_bytes());
+    mac
 }
 
 /// `<store>/store-v1/run`: the service's own folder, `0700`.
@@ -49,8 +115,9 @@ pub fn store_key(store: &Store) -> String {
     hex::encode(&digest[..8])
 }
 
-/// The socket a service on `store` listens on by default.
-pub fn default_socket(store: &Store) -> Result<PathBuf> {
+/// The socket a service on `store` listens on by default (see the module's
+/// documentation), and the folder made for it, if one was.
+pub(crate) fn default_place(store: &Store) -> Result<crate::platform::local_socket::Place> {
     let inside = run_dir(store).join("api.sock");
     crate::platform::local_socket::choose_path(&inside, &store_key(store))
 }
@@ -103,13 +170,24 @@ pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
     }
 }
 
-/// Writes `service.json` for the holder of `lock`.
-pub fn publish(store: &Store, _lock: &ServiceLock, socket: &str) -> Result<()> {
+/// Removes what a service killed on `store` left behind: the socket (and
+/// the folder made for it) that a stale `service.json` names. Call with
+/// the store held ([`hold`]), before listening.
+pub fn clear_left_over(store: &Store, _lock: &ServiceLock) {
+    if let Some(old) = read(store) {
+        crate::platform::local_socket::remove_left_over(Path::new(&old.socket));
+    }
+}
+
+/// Writes `service.json` for the holder of `lock`, with the secret its
+/// `hello` proves.
+pub fn publish(store: &Store, _lock: &ServiceLock, socket: &str, secret: &str) -> Result<()> {
     let file = ServiceFile {
         protocol: PROTOCOL,
         socket: socket.to_string(),
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        secret: secret.to_string(),
     };
     let bytes = serde_json::to_vec_pretty(&file)
         .map_err(|e| Error::Invalid(format!("cannot write {SERVICE_FILE}: {e}")))?;

@@ -136,6 +136,10 @@ pub struct Hello {
     pub store: PathBuf,
     /// The service's process.
     pub pid: u32,
+    /// With a `nonce` in the request: HMAC-SHA256 of it, keyed with the
+    /// secret of `service.json` (see [`crate::api::discovery::proof`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// Where a service listens on a store.

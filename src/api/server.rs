@@ -58,31 +58,61 @@ impl Resources {
     /// [`ApiServer::stop`]. Fails with `E_RESOURCE_BUSY` when another
     /// service already listens on the store.
     pub fn listen(&self) -> Result<ApiServer> {
-        let socket = discovery::default_socket(self.store())?;
-        self.listen_on(&socket)
+        self.check_live()?;
+        let store_dir = self.store_dir();
+        // Held before a folder is made for the socket: a second service
+        // makes none.
+        let lock = discovery::hold(self.store(), &store_dir)?;
+        let place = discovery::default_place(self.store())?;
+        self.listen_at(place, lock, store_dir)
     }
 
     /// [`Resources::listen`] on another socket path (`service.json` names
-    /// it, so clients that start from the store still find it).
+    /// it, so clients that start from the store still find it). The
+    /// socket's folder must be the user's own and closed to others, or no
+    /// client connects.
     pub fn listen_on(&self, socket: &Path) -> Result<ApiServer> {
         self.check_live()?;
-        let store_dir = self
-            .store()
+        let store_dir = self.store_dir();
+        let lock = discovery::hold(self.store(), &store_dir)?;
+        let place = local_socket::Place {
+            path: socket.to_path_buf(),
+            own_folder: None,
+        };
+        self.listen_at(place, lock, store_dir)
+    }
+
+    fn store_dir(&self) -> std::path::PathBuf {
+        self.store()
             .root()
             .parent()
             .unwrap_or(self.store().root())
-            .to_path_buf();
-        let lock = discovery::hold(self.store(), &store_dir)?;
+            .to_path_buf()
+    }
+
+    fn listen_at(
+        &self,
+        place: local_socket::Place,
+        lock: ServiceLock,
+        store_dir: std::path::PathBuf,
+    ) -> Result<ApiServer> {
+        discovery::clear_left_over(self.store(), &lock);
         let _runtime = self.handle().enter();
-        let listener =
-            Listener::bind(socket).map_err(|e| Error::io("cannot listen on", socket, e))?;
+        let listener = Listener::bind(&place).map_err(|e| {
+            if let Some(folder) = &place.own_folder {
+                let _ = std::fs::remove_dir(folder);
+            }
+            Error::io("cannot listen on", &place.path, e)
+        })?;
         let name = listener.name();
-        discovery::publish(self.store(), &lock, &name)?;
+        let secret = discovery::random_hex()?;
+        discovery::publish(self.store(), &lock, &name, &secret)?;
         let stop = CancellationToken::new();
         let shared = Arc::new(Shared {
             service: self.clone(),
             store_dir,
             socket: name.clone(),
+            secret,
             connections: Arc::new(Semaphore::new(protocol::MAX_CONNECTIONS)),
             stop: stop.clone(),
         });
@@ -100,6 +130,8 @@ struct Shared {
     service: Resources,
     store_dir: std::path::PathBuf,
     socket: String,
+    /// What `hello` proves it holds (`service.json`'s `secret`).
+    secret: String,
     connections: Arc<Semaphore>,
     stop: CancellationToken,
 }
@@ -328,12 +360,10 @@ async fn dispatch(
     let service = &shared.service;
     let p = request.params;
     let outcome = match request.method.as_str() {
-        "hello" => ok(Ok(Hello {
-            protocol: protocol::PROTOCOL,
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            store: shared.store_dir.clone(),
-            pid: std::process::id(),
-        })),
+        "hello" => match params::<HelloParams>(p) {
+            Ok(HelloParams { nonce }) => hello(shared, nonce),
+            Err(e) => Err(e),
+        },
         "status" => match params::<GemParams>(p) {
             Ok(GemParams { gem }) => ok(status(shared, gem).await),
             Err(e) => Err(e),
@@ -406,6 +436,36 @@ async fn dispatch(
         )),
     };
     Some(outcome)
+}
+
+/// `hello`'s answer; with a `nonce`, the proof that this service holds the
+/// store's secret.
+fn hello(shared: &Shared, nonce: Option<String>) -> std::result::Result<Value, RpcError> {
+    if nonce
+        .as_ref()
+        .is_some_and(|n| n.chars().count() > discovery::MAX_NONCE_CHARS)
+    {
+        return Err(RpcError::usage(
+            protocol::INVALID_PARAMS,
+            format!(
+                "params.nonce: longer than {} characters",
+                discovery::MAX_NONCE_CHARS
+            ),
+        ));
+    }
+    ok(Ok(Hello {
+        protocol: protocol::PROTOCOL,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        store: shared.store_dir.clone(),
+        pid: std::process::id(),
+        proof: nonce.map(|n| discovery::proof(&shared.secret, &n)),
+    }))
+}
+
+#[derive(serde::Deserialize, Default)]
+struct HelloParams {
+    #[serde(default)]
+    nonce: Option<String>,
 }
 
 #[derive(serde::Deserialize)]

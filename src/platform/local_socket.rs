@@ -1,6 +1,14 @@
 //! The local API's socket: a Unix domain socket on Linux and macOS, a named
 //! pipe on Windows, behind one small interface ([`Listener`], [`connect`],
 //! [`peer_is_me`], [`choose_path`]).
+//!
+//! A client checks its peer before it sends a byte: on Unix the socket file
+//! and its folder must be the user's own and closed to everyone else, and
+//! the process at the other end (`SO_PEERCRED`, `getpeereid`) the user's,
+//! and the one `service.json` names where the platform says which process
+//! it is. A name another user could take first is never predictable: a
+//! socket outside the store lives in a folder with a random name (a
+//! named pipe has a random suffix), made anew by each service.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -10,6 +18,27 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// A connected byte stream, either side.
 pub(crate) trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// Random bytes in a socket folder's or pipe's name: nobody can take the
+/// name before the service, or guess it.
+const RANDOM_NAME_BYTES: usize = 12;
+
+/// A random name part, hex.
+fn random_part() -> io::Result<String> {
+    let mut bytes = [0u8; RANDOM_NAME_BYTES];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(format!("no random bytes: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// Where a service listens: the socket (or pipe), and the folder made for
+/// it alone, removed with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    /// The socket path, or the pipe name.
+    pub(crate) path: PathBuf,
+    /// A folder made for this socket alone: removed when the listener is.
+    pub(crate) own_folder: Option<PathBuf>,
+}
 
 /// Longest socket path used as is; `sun_path` holds 104 bytes on macOS and
 /// 108 on Linux, its terminating zero included.
@@ -44,16 +73,19 @@ mod unix {
         client.0.peer_cred().is_ok_and(|cred| cred.uid() == me)
     }
 
-    /// A listening socket; its file is removed when dropped.
+    /// A listening socket; its file (and a folder made for it) is removed
+    /// when dropped.
     pub(crate) struct Listener {
         inner: UnixListener,
         path: PathBuf,
+        own_folder: Option<PathBuf>,
     }
 
     impl Listener {
-        /// Listens on `path`, replacing a socket left there by a service
+        /// Listens at `place`, replacing a socket left there by a service
         /// that is gone (the caller holds the store's service lock).
-        pub(crate) fn bind(path: &Path) -> io::Result<Listener> {
+        pub(crate) fn bind(place: &Place) -> io::Result<Listener> {
+            let path = place.path.as_path();
             if let Ok(meta) = std::fs::symlink_metadata(path) {
                 if !meta.file_type().is_socket() {
                     return Err(io::Error::new(
@@ -68,6 +100,7 @@ mod unix {
             Ok(Listener {
                 inner,
                 path: path.to_path_buf(),
+                own_folder: place.own_folder.clone(),
             })
         }
 
@@ -85,52 +118,133 @@ mod unix {
     impl Drop for Listener {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.path);
+            if let Some(folder) = &self.own_folder {
+                let _ = std::fs::remove_dir(folder);
+            }
         }
     }
 
-    /// Connects to the socket `name`.
-    pub(crate) async fn connect(name: &str) -> io::Result<Box<dyn Duplex>> {
-        Ok(Box::new(UnixStream::connect(name).await?))
-    }
-
-    /// `inside` when it fits a socket address; else
-    /// `<runtime dir>/gem-resources/<key>.sock` (`$XDG_RUNTIME_DIR`, else
-    /// `<temp>/gem-resources-<uid>/<key>.sock`), in a folder of the user's
-    /// own that nobody else may enter.
-    pub(crate) fn choose_path(inside: &Path, key: &str) -> crate::Result<PathBuf> {
-        if inside.as_os_str().len() <= MAX_SOCKET_PATH {
-            return Ok(inside.to_path_buf());
-        }
+    fn me() -> u32 {
         // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(|d| PathBuf::from(d).join("gem-resources"))
-            .filter(|d| d.is_absolute() && d.as_os_str().len() + key.len() + 6 <= MAX_SOCKET_PATH);
-        let dir =
-            runtime.unwrap_or_else(|| std::env::temp_dir().join(format!("gem-resources-{uid}")));
-        private_folder(&dir).map_err(|e| crate::Error::io("cannot use", &dir, e))?;
-        Ok(dir.join(format!("{key}.sock")))
+        unsafe { libc::geteuid() }
     }
 
-    /// Creates `dir` (`0700`) or checks that it is the user's own and
-    /// closed to everyone else: a folder another user made first is
-    /// refused, never used.
-    fn private_folder(dir: &Path) -> io::Result<()> {
-        match super::super::private_dir_builder().create(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+    fn refused(why: String) -> io::Error {
+        io::Error::new(io::ErrorKind::PermissionDenied, why)
+    }
+
+    /// Refuses a socket that is not the user's own, in a folder that is
+    /// not the user's own or is open to others.
+    fn check_socket_file(path: &Path) -> io::Result<()> {
+        let meta = std::fs::symlink_metadata(path)?;
+        if !meta.file_type().is_socket() {
+            return Err(refused(format!("{} is not a socket", path.display())));
         }
-        let meta = std::fs::symlink_metadata(dir)?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "belongs to another user or is open to others: the service does not trust it",
-            ));
+        if meta.uid() != me() {
+            return Err(refused(format!(
+                "the socket {} belongs to user {}, not to this user",
+                path.display(),
+                meta.uid()
+            )));
+        }
+        let folder = path.parent().unwrap_or(Path::new("/"));
+        let folder_meta = std::fs::symlink_metadata(folder)?;
+        if !folder_meta.is_dir() || folder_meta.uid() != me() || folder_meta.mode() & 0o077 != 0 {
+            return Err(refused(format!(
+                "the socket's folder {} is not this user's own, or is open to others",
+                folder.display()
+            )));
         }
         Ok(())
+    }
+
+    /// Connects to the socket `name` after checking that the socket and
+    /// its folder are the user's own; then checks that the process at the
+    /// other end is the user's and, with `pid`, is that process (where the
+    /// platform says which process it is). Nothing is sent.
+    pub(crate) async fn connect(name: &str, pid: Option<u32>) -> io::Result<Box<dyn Duplex>> {
+        let path = Path::new(name);
+        check_socket_file(path)?;
+        let stream = UnixStream::connect(path).await?;
+        let cred = stream.peer_cred()?;
+        if cred.uid() != me() {
+            return Err(refused(format!(
+                "the process listening on {name} runs as user {}, not as this user",
+                cred.uid()
+            )));
+        }
+        if let (Some(want), Some(peer)) = (pid, cred.pid()) {
+            if peer >= 0 && peer as u32 != want {
+                return Err(refused(format!(
+                    "the process listening on {name} is {peer}, not the service {want} that service.json names"
+                )));
+            }
+        }
+        Ok(Box::new(stream))
+    }
+
+    /// `inside` when it fits a socket address; else `api.sock` in a folder
+    /// made anew with a random name, `0700`, in the runtime folder
+    /// (`$XDG_RUNTIME_DIR`, else the temporary folder): nobody can compute
+    /// the name before, and a name taken by someone else is passed over.
+    pub(crate) fn choose_path(inside: &Path, _key: &str) -> crate::Result<Place> {
+        if inside.as_os_str().len() <= MAX_SOCKET_PATH {
+            return Ok(Place {
+                path: inside.to_path_buf(),
+                own_folder: None,
+            });
+        }
+        // "gem-resources-" + 24 hex + "/api.sock"
+        let room = MAX_SOCKET_PATH - 48;
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|d| d.is_absolute() && d.as_os_str().len() <= room)
+            .unwrap_or_else(std::env::temp_dir);
+        let folder = fresh_folder(&base).map_err(|e| crate::Error::io("cannot use", &base, e))?;
+        Ok(Place {
+            path: folder.join("api.sock"),
+            own_folder: Some(folder),
+        })
+    }
+
+    /// A folder made now in `base` with a random name, `0700`, checked to
+    /// be the user's own; a name that exists is passed over.
+    fn fresh_folder(base: &Path) -> io::Result<PathBuf> {
+        for _ in 0..16 {
+            let dir = base.join(format!("gem-resources-{}", random_part()?));
+            match super::super::private_dir_builder().create(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+            let meta = std::fs::symlink_metadata(&dir)?;
+            if !meta.is_dir() || meta.uid() != me() || meta.mode() & 0o077 != 0 {
+                continue;
+            }
+            return Ok(dir);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "no free folder name for the socket after 16 tries",
+        ))
+    }
+
+    /// Removes what a service that is gone left at `place` (a socket, and
+    /// the folder made for it), when both are the user's own.
+    pub(crate) fn remove_left_over(socket: &Path) {
+        if check_socket_file(socket).is_err() {
+            return;
+        }
+        let _ = std::fs::remove_file(socket);
+        if let Some(folder) = socket.parent() {
+            let made_for_it = folder
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("gem-resources-"));
+            if made_for_it {
+                let _ = std::fs::remove_dir(folder);
+            }
+        }
     }
 }
 
@@ -171,9 +285,9 @@ mod windows {
     }
 
     impl Listener {
-        /// Creates the pipe `path` (`\\.\pipe\…`); fails when it exists.
-        pub(crate) fn bind(path: &Path) -> io::Result<Listener> {
-            let name = path.display().to_string();
+        /// Creates the pipe `place` (`\\.\pipe\…`); fails when it exists.
+        pub(crate) fn bind(place: &Place) -> io::Result<Listener> {
+            let name = place.path.display().to_string();
             let first = security::create(&options(true), &name)?;
             Ok(Listener {
                 name,
@@ -196,8 +310,10 @@ mod windows {
     }
 
     /// Connects to the pipe `name`, waiting a little while every instance
-    /// is busy.
-    pub(crate) async fn connect(name: &str) -> io::Result<Box<dyn Duplex>> {
+    /// is busy. The pipe's security descriptor admits this user alone; which
+    /// process serves it is proved by `hello` (the service's secret), so
+    /// `_pid` is not checked here.
+    pub(crate) async fn connect(name: &str, _pid: Option<u32>) -> io::Result<Box<dyn Duplex>> {
         const ERROR_PIPE_BUSY: i32 = 231;
         for _ in 0..50 {
             match ClientOptions::new().open(name) {
@@ -214,10 +330,18 @@ mod windows {
         ))
     }
 
-    /// `\\.\pipe\gem-resources-<key>`.
-    pub(crate) fn choose_path(_inside: &Path, key: &str) -> crate::Result<PathBuf> {
-        Ok(PathBuf::from(format!(r"\\.\pipe\gem-resources-{key}")))
+    /// `\\.\pipe\gem-resources-<key>-<random>`: a name nobody can take
+    /// first (the pipe namespace is every user's).
+    pub(crate) fn choose_path(inside: &Path, key: &str) -> crate::Result<Place> {
+        let random = random_part().map_err(|e| crate::Error::io("cannot name", inside, e))?;
+        Ok(Place {
+            path: PathBuf::from(format!(r"\\.\pipe\gem-resources-{key}-{random}")),
+            own_folder: None,
+        })
     }
+
+    /// Nothing to remove: a pipe goes with its last handle.
+    pub(crate) fn remove_left_over(_socket: &Path) {}
 
     mod security {
         //! A pipe whose security descriptor grants access to this user

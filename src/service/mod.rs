@@ -176,7 +176,7 @@ pub struct InstallReport {
 }
 
 /// What [`Resources::set_policy_counted`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PolicyChange {
     /// Downloads the new policy stopped (an address of theirs it refuses).

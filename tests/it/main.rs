@@ -63,6 +63,8 @@ mod service_cli;
 mod service_concurrency;
 mod service_crash;
 mod service_lifecycle;
+#[cfg(unix)]
+mod service_peer;
 mod service_races;
 mod service_retry;
 mod smoke;
