@@ -22,6 +22,18 @@ pub struct ErrorData {
     pub details: Map<String, Value>,
 }
 
+/// One address of a failure, as a record keeps it: what another process
+/// reads back of a download that failed there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The address tried.
+    pub address: String,
+    /// The error code.
+    pub code: ErrorCode,
+    /// Why it failed.
+    pub reason: String,
+}
+
 impl ErrorData {
     /// What `error` says, as data.
     pub fn of(error: &Error) -> ErrorData {
@@ -37,6 +49,9 @@ impl ErrorData {
             }
             Error::Attempt(a) => {
                 details.insert("attempts".into(), json!([attempt_json(a)]));
+            }
+            Error::FailedElsewhere { attempts, .. } if !attempts.is_empty() => {
+                details.insert("attempts".into(), json!(attempts));
             }
             Error::DiskSpace {
                 needed,

@@ -232,6 +232,12 @@ pub enum Error {
     FailedElsewhere {
         /// The other download's error code.
         code: ErrorCode,
+        /// Its most specific cause (`E_RESOURCE_POLICY` when the policy
+        /// refused an address), as it recorded it.
+        primary_cause: ErrorCode,
+        /// Each address it tried, with its code and reason, as recorded
+        /// (empty from a record of an earlier version).
+        attempts: Vec<data::AttemptRecord>,
         /// Its full message, with the reason for each address.
         message: String,
     },
@@ -446,6 +452,7 @@ impl Error {
                     .unwrap_or(ErrorCode::Unavailable)
             }
             Error::Remote(data) => data.primary_cause,
+            Error::FailedElsewhere { primary_cause, .. } => *primary_cause,
             other => other.code(),
         }
     }
@@ -455,12 +462,29 @@ impl Error {
     /// versions wrote it) loses that prefix, so that the message is a
     /// sentence like every other error's and the code is not shown twice.
     pub fn failed_elsewhere(code: ErrorCode, message: String) -> Self {
+        Error::failed_elsewhere_with(code, code, Vec::new(), message)
+    }
+
+    /// [`Error::failed_elsewhere`] with the record's most specific cause
+    /// and its attempts, so that this process records and reports the
+    /// failure as the one that saw it did.
+    pub fn failed_elsewhere_with(
+        code: ErrorCode,
+        primary_cause: ErrorCode,
+        attempts: Vec<data::AttemptRecord>,
+        message: String,
+    ) -> Self {
         let message = message
             .strip_prefix(code.as_str())
             .and_then(|rest| rest.strip_prefix(": "))
             .map(str::to_string)
             .unwrap_or(message);
-        Error::FailedElsewhere { code, message }
+        Error::FailedElsewhere {
+            code,
+            primary_cause,
+            attempts,
+            message,
+        }
     }
 
     /// Builds an [`Error::Io`].

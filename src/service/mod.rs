@@ -1316,7 +1316,9 @@ fn cancelled(resource: &Resource) -> Error {
 
 /// Whether a failure was (at least on one address) the network policy.
 fn failed_on_policy(record: &FailureRecord) -> bool {
-    record.code == ErrorCode::Policy || record.attempts.iter().any(|a| a.code == ErrorCode::Policy)
+    record.code == ErrorCode::Policy
+        || record.primary_cause == ErrorCode::Policy
+        || record.attempts.iter().any(|a| a.code == ErrorCode::Policy)
 }
 
 /// The hosts of a resource's url and mirrors, each once, in order.

@@ -158,16 +158,7 @@ pub const SERVED_BY_IMPORT: &str = "import";
 /// The longest `served/<sha256>.json` read back.
 const MAX_SERVED_BYTES: u64 = 16 << 10;
 
-/// One address of a failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttemptRecord {
-    /// The address tried.
-    pub address: String,
-    /// The error code.
-    pub code: ErrorCode,
-    /// Why it failed.
-    pub reason: String,
-}
+pub use crate::error::data::AttemptRecord;
 
 /// The most attempts a failure record keeps: the url and its 16 mirrors.
 const MAX_RECORDED_ATTEMPTS: usize = 17;
@@ -205,6 +196,16 @@ impl FailureRecord {
                     address: shorten_to(a.address.as_str(), MAX_RECORDED_TEXT_CHARS),
                     code: a.code(),
                     reason: shorten_to(&a.error.to_string(), MAX_RECORDED_TEXT_CHARS),
+                })
+                .collect(),
+            // Another process's download: its attempts as it recorded them.
+            Error::FailedElsewhere { attempts, .. } => attempts
+                .iter()
+                .take(MAX_RECORDED_ATTEMPTS)
+                .map(|a| AttemptRecord {
+                    address: shorten_to(&a.address, MAX_RECORDED_TEXT_CHARS),
+                    code: a.code,
+                    reason: shorten_to(&a.reason, MAX_RECORDED_TEXT_CHARS),
                 })
                 .collect(),
             _ => Vec::new(),

@@ -18,8 +18,32 @@ pub struct SharedFailure {
     pub code: crate::error::ErrorCode,
     /// The code as written.
     code_text: String,
+    /// Its most specific cause ([`crate::Error::primary_cause`]); its
+    /// code in records of earlier versions.
+    #[serde(skip, default = "unavailable")]
+    pub primary_cause: crate::error::ErrorCode,
+    /// The cause as written (empty in records of earlier versions).
+    #[serde(default)]
+    primary_cause_text: String,
+    /// Each address tried, with its code and reason (empty in records of
+    /// earlier versions).
+    #[serde(default)]
+    pub attempts: Vec<crate::error::data::AttemptRecord>,
     /// Its full message.
     pub message: String,
+}
+
+impl SharedFailure {
+    /// The failure as this process's error: the same code, cause,
+    /// attempts and message.
+    pub fn to_error(&self) -> Error {
+        Error::failed_elsewhere_with(
+            self.code,
+            self.primary_cause,
+            self.attempts.clone(),
+            self.message.clone(),
+        )
+    }
 }
 
 impl Store {
@@ -37,6 +61,9 @@ impl Store {
             addresses: addresses.to_vec(),
             code: error.code(),
             code_text: error.code().as_str().to_string(),
+            primary_cause: error.primary_cause(),
+            primary_cause_text: error.primary_cause().as_str().to_string(),
+            attempts: crate::store::registry::FailureRecord::from_error(error).attempts,
             message: crate::error::shorten_to(
                 &error.to_string(),
                 crate::store::MAX_FAILURE_MESSAGE_CHARS,
@@ -99,6 +126,7 @@ fn unavailable() -> crate::error::ErrorCode {
 pub fn parse_shared_failure(bytes: &[u8]) -> Option<SharedFailure> {
     let mut record: SharedFailure = serde_json::from_slice(bytes).ok()?;
     record.code = record.code_text.parse().ok()?;
+    record.primary_cause = record.primary_cause_text.parse().unwrap_or(record.code);
     Some(record)
 }
 

@@ -131,7 +131,7 @@ pub(crate) async fn download_for(
         .then(|| store.failure_since(&resource.sha256, resource.size, &addresses, waiting_since))
         .flatten();
     if let Some(failure) = shared {
-        return Err(Error::failed_elsewhere(failure.code, failure.message));
+        return Err(failure.to_error());
     }
     // File-system work (creating the file, fsyncs, renames) runs off the
     // runtime's workers: on a slow disk it would stall every transfer.

@@ -338,3 +338,77 @@ async fn a_download_refused_before_connecting_announces_no_start() {
     );
     service.shutdown().await;
 }
+
+/// The state of `gem`'s resource `id` in `service`'s status.
+fn row_state(service: &Resources, gem: &str, id: &str) -> gem_resources::ResourceState {
+    let gems = service.status(Some(gem)).unwrap();
+    let row = gems[0].resources.iter().find(|r| r.id == id).unwrap();
+    row.state.clone()
+}
+
+#[tokio::test]
+async fn a_second_service_on_the_store_keeps_a_policy_stop_as_the_policy_and_an_unblock_requeues_it(
+) {
+    let env = Env::new().await;
+    let body = bytes(600_000, 131);
+    slow_route(&env, "/r.bin", &body);
+    let url = env.url("origin.test", "/r.bin");
+    let first = Resources::open(&env.config()).unwrap();
+    let mut events = first.subscribe();
+    first
+        .install("g", &manifest(json!([required_entry("r", &url, &body)])))
+        .await
+        .unwrap();
+    next_event(
+        &mut events,
+        |e| matches!(e, Event::Progress { bytes, .. } if *bytes > 20_000),
+    )
+    .await;
+    // A second instance on the same store (as an app started twice): its
+    // start queues the required file, which waits for the first's download.
+    let second = Resources::open(&env.config()).unwrap();
+    let mut second_events = second.subscribe();
+    assert_eq!(second.start().await.unwrap(), 1);
+    next_event(&mut second_events, |e| matches!(e, Event::Waiting { .. })).await;
+
+    // Blocked in the first: its download stops; the second, which waited
+    // for it, takes that failure as its own and records it.
+    first
+        .set_policy(policy(Mode::Blocklist, &["origin.test"]))
+        .unwrap();
+    within("the first stops", first.wait_idle()).await;
+    within("the second gives up", second.wait_idle()).await;
+    for service in [&first, &second] {
+        match row_state(service, "g", "r") {
+            gem_resources::ResourceState::Failed { failure, .. } => {
+                assert_eq!(
+                    failure.primary_cause,
+                    gem_resources::ErrorCode::Policy,
+                    "{failure:?}"
+                );
+                assert!(
+                    failure
+                        .attempts
+                        .iter()
+                        .any(|a| a.code == gem_resources::ErrorCode::Policy),
+                    "{failure:?}"
+                );
+            }
+            other => panic!("expected a failed row, got {other:?}"),
+        }
+    }
+    // Unblocked (in either): queued again at once, and downloaded.
+    let queued = first.set_policy(Policy::allow_all()).unwrap();
+    assert_eq!(
+        queued, 1,
+        "the file that failed on the policy is queued again"
+    );
+    within("the download", async {
+        while stored_files(&env, &body).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    first.shutdown().await;
+    second.shutdown().await;
+}
