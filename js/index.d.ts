@@ -6,6 +6,8 @@ export const PROTOCOL: 1;
 export const E_RESOURCE_SERVICE: 'E_RESOURCE_SERVICE';
 /** A subscription fell behind and the service ended it. */
 export const E_RESOURCE_LAGGED: 'E_RESOURCE_LAGGED';
+/** The longest line the client reads from a service (characters); past it the connection fails with E_RESOURCE_SERVICE. */
+export const MAX_LINE_FROM_SERVICE: number;
 
 /** The library's stable error codes, and this client's own two. */
 export type ErrorCode =
@@ -75,7 +77,7 @@ export class ResourceError extends Error {
   static fromRpc(error: { code: number; message: string; data?: ErrorData }): ResourceError;
 }
 
-/** What `<store>/store-v1/service.json` says. */
+/** What `<store>/store-v1/service.json` says, without its `secret` (which only `connect` reads). */
 export interface ServiceInfo {
   protocol: number;
   socket: string;
@@ -88,6 +90,12 @@ export interface Hello {
   version: string;
   store: string;
   pid: number;
+  /**
+   * Asked with a `nonce`: hex(HMAC-SHA256(key: service.json's `secret` as
+   * written, message: "gem-resources hello\n" + nonce)). Present in
+   * `client.service` of a client connected through `{store}`.
+   */
+  proof?: string;
 }
 
 export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'waiting' | 'failed';
@@ -303,7 +311,7 @@ export class GemResources {
 export class Client {
   /** The socket (or named pipe) it is connected to. */
   readonly socketPath: string;
-  /** The answer to `hello` that `connect` checked. */
+  /** The answer to `hello` that `connect` checked (with its `proof` through `{store}`). */
   service: Hello | null;
   /** Any method, by name; its result. */
   request<T = unknown>(method: string, params?: object): Promise<T>;
@@ -327,7 +335,14 @@ export class Client {
 
 /** `<store>/store-v1`. */
 export function storeLayout(store: string): string;
-/** What `<store>/store-v1/service.json` says, or null when there is none. */
+/** What `<store>/store-v1/service.json` says (without its secret), or null when there is none. */
 export function findService(store: string): Promise<ServiceInfo | null>;
-/** A client of the service of a store (found through its service.json), or of a socket. */
+/**
+ * A client of the service of a store (found through its service.json), or
+ * of a socket. The socket and its folder must be the user's own, the folder
+ * closed to others (not checked on Windows); through `{store}` the service
+ * must also prove, in its answer to `hello`, that it holds service.json's
+ * secret and is the process the file names. `{socket}` proves no more than
+ * the owner checks. Rejects with `E_RESOURCE_SERVICE` otherwise.
+ */
 export function connect(options: { store: string } | { socket: string }): Promise<Client>;

@@ -5,7 +5,15 @@
 // on Windows). Answers are matched to requests by id, whatever their order.
 // Each subscription gets a connection of its own: its events are its alone,
 // and a page that reads them slowly never delays the answers of the client.
+//
+// A client never sends a byte to a service that is not its own user's,
+// holding this store: before each connection it checks that the socket and
+// its folder are the user's own, and the first message is `hello` with a
+// random nonce, which the service must answer with the proof that it holds
+// the secret of the store's service.json (see "How the client knows its
+// service" in README.md).
 
+import crypto from 'node:crypto';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
@@ -21,6 +29,14 @@ export const E_RESOURCE_LAGGED = 'E_RESOURCE_LAGGED';
 /** Events a subscription holds before it stops reading its socket; the
  * service then queues for it, and past its own limit sends `lagged`. */
 const SUBSCRIPTION_BUFFER = 256;
+
+/** The longest line this client reads from a service, in characters (each
+ * at least one byte): past it the connection fails, rather than the
+ * client's memory growing without bound. */
+export const MAX_LINE_FROM_SERVICE = 64 * 1024 * 1024;
+
+/** What a service's `hello` proof is an HMAC of, followed by the nonce. */
+const HELLO_CONTEXT = 'gem-resources hello\n';
 
 /**
  * An error of the service (a JSON-RPC error answer) or of the connection to
@@ -83,9 +99,18 @@ export function storeLayout(store) {
  * What `<store>/store-v1/service.json` says about the service listening on
  * `store`: `{protocol, socket, pid, version}`, or null when no service has
  * written one. A file left by a service killed with `kill -9` names a socket
- * that refuses connections; `connect` says so.
+ * that refuses connections; `connect` says so. The file's `secret` is not
+ * handed out: only `connect` uses it, to check the service's `hello`.
  */
 export async function findService(store) {
+  const info = await readServiceFile(store);
+  if (info === null) return null;
+  const { secret, ...rest } = info;
+  return rest;
+}
+
+/** The whole of service.json, `secret` included, or null when there is none. */
+async function readServiceFile(store) {
   const file = path.join(storeLayout(store), 'service.json');
   let text;
   try {
@@ -107,36 +132,54 @@ export async function findService(store) {
 }
 
 /**
+ * The service a client reaches, kept out of sight of the caller: its socket,
+ * how messages name it, and, when found through a store, the secret and the
+ * process that service.json names.
+ */
+const targets = new WeakMap();
+
+/**
  * Connects to the service of a store (`{store}`: found through its
  * service.json) or to a socket (`{socket}`), and checks that it speaks
  * protocol 1. Rejects with code `E_RESOURCE_SERVICE` when no service
- * listens there.
+ * listens there, or when the one there is not the user's own.
+ *
+ * Before connecting (except on Windows), the socket and its folder must be
+ * the user's own and the folder closed to others. Through `{store}`, the
+ * service must then answer `hello` with the proof that it holds the secret
+ * of the store's service.json, and be the process the file names; nothing
+ * else is sent before. `{socket}` proves nothing beyond the owner checks:
+ * there is no secret to check.
  */
 export async function connect(options = {}) {
-  let socketPath = options.socket;
-  let info = null;
-  let where;
-  if (typeof socketPath === 'string') {
-    where = `socket ${socketPath}`;
+  let target;
+  if (typeof options.socket === 'string') {
+    target = { socket: options.socket, where: `socket ${options.socket}`, fromServiceFile: false, secret: null, pid: null };
   } else if (typeof options.store === 'string') {
-    info = await findService(options.store);
+    const info = await readServiceFile(options.store);
     if (info === null) {
       throw serviceError(
         `no gem-resources service listens on the store ${options.store} ` +
           `(no ${path.join(storeLayout(options.store), 'service.json')}; start one with \`gem-resources serve\`)`,
       );
     }
-    socketPath = info.socket;
-    where = `the service of the store ${options.store} (socket ${socketPath}, pid ${info.pid})`;
+    target = {
+      socket: info.socket,
+      where: `the service of the store ${options.store} (socket ${info.socket}, pid ${info.pid})`,
+      fromServiceFile: true,
+      secret: info.secret,
+      pid: info.pid,
+    };
   } else {
     throw new TypeError('connect() needs {store} or {socket}');
   }
-  const socket = await open(socketPath, where, info !== null);
-  const client = new Client(socket, socketPath, where);
+  const socket = await open(target);
+  const client = new Client(socket, target.socket, target.where);
+  targets.set(client, target);
   try {
-    const hello = await client.hello();
-    if (hello.protocol !== PROTOCOL) {
-      throw serviceError(`${where} speaks protocol ${hello.protocol}, this client ${PROTOCOL}`);
+    const hello = target.fromServiceFile ? await proveService(client.connection, target) : await client.hello();
+    if (hello?.protocol !== PROTOCOL) {
+      throw serviceError(`${target.where} speaks protocol ${hello?.protocol}, this client ${PROTOCOL}`);
     }
     client.service = hello;
   } catch (e) {
@@ -146,16 +189,25 @@ export async function connect(options = {}) {
   return client;
 }
 
-/** A connected socket, or an E_RESOURCE_SERVICE error naming `where`. */
-function open(socketPath, where, fromServiceFile) {
+/**
+ * A connected socket to `target`, or an E_RESOURCE_SERVICE error naming
+ * it. The socket and its folder are checked first; a service.json without
+ * a secret is refused before connecting. Nothing is sent.
+ */
+async function open(target) {
+  const { socket: socketPath, where, fromServiceFile } = target;
+  await checkPlace(socketPath, where, fromServiceFile);
+  if (fromServiceFile && (typeof target.secret !== 'string' || target.secret === '')) {
+    throw serviceError(
+      `refusing to connect to ${where}: its service.json holds no secret (a service of an earlier version), ` +
+        'so it cannot prove that it is the store\'s service: restart the service',
+    );
+  }
   return new Promise((resolve, reject) => {
     const socket = net.createConnection(socketPath);
     const onError = (e) => {
       socket.destroy();
-      const stale = fromServiceFile && (e.code === 'ECONNREFUSED' || e.code === 'ENOENT')
-        ? ': its service.json is stale (the service stopped without removing it); no service listens'
-        : '';
-      reject(serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale}`, e));
+      reject(serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, fromServiceFile)}`, e));
     };
     socket.once('error', onError);
     socket.once('connect', () => {
@@ -163,6 +215,112 @@ function open(socketPath, where, fromServiceFile) {
       resolve(socket);
     });
   });
+}
+
+/** What a failed connection says about a service.json that names no living service. */
+function stale(e, fromServiceFile) {
+  return fromServiceFile && (e.code === 'ECONNREFUSED' || e.code === 'ENOENT')
+    ? ': its service.json is stale (the service stopped without removing it); no service listens'
+    : '';
+}
+
+/**
+ * Refuses (E_RESOURCE_SERVICE) a socket that is not a socket, or not the
+ * user's, or whose folder is not the user's own folder closed to others:
+ * someone else could be listening there, or could put a socket of theirs
+ * in its place. Not on Windows, whose named pipes have no such file.
+ */
+async function checkPlace(socketPath, where, fromServiceFile) {
+  if (process.platform === 'win32') return;
+  const me = typeof process.geteuid === 'function' ? process.geteuid() : process.getuid();
+  const refuse = (why) => serviceError(`cannot connect to ${where}: ${why}: refusing to connect; nothing was sent`);
+  let socket;
+  try {
+    socket = await fs.lstat(socketPath);
+  } catch (e) {
+    throw serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, fromServiceFile)}`, e);
+  }
+  if (!socket.isSocket()) {
+    throw refuse(`${socketPath} is not a socket (${fileKind(socket)})`);
+  }
+  if (socket.uid !== me) {
+    throw refuse(`the socket ${socketPath} belongs to user ${socket.uid}, not to this user (${me})`);
+  }
+  const folderPath = path.dirname(socketPath);
+  let folder;
+  try {
+    folder = await fs.lstat(folderPath);
+  } catch (e) {
+    throw serviceError(`cannot connect to ${where}: cannot read its folder ${folderPath}: ${e.code ?? e.message}`, e);
+  }
+  if (!folder.isDirectory()) {
+    throw refuse(`the socket's folder ${folderPath} is not a folder (${fileKind(folder)})`);
+  }
+  if (folder.uid !== me) {
+    throw refuse(`the socket's folder ${folderPath} belongs to user ${folder.uid}, not to this user (${me})`);
+  }
+  if ((folder.mode & 0o077) !== 0) {
+    const mode = (folder.mode & 0o777).toString(8).padStart(4, '0');
+    throw refuse(`the socket's folder ${folderPath} is open to other users (mode ${mode}; it must be 0700)`);
+  }
+}
+
+function fileKind(stats) {
+  if (stats.isSymbolicLink()) return 'a symbolic link';
+  if (stats.isDirectory()) return 'a folder';
+  if (stats.isFile()) return 'a regular file';
+  if (stats.isFIFO()) return 'a named pipe';
+  return 'not a socket';
+}
+
+/**
+ * Sends `hello` with a fresh random nonce on `connection` (its first
+ * message) and checks the answer: the proof that the service holds the
+ * secret of service.json, then the process and the protocol. The answer
+ * to `hello`, or an E_RESOURCE_SERVICE error (the caller closes the
+ * connection).
+ */
+async function proveService(connection, target) {
+  const { where } = target;
+  const nonce = crypto.randomBytes(32).toString('hex');
+  let hello;
+  try {
+    hello = await connection.request('hello', { nonce });
+  } catch (e) {
+    if (e instanceof ResourceError && e.rpcCode === undefined) throw e; // the connection itself
+    throw serviceError(
+      `${where} answered hello with an error (${e.message}), so it did not prove that it holds the store's secret ` +
+        '(service.json): not the store\'s service; nothing else was sent',
+      e,
+    );
+  }
+  if (!proves(target.secret, nonce, hello?.proof)) {
+    throw serviceError(
+      `${where} did not prove that it holds the store's secret (service.json): not the store's service; nothing else was sent`,
+    );
+  }
+  if (hello.pid !== target.pid) {
+    throw serviceError(
+      `${where} is process ${hello.pid}, not the service ${target.pid} that service.json names: ` +
+        'not the store\'s service; nothing else was sent',
+    );
+  }
+  if (hello.protocol !== PROTOCOL) {
+    throw serviceError(`${where} speaks protocol ${hello.protocol}, this client ${PROTOCOL}`);
+  }
+  return hello;
+}
+
+/**
+ * Whether `proof` is hex(HMAC-SHA256(key: the text of `secret`, message:
+ * HELLO_CONTEXT + nonce)), compared in constant time.
+ */
+function proves(secret, nonce, proof) {
+  if (typeof secret !== 'string' || secret === '') return false;
+  if (typeof proof !== 'string' || !/^[0-9a-fA-F]{64}$/.test(proof)) return false;
+  const expected = crypto.createHmac('sha256', Buffer.from(secret, 'utf8')).update(HELLO_CONTEXT + nonce, 'utf8').digest();
+  const given = Buffer.from(proof, 'hex');
+  return given.length === expected.length && crypto.timingSafeEqual(given, expected);
 }
 
 /**
@@ -178,7 +336,9 @@ class Connection {
     this.pending = new Map();
     this.closed = false;
     this.closeError = null;
-    this.buffer = '';
+    /** The pieces of a line not ended yet, and their length. */
+    this.partial = [];
+    this.partialLength = 0;
     this.onClose = [];
     socket.setEncoding('utf8');
     socket.on('data', (chunk) => this.receive(chunk));
@@ -190,17 +350,36 @@ class Connection {
   }
 
   receive(chunk) {
-    this.buffer += chunk;
     let start = 0;
     for (;;) {
-      const end = this.buffer.indexOf('\n', start);
+      const end = chunk.indexOf('\n', start);
       if (end < 0) break;
-      const line = this.buffer.slice(start, end);
+      if (this.tooLong(end - start)) return;
+      let line = chunk.slice(start, end);
+      if (this.partial.length > 0) {
+        line = this.partial.join('') + line;
+        this.partial = [];
+        this.partialLength = 0;
+      }
       start = end + 1;
       if (line.trim() !== '') this.message(line);
       if (this.closed) return;
     }
-    this.buffer = this.buffer.slice(start);
+    if (start < chunk.length) {
+      if (this.tooLong(chunk.length - start)) return;
+      this.partial.push(chunk.slice(start));
+      this.partialLength += chunk.length - start;
+    }
+  }
+
+  /** Fails the connection when `more` characters would make the line longer than MAX_LINE_FROM_SERVICE. */
+  tooLong(more) {
+    if (this.partialLength + more <= MAX_LINE_FROM_SERVICE) return false;
+    this.partial = [];
+    this.partialLength = 0;
+    this.fail(serviceError(`${this.where} sent a line longer than ${MAX_LINE_FROM_SERVICE} bytes`));
+    this.socket.destroy();
+    return true;
   }
 
   message(line) {
@@ -266,7 +445,7 @@ export class Client {
   constructor(socket, socketPath, where) {
     this.socketPath = socketPath;
     this.where = where ?? `socket ${socketPath}`;
-    /** The answer to `hello` that `connect` checked. */
+    /** The answer to `hello` that `connect` checked (with its `proof` through a store). */
     this.service = null;
     this.subscriptions = new Set();
     this.connection = new Connection(socket, this.where, () => {});
@@ -277,7 +456,7 @@ export class Client {
     return this.connection.request(method, params);
   }
 
-  /** `{protocol, version, store, pid}`. */
+  /** `{protocol, version, store, pid}` (and `proof` when asked with a nonce). */
   hello() {
     return this.request('hello');
   }
@@ -353,8 +532,17 @@ export class Client {
    */
   async subscribe({ gem } = {}) {
     if (this.connection.closed) throw this.connection.closeError;
-    const socket = await open(this.socketPath, this.where, false);
+    const target = targets.get(this) ?? { socket: this.socketPath, where: this.where, fromServiceFile: false };
+    const socket = await open(target);
     const sub = new Subscription(socket, this.where);
+    if (target.fromServiceFile) {
+      try {
+        await proveService(sub.connection, target);
+      } catch (e) {
+        sub.connection.close(); // nothing more is sent to it, not even `unsubscribe`
+        throw e;
+      }
+    }
     this.subscriptions.add(sub);
     sub.onEnd = () => this.subscriptions.delete(sub);
     try {

@@ -3,6 +3,7 @@
 // anywhere, errors, notifications, lagged, closed connections, discovery.
 
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -10,6 +11,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 
 import { connect, findService, ResourceError, storeLayout, E_RESOURCE_LAGGED, E_RESOURCE_SERVICE } from '../index.js';
+import { helloProof } from './fixture.js';
 
 /**
  * A mock service on `<store>/store-v1/run/api.sock`. `handler(request, conn)`
@@ -22,6 +24,7 @@ async function mockService(t, handler) {
   const run = path.join(storeLayout(store), 'run');
   fs.mkdirSync(run, { recursive: true, mode: 0o700 });
   const socketPath = path.join(run, 'api.sock');
+  const secret = crypto.randomBytes(32).toString('hex');
   const received = [];
   const connections = [];
   const server = net.createServer((socket) => {
@@ -45,7 +48,9 @@ async function mockService(t, handler) {
         const request = JSON.parse(line);
         received.push(request);
         if (request.method === 'hello') {
-          conn.answer(request.id, { protocol: 1, version: '0.0.0-mock', store, pid: process.pid });
+          const hello = { protocol: 1, version: '0.0.0-mock', store, pid: process.pid };
+          if (request.params?.nonce !== undefined) hello.proof = helloProof(secret, request.params.nonce);
+          conn.answer(request.id, hello);
           continue;
         }
         const out = await handler(request, conn);
@@ -58,7 +63,8 @@ async function mockService(t, handler) {
   await new Promise((resolve) => server.listen(socketPath, resolve));
   fs.writeFileSync(
     path.join(storeLayout(store), 'service.json'),
-    JSON.stringify({ protocol: 1, socket: socketPath, pid: process.pid, version: '0.0.0-mock' }),
+    JSON.stringify({ protocol: 1, socket: socketPath, pid: process.pid, version: '0.0.0-mock', secret }),
+    { mode: 0o600 },
   );
   const mock = { dir, store, socketPath, received, connections, server };
   t.after(async () => {
@@ -95,6 +101,9 @@ test('requests are one JSON line each, with increasing ids, and each method send
     sent.map((_, i) => i + 1),
   );
   for (const m of sent) assert.equal(m.jsonrpc, '2.0');
+  // The first, `hello`, carries the nonce the service proves its secret with.
+  assert.match(sent[0].params?.nonce ?? '', /^[0-9a-f]{64}$/);
+  delete sent[0].params;
   assert.deepEqual(
     sent.map(({ method, params }) => ({ method, params })),
     [

@@ -96,6 +96,110 @@ export function within(ms, promise, what) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** A fresh folder of this user's alone (0700), with a short path (for sockets), removed when `t` ends. */
+export function tempDir(t) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'grjs-'));
+  fs.chmodSync(dir, 0o700);
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true, maxRetries: 3 }));
+  return dir;
+}
+
+/**
+ * What a service holding `secret` answers to `hello` with `nonce`:
+ * hex(HMAC-SHA256(key: the text of `secret`, message: "gem-resources hello\n" + nonce)).
+ */
+export function helloProof(secret, nonce) {
+  return crypto.createHmac('sha256', secret).update(`gem-resources hello\n${nonce}`).digest('hex');
+}
+
+/**
+ * A stand-in for a store's service, for tests of what a client sends before
+ * it trusts one: a socket in a folder of its own (0700), a store whose
+ * service.json names it (`writeServiceFile`), and a record of every
+ * connection (`connections[i]`: `{socket, lines, requests, bytes, closed}`).
+ * `answer(request, conn)` answers each request: a value is sent as the
+ * result, `{error}` as an error, `undefined` sends nothing (the test writes
+ * on `conn.socket` itself). `fake.hello(request)` is the answer of the true
+ * service: its pid and, with a nonce, the proof of its `secret`.
+ */
+export class FakeService {
+  static async start(t, answer) {
+    const fake = new FakeService(tempDir(t), answer);
+    await new Promise((resolve, reject) => {
+      fake.server.once('error', reject);
+      fake.server.listen(fake.socket, resolve);
+    });
+    t.after(async () => {
+      for (const c of fake.connections) c.socket.destroy();
+      await new Promise((resolve) => fake.server.close(resolve));
+    });
+    return fake;
+  }
+
+  constructor(dir, answer) {
+    this.dir = dir;
+    this.store = path.join(dir, 'store');
+    this.run = path.join(dir, 'run');
+    fs.mkdirSync(this.run, { mode: 0o700 });
+    this.socket = path.join(this.run, 'api.sock');
+    this.secret = crypto.randomBytes(32).toString('hex');
+    this.pid = process.pid;
+    this.connections = [];
+    this.answer = answer;
+    this.server = net.createServer((socket) => this.accept(socket));
+  }
+
+  accept(socket) {
+    const conn = { socket, lines: [], requests: [], bytes: 0, closed: false };
+    this.connections.push(conn);
+    let buffer = '';
+    socket.setEncoding('utf8');
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      conn.closed = true;
+    });
+    socket.on('data', async (chunk) => {
+      conn.bytes += Buffer.byteLength(chunk);
+      buffer += chunk;
+      let nl;
+      while ((nl = buffer.indexOf('\n')) >= 0) {
+        const line = buffer.slice(0, nl);
+        buffer = buffer.slice(nl + 1);
+        conn.lines.push(line);
+        let request;
+        try {
+          request = JSON.parse(line);
+        } catch {
+          continue;
+        }
+        conn.requests.push(request);
+        const out = await this.answer(request, conn);
+        if (out === undefined || socket.destroyed) continue;
+        const reply = out && out.error ? { jsonrpc: '2.0', id: request.id, error: out.error } : { jsonrpc: '2.0', id: request.id, result: out };
+        socket.write(JSON.stringify(reply) + '\n');
+      }
+    });
+  }
+
+  /** Writes `<store>/store-v1/service.json` (0600) naming this socket; `fields` override (undefined drops one). */
+  writeServiceFile(fields = {}) {
+    const layout = path.join(this.store, 'store-v1');
+    fs.mkdirSync(layout, { recursive: true, mode: 0o700 });
+    const info = { protocol: 1, socket: this.socket, pid: this.pid, version: '0.0.0-fake', secret: this.secret, ...fields };
+    const file = path.join(layout, 'service.json');
+    fs.writeFileSync(file, JSON.stringify(info), { mode: 0o600 });
+    return info;
+  }
+
+  /** The true service's answer to `request` (a `hello`). */
+  hello(request) {
+    const result = { protocol: 1, version: '0.0.0-fake', store: this.store, pid: this.pid };
+    const nonce = request.params?.nonce;
+    if (typeof nonce === 'string') result.proof = helloProof(this.secret, nonce);
+    return result;
+  }
+}
+
 /** A TOML value of a plain JS value (strings, numbers, booleans, arrays of them, inline tables). */
 function tomlValue(value) {
   if (typeof value === 'string') return JSON.stringify(value);
