@@ -20,8 +20,16 @@ pub const PROTOCOL: u32 = 1;
 /// Longest request line the server reads (1 MiB, its `\n` excluded).
 pub const MAX_LINE: usize = 1 << 20;
 
-/// Connections a service accepts at once; the next is closed at once.
+/// Connections a service accepts at most. Where the process may open
+/// fewer files, fewer: the limit less [`RESERVED_DESCRIPTORS`] (the
+/// service raises its soft limit to the hard one first). At the cap, the
+/// connection idle the longest (no request in flight, no subscription) is
+/// closed to make room; when none is idle, the new one is closed at once.
 pub const MAX_CONNECTIONS: usize = 2048;
+
+/// Open files kept for the store, the downloads and the configuration
+/// when the cap of connections comes from the process's limit.
+pub const RESERVED_DESCRIPTORS: u64 = 512;
 
 /// Subscriptions one connection may hold at once.
 pub const MAX_SUBSCRIPTIONS: usize = 16;
@@ -30,8 +38,33 @@ pub const MAX_SUBSCRIPTIONS: usize = 16;
 /// dropped with a `lagged` notification.
 pub const CONNECTION_QUEUE: usize = 1024;
 
+/// Bytes queued for one connection: past them its subscriptions are
+/// dropped with `lagged`, and answers wait for the client to read.
+pub const CONNECTION_QUEUE_BYTES: usize = 8 << 20;
+
 /// Requests of one connection answered at once; more wait for a turn.
 pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Bytes of request lines that all connections together may hold at once,
+/// from their first byte until their answer is queued: a connection past
+/// it waits (and its partial line's deadline runs).
+pub const REQUEST_BYTES: usize = 64 << 20;
+
+/// How long a request line may take once its first byte arrived: a
+/// connection holding a partial line longer is closed.
+pub const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a new connection may stay silent before its first request:
+/// then it is closed.
+pub const FIRST_LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long writing to a client may make no progress: then the
+/// connection is closed (a client that never reads).
+pub const WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Longest string `id` of a request; an `id` is a string, a number or
+/// `null`.
+pub const MAX_ID_CHARS: usize = 256;
 
 /// JSON-RPC's code for a line that is not JSON.
 pub const PARSE_ERROR: i64 = -32700;

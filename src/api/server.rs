@@ -6,17 +6,28 @@
 //! through that queue without waiting: a client whose queue is full loses
 //! its subscription (a `lagged` notification says so), so a slow or stuck
 //! client never holds up a download or another client.
+//!
+//! No client can exhaust the service for the others: every limit is
+//! counted in bytes and time as well as in messages (see the constants of
+//! [`protocol`]). Connections are capped below the process's limit of open
+//! files, and at the cap the one idle the longest makes room; a partial
+//! line has [`protocol::LINE_DEADLINE`], a silent new connection
+//! [`protocol::FIRST_LINE_DEADLINE`], and a client that does not read
+//! [`protocol::WRITE_DEADLINE`]; request lines of all connections together
+//! hold at most [`protocol::REQUEST_BYTES`], and a connection's queue at
+//! most [`protocol::CONNECTION_QUEUE_BYTES`].
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::discovery::{self, ServiceLock};
@@ -108,12 +119,17 @@ impl Resources {
         let secret = discovery::random_hex()?;
         discovery::publish(self.store(), &lock, &name, &secret)?;
         let stop = CancellationToken::new();
+        let cap = connection_cap(crate::platform::raise_open_files_limit());
         let shared = Arc::new(Shared {
             service: self.clone(),
             store_dir,
             socket: name.clone(),
             secret,
-            connections: Arc::new(Semaphore::new(protocol::MAX_CONNECTIONS)),
+            connections: Arc::new(Semaphore::new(cap)),
+            cap,
+            request_bytes: Arc::new(Semaphore::new(protocol::REQUEST_BYTES)),
+            open: Mutex::default(),
+            next_connection: AtomicU64::new(1),
             stop: stop.clone(),
         });
         let task = self.handle().spawn(accept_loop(listener, shared, lock));
@@ -132,8 +148,97 @@ struct Shared {
     socket: String,
     /// What `hello` proves it holds (`service.json`'s `secret`).
     secret: String,
+    /// One permit per open connection.
     connections: Arc<Semaphore>,
+    /// How many connections may be open at once.
+    cap: usize,
+    /// The bytes of request lines all connections may hold at once.
+    request_bytes: Arc<Semaphore>,
+    /// Every open connection, to find the one idle the longest.
+    open: Mutex<HashMap<u64, Arc<Activity>>>,
+    next_connection: AtomicU64,
     stop: CancellationToken,
+}
+
+/// The cap of connections for a process that may open `limit` files.
+fn connection_cap(limit: Option<u64>) -> usize {
+    match limit {
+        Some(limit) => {
+            let room = limit.saturating_sub(protocol::RESERVED_DESCRIPTORS);
+            usize::try_from(room)
+                .unwrap_or(usize::MAX)
+                .clamp(16, protocol::MAX_CONNECTIONS)
+        }
+        None => protocol::MAX_CONNECTIONS,
+    }
+}
+
+/// What a connection is doing, for the choice of which to close at the
+/// cap.
+struct Activity {
+    /// When it last read a request or finished one.
+    last: Mutex<Instant>,
+    /// Requests in flight and subscriptions held.
+    busy: AtomicUsize,
+    /// Closes it.
+    close: CancellationToken,
+}
+
+impl Activity {
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Counts one piece of work until the guard is dropped.
+    fn working(self: &Arc<Self>) -> Working {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Working(self.clone())
+    }
+}
+
+/// A request in flight or a subscription held.
+struct Working(Arc<Activity>);
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
+    }
+}
+
+impl Shared {
+    /// Closes the connection idle the longest (nothing in flight, no
+    /// subscription); false when every connection is working.
+    fn close_idlest(&self) -> bool {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let idlest = open
+            .values()
+            .filter(|a| a.busy.load(Ordering::SeqCst) == 0 && !a.close.is_cancelled())
+            .min_by_key(|a| *a.last.lock().unwrap_or_else(|p| p.into_inner()));
+        match idlest {
+            Some(activity) => {
+                activity.close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A permit for one more connection: at the cap, the connection idle
+    /// the longest is closed to make room; `None` when none is idle.
+    async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.connections.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if !self.close_idlest() {
+            return None;
+        }
+        let wait = self.connections.clone().acquire_owned();
+        match tokio::time::timeout(std::time::Duration::from_secs(1), wait).await {
+            Ok(Ok(permit)) => Some(permit),
+            _ => None,
+        }
+    }
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>, lock: ServiceLock) {
@@ -154,10 +259,10 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, lock: ServiceLock)
             tracing::warn!("the local API refused a client of another user");
             continue;
         }
-        let Ok(permit) = shared.connections.clone().try_acquire_owned() else {
+        let Some(permit) = shared.admit().await else {
             tracing::warn!(
-                "the local API refused a client: {} connections are open",
-                protocol::MAX_CONNECTIONS
+                "the local API refused a client: {} connections are open, none of them idle",
+                shared.cap
             );
             continue;
         };
@@ -174,17 +279,61 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, lock: ServiceLock)
 
 /// One client's connection.
 struct Connection {
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Queued>,
+    /// The bytes that may wait in `out` ([`protocol::CONNECTION_QUEUE_BYTES`]).
+    out_bytes: Arc<Semaphore>,
     subscriptions: Mutex<HashMap<u64, CancellationToken>>,
     next_subscription: AtomicU64,
     in_flight: Arc<Semaphore>,
     closed: CancellationToken,
+    activity: Arc<Activity>,
 }
 
+/// A line waiting to be written, and its share of the queue's bytes.
+type Queued = (String, OwnedSemaphorePermit);
+
 impl Connection {
+    /// Queues `message`, waiting for room (in messages and in bytes), unless
+    /// the connection closes first.
     async fn send(&self, message: &Value) {
-        let _ = self.out.send(line(message)).await;
+        self.send_line(line(message)).await;
     }
+
+    async fn send_line(&self, text: String) {
+        let wait = self
+            .out_bytes
+            .clone()
+            .acquire_many_owned(queue_share(&text));
+        let permit = tokio::select! {
+            permit = wait => permit.ok(),
+            () = self.closed.cancelled() => None,
+        };
+        let Some(permit) = permit else {
+            return;
+        };
+        tokio::select! {
+            _ = self.out.send((text, permit)) => {}
+            () = self.closed.cancelled() => {}
+        }
+    }
+
+    /// Queues `text` only if there is room now.
+    fn try_send_line(&self, text: String) -> bool {
+        let Ok(permit) = self
+            .out_bytes
+            .clone()
+            .try_acquire_many_owned(queue_share(&text))
+        else {
+            return false;
+        };
+        self.out.try_send((text, permit)).is_ok()
+    }
+}
+
+/// The queue bytes a line takes (a line longer than the whole queue takes
+/// all of it).
+fn queue_share(text: &str) -> u32 {
+    text.len().clamp(1, protocol::CONNECTION_QUEUE_BYTES) as u32
 }
 
 fn line(message: &Value) -> String {
@@ -195,33 +344,67 @@ fn line(message: &Value) -> String {
 
 async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
     let (read, mut write) = tokio::io::split(stream);
-    let (out, mut queue) = mpsc::channel::<String>(protocol::CONNECTION_QUEUE);
+    let (out, mut queue) = mpsc::channel::<Queued>(protocol::CONNECTION_QUEUE);
+    let activity = Arc::new(Activity {
+        last: Mutex::new(Instant::now()),
+        busy: AtomicUsize::new(0),
+        close: CancellationToken::new(),
+    });
+    let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    shared
+        .open
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(number, activity.clone());
     let conn = Arc::new(Connection {
         out,
+        out_bytes: Arc::new(Semaphore::new(protocol::CONNECTION_QUEUE_BYTES)),
         subscriptions: Mutex::default(),
         next_subscription: AtomicU64::new(1),
         in_flight: Arc::new(Semaphore::new(protocol::MAX_IN_FLIGHT)),
-        closed: CancellationToken::new(),
+        closed: activity.close.clone(),
+        activity,
     });
     let closed = conn.closed.clone();
     let writer = tokio::spawn(async move {
-        while let Some(text) = queue.recv().await {
-            if write.write_all(text.as_bytes()).await.is_err() {
+        loop {
+            let next = tokio::select! {
+                next = queue.recv() => next,
+                () = closed.cancelled() => None,
+            };
+            let Some((text, _share)) = next else {
+                break;
+            };
+            // A client that does not read for this long is gone.
+            let wrote =
+                tokio::time::timeout(protocol::WRITE_DEADLINE, write.write_all(text.as_bytes()))
+                    .await;
+            if !matches!(wrote, Ok(Ok(()))) {
                 break;
             }
         }
-        let _ = write.shutdown().await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write.shutdown()).await;
         closed.cancel();
     });
     let mut reader = BufReader::new(read);
+    let mut spoke = false;
     loop {
+        let limits = LineLimits {
+            max: protocol::MAX_LINE,
+            budget: &shared.request_bytes,
+            silent_for: (!spoke).then_some(protocol::FIRST_LINE_DEADLINE),
+        };
         let next = tokio::select! {
-            next = read_line(&mut reader, protocol::MAX_LINE) => next,
+            next = read_line(&mut reader, limits) => next,
             () = shared.stop.cancelled() => break,
             () = conn.closed.cancelled() => break,
         };
         match next {
-            Ok(Some(bytes)) => handle_line(&bytes, &conn, &shared).await,
+            Ok(Some(request)) => {
+                spoke = true;
+                conn.activity.touch();
+                handle_line(request, &conn, &shared).await;
+            }
             Ok(None) => break,
             Err(LineError::TooLong) => {
                 let error = RpcError::usage(
@@ -231,7 +414,18 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
                 conn.send(&answer(Value::Null, Err(error))).await;
                 break;
             }
-            Err(LineError::Io) => break,
+            Err(LineError::Late) => {
+                let error = RpcError::usage(
+                    protocol::PARSE_ERROR,
+                    format!(
+                        "a request line did not end within {} s",
+                        protocol::LINE_DEADLINE.as_secs()
+                    ),
+                );
+                conn.send(&answer(Value::Null, Err(error))).await;
+                break;
+            }
+            Err(LineError::Silent | LineError::Io) => break,
         }
     }
     for (_, token) in conn
@@ -242,50 +436,113 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
     {
         token.cancel();
     }
-    conn.closed.cancel();
+    shared
+        .open
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&number);
+    // Answers already queued (a parse error) go out before the close.
     drop(conn);
     let _ = writer.await;
 }
 
 enum LineError {
     TooLong,
+    /// A partial line held longer than [`protocol::LINE_DEADLINE`].
+    Late,
+    /// Nothing at all within the first deadline.
+    Silent,
     Io,
 }
 
-/// The next line (without its `\n`), at most `max` bytes; `None` at the end.
+/// What bounds the reading of one line.
+struct LineLimits<'a> {
+    /// Its most bytes.
+    max: usize,
+    /// The bytes all connections' lines may hold.
+    budget: &'a Arc<Semaphore>,
+    /// How long to wait for its first byte (for ever with `None`).
+    silent_for: Option<std::time::Duration>,
+}
+
+/// A request line (without its `\n`), and its share of the bytes all
+/// request lines may hold, released when the request is answered.
+struct RequestLine {
+    bytes: Vec<u8>,
+    _share: Option<OwnedSemaphorePermit>,
+}
+
+/// The next line, at most `limits.max` bytes, taking its bytes from the
+/// budget as they arrive; `None` at the end. Once its first byte arrived
+/// it must end within [`protocol::LINE_DEADLINE`].
 async fn read_line(
     reader: &mut (impl AsyncBufRead + Unpin),
-    max: usize,
-) -> std::result::Result<Option<Vec<u8>>, LineError> {
+    limits: LineLimits<'_>,
+) -> std::result::Result<Option<RequestLine>, LineError> {
     let mut line = Vec::new();
+    let mut share: Option<OwnedSemaphorePermit> = None;
+    let mut begun = false;
+    let mut deadline: Option<tokio::time::Instant> =
+        limits.silent_for.map(|d| tokio::time::Instant::now() + d);
     loop {
-        let buf = reader.fill_buf().await.map_err(|_| LineError::Io)?;
+        let buf = match deadline {
+            Some(at) => match tokio::time::timeout_at(at, reader.fill_buf()).await {
+                Ok(read) => read.map_err(|_| LineError::Io)?,
+                Err(_) if begun => return Err(LineError::Late),
+                Err(_) => return Err(LineError::Silent),
+            },
+            None => reader.fill_buf().await.map_err(|_| LineError::Io)?,
+        };
         if buf.is_empty() {
-            return Ok((!line.is_empty()).then_some(line));
+            return Ok((!line.is_empty()).then_some(RequestLine {
+                bytes: line,
+                _share: share,
+            }));
         }
-        match buf.iter().position(|&b| b == b'\n') {
-            Some(at) => {
-                if line.len() + at > max {
-                    return Err(LineError::TooLong);
-                }
-                line.extend_from_slice(&buf[..at]);
-                reader.consume(at + 1);
-                return Ok(Some(line));
+        let (take, ends) = match buf.iter().position(|&b| b == b'\n') {
+            Some(at) => (at, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > limits.max {
+            return Err(LineError::TooLong);
+        }
+        // The line has begun: it must end in time.
+        if !begun {
+            begun = true;
+            deadline = Some(tokio::time::Instant::now() + protocol::LINE_DEADLINE);
+        }
+        let at = deadline.unwrap_or_else(|| tokio::time::Instant::now() + protocol::LINE_DEADLINE);
+        if take > 0 {
+            let wait = limits.budget.clone().acquire_many_owned(take as u32);
+            let more = match tokio::time::timeout_at(at, wait).await {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) => return Err(LineError::Io),
+                Err(_) => return Err(LineError::Late),
+            };
+            match share.as_mut() {
+                Some(held) => held.merge(more),
+                None => share = Some(more),
             }
-            None => {
-                let n = buf.len();
-                if line.len() + n > max {
-                    return Err(LineError::TooLong);
-                }
-                line.extend_from_slice(buf);
-                reader.consume(n);
-            }
+        }
+        // `fill_buf` again: the budget's wait borrowed nothing of it.
+        let buf = reader.fill_buf().await.map_err(|_| LineError::Io)?;
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(if ends { take + 1 } else { take });
+        if ends {
+            return Ok(Some(RequestLine {
+                bytes: line,
+                _share: share,
+            }));
         }
     }
 }
 
-async fn handle_line(bytes: &[u8], conn: &Arc<Connection>, shared: &Arc<Shared>) {
-    let text = String::from_utf8_lossy(bytes);
+async fn handle_line(request_line: RequestLine, conn: &Arc<Connection>, shared: &Arc<Shared>) {
+    let RequestLine {
+        bytes,
+        _share: share,
+    } = request_line;
+    let text = String::from_utf8_lossy(&bytes);
     let text = text.trim_end_matches('\r');
     if text.trim().is_empty() {
         return;
@@ -298,7 +555,20 @@ async fn handle_line(bytes: &[u8], conn: &Arc<Connection>, shared: &Arc<Shared>)
             return;
         }
     };
+    drop(bytes);
     let id = value.get("id").cloned();
+    if let Some(bad) = id.as_ref().filter(|id| !valid_id(id)) {
+        let what = match bad {
+            Value::String(_) => format!("longer than {} characters", protocol::MAX_ID_CHARS),
+            _ => "neither a string nor a number".to_string(),
+        };
+        let error = RpcError::usage(
+            protocol::INVALID_REQUEST,
+            format!("the request's id is {what}: an id is a string of at most {} characters, a number or null", protocol::MAX_ID_CHARS),
+        );
+        conn.send(&answer(Value::Null, Err(error))).await;
+        return;
+    }
     let request: Request = match serde_json::from_value::<Request>(value) {
         Ok(r) if r.jsonrpc == "2.0" => r,
         _ => {
@@ -315,6 +585,7 @@ async fn handle_line(bytes: &[u8], conn: &Arc<Connection>, shared: &Arc<Shared>)
     let Ok(permit) = conn.in_flight.clone().acquire_owned().await else {
         return;
     };
+    let working = conn.activity.working();
     let (conn, shared) = (conn.clone(), shared.clone());
     tokio::spawn(async move {
         let id = request.id.clone();
@@ -322,8 +593,21 @@ async fn handle_line(bytes: &[u8], conn: &Arc<Connection>, shared: &Arc<Shared>)
         if let (Some(id), Some(outcome)) = (id, outcome) {
             conn.send(&answer(id, outcome)).await;
         }
+        // The request's bytes count until its answer is queued.
+        drop(share);
+        drop(working);
         drop(permit);
     });
+}
+
+/// Whether `id` is one a request may carry: a string of at most
+/// [`protocol::MAX_ID_CHARS`] characters, a number, or `null`.
+fn valid_id(id: &Value) -> bool {
+    match id {
+        Value::Null | Value::Number(_) => true,
+        Value::String(s) => s.chars().count() <= protocol::MAX_ID_CHARS,
+        _ => false,
+    }
 }
 
 fn params<T: DeserializeOwned + Default>(
@@ -596,7 +880,12 @@ async fn subscribe(
         }));
         conn.send(&answer(id, result)).await;
     }
-    tokio::spawn(forward(events, gem, number, conn.clone(), token));
+    let working = conn.activity.working();
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        forward(events, gem, number, conn, token).await;
+        drop(working);
+    });
     None
 }
 
@@ -642,7 +931,10 @@ async fn forward(
             fields.insert("subscription".into(), json!(number));
         }
         let message = line(&notification("event", params));
-        if let Err(mpsc::error::TrySendError::Full(_)) = conn.out.try_send(message) {
+        if !conn.try_send_line(message) {
+            if conn.closed.is_cancelled() {
+                break;
+            }
             // The client does not read: it gets a lagged (once there is
             // room) and subscribes again.
             send_or_close(&conn, lagged(1)).await;
@@ -657,8 +949,5 @@ async fn forward(
 
 /// Queues `message`, waiting for room, unless the connection closes first.
 async fn send_or_close(conn: &Connection, message: String) {
-    tokio::select! {
-        _ = conn.out.send(message) => {}
-        () = conn.closed.cancelled() => {}
-    }
+    conn.send_line(message).await;
 }

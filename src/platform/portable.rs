@@ -7,6 +7,12 @@ use std::path::Path;
 
 use super::FolderProblem;
 
+/// No limit of open files to raise here (Windows has none that a
+/// service reaches): `None`.
+pub(crate) fn raise_open_files_limit() -> Option<u64> {
+    None
+}
+
 /// A folder builder (access as the OS gives by default).
 pub(crate) fn private_dir_builder() -> DirBuilder {
     DirBuilder::new()

@@ -15,6 +15,40 @@ const FILE_MODE: u32 = 0o600;
 /// Mode of a verified file.
 const READ_ONLY_MODE: u32 = 0o400;
 
+/// Raises the process's soft limit of open files to its hard limit (at
+/// most 65,536; macOS also caps it at `OPEN_MAX`, 10,240) and returns the
+/// soft limit in force; `None` when it cannot be read.
+// `rlim_t` is not `u64` on every Unix.
+#[allow(clippy::unnecessary_cast)]
+pub(crate) fn raise_open_files_limit() -> Option<u64> {
+    const WANTED: u64 = 1 << 16;
+    #[cfg(target_os = "macos")]
+    const CEILING: u64 = 10_240;
+    #[cfg(not(target_os = "macos"))]
+    const CEILING: u64 = WANTED;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    let hard = limit.rlim_max as u64;
+    let want = hard.min(CEILING);
+    if (limit.rlim_cur as u64) < want {
+        let raised = libc::rlimit {
+            rlim_cur: want as libc::rlim_t,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Some(want);
+        }
+    }
+    Some(limit.rlim_cur as u64)
+}
+
 /// A folder builder whose folders are `0700` (before the umask).
 pub(crate) fn private_dir_builder() -> DirBuilder {
     let mut builder = DirBuilder::new();

@@ -64,6 +64,8 @@ mod service_concurrency;
 mod service_crash;
 mod service_lifecycle;
 #[cfg(unix)]
+mod service_limits;
+#[cfg(unix)]
 mod service_peer;
 mod service_races;
 mod service_retry;

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
+use crate::support::api::{exits, service_file, signal};
 use crate::support::{Env, Spawned};
 
 /// A store path too long for a socket address inside it.
@@ -48,37 +49,6 @@ fn serve_in(env: &Env, tmp: &Path) -> Spawned {
             .spawn()
             .unwrap(),
     )
-}
-
-/// The `service.json` of the service `pid` on `store`, once written.
-async fn service_file(store: &Path, pid: u32) -> ServiceFile {
-    let file = store.join("store-v1/service.json");
-    for _ in 0..1000 {
-        if let Ok(bytes) = std::fs::read(&file) {
-            if let Ok(found) = serde_json::from_slice::<ServiceFile>(&bytes) {
-                if found.pid == pid {
-                    return found;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no service.json for process {pid} in {}", store.display());
-}
-
-async fn exits(child: &mut Spawned) {
-    for _ in 0..1000 {
-        if child.0.try_wait().unwrap().is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("serve did not exit");
-}
-
-fn signal(child: &Spawned, sig: libc::c_int) {
-    // SAFETY: kill with a pid of our own child.
-    unsafe { libc::kill(child.0.id() as i32, sig) };
 }
 
 /// The folder made for a socket: `gem-resources-` and 24 hex digits,

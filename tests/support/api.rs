@@ -112,3 +112,57 @@ impl Line {
         answer["result"].clone()
     }
 }
+
+/// The `service.json` of the service `pid` on the store `store`, once it
+/// has written one (at most 10 s).
+pub async fn service_file(
+    store: &std::path::Path,
+    pid: u32,
+) -> gem_resources::api::discovery::ServiceFile {
+    let file = store.join("store-v1/service.json");
+    for _ in 0..1000 {
+        if let Ok(bytes) = std::fs::read(&file) {
+            if let Ok(found) =
+                serde_json::from_slice::<gem_resources::api::discovery::ServiceFile>(&bytes)
+            {
+                if found.pid == pid {
+                    return found;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no service.json for process {pid} in {}", store.display());
+}
+
+/// Waits (at most 10 s) for `child` to exit.
+pub async fn exits(child: &mut crate::support::Spawned) {
+    for _ in 0..1000 {
+        if child.0.try_wait().unwrap().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the process did not exit");
+}
+
+/// Sends `sig` to `child`.
+pub fn signal(child: &crate::support::Spawned, sig: libc::c_int) {
+    // SAFETY: kill with a pid of our own child.
+    unsafe { libc::kill(child.0.id() as i32, sig) };
+}
+
+/// The resident memory of process `pid`, in bytes (Linux; 0 elsewhere).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The open descriptors of process `pid` (Linux; 0 elsewhere).
+pub fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}

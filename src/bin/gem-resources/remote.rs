@@ -27,7 +27,13 @@ pub async fn client(config: &Config, no_service: bool) -> Option<Client> {
         return None;
     }
     let store = Store::open(&config.store_dir()).ok()?;
-    Client::for_store(&store).await
+    match Client::for_store_checked(&store).await {
+        Ok(client) => client,
+        Err(e) => {
+            crate::errln!("warning: not using the store's service, working in process: {e}");
+            None
+        }
+    }
 }
 
 /// Runs a service command through `client`, the service on `config`'s
@@ -40,10 +46,21 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     tracing::debug!(socket = client.socket(), "using the service's local API");
     let mut interrupted = interrupt::signal();
+    // What an interruption leaves: a download going on, an uninstall the
+    // service finishes, or nothing (a look at the status).
+    let socket = client.socket();
+    let left = match &command {
+        Command::Path { .. } | Command::Install { .. } | Command::Sync => {
+            format!("the download goes on in the service listening on {socket}")
+        }
+        Command::Uninstall { .. } => {
+            format!("the service listening on {socket} finishes the uninstall")
+        }
+        _ => format!("nothing was changed (the service listening on {socket} goes on)"),
+    };
     let work = async {
         match command {
             Command::Path { gem, resource } => path(client, &gem, &resource, json).await,
-            Command::Status { gem } => status(client, gem.as_deref(), json).await,
             Command::Install {
                 args,
                 as_gem,
@@ -63,10 +80,7 @@ pub async fn run(
     tokio::select! {
         outcome = work => outcome,
         () = &mut interrupted => {
-            interrupt::say(
-                &format!("interrupted: the download goes on in the service listening on {}", client.socket()),
-                json!({ "service": client.socket() }),
-            );
+            interrupt::say(&format!("interrupted: {left}"), json!({ "service": socket }));
             Ok(ExitCode::from(interrupt::INTERRUPTED))
         }
     }
@@ -100,12 +114,6 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
     } else {
         crate::outln!("{}", result.path.display());
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn status(client: &Client, gem: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
-    let result: StatusResult = client.call("status", json!({ "gem": gem })).await?;
-    report::print_status_result(&result, json);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -35,7 +35,20 @@ pub async fn run(
     );
     if through_api {
         if let Some(client) = crate::remote::client(config, no_service).await {
-            return crate::remote::run(&client, config, command, json).await;
+            // A look at the status needs no service: one that does not
+            // answer in time (or goes away) is read around.
+            let Command::Status { gem } = &command else {
+                return crate::remote::run(&client, config, command, json).await;
+            };
+            match client.status(gem.as_deref()).await {
+                Ok(result) => {
+                    crate::report::print_status_result(&result, json);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => crate::errln!(
+                    "warning: the store's service did not answer, reading the store in process: {e}"
+                ),
+            }
         }
     }
     // Looking at a store must not create one, nor pass a mistyped folder
