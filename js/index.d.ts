@@ -8,6 +8,8 @@ export const E_RESOURCE_SERVICE: 'E_RESOURCE_SERVICE';
 export const E_RESOURCE_LAGGED: 'E_RESOURCE_LAGGED';
 /** The longest line the client reads from a service (characters); past it the connection fails with E_RESOURCE_SERVICE. */
 export const MAX_LINE_FROM_SERVICE: number;
+/** How long `connect` (and each subscription) waits for `hello` on a new connection, in ms. */
+export const HELLO_TIMEOUT_MS: number;
 
 /** The library's stable error codes, and this client's own two. */
 export type ErrorCode =

@@ -35,6 +35,24 @@ const SUBSCRIPTION_BUFFER = 256;
  * client's memory growing without bound. */
 export const MAX_LINE_FROM_SERVICE = 64 * 1024 * 1024;
 
+/** How long `hello` may take to be answered on a new connection (ms): a
+ * service that accepts and never answers does not hold a caller for ever. */
+export const HELLO_TIMEOUT_MS = 5000;
+
+/** `connection.request('hello', params)`, failed (E_RESOURCE_SERVICE) and
+ * the connection closed when no answer comes within HELLO_TIMEOUT_MS. */
+function helloWithin(connection, params, where) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      const error = serviceError(`${where} did not answer hello within ${HELLO_TIMEOUT_MS / 1000} s`);
+      connection.fail(error);
+      reject(error);
+    }, HELLO_TIMEOUT_MS);
+  });
+  return Promise.race([connection.request('hello', params), late]).finally(() => clearTimeout(timer));
+}
+
 /** What a service's `hello` proof is an HMAC of, followed by the nonce. */
 const HELLO_CONTEXT = 'gem-resources hello\n';
 
@@ -177,7 +195,9 @@ export async function connect(options = {}) {
   const client = new Client(socket, target.socket, target.where);
   targets.set(client, target);
   try {
-    const hello = target.fromServiceFile ? await proveService(client.connection, target) : await client.hello();
+    const hello = target.fromServiceFile
+      ? await proveService(client.connection, target)
+      : await helloWithin(client.connection, undefined, target.where);
     if (hello?.protocol !== PROTOCOL) {
       throw serviceError(`${target.where} speaks protocol ${hello?.protocol}, this client ${PROTOCOL}`);
     }
@@ -285,7 +305,7 @@ async function proveService(connection, target) {
   const nonce = crypto.randomBytes(32).toString('hex');
   let hello;
   try {
-    hello = await connection.request('hello', { nonce });
+    hello = await helloWithin(connection, { nonce }, where);
   } catch (e) {
     if (e instanceof ResourceError && e.rpcCode === undefined) throw e; // the connection itself
     throw serviceError(

@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
-import { connect, findService, storeLayout, E_RESOURCE_SERVICE, MAX_LINE_FROM_SERVICE } from '../index.js';
+import { connect, findService, storeLayout, E_RESOURCE_SERVICE, HELLO_TIMEOUT_MS, MAX_LINE_FROM_SERVICE } from '../index.js';
 import { FakeService, Fixture, helloProof, waitFor, within } from './fixture.js';
 
 const NONCE = /^[0-9a-f]{64}$/;
@@ -71,6 +71,24 @@ test('a service that does not prove the secret of service.json gets hello alone,
     nonces.add(await helloAlone(fake.connections.at(-1), what));
   }
   assert.equal(nonces.size, Object.keys(cases).length, 'a nonce was used twice');
+});
+
+test('a service that accepts and never answers hello is given up after the hello timeout', { timeout: 30_000 }, async (t) => {
+  const fake = await FakeService.start(t, () => undefined);
+  fake.writeServiceFile();
+  const started = Date.now();
+  const error = await within(HELLO_TIMEOUT_MS + 5000, connect({ store: fake.store }).then(
+    (client) => {
+      client.close();
+      assert.fail('connect resolved');
+    },
+    (e) => e,
+  ), 'connect to a mute service');
+  const waited = Date.now() - started;
+  assert.equal(error.code, E_RESOURCE_SERVICE, error.message);
+  assert.match(error.message, /did not answer hello within 5 s/);
+  assert.ok(waited >= HELLO_TIMEOUT_MS - 100, `gave up after ${waited} ms`);
+  await helloAlone(fake.connections[0], 'a mute service');
 });
 
 test('the proof of the secret from another process than service.json names is refused', { timeout: 30_000 }, async (t) => {
