@@ -858,9 +858,12 @@ impl Fetcher {
         let started = Instant::now();
         loop {
             let result = match first.take() {
+                // Its body may run past its range (the range was cut when
+                // the file was split): the sink stops at the range's end,
+                // and only more than it asked for is a size error.
                 Some((hop, response, _permit, asked)) => match run.claim(task) {
-                    Some((start, limit)) => {
-                        let body = (run.address, &hop, response, start, limit.min(asked));
+                    Some((start, _)) => {
+                        let body = (run.address, &hop, response, start, asked);
                         self.part_body(run, i, task, body, started, &mut policy)
                             .await
                     }

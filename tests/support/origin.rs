@@ -198,6 +198,9 @@ pub enum PartsFault {
     NoValidator,
     /// The first response's head is sent this late (a far server).
     LateFirstHead(Duration),
+    /// Every response's head is sent this late (a far server, whichever
+    /// request comes first).
+    LateHeads(Duration),
     /// A `206` that does not start at 0 names a start one byte later in its
     /// `Content-Range` than the bytes it sends.
     WrongContentRange,
@@ -1040,10 +1043,10 @@ async fn serve_parts(
         "HTTP/1.1 {status}\r\n{etag_header}Content-Length: {}\r\n{close_header}\r\n",
         end - start
     );
-    if let PartsFault::LateFirstHead(late) = fault {
-        if nth == 0 {
-            tokio::time::sleep(*late).await;
-        }
+    match fault {
+        PartsFault::LateFirstHead(late) if nth == 0 => tokio::time::sleep(*late).await,
+        PartsFault::LateHeads(late) => tokio::time::sleep(*late).await,
+        _ => {}
     }
     tls.write_all(head.as_bytes()).await?;
     let mut at = start;
