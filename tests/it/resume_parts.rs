@@ -395,3 +395,71 @@ async fn a_resume_split_at_once_keeps_every_kept_range_and_fetches_each_byte_onc
         "{sent_before} bytes were sent before the stop and {kept} kept"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_then_unblock_and_a_restart_under_a_download_in_parts_fetch_each_byte_once() {
+    use gem_resources::policy::{Mode, Policy};
+    let env = Env::new().await;
+    config(&env);
+    let body = bytes(SIZE, 53);
+    // A far server (every answer 150 ms late): each start splits at once.
+    env.origin.route(
+        "/stop.bin",
+        Behaviour::Parts {
+            body: std::sync::Arc::new(body.clone()),
+            etag: "\"s1\"".into(),
+            pace: (16 << 10, Duration::from_millis(50)),
+            fault: PartsFault::LateHeads(Duration::from_millis(150)),
+        },
+    );
+    let url = env.url("origin.test", "/stop.bin");
+    let ranges_kept = |more_than: u64| {
+        let env = &env;
+        let body = &body;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while read_record(env, body)
+                .is_none_or(|m| m.ranges.len() < 2 || m.durable_bytes() <= more_than)
+            {
+                assert!(Instant::now() < deadline, "no durable ranges recorded");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            read_record(env, body).unwrap().durable_bytes()
+        }
+    };
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    service
+        .install(
+            "g",
+            &manifest(serde_json::json!([required_entry("s", &url, &body)])),
+        )
+        .await
+        .unwrap();
+    let kept = ranges_kept(0).await;
+    // Blocked, then allowed again: the download stops and resumes.
+    let blocked = Policy::new(Mode::Blocklist, &["origin.test".into()]).unwrap();
+    service.set_policy(blocked).unwrap();
+    service.wait_idle().await;
+    assert_eq!(service.set_policy(Policy::allow_all()).unwrap(), 1);
+    let kept = ranges_kept(kept).await;
+    // The service stops under the download and starts again.
+    service.shutdown().await;
+    let kept_at_restart = read_record(&env, &body).map_or(kept, |m| m.durable_bytes());
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    assert_eq!(service.start().await.unwrap(), 1);
+    tokio::time::timeout(Duration::from_secs(60), service.wait_idle())
+        .await
+        .expect("the download ends");
+    assert_eq!(std::fs::read(&stored_files(&env, &body)[0]).unwrap(), body);
+    let sent = env.origin.served("/stop.bin");
+    eprintln!(
+        "block, unblock and restart: the origin sent {sent} bytes for {SIZE} (kept {kept_at_restart} at the restart)"
+    );
+    // Two stops: at most the pieces on the way at each (one per
+    // connection), and the end game's last pieces.
+    assert!(
+        sent <= SIZE as u64 + 2 * 8 * (16 << 10) + 8 * (64 << 10),
+        "the origin sent {sent} bytes for a file of {SIZE}"
+    );
+    service.shutdown().await;
+}
