@@ -84,6 +84,12 @@ async fn a_socket_outside_the_store_lives_in_a_folder_nobody_can_name_or_take_fi
         let dir = tmp.join(squatted);
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        if uid == 0 {
+            // Another user's (nobody's), as a squatter's would be.
+            let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+            // SAFETY: a valid path; chown of a folder this test made.
+            assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+        }
     }
 
     let mut first = serve_in(&env, &tmp);
