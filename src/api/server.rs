@@ -556,6 +556,82 @@ async fn handle_line(request_line: RequestLine, conn: &Arc<Connection>, shared: 
         }
     };
     drop(bytes);
+    // One task per request (or batch): a long `path` never holds up a
+    // `hello`.
+    let Ok(permit) = conn.in_flight.clone().acquire_owned().await else {
+        return;
+    };
+    let working = conn.activity.working();
+    let (conn, shared) = (conn.clone(), shared.clone());
+    tokio::spawn(async move {
+        match value {
+            Value::Array(batch) => answer_batch(batch, &conn, &shared).await,
+            single => {
+                let answered = match request_of(single) {
+                    Ok(request) => {
+                        let id = request.id.clone();
+                        let outcome = dispatch(request, &conn, &shared).await;
+                        id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
+                    }
+                    Err((id, error)) => Some(answer(id, Err(error))),
+                };
+                if let Some(message) = answered {
+                    conn.send(&message).await;
+                }
+            }
+        }
+        // The request's bytes count until its answer is queued.
+        drop(share);
+        drop(working);
+        drop(permit);
+    });
+}
+
+/// Requests one batch may hold.
+const MAX_BATCH: usize = protocol::MAX_IN_FLIGHT;
+
+/// A batch (JSON-RPC 2.0, section 6): its requests run at once and their
+/// answers go out together, as one array, once all are done; notifications
+/// get none, and a batch of notifications gets nothing. An empty batch, or
+/// one of more than [`MAX_BATCH`], gets one `-32600`.
+async fn answer_batch(batch: Vec<Value>, conn: &Arc<Connection>, shared: &Arc<Shared>) {
+    if batch.is_empty() || batch.len() > MAX_BATCH {
+        let error = RpcError::usage(
+            protocol::INVALID_REQUEST,
+            format!("a batch holds 1 to {MAX_BATCH} requests"),
+        );
+        conn.send(&answer(Value::Null, Err(error))).await;
+        return;
+    }
+    let answers = batch.into_iter().map(|item| async move {
+        match request_of(item) {
+            Ok(request) if request.method == "subscribe" => request.id.map(|id| {
+                let error = RpcError::usage(
+                    protocol::INVALID_REQUEST,
+                    "subscribe cannot be part of a batch: send it alone",
+                );
+                answer(id, Err(error))
+            }),
+            Ok(request) => {
+                let id = request.id.clone();
+                let outcome = dispatch(request, conn, shared).await;
+                id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
+            }
+            Err((id, error)) => Some(answer(id, Err(error))),
+        }
+    });
+    let answers: Vec<Value> = futures_util::future::join_all(answers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    if !answers.is_empty() {
+        conn.send(&Value::Array(answers)).await;
+    }
+}
+
+/// The request in `value`, or the id and error to answer it with.
+fn request_of(value: Value) -> std::result::Result<Request, (Value, RpcError)> {
     let id = value.get("id").cloned();
     if let Some(bad) = id.as_ref().filter(|id| !valid_id(id)) {
         let what = match bad {
@@ -564,40 +640,23 @@ async fn handle_line(request_line: RequestLine, conn: &Arc<Connection>, shared: 
         };
         let error = RpcError::usage(
             protocol::INVALID_REQUEST,
-            format!("the request's id is {what}: an id is a string of at most {} characters, a number or null", protocol::MAX_ID_CHARS),
+            format!(
+                "the request's id is {what}: an id is a string of at most {} characters, a number or null",
+                protocol::MAX_ID_CHARS
+            ),
         );
-        conn.send(&answer(Value::Null, Err(error))).await;
-        return;
+        return Err((Value::Null, error));
     }
-    let request: Request = match serde_json::from_value::<Request>(value) {
-        Ok(r) if r.jsonrpc == "2.0" => r,
-        _ => {
-            let error = RpcError::usage(
+    match serde_json::from_value::<Request>(value) {
+        Ok(r) if r.jsonrpc == "2.0" => Ok(r),
+        _ => Err((
+            id.unwrap_or(Value::Null),
+            RpcError::usage(
                 protocol::INVALID_REQUEST,
                 "not a JSON-RPC 2.0 request (jsonrpc, method, id, params)",
-            );
-            conn.send(&answer(id.unwrap_or(Value::Null), Err(error)))
-                .await;
-            return;
-        }
-    };
-    // One task per request: a long `path` never holds up a `hello`.
-    let Ok(permit) = conn.in_flight.clone().acquire_owned().await else {
-        return;
-    };
-    let working = conn.activity.working();
-    let (conn, shared) = (conn.clone(), shared.clone());
-    tokio::spawn(async move {
-        let id = request.id.clone();
-        let outcome = dispatch(request, &conn, &shared).await;
-        if let (Some(id), Some(outcome)) = (id, outcome) {
-            conn.send(&answer(id, outcome)).await;
-        }
-        // The request's bytes count until its answer is queued.
-        drop(share);
-        drop(working);
-        drop(permit);
-    });
+            ),
+        )),
+    }
 }
 
 /// Whether `id` is one a request may carry: a string of at most

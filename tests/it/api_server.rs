@@ -743,3 +743,52 @@ async fn a_running_fetch_follows_a_policy_set_for_its_store() {
     );
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_batch_gets_an_array_of_answers_as_json_rpc_says() {
+    let env = Env::new().await;
+    let api = Listening::start(&env);
+    let mut client = api.client().await;
+    let code = |a: &Value| a["error"]["code"].as_i64();
+    // Three values that are not requests: three errors, in an array.
+    client.send_raw(b"[1,2,3]\n").await;
+    let answer = client.recv().await.unwrap();
+    let answers = answer.as_array().expect("an array");
+    assert_eq!(answers.len(), 3, "{answer}");
+    for a in answers {
+        assert_eq!((code(a), &a["id"]), (Some(-32600), &Value::Null), "{a}");
+    }
+    // A mixed batch: a request, a notification (no answer), something
+    // that is not a request, an unknown method.
+    let batch = json!([
+        { "jsonrpc": "2.0", "id": "a", "method": "hello" },
+        { "jsonrpc": "2.0", "method": "hello" },
+        { "foo": "boo" },
+        { "jsonrpc": "2.0", "id": 7, "method": "nope" },
+    ]);
+    client.send_raw(format!("{batch}\n").as_bytes()).await;
+    let answer = client.recv().await.unwrap();
+    let answers = answer.as_array().expect("an array");
+    assert_eq!(answers.len(), 3, "{answer}");
+    let by_id = |id: Value| answers.iter().find(|a| a["id"] == id).unwrap();
+    assert_eq!(by_id(json!("a"))["result"]["protocol"], json!(1));
+    assert_eq!(code(by_id(Value::Null)), Some(-32600));
+    assert_eq!(code(by_id(json!(7))), Some(-32601));
+    // A batch of notifications gets nothing: the next line answers the
+    // request after it.
+    let batch = json!([
+        { "jsonrpc": "2.0", "method": "hello" },
+        { "jsonrpc": "2.0", "method": "policy" },
+    ]);
+    client.send_raw(format!("{batch}\n").as_bytes()).await;
+    client
+        .send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":99,\"method\":\"hello\"}\n")
+        .await;
+    let next = client.recv().await.unwrap();
+    assert_eq!(next["id"], json!(99), "{next}");
+    // An empty batch: one error, not an array.
+    client.send_raw(b"[]\n").await;
+    let answer = client.recv().await.unwrap();
+    assert_eq!(code(&answer), Some(-32600), "{answer}");
+    api.stop().await;
+}
