@@ -321,6 +321,7 @@ async fn a_disk_that_fills_during_parts_is_disk_space_and_keeps_its_ranges() {
 
 /// Runs `fetch` of `manifest` until the record of `body` holds ranges ahead
 /// of the prefix, then interrupts it with `signal`; the record then.
+#[cfg(unix)]
 async fn interrupted_fetch(
     env: &Env,
     manifest: &std::path::Path,
@@ -347,6 +348,7 @@ async fn interrupted_fetch(
     read_record(env, body).unwrap()
 }
 
+#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_split_at_once_keeps_every_kept_range_and_fetches_each_byte_once() {
     let env = Env::new().await;
