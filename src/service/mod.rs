@@ -161,7 +161,8 @@ struct Inner {
 pub struct InstallReport {
     /// The gem.
     pub gem: String,
-    /// Whether an earlier version was registered.
+    /// Whether an earlier version declaring other resources was registered
+    /// (an unchanged reinstall is no upgrade).
     pub upgrade: bool,
     /// Whether the earlier version declared exactly the same resources.
     pub unchanged: bool,
@@ -644,12 +645,13 @@ impl Resources {
         };
         let (deleted, _) = self.delete_unclaimed(gem, dropped).await?;
         drop(lock);
+        let unchanged = old
+            .as_ref()
+            .is_some_and(|o| o.resources == manifest.resources);
         let mut report = InstallReport {
             gem: gem.to_string(),
-            upgrade: old.is_some(),
-            unchanged: old
-                .as_ref()
-                .is_some_and(|o| o.resources == manifest.resources),
+            upgrade: old.is_some() && !unchanged,
+            unchanged,
             resources: manifest.resources.len(),
             deleted,
             ..InstallReport::default()

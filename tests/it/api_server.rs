@@ -792,3 +792,34 @@ async fn a_batch_gets_an_array_of_answers_as_json_rpc_says() {
     assert_eq!(code(&answer), Some(-32600), "{answer}");
     api.stop().await;
 }
+
+#[tokio::test]
+async fn an_unchanged_reinstall_through_the_api_is_no_upgrade() {
+    let env = Env::new().await;
+    let body = bytes(1_000, 77);
+    let url = env.serve("/same.bin", &body);
+    let api = Listening::start(&env);
+    let mut app = api.client().await;
+    let manifest = manifest_value(json!([lazy("s", &url, &body)]));
+    let install = json!({ "gem": "g", "manifest": manifest });
+    let first = app.result("install", install.clone()).await;
+    assert_eq!(
+        (&first["upgrade"], &first["unchanged"]),
+        (&json!(false), &json!(false))
+    );
+    let again = app.result("install", install).await;
+    assert_eq!(
+        (&again["upgrade"], &again["unchanged"]),
+        (&json!(false), &json!(true)),
+        "{again}"
+    );
+    let other = manifest_value(json!([lazy("t", &url, &body)]));
+    let changed = app
+        .result("install", json!({ "gem": "g", "manifest": other }))
+        .await;
+    assert_eq!(
+        (&changed["upgrade"], &changed["unchanged"]),
+        (&json!(true), &json!(false))
+    );
+    api.stop().await;
+}

@@ -72,13 +72,10 @@ pub fn install_summary(report: &InstallReport, outcome: &Outcome) -> String {
     format!("{}: {}", headline(report), parts.join(", "))
 }
 
-/// An install report as JSON: an unchanged reinstall is no upgrade.
+/// An install report as JSON (an unchanged reinstall is no upgrade: the
+/// report says so itself).
 pub fn report_json(report: &InstallReport) -> serde_json::Value {
-    let mut value = serde_json::to_value(report).unwrap_or_default();
-    if report.unchanged {
-        value["upgrade"] = serde_json::json!(false);
-    }
-    value
+    serde_json::to_value(report).unwrap_or_default()
 }
 
 /// `installed g`, `upgraded g` or `g is unchanged`.
