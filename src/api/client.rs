@@ -56,6 +56,17 @@ pub struct Client {
     pending: Pending,
     next_id: AtomicU64,
     notifications: Mutex<Option<mpsc::UnboundedReceiver<Value>>>,
+    /// Reads the answers and notifications; holds the socket's read half.
+    reader: tokio::task::AbortHandle,
+}
+
+/// A dropped client closes its connection: the reader holds the socket's
+/// other half, and would keep it open (here and in the service) until the
+/// service closed it.
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -168,13 +179,15 @@ impl Client {
         let (read, write) = tokio::io::split(stream);
         let pending: Pending = Arc::default();
         let (events, notifications) = mpsc::unbounded_channel();
-        tokio::spawn(read_loop(BufReader::new(read), pending.clone(), events));
+        let reader =
+            tokio::spawn(read_loop(BufReader::new(read), pending.clone(), events)).abort_handle();
         Ok(Client {
             socket: socket.to_string(),
             writer: tokio::sync::Mutex::new(write),
             pending,
             next_id: AtomicU64::new(1),
             notifications: Mutex::new(Some(notifications)),
+            reader,
         })
     }
 

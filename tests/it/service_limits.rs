@@ -346,3 +346,33 @@ async fn the_cli_does_not_wait_for_a_service_that_does_not_answer() {
     assert_eq!(doc["ok"], json!(true));
     drop(lock);
 }
+
+#[tokio::test]
+async fn a_dropped_client_closes_its_connection_on_both_sides() {
+    let env = Env::new().await;
+    let mut serve = serve_limited(&env, 4096);
+    let pid = serve.0.id();
+    service_file(&env.store_dir(), pid).await;
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let warm = gem_resources::api::Client::for_store(&store).await.unwrap();
+    warm.status(None).await.unwrap();
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (theirs, ours) = (open_descriptors(pid), open_descriptors(std::process::id()));
+    for _ in 0..20 {
+        let client = gem_resources::api::Client::for_store(&store).await.unwrap();
+        client.status(None).await.unwrap();
+        drop(client);
+    }
+    wait_until("the service closes the 20 connections", || {
+        open_descriptors(pid) <= theirs + 2
+    })
+    .await;
+    // This process's own descriptors: the test runs beside others, so
+    // only a leak of all twenty would show.
+    assert!(
+        open_descriptors(std::process::id()) < ours + 20,
+        "the client process kept its sockets"
+    );
+    signal_and_wait(&mut serve).await;
+}
