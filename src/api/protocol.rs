@@ -76,6 +76,10 @@ pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 /// The code of every error of the library; `data` carries it.
 pub const SERVICE_ERROR: i64 = -32000;
+/// The code of a request cancelled by `$/cancelRequest` (LSP's
+/// `RequestCancelled`); `data` carries `E_RESOURCE_CANCELLED` and whether
+/// the download goes on.
+pub const REQUEST_CANCELLED: i64 = -32800;
 
 /// A request as read from a line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,8 +128,12 @@ impl RpcError {
     /// The library's `error`.
     pub fn of(error: &Error) -> RpcError {
         let data = ErrorData::of(error);
+        let code = match error {
+            Error::CallCancelled { .. } => REQUEST_CANCELLED,
+            _ => SERVICE_ERROR,
+        };
         RpcError {
-            code: SERVICE_ERROR,
+            code,
             message: data.message.clone(),
             data: Some(data),
         }

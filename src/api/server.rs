@@ -287,6 +287,10 @@ struct Connection {
     in_flight: Arc<Semaphore>,
     closed: CancellationToken,
     activity: Arc<Activity>,
+    /// The calls in flight that `$/cancelRequest` (or the connection's
+    /// end) can cancel, by their id's JSON text.
+    calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    next_call: AtomicU64,
 }
 
 /// A line waiting to be written, and its share of the queue's bytes.
@@ -364,6 +368,8 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
         in_flight: Arc::new(Semaphore::new(protocol::MAX_IN_FLIGHT)),
         closed: activity.close.clone(),
         activity,
+        calls: Mutex::default(),
+        next_call: AtomicU64::new(1),
     });
     let closed = conn.closed.clone();
     let writer = tokio::spawn(async move {
@@ -434,6 +440,10 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
         .unwrap_or_else(|p| p.into_inner())
         .drain()
     {
+        token.cancel();
+    }
+    // Nobody is left to read what the calls in flight wait for.
+    for (_, (_, token)) in conn.calls.lock().unwrap_or_else(|p| p.into_inner()).drain() {
         token.cancel();
     }
     shared
@@ -570,7 +580,7 @@ async fn handle_line(request_line: RequestLine, conn: &Arc<Connection>, shared: 
                 let answered = match request_of(single) {
                     Ok(request) => {
                         let id = request.id.clone();
-                        let outcome = dispatch(request, &conn, &shared).await;
+                        let outcome = dispatch_call(request, &conn, &shared).await;
                         id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
                     }
                     Err((id, error)) => Some(answer(id, Err(error))),
@@ -614,7 +624,7 @@ async fn answer_batch(batch: Vec<Value>, conn: &Arc<Connection>, shared: &Arc<Sh
             }),
             Ok(request) => {
                 let id = request.id.clone();
-                let outcome = dispatch(request, conn, shared).await;
+                let outcome = dispatch_call(request, conn, shared).await;
                 id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
             }
             Err((id, error)) => Some(answer(id, Err(error))),
@@ -694,11 +704,74 @@ fn ok<T: Serialize>(result: Result<T>) -> std::result::Result<Value, RpcError> {
     }
 }
 
+/// Methods that wait for a transfer: `$/cancelRequest` cancels them.
+const CANCELLABLE: [&str; 2] = ["path", "autofill"];
+
+/// [`dispatch`], with a call that waits for a transfer registered under its
+/// id, so that `$/cancelRequest` (or the connection's end) cancels it.
+async fn dispatch_call(
+    request: Request,
+    conn: &Arc<Connection>,
+    shared: &Arc<Shared>,
+) -> Option<std::result::Result<Value, RpcError>> {
+    let key = request
+        .id
+        .as_ref()
+        .filter(|_| CANCELLABLE.contains(&request.method.as_str()))
+        .map(Value::to_string);
+    let Some(key) = key else {
+        return dispatch(request, conn, shared, &CancellationToken::new()).await;
+    };
+    let token = conn.closed.child_token();
+    let serial = conn.next_call.fetch_add(1, Ordering::Relaxed);
+    // Two calls under one id: the id names the later one.
+    conn.calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.clone(), (serial, token.clone()));
+    let outcome = dispatch(request, conn, shared, &token).await;
+    let mut calls = conn.calls.lock().unwrap_or_else(|p| p.into_inner());
+    if calls.get(&key).is_some_and(|(s, _)| *s == serial) {
+        calls.remove(&key);
+    }
+    outcome
+}
+
+/// `$/cancelRequest {"id": …}`: cancels that call of this connection
+/// when it is still waiting; whether there was one.
+fn cancel_request(
+    conn: &Connection,
+    params: Option<Value>,
+) -> std::result::Result<Value, RpcError> {
+    let Some(id) = params
+        .as_ref()
+        .and_then(|p| p.get("id"))
+        .filter(|id| valid_id(id))
+    else {
+        return Err(RpcError::usage(
+            protocol::INVALID_PARAMS,
+            "$/cancelRequest takes {\"id\": the id of a call of this connection}",
+        ));
+    };
+    let token = conn
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id.to_string())
+        .map(|(_, token)| token.clone());
+    let found = token.is_some();
+    if let Some(token) = token {
+        token.cancel();
+    }
+    Ok(json!({ "cancelled": found }))
+}
+
 /// Runs one request; `None` when it answered by itself (`subscribe`).
 async fn dispatch(
     request: Request,
     conn: &Arc<Connection>,
     shared: &Arc<Shared>,
+    cancel: &CancellationToken,
 ) -> Option<std::result::Result<Value, RpcError>> {
     let service = &shared.service;
     let p = request.params;
@@ -712,13 +785,17 @@ async fn dispatch(
             Err(e) => Err(e),
         },
         "path" => match required::<ResourceParams>(p) {
-            Ok(r) => ok(service.path(&r.gem, &r.id).await.map(|path| PathResult {
-                gem: r.gem,
-                resource: r.id,
-                path,
-            })),
+            Ok(r) => ok(service
+                .path_until(&r.gem, &r.id, Some(cancel))
+                .await
+                .map(|path| PathResult {
+                    gem: r.gem,
+                    resource: r.id,
+                    path,
+                })),
             Err(e) => Err(e),
         },
+        "$/cancelRequest" => cancel_request(conn, p),
         "install" => match required::<InstallParams>(p) {
             Ok(InstallParams {
                 gem,
@@ -743,7 +820,19 @@ async fn dispatch(
             Err(e) => Err(e),
         },
         "autofill" => match params::<AutofillParams>(p) {
-            Ok(a) => autofill(service, a).await,
+            Ok(a) => tokio::select! {
+                outcome = autofill(service, a) => outcome,
+                () = cancel.cancelled() => Err(RpcError {
+                    code: protocol::REQUEST_CANCELLED,
+                    message: "the call was cancelled; nothing was kept".into(),
+                    data: Some(crate::api::protocol::ErrorData {
+                        code: crate::ErrorCode::Cancelled,
+                        primary_cause: crate::ErrorCode::Cancelled,
+                        message: "the call was cancelled; nothing was kept".into(),
+                        details: serde_json::Map::new(),
+                    }),
+                }),
+            },
             Err(e) => Err(e),
         },
         "policy" => ok(Ok(PolicyBody::from(&service.policy()))),

@@ -53,6 +53,18 @@ impl ErrorData {
             Error::FailedElsewhere { attempts, .. } if !attempts.is_empty() => {
                 details.insert("attempts".into(), json!(attempts));
             }
+            Error::CallCancelled {
+                resource,
+                download_goes_on,
+            } => {
+                details.insert("resource".into(), json!(resource));
+                let download = if *download_goes_on {
+                    "continues"
+                } else {
+                    "stopped"
+                };
+                details.insert("download".into(), json!(download));
+            }
             Error::DiskSpace {
                 needed,
                 available,

@@ -332,6 +332,25 @@ pub enum Error {
         /// Why it was stopped.
         reason: String,
     },
+    /// The caller's own wait was cancelled ([`crate::Resources::path_until`],
+    /// the local API's `$/cancelRequest`); `download_goes_on` says whether
+    /// the download went on for others (another caller waits, or a gem
+    /// requires the file) or stopped, its bytes kept for the next call
+    /// (`E_RESOURCE_CANCELLED`).
+    #[error(
+        "resource {resource:?}: the call was cancelled; {}",
+        if *download_goes_on {
+            "the download goes on (another caller waits for it, or a gem requires the file)"
+        } else {
+            "the download stopped (no other caller waited for it); its bytes are kept for the next call"
+        }
+    )]
+    CallCancelled {
+        /// The resource id.
+        resource: String,
+        /// Whether the download went on without this caller.
+        download_goes_on: bool,
+    },
     /// The service was shut down ([`crate::Resources::shutdown`]); it takes
     /// no more calls. Open a new one to continue.
     #[error("the resource service was shut down; open it again to continue")]
@@ -430,7 +449,7 @@ impl Error {
             Error::Config(_) => ErrorCode::Config,
             Error::GemId { .. } => ErrorCode::GemId,
             Error::NotFound(_) => ErrorCode::NotFound,
-            Error::Cancelled { .. } => ErrorCode::Cancelled,
+            Error::Cancelled { .. } | Error::CallCancelled { .. } => ErrorCode::Cancelled,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NoRuntime => ErrorCode::Runtime,
             Error::BlockingInRuntime { .. } => ErrorCode::Runtime,

@@ -819,6 +819,21 @@ impl Resources {
     /// waiting for the same file. A failure errors this call only; the next
     /// call tries again.
     pub async fn path(&self, gem: &str, resource_id: &str) -> Result<PathBuf> {
+        self.path_until(gem, resource_id, None).await
+    }
+
+    /// [`Resources::path`] that gives up waiting when `cancel` fires, with
+    /// [`Error::CallCancelled`]: the download goes on when another caller
+    /// waits for it or something else wants it (a gem requires the file, a
+    /// retry or `download_now` asked for it), and stops otherwise, its
+    /// bytes kept for the next call. A `path` future dropped before it ends
+    /// leaves the same way.
+    pub async fn path_until(
+        &self,
+        gem: &str,
+        resource_id: &str,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<PathBuf> {
         self.live()?;
         let resource = self.resource(gem, resource_id)?;
         if let Some(path) = self.find(&resource).await? {
@@ -833,12 +848,27 @@ impl Resources {
             .await?;
         // Another process may have set a policy a moment ago.
         self.follow_policy_record();
-        let mut done = self.inner.scheduler.ensure(gem, &resource, true);
-        // A watch channel: waiting needs no runtime of its own.
-        let result: JobResult = match done.wait_for(|r| r.is_some()).await {
-            Ok(r) => r.clone().unwrap_or_else(|| Err(cancelled(&resource))),
-            Err(_) => Err(cancelled(&resource)),
+        let (mut done, caller) = self.inner.scheduler.ensure_for_caller(gem, &resource);
+        let given_up = async {
+            match cancel {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
         };
+        // A watch channel: waiting needs no runtime of its own.
+        let result: JobResult = tokio::select! {
+            waited = done.wait_for(|r| r.is_some()) => match waited {
+                Ok(r) => r.clone().unwrap_or_else(|| Err(cancelled(&resource))),
+                Err(_) => Err(cancelled(&resource)),
+            },
+            () = given_up => {
+                return Err(Error::CallCancelled {
+                    resource: resource.id.clone(),
+                    download_goes_on: caller.leave(),
+                });
+            }
+        };
+        caller.done();
         match result {
             Err(Error::Cancelled { .. }) if self.is_shut_down() => return Err(Error::Shutdown),
             other => other?,

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -97,6 +97,46 @@ struct Job {
     waiters: Arc<Mutex<Vec<Waiter>>>,
     /// Why it was cancelled, when something other than shutdown did.
     why: Arc<Mutex<Option<String>>>,
+    /// Callers waiting for it now ([`Scheduler::ensure_for_caller`]).
+    callers: Arc<AtomicUsize>,
+    /// Whether it is wanted whoever waits: a required file, a retry, a
+    /// `download_now`. A job only callers want stops when the last one
+    /// leaves.
+    wanted: Arc<AtomicBool>,
+}
+
+/// A caller waiting for a job ([`Scheduler::ensure_for_caller`]). When the
+/// last caller of a job nobody else wants leaves before it ends (its call
+/// cancelled, its future dropped), the job stops; its bytes are kept.
+#[derive(Debug)]
+pub(crate) struct Caller {
+    job: Option<Job>,
+}
+
+/// Why a job stops when its last caller leaves.
+const NO_CALLER_LEFT: &str = "no caller waits for it any more";
+
+impl Caller {
+    /// The caller leaves: whether the download goes on (another caller
+    /// waits, it is wanted otherwise, or it has ended).
+    pub(crate) fn leave(mut self) -> bool {
+        self.job.take().is_none_or(|job| job.caller_left())
+    }
+
+    /// The caller got its result: nothing to stop.
+    pub(crate) fn done(mut self) {
+        if let Some(job) = self.job.take() {
+            job.callers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take() {
+            job.caller_left();
+        }
+    }
 }
 
 /// One gem's resource waiting on a job.
@@ -138,6 +178,18 @@ impl Job {
     }
 
     /// Cancels the job, saying why (the first reason given wins).
+    /// One caller left: stops the job when it was the last and nobody else
+    /// wants it; whether the download goes on.
+    fn caller_left(&self) -> bool {
+        let last = self.callers.fetch_sub(1, Ordering::SeqCst) == 1;
+        let ended = self.done.borrow().is_some();
+        if last && !ended && !self.wanted.load(Ordering::SeqCst) {
+            self.cancel_because(NO_CALLER_LEFT);
+            return false;
+        }
+        true
+    }
+
     fn cancel_because(&self, why: &str) {
         let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert_with(|| why.to_string());
@@ -264,9 +316,40 @@ impl Scheduler {
         resource: &Resource,
         urgent: bool,
     ) -> watch::Receiver<Option<JobResult>> {
+        self.ensure_as(gem, resource, urgent, None)
+    }
+
+    /// [`Scheduler::ensure`] for a caller that waits for the result (on
+    /// demand, ahead of background work): the job counts it until the
+    /// [`Caller`] leaves, and stops when the last caller leaves a job that
+    /// nothing else wants.
+    pub(crate) fn ensure_for_caller(
+        self: &Arc<Self>,
+        gem: &str,
+        resource: &Resource,
+    ) -> (watch::Receiver<Option<JobResult>>, Caller) {
+        let mut caller = Caller { job: None };
+        let done = self.ensure_as(gem, resource, true, Some(&mut caller));
+        (done, caller)
+    }
+
+    fn ensure_as(
+        self: &Arc<Self>,
+        gem: &str,
+        resource: &Resource,
+        urgent: bool,
+        caller: Option<&mut Caller>,
+    ) -> watch::Receiver<Option<JobResult>> {
         let key = job_key(resource);
         let mut jobs = self.jobs();
         if let Some(job) = jobs.get(&key) {
+            match caller {
+                Some(caller) => {
+                    job.callers.fetch_add(1, Ordering::SeqCst);
+                    caller.job = Some(job.clone());
+                }
+                None => job.wanted.store(true, Ordering::SeqCst),
+            }
             if urgent {
                 job.urgent.store(true, Ordering::Relaxed);
                 self.slots.urgent_flagged();
@@ -318,7 +401,12 @@ impl Scheduler {
             sha256: resource.sha256.clone(),
             waiters: Arc::new(Mutex::new(vec![Waiter::of(gem, resource)])),
             why: Arc::new(Mutex::new(None)),
+            callers: Arc::new(AtomicUsize::new(usize::from(caller.is_some()))),
+            wanted: Arc::new(AtomicBool::new(caller.is_none())),
         };
+        if let Some(caller) = caller {
+            caller.job = Some(job.clone());
+        }
         jobs.insert(key.clone(), job.clone());
         drop(jobs);
         let this = self.clone();

@@ -6,7 +6,11 @@ mod support;
 
 mod address_guard;
 #[cfg(unix)]
+mod api_cancel;
+#[cfg(unix)]
 mod api_server;
+#[cfg(unix)]
+mod api_soak;
 mod autofill;
 mod autofill_manifest;
 #[cfg(unix)]
