@@ -49,6 +49,9 @@ fn answer_timeout(method: &str) -> Option<Duration> {
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<std::result::Result<Value, RpcError>>>>>;
 
+/// Where the answer to one call comes.
+type Answer = oneshot::Receiver<std::result::Result<Value, RpcError>>;
+
 /// A connection to a service's local API.
 pub struct Client {
     socket: String,
@@ -213,6 +216,41 @@ impl Client {
         params: Value,
         limit: Option<Duration>,
     ) -> Result<T> {
+        let (id, rx) = self.send(method, params).await?;
+        let answered = match limit {
+            None => Ok(rx.await),
+            Some(limit) => tokio::time::timeout(limit, rx).await,
+        };
+        self.answer(method, id, answered, limit)
+    }
+
+    /// [`Client::call`] of a call that waits for a transfer (`path`,
+    /// `autofill`), which `cancel` cancels: the service is then sent
+    /// `$/cancelRequest`, and its answer to the call comes back as the
+    /// result: [`Error::Remote`] with `E_RESOURCE_CANCELLED`, whose
+    /// `download` says whether the download goes on (`continues`) or
+    /// stopped (`stopped`, its bytes kept). The service has
+    /// [`CONNECT_TIMEOUT`] to answer once cancelled.
+    pub async fn call_until<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: Value,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<T> {
+        let (id, mut rx) = self.send(method, params).await?;
+        let answered = tokio::select! {
+            answered = &mut rx => Ok(answered),
+            () = cancel.cancelled() => {
+                let request = json!({ "jsonrpc": "2.0", "method": "$/cancelRequest", "params": { "id": id } });
+                let _ = self.write_line(&request).await;
+                tokio::time::timeout(CONNECT_TIMEOUT, rx).await
+            }
+        };
+        self.answer(method, id, answered, Some(CONNECT_TIMEOUT))
+    }
+
+    /// Sends a request for `method`; its id and where its answer comes.
+    async fn send(&self, method: &str, params: Value) -> Result<(u64, Answer)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending
@@ -220,22 +258,36 @@ impl Client {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, tx);
         let request = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
-        let mut text = request.to_string();
+        self.write_line(&request)
+            .await
+            .map_err(|e| Error::Service {
+                socket: self.socket.clone(),
+                reason: format!("cannot send {method}: {e}"),
+            })?;
+        Ok((id, rx))
+    }
+
+    async fn write_line(&self, message: &Value) -> std::io::Result<()> {
+        let mut text = message.to_string();
         text.push('\n');
+        let mut writer = self.writer.lock().await;
+        writer.write_all(text.as_bytes()).await
+    }
+
+    /// The answer to call `id` of `method`, as `T`.
+    fn answer<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        id: u64,
+        answered: std::result::Result<
+            std::result::Result<std::result::Result<Value, RpcError>, oneshot::error::RecvError>,
+            tokio::time::error::Elapsed,
+        >,
+        limit: Option<Duration>,
+    ) -> Result<T> {
         let lost = |reason: String| Error::Service {
             socket: self.socket.clone(),
             reason,
-        };
-        {
-            let mut writer = self.writer.lock().await;
-            writer
-                .write_all(text.as_bytes())
-                .await
-                .map_err(|e| lost(format!("cannot send {method}: {e}")))?;
-        }
-        let answered = match limit {
-            None => Ok(rx.await),
-            Some(limit) => tokio::time::timeout(limit, rx).await,
         };
         let value = match answered {
             Ok(Ok(Ok(value))) => value,
@@ -274,6 +326,18 @@ impl Client {
     /// service when missing (waits as long as the download runs).
     pub async fn path(&self, gem: &str, id: &str) -> Result<std::path::PathBuf> {
         let result: PathResult = self.call("path", json!({ "gem": gem, "id": id })).await?;
+        Ok(result.path)
+    }
+
+    /// [`Client::path`] that `cancel` cancels (see [`Client::call_until`]).
+    pub async fn path_until(
+        &self,
+        gem: &str,
+        id: &str,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<std::path::PathBuf> {
+        let params = json!({ "gem": gem, "id": id });
+        let result: PathResult = self.call_until("path", params, cancel).await?;
         Ok(result.path)
     }
 

@@ -182,3 +182,63 @@ async fn a_client_that_goes_away_leaves_its_calls_and_a_required_file_goes_on() 
     assert_eq!(env.origin.hits("/needed.bin"), 1);
     api.stop().await;
 }
+
+/// Interrupts `child` (SIGINT, as Ctrl-C) and returns its exit status.
+async fn ctrl_c(child: &mut Spawned) -> std::process::ExitStatus {
+    crate::support::api::signal(child, libc::SIGINT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(std::time::Instant::now() < deadline, "it did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn ctrl_c_of_path_through_the_service_says_whether_the_download_goes_on() {
+    let env = Env::new().await;
+    let (url, body) = slow_file(&env, "/cli.bin", 2_000_000, 65);
+    let api = Listening::start(&env);
+    let _app = installed(&api, json!([entry("c", &url, &body)])).await;
+    // Alone: the download stops, its bytes kept.
+    let log = env.dir.path().join("path.log");
+    let mut child = spawn_quiet(&env, &["path", "g", "c"], &log);
+    wait_until("the download runs", || {
+        env.origin.served("/cli.bin") > 100_000
+    })
+    .await;
+    let exit = ctrl_c(&mut child).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: the service stopped the download; its bytes are kept"),
+        "{stderr}"
+    );
+    assert!(
+        stops_sending(&env, "/cli.bin").await,
+        "the download stopped"
+    );
+    // With another caller waiting: it goes on, and says so.
+    let mut other = api.client().await;
+    ask_path(&mut other, 1, "c").await;
+    let log = env.dir.path().join("path2.log");
+    let mut child = spawn_quiet(&env, &["path", "g", "c"], &log);
+    let before = env.origin.served("/cli.bin");
+    wait_until("the download runs again", || {
+        env.origin.served("/cli.bin") > before + 50_000
+    })
+    .await;
+    let exit = ctrl_c(&mut child).await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: the download goes on"),
+        "{stderr}"
+    );
+    let got = within("the other caller's path", answer_to(&mut other, 1)).await;
+    let path = got["result"]["path"].as_str().expect("a path");
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    api.stop().await;
+}

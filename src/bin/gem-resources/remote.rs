@@ -45,12 +45,17 @@ pub async fn run(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     tracing::debug!(socket = client.socket(), "using the service's local API");
+    // `path` cancels its own call when interrupted, and says what the
+    // service did with the download.
+    if let Command::Path { gem, resource } = &command {
+        return path(client, gem, resource, json).await;
+    }
     let mut interrupted = interrupt::signal();
     // What an interruption leaves: a download going on, an uninstall the
     // service finishes, or nothing (a look at the status).
     let socket = client.socket();
     let left = match &command {
-        Command::Path { .. } | Command::Install { .. } | Command::Sync => {
+        Command::Install { .. } | Command::Sync => {
             format!("the download goes on in the service listening on {socket}")
         }
         Command::Uninstall { .. } => {
@@ -60,7 +65,6 @@ pub async fn run(
     };
     let work = async {
         match command {
-            Command::Path { gem, resource } => path(client, &gem, &resource, json).await,
             Command::Install {
                 args,
                 as_gem,
@@ -101,9 +105,19 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
         failures: false,
     };
     let watcher = watch(client, Some(gem), show).await?;
-    let outcome = client
-        .call::<PathResult>("path", json!({ "gem": gem, "id": id }))
-        .await;
+    let mut interrupted = interrupt::signal();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let call = client.call_until::<PathResult>("path", json!({ "gem": gem, "id": id }), &cancel);
+    tokio::pin!(call);
+    let outcome = tokio::select! {
+        outcome = &mut call => outcome,
+        () = &mut interrupted => {
+            cancel.cancel();
+            let outcome = call.await;
+            watcher.stop().await;
+            return Ok(interrupted_path(client, &outcome));
+        }
+    };
     watcher.stop().await;
     let result = match outcome {
         Ok(r) => r,
@@ -115,6 +129,28 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
         crate::outln!("{}", result.path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says what an interrupted `path` left: the service's answer to the
+/// cancelled call tells whether the download goes on (another caller waits
+/// for it, or a gem requires the file) or stopped, its bytes kept.
+fn interrupted_path(client: &Client, outcome: &Result<PathResult, Error>) -> ExitCode {
+    let socket = client.socket();
+    let download = match outcome {
+        Err(Error::Remote(data)) => data.details.get("download").and_then(|d| d.as_str()),
+        _ => None,
+    };
+    let said = match download {
+        Some("continues") => format!(
+            "interrupted: the download goes on in the service listening on {socket} (another caller waits for it, or a gem requires the file)"
+        ),
+        Some("stopped") => format!(
+            "interrupted: the service stopped the download; its bytes are kept for the next run (service {socket})"
+        ),
+        _ => format!("interrupted (the service listening on {socket} did not say what it did with the download)"),
+    };
+    interrupt::say(&said, json!({ "service": socket, "download": download }));
+    ExitCode::from(interrupt::INTERRUPTED)
 }
 
 async fn install(
