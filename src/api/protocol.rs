@@ -276,6 +276,11 @@ pub struct ResourceParams {
     pub gem: String,
     /// The resource id.
     pub id: String,
+    /// With `path`: a token (a string or a number, as an `id`) under which
+    /// the call's own events come as `$/progress` notifications while it
+    /// waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
 }
 
 /// Params naming a gem, or none.

@@ -737,6 +737,52 @@ async fn dispatch_call(
     outcome
 }
 
+/// Sends the events of `gem`'s resource `id` to the connection as
+/// `$/progress` notifications under `token` (LSP's work-done progress),
+/// until the returned token is cancelled (the call ended), then those
+/// already published; the task ends once they are queued. Best effort: a
+/// client that does not read them loses them, never the answer.
+fn report_progress(
+    service: &Resources,
+    conn: &Arc<Connection>,
+    token: Value,
+    gem: &str,
+    id: &str,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let done = conn.closed.child_token();
+    let mut events = service.subscribe();
+    let (conn, gem, id, stop) = (conn.clone(), gem.to_string(), id.to_string(), done.clone());
+    let send = move |event: crate::Event| {
+        let Ok(value) = serde_json::to_value(&event) else {
+            return;
+        };
+        let mine = value.get("gem").and_then(Value::as_str) == Some(gem.as_str())
+            && value.get("resource").and_then(Value::as_str) == Some(id.as_str());
+        if mine {
+            let params = json!({ "token": token, "value": value });
+            conn.try_send_line(line(&notification("$/progress", params)));
+        }
+    };
+    let sent = tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = stop.cancelled() => break,
+            };
+            match event {
+                Ok(event) => send(event),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+        // The call ended: what was published before goes out.
+        while let Ok(event) = events.try_recv() {
+            send(event);
+        }
+    });
+    (done, sent)
+}
+
 /// `$/cancelRequest {"id": …}`: cancels that call of this connection
 /// when it is still waiting; whether there was one.
 fn cancel_request(
@@ -785,14 +831,37 @@ async fn dispatch(
             Err(e) => Err(e),
         },
         "path" => match required::<ResourceParams>(p) {
-            Ok(r) => ok(service
-                .path_until(&r.gem, &r.id, Some(cancel))
-                .await
-                .map(|path| PathResult {
+            Ok(r)
+                if r.progress
+                    .as_ref()
+                    .is_some_and(|t| !valid_id(t) || t.is_null()) =>
+            {
+                Err(RpcError::usage(
+                    protocol::INVALID_PARAMS,
+                    format!(
+                        "params.progress: a token is a string of at most {} characters or a number",
+                        protocol::MAX_ID_CHARS
+                    ),
+                ))
+            }
+            Ok(r) => {
+                // The call's own events, from before it starts until it ends.
+                let reporting = r
+                    .progress
+                    .clone()
+                    .map(|token| report_progress(service, conn, token, &r.gem, &r.id));
+                let outcome = service.path_until(&r.gem, &r.id, Some(cancel)).await;
+                if let Some((stop, sent)) = reporting {
+                    // Its last events (`verified`, `failed`) go out first.
+                    stop.cancel();
+                    let _ = sent.await;
+                }
+                ok(outcome.map(|path| PathResult {
                     gem: r.gem,
                     resource: r.id,
                     path,
-                })),
+                }))
+            }
             Err(e) => Err(e),
         },
         "$/cancelRequest" => cancel_request(conn, p),

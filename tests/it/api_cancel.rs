@@ -242,3 +242,66 @@ async fn ctrl_c_of_path_through_the_service_says_whether_the_download_goes_on() 
     assert_eq!(std::fs::read(path).unwrap(), body);
     api.stop().await;
 }
+
+#[tokio::test]
+async fn a_path_with_a_progress_token_gets_its_own_events_before_its_answer() {
+    let env = Env::new().await;
+    let (url, body) = slow_file(&env, "/mine.bin", 200_000, 66);
+    let other_body = bytes(300_000, 67);
+    let other = env.serve("/other.bin", &other_body);
+    let api = Listening::start(&env);
+    let mut app = installed(
+        &api,
+        json!([
+            entry("mine", &url, &body),
+            entry("other", &other, &other_body)
+        ]),
+    )
+    .await;
+    let mut tool = api.client().await;
+    let request = json!({ "jsonrpc": "2.0", "id": 3, "method": "path",
+        "params": { "gem": "g", "id": "mine", "progress": "bar-1" } });
+    tool.send_raw(format!("{request}\n").as_bytes()).await;
+    // Another resource downloads meanwhile: none of its events come.
+    app.result("path", json!({ "gem": "g", "id": "other" }))
+        .await;
+    let mut kinds = Vec::new();
+    let answer = loop {
+        let message = within("the call's messages", tool.recv())
+            .await
+            .expect("a message");
+        if message["id"] == json!(3) {
+            break message;
+        }
+        assert_eq!(message["method"], "$/progress", "{message}");
+        assert_eq!(message["params"]["token"], "bar-1", "{message}");
+        assert_eq!(message["params"]["value"]["resource"], "mine", "{message}");
+        kinds.push(
+            message["params"]["value"]["event"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    };
+    assert!(answer["result"]["path"].is_string(), "{answer}");
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("queued"),
+        "{kinds:?}"
+    );
+    assert!(kinds.iter().any(|k| k == "progress"), "{kinds:?}");
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("verified"),
+        "{kinds:?}"
+    );
+    // A token that is not one is refused.
+    let bad = tool
+        .call(
+            "path",
+            json!({ "gem": "g", "id": "mine", "progress": { "a": 1 } }),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], json!(-32602), "{bad}");
+    api.stop().await;
+}
