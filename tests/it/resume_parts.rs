@@ -73,22 +73,7 @@ async fn after_kill_9_the_next_run_asks_only_for_the_missing_ranges() {
     );
     let url = env.url("origin.test", "/k.bin");
     let manifest = env.write_manifest("m.json", serde_json::json!([entry("k", &url, &body)]));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
-        .arg("--config")
-        .arg(env.dir.path().join("config.toml"))
-        .args(["fetch", manifest.to_str().unwrap()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Checkpoints come every couple of seconds: wait for one that holds
-    // ranges written ahead of the prefix, by several parts.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while read_record(&env, &body).is_none_or(|m| m.ranges.len() < 2) {
-        assert!(Instant::now() < deadline, "no durable ranges recorded");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut child = fetch_until_ranges_are_kept(&env, &manifest, &body).await;
     child.kill().unwrap();
     child.wait().unwrap();
     let meta = read_record(&env, &body).unwrap();
@@ -319,16 +304,15 @@ async fn a_disk_that_fills_during_parts_is_disk_space_and_keeps_its_ranges() {
     assert!(sums.contains(&sha256_hex(&body)), "{sums}");
 }
 
-/// Runs `fetch` of `manifest` until the record of `body` holds ranges ahead
-/// of the prefix, then interrupts it with `signal`; the record then.
-#[cfg(unix)]
-async fn interrupted_fetch(
+/// Starts `fetch` of `manifest` and returns once the record of `body`
+/// holds ranges written ahead of the prefix by several parts (checkpoints
+/// come every couple of seconds).
+async fn fetch_until_ranges_are_kept(
     env: &Env,
     manifest: &std::path::Path,
     body: &[u8],
-    signal: libc::c_int,
-) -> PartialMeta {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+) -> std::process::Child {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
         .arg("--config")
         .arg(env.dir.path().join("config.toml"))
         .args(["fetch", manifest.to_str().unwrap()])
@@ -342,6 +326,18 @@ async fn interrupted_fetch(
         assert!(Instant::now() < deadline, "no durable ranges recorded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    child
+}
+
+/// [`fetch_until_ranges_are_kept`], then `signal` to it; the record then.
+#[cfg(unix)]
+async fn interrupted_fetch(
+    env: &Env,
+    manifest: &std::path::Path,
+    body: &[u8],
+    signal: libc::c_int,
+) -> PartialMeta {
+    let mut child = fetch_until_ranges_are_kept(env, manifest, body).await;
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, signal) };
     child.wait().unwrap();
