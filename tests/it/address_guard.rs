@@ -233,7 +233,10 @@ async fn check_url_reports_a_refusal_as_json() {
     assert_eq!(v["allowed"], false, "{v}");
     assert_eq!(v["code"], "E_RESOURCE_ADDRESS", "{v}");
     assert_eq!(v["address"], "https://169.254.169.254/", "{v}");
-    assert!(v["reason"].as_str().unwrap().contains("link-local"), "{v}");
+    // The same shape as every other error: `message`, `primary_cause`.
+    assert!(v["message"].as_str().unwrap().contains("link-local"), "{v}");
+    assert_eq!(v["primary_cause"], "E_RESOURCE_ADDRESS", "{v}");
+    assert!(v.get("reason").is_none(), "{v}");
 }
 
 #[tokio::test]

@@ -259,6 +259,7 @@ async fn json_reports_entries_and_totals_in_bytes() {
     leave_partial(&env, "cut.json", "/cut.bin", &cut).await;
 
     let dry = json_of(&env.run(&["--json", "gc", "--dry-run"]).await);
+    assert_eq!(dry["ok"], true, "{dry}");
     assert_eq!(dry["dry_run"], true, "{dry}");
     assert!(dry.get("removed").is_none(), "{dry}");
     let listed = dry["would_remove"].as_array().unwrap();
@@ -289,6 +290,7 @@ async fn json_reports_entries_and_totals_in_bytes() {
     assert!(has_partial_of(&env, &cut));
 
     let done = json_of(&env.run(&["--json", "gc"]).await);
+    assert_eq!(done["ok"], true, "{done}");
     assert_eq!(done["dry_run"], false, "{done}");
     assert!(done.get("would_remove").is_none(), "{done}");
     assert_eq!(done["removed"], dry["would_remove"], "{done}");

@@ -63,3 +63,33 @@ async fn every_json_document_says_ok() {
     assert_eq!(uninstall["ok"], true, "{uninstall}");
     assert_eq!(uninstall["installed"], true, "{uninstall}");
 }
+
+#[tokio::test]
+async fn a_usage_error_under_json_is_a_document_with_its_code() {
+    let env = Env::new().await;
+    for (args, says) in [
+        (
+            &["--json", "frobnicate"][..],
+            "unrecognized subcommand 'frobnicate'",
+        ),
+        (&["--json", "path"][..], "<GEM> <RESOURCE>"),
+        (&["path", "--json", "--bogus"][..], "'--bogus'"),
+    ] {
+        let out = env.run(args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let v = doc(&out);
+        assert_eq!(v["ok"], false, "{v}");
+        assert_eq!(v["code"], "E_RESOURCE_USAGE", "{v}");
+        assert_eq!(v["primary_cause"], "E_RESOURCE_USAGE", "{v}");
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    // Without --json, clap's own text on stderr, as before.
+    let out = env.run(&["frobnicate"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty());
+    assert!(
+        stderr(&out).contains("unrecognized subcommand"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -191,8 +191,13 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
                 error,
             };
             if json {
-                let mut value = gem_resources::error::data::attempt_json(&attempt);
+                // The error object every command prints (`code`,
+                // `primary_cause`, `message`, `attempts`), and the verdict.
+                let address = attempt.address.to_string();
+                let mut value =
+                    render::error_json(&gem_resources::Error::Attempt(Box::new(attempt)));
                 value["allowed"] = json!(false);
+                value["address"] = json!(address);
                 render::print_doc(value, false);
             } else {
                 crate::errln!("refused: {attempt}");

@@ -8,7 +8,7 @@ use gem_resources::store::gc::{self, GcReport, Kind, Undeclared};
 use gem_resources::{Config, Store};
 use serde_json::{json, Value};
 
-use crate::render::{self, print_json};
+use crate::render;
 
 /// Why a listed file goes.
 const UNDECLARED: &str = "not declared by any installed gem";
@@ -27,7 +27,7 @@ pub async fn run(config: &Config, dry_run: bool, json: bool) -> anyhow::Result<E
     let registry = Registry::new(&store);
     let report = gc::collect(&store, &registry, dry_run).await?;
     if json {
-        print_json(&report_json(&report));
+        render::print_doc(report_json(&report), true);
     } else {
         print_text(&report);
     }

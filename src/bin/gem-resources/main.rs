@@ -30,8 +30,54 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 
+/// A command line clap refuses: with `--json`, one JSON document on stdout
+/// (`E_RESOURCE_USAGE`, the first line of clap's message) and exit status
+/// 2; else clap's own text and status (help and version print as asked).
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let wants_json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    let help = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !wants_json || help {
+        e.exit();
+    }
+    // Clap's first paragraph ("error: …" and the arguments it names).
+    let text = e.to_string();
+    let paragraph: Vec<&str> = text
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let first = paragraph.join(" ");
+    let message = match first.strip_prefix("error: ") {
+        Some(rest) => rest.to_string(),
+        None if first.is_empty() => "the command line is not valid".to_string(),
+        None => first,
+    };
+    render::print_doc(
+        serde_json::json!({
+            "code": "E_RESOURCE_USAGE",
+            "primary_cause": "E_RESOURCE_USAGE",
+            "message": format!("{message} (see `gem-resources help`)"),
+        }),
+        false,
+    );
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
+    let args = match cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => return usage_error(e),
+    };
     match &args.command {
         cli::Command::Help { command } => return help(command.as_deref()),
         cli::Command::Completions { shell } => return completions(*shell),
