@@ -21,11 +21,11 @@ const READ_ONLY_MODE: u32 = 0o400;
 // `rlim_t` is not `u64` on every Unix.
 #[allow(clippy::unnecessary_cast)]
 pub(crate) fn raise_open_files_limit() -> Option<u64> {
-    const WANTED: u64 = 1 << 16;
+    // At most 65,536; macOS refuses more than OPEN_MAX.
     #[cfg(target_os = "macos")]
     const CEILING: u64 = 10_240;
     #[cfg(not(target_os = "macos"))]
-    const CEILING: u64 = WANTED;
+    const CEILING: u64 = 1 << 16;
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
