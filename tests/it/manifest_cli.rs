@@ -555,3 +555,73 @@ async fn quiet_says_only_errors_and_verbose_says_more() {
 fn required_entry_for(url: &url::Url, body: &[u8]) -> Value {
     required_entry("q", url, body)
 }
+
+#[tokio::test]
+async fn check_refuses_addresses_every_machine_refuses_and_says_when_dev_lets_one_through() {
+    let env = Env::new().await;
+    let mut local = valid("a");
+    local["url"] = json!("https://localhost:8443/a.bin");
+    let mut spelled = valid("b");
+    spelled["url"] = json!("https://cdn.example.com/b.bin");
+    spelled["mirrors"] = json!(["https://0x7f.1/b.bin", "https://[::ffff:10.0.0.1]/b.bin"]);
+    let mut exempt = valid("c");
+    // The test configuration's [dev] allow_addresses lets 127.0.0.1 through.
+    exempt["url"] = json!("https://127.0.0.1:8443/c.bin");
+    let (code, lines) = check(&env, json!([local, spelled, exempt, valid("d")])).await;
+    assert_eq!(code, Some(1), "{lines:?}");
+    let text = lines.join("\n");
+    for (path, says) in [
+        (
+            "manifest.resources[0].url",
+            "(local host name): every machine refuses it",
+        ),
+        (
+            "manifest.resources[1].mirrors[0]",
+            "127.0.0.1 is a local or internal-network address (loopback)",
+        ),
+        (
+            "manifest.resources[1].mirrors[1]",
+            "IPv4-mapped private network",
+        ),
+        (
+            "manifest.resources[2].url",
+            "allowed here only by [dev] settings; users' machines refuse it",
+        ),
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(path)
+                && l.contains(says)
+                && l.starts_with("E_RESOURCE_ADDRESS")),
+            "{path}: {says}\n{text}"
+        );
+    }
+    assert!(!text.contains("resources[3]"), "{text}");
+    // The same as JSON: one problem each.
+    let path = env.write_manifest("manifest.json", json!([local_only()]));
+    let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], false, "{doc}");
+    assert_eq!(doc["code"], "E_RESOURCE_ADDRESS", "{doc}");
+    let problem = doc["problems"][0]["path"].as_str().unwrap();
+    assert!(
+        problem.ends_with("manifest.json: resources[0].url"),
+        "{doc}"
+    );
+    // The policy configured here refuses a host: said too.
+    env.write_config("mode = \"blocklist\"\nhosts = [\"cdn.example.com\"]");
+    let (code, lines) = check(&env, json!([valid("p")])).await;
+    assert_eq!(code, Some(1), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("E_RESOURCE_POLICY") && l.contains("blocklist mode")),
+        "{lines:?}"
+    );
+}
+
+fn local_only() -> Value {
+    let mut r = valid("l");
+    r["url"] = json!("https://printer.local/l.bin");
+    r
+}

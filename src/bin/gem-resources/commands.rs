@@ -47,7 +47,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     let json = args.json;
     match args.command {
-        Command::Check { manifest } => check(&manifest, json),
+        Command::Check { manifest } => check(&config, &manifest, json),
         Command::CheckUrl { url } => check_url(&config, &url, json).await,
         Command::Autofill {
             url,
@@ -97,8 +97,105 @@ fn config_file_error(e: Error, path: &Path) -> Error {
     }
 }
 
-fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+/// One address of a manifest that users' machines (or this machine's
+/// policy) would refuse, found without the network.
+struct Refused {
+    /// `resources[0].url`, `resources[0].mirrors[1]`.
+    path: String,
+    /// The address.
+    address: String,
+    /// Why, and whether this machine lets it through only by `[dev]`.
+    message: String,
+    /// `E_RESOURCE_ADDRESS` or `E_RESOURCE_POLICY`.
+    code: &'static str,
+}
+
+/// Every rule `check` can apply without the network to each url and mirror
+/// of `manifest`: local names and IP literals in any spelling (refused on
+/// every user's machine, whatever `[dev]` lets through here), and the
+/// configured policy.
+fn refused_addresses(config: &Config, manifest: &gem_resources::Manifest) -> Vec<Refused> {
+    use gem_resources::net::guard::AddressGuard;
+    let everyone = AddressGuard::new();
+    let settings = config.net_settings().ok();
+    let here = settings.as_ref().map(|s| {
+        let names: Vec<String> = s.resolve.keys().cloned().collect();
+        AddressGuard::with_exemptions(s.allow_addresses.clone(), names)
+    });
+    let policy = config.effective_policy().ok();
+    let mut refused = Vec::new();
+    for (i, r) in manifest.resources.iter().enumerate() {
+        let addresses = std::iter::once((format!("resources[{i}].url"), &r.url)).chain(
+            r.mirrors
+                .iter()
+                .enumerate()
+                .map(move |(k, m)| (format!("resources[{i}].mirrors[{k}]"), m)),
+        );
+        for (path, url) in addresses {
+            let Some(host) = url.host() else { continue };
+            if let Err(blocked) = everyone.check_host(&host) {
+                let exempt_here = here.as_ref().is_some_and(|g| g.check_host(&host).is_ok());
+                let reason = &blocked.reason;
+                let message = if exempt_here {
+                    format!("{} is a local or internal-network address ({reason}): allowed here only by [dev] settings; users' machines refuse it", blocked.address)
+                } else {
+                    format!("{} is a local or internal-network address ({reason}): every machine refuses it", blocked.address)
+                };
+                refused.push(Refused {
+                    path,
+                    address: url.to_string(),
+                    message,
+                    code: "E_RESOURCE_ADDRESS",
+                });
+                continue;
+            }
+            let host_text = url.host_str().unwrap_or_default();
+            if let Some(policy) = policy.as_ref().filter(|p| !p.permits(host_text)) {
+                refused.push(Refused {
+                    path,
+                    address: url.to_string(),
+                    message: format!(
+                        "host {host_text} is not permitted by this machine's network policy ({} mode)",
+                        policy.mode().as_str()
+                    ),
+                    code: "E_RESOURCE_POLICY",
+                });
+            }
+        }
+    }
+    refused
+}
+
+fn check(config: &Config, path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let manifest = read_manifest(path)?;
+    // Named as the manifest's own problems are: `FILE: resources[0].url`.
+    let mut refused = refused_addresses(config, &manifest);
+    for r in &mut refused {
+        r.path = format!("{}: {}", path.display(), r.path);
+    }
+    if !refused.is_empty() {
+        let code = refused[0].code;
+        if json {
+            let problems: Vec<_> = refused
+                .iter()
+                .map(|r| json!({ "path": r.path, "address": r.address, "code": r.code, "message": r.message }))
+                .collect();
+            render::print_doc(
+                json!({
+                    "code": code,
+                    "primary_cause": code,
+                    "message": format!("{}: {} address(es) would be refused", path.display(), refused.len()),
+                    "problems": problems,
+                }),
+                false,
+            );
+        } else {
+            for r in &refused {
+                crate::errln!("{}: {}: {}: {}", r.code, r.path, r.address, r.message);
+            }
+        }
+        return Ok(ExitCode::from(FAILED));
+    }
     let bom = gem_resources::manifest::read_manifest_file(path)
         .is_ok_and(|b| b.starts_with(gem_resources::manifest::UTF8_BOM));
     if bom && !json {
