@@ -93,3 +93,23 @@ async fn a_usage_error_under_json_is_a_document_with_its_code() {
         stderr(&out)
     );
 }
+
+#[tokio::test]
+async fn sync_with_a_required_file_still_missing_says_its_code_and_why() {
+    let env = Env::new().await;
+    let body = bytes(5_000, 62);
+    let url = env.url("origin.test", "/missing.bin");
+    let manifest = env.write_manifest("m.json", json!([required_entry("r", &url, &body)]));
+    let out = env
+        .run(&["--json", "install", "g", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = env.run(&["--json", "sync"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let d = doc(&out);
+    assert_eq!(d["ok"], false, "{d}");
+    assert_eq!(d["code"], "E_RESOURCE_UNAVAILABLE", "{d}");
+    assert_eq!(d["primary_cause"], "E_RESOURCE_HTTP", "{d}");
+    assert!(d["message"].as_str().unwrap().contains("g/r"), "{d}");
+    assert_eq!(d["failed"], json!(["g/r"]), "{d}");
+}

@@ -380,10 +380,32 @@ pub fn print_sync(queued: usize, status: &[GemStatus], json: bool) -> std::proce
     let failed = failed_required(status);
     if json {
         let ok = failed.is_empty();
-        render::print_doc(
-            serde_json::json!({ "event": "sync_report", "queued": queued, "failed": failed }),
-            ok,
-        );
+        let mut doc =
+            serde_json::json!({ "event": "sync_report", "queued": queued, "failed": failed });
+        if !ok {
+            // A failure says what failed, as every `--json` error does: the
+            // most specific cause among the files' own failures.
+            let causes: Vec<gem_resources::ErrorCode> = status
+                .iter()
+                .flat_map(|g| g.resources.iter())
+                .filter_map(|r| match &r.state {
+                    ResourceState::Failed { failure, .. } if r.required => {
+                        Some(failure.primary_cause)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let primary = gem_resources::ErrorCode::most_specific(causes.iter().copied())
+                .unwrap_or(gem_resources::ErrorCode::Unavailable);
+            doc["code"] = serde_json::json!(gem_resources::ErrorCode::Unavailable);
+            doc["primary_cause"] = serde_json::json!(primary);
+            doc["message"] = serde_json::json!(format!(
+                "{} required file(s) still missing: {} (`gem-resources status` says why)",
+                failed.len(),
+                failed.join(", ")
+            ));
+        }
+        render::print_doc(doc, ok);
     } else {
         crate::errln!(
             "sync: {queued} required file(s) were missing, {} still missing",
