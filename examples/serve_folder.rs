@@ -7,8 +7,10 @@
 //! cargo run --example serve_folder -- ./my-files
 //! ```
 //!
-//! Every file is served as a CDN would: `Range` requests, an `ETag`, so
-//! resume and ranged parts work too. Nothing listens beyond 127.0.0.1.
+//! Every file is served as a CDN would: `Range` requests (`bytes=S-`,
+//! `bytes=S-E` and `bytes=-N`, each answered `206` with exactly those
+//! bytes), an `ETag` checked against `If-Range`, so resume and ranged parts
+//! work too. Nothing listens beyond 127.0.0.1.
 
 #[path = "../tests/support/origin.rs"]
 mod origin;
@@ -49,7 +51,12 @@ async fn main() -> Outcome {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let etag = format!("\"{}\"", &sha256[..16]);
         let size = bytes.len();
-        origin.route(&path, Behaviour::ranged(&bytes, &etag));
+        // Closed and suffix ranges too, as a CDN answers them: a resumed
+        // download in parts asks for `bytes=S-E`.
+        origin.route(
+            &path,
+            Behaviour::parts(&bytes, &etag, 256 << 10, std::time::Duration::ZERO),
+        );
         let id = name
             .rsplit('/')
             .next()

@@ -999,6 +999,11 @@ async fn serve_parts(
         .filter(|_| header("if-range").is_none_or(|v| v == etag))
         .and_then(|r| {
             let (s, e) = r.strip_prefix("bytes=")?.split_once('-')?;
+            if s.is_empty() {
+                // A suffix: the last `e` bytes.
+                let n: usize = e.parse().ok()?;
+                return (n > 0 && len > 0).then(|| (len - n.min(len), len - 1));
+            }
             let s: usize = s.parse().ok()?;
             let e: usize = if e.is_empty() {
                 len - 1
