@@ -332,7 +332,11 @@ async fn verify_removes_and_reports_a_corrupted_file() {
         "{text}"
     );
     assert!(text.contains("removed corrupted g/bad (bad.bin)"), "{text}");
-    assert!(text.contains("`verify --repair` or `sync`"), "{text}");
+    // Advice that brings it back, whatever kind of file it is.
+    assert!(
+        text.contains("`gem-resources path g bad` downloads it again"),
+        "{text}"
+    );
     assert!(stored_files(&env, &bad).is_empty());
     assert_eq!(stored_files(&env, &good).len(), 1);
     let v = status_json(&env).await;

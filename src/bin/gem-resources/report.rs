@@ -347,10 +347,14 @@ pub fn print_verify(report: &VerifyReport, repairing: bool) {
         if removed.declared_by.is_empty() {
             crate::outln!("removed corrupted {files} ({})", removed.sha256);
         } else {
-            let then = if repairing {
-                "downloading it again"
-            } else {
-                "run `verify --repair` or `sync` to download it again"
+            // What brings it back, lazy or required: a `path` of it (a
+            // later `verify --repair` finds nothing left to repair).
+            let then = match removed.declared_by.first().and_then(|d| d.split_once('/')) {
+                _ if repairing => "downloading it again".to_string(),
+                Some((gem, id)) => {
+                    format!("`gem-resources path {gem} {id}` downloads it again")
+                }
+                None => "nothing declares it any more".to_string(),
             };
             crate::outln!(
                 "removed corrupted {} ({files}); {then}",
