@@ -419,3 +419,45 @@ async fn a_stalled_first_entry_holds_no_other_entry_back() {
         assert_eq!(r["sha256"], sha256_hex(body), "{written}");
     }
 }
+
+#[tokio::test]
+async fn a_replaced_value_is_a_plain_warning_line_not_a_log_record() {
+    let env = Env::new().await;
+    let a = bytes(100, 15);
+    let b = bytes(7, 16);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(b"old"));
+    let path = write(&env, &text);
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--all"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("the manifest's values are replaced"))
+        .unwrap_or_else(|| panic!("no line says the values were replaced: {err}"));
+    assert!(line.starts_with("warning: "), "{line}");
+    assert!(
+        !line.contains("WARN") && !line.contains("gem_resources::"),
+        "{line}"
+    );
+    // With RUST_LOG, the log record as it was (time, level, module).
+    let out = crate::support::run_bin_env(
+        vec![
+            "--config".into(),
+            env.dir.path().join("config.toml").display().to_string(),
+            "autofill".into(),
+            "--manifest".into(),
+            path.display().to_string(),
+            "--all".into(),
+        ],
+        &[("RUST_LOG", "gem_resources=warn")],
+    )
+    .await;
+    assert!(
+        stderr(&out).contains(" WARN gem_resources::"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -199,18 +199,28 @@ impl Env {
     }
 }
 
-/// Runs the binary with exactly `args`.
-pub async fn run_bin(args: Vec<String>) -> Output {
+/// Runs the binary with exactly `args` and these environment variables.
+pub async fn run_bin_env(args: Vec<String>, vars: &[(&str, &str)]) -> Output {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
             .args(&args)
             .env_remove("RUST_LOG")
             .env("NO_COLOR", "1")
+            .envs(vars)
             .output()
             .unwrap()
     })
     .await
     .unwrap()
+}
+
+/// Runs the binary with exactly `args`.
+pub async fn run_bin(args: Vec<String>) -> Output {
+    run_bin_env(args, &[]).await
 }
 
 /// Lowercase hex SHA-256 of `data`.

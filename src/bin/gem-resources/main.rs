@@ -95,7 +95,8 @@ fn main() -> ExitCode {
         _ => "debug",
     };
     progress::set_quiet(args.quiet);
-    render::init_logging(default_log);
+    let plain = args.verbose == 0 && !matches!(args.command, cli::Command::Serve { .. });
+    render::init_logging(default_log, plain);
     platform::keep_freed_memory();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(network_threads())

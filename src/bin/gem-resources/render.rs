@@ -11,15 +11,49 @@ use serde_json::{json, Value};
 use crate::text::{escape_except, for_terminal};
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: `default`), in
-/// colour only when stderr is a terminal and `NO_COLOR` is not set.
-pub fn init_logging(default: &str) {
+/// colour only when stderr is a terminal and `NO_COLOR` is not set. With
+/// `plain` (a one-shot command, no `RUST_LOG`, no `-v`), a warning reads as
+/// the command's own do, `warning: …`, without a time or a module; a
+/// service's log, and any asked-for log, keep both.
+pub fn init_logging(default: &str, plain: bool) {
+    let asked = std::env::var_os("RUST_LOG").is_some();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour_on_stderr())
-        .with_writer(|| LogWriter)
-        .try_init();
+        .with_writer(|| LogWriter);
+    let _ = if plain && !asked {
+        builder.event_format(Plain).try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// `warning: message key=value …`: a log line as a command's own line.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            tracing::Level::INFO => "note",
+            _ => "debug",
+        };
+        write!(writer, "{level}: ")?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }
 
 /// Whether stderr may carry colour: a terminal, and no `NO_COLOR`
