@@ -631,6 +631,10 @@ async fn serve_says_where_it_listens_first_and_the_cli_uses_it() {
             .unwrap();
     let first: Value = serde_json::from_str(&first).unwrap();
     assert_eq!(first["event"], "listening", "{first}");
+    assert!(
+        first["at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{first}"
+    );
     assert_eq!(first["pid"], serve.0.id());
     let socket = first["socket"].as_str().unwrap().to_string();
     wait_until("serve installed the gem", || {

@@ -125,6 +125,29 @@ async fn a_fetched_file_shows_in_status_and_gc_removes_it_after_a_dry_run() {
 }
 
 #[tokio::test]
+async fn gc_of_a_store_with_no_file_says_so() {
+    let env = Env::new().await;
+    // A store made by an install of a gem whose files are all lazy.
+    let body = bytes(1_000, 211);
+    let url = env.serve("/lazy.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([entry("lazy", &url, &body)]));
+    assert_eq!(
+        env.run(&["install", "g", manifest.to_str().unwrap()])
+            .await
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = env.run(&["gc"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("removed nothing: the store holds no file"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test]
 async fn a_kept_partial_file_goes_only_when_no_installed_gem_declares_it() {
     let env = Env::new().await;
     // A gem declares a file on first use; its interrupted download keeps

@@ -26,3 +26,23 @@ async fn limit_rate_caps_one_command_over_the_configuration() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--limit-rate"), "{}", stderr(&out));
 }
+
+#[tokio::test]
+async fn limit_rate_0_is_no_cap_as_curl_reads_it() {
+    let env = Env::new().await;
+    // A configured cap that would take about 6 s for this file.
+    env.write_config("max_bytes_per_sec = 102400");
+    let body = bytes(700 * 1024, 62);
+    let url = env.serve("/uncapped.bin", &body);
+    let manifest = env.write_manifest("m.json", json!([entry("u", &url, &body)]));
+    let start = Instant::now();
+    let out = env
+        .run(&["--limit-rate", "0", "fetch", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elapsed = start.elapsed().as_secs_f64();
+    assert!(
+        elapsed < 4.0,
+        "the configured cap still applied: {elapsed:.2} s"
+    );
+}

@@ -5,6 +5,15 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use gem_resources::config::parse_rate;
 
+/// `--limit-rate`: a rate as [`parse_rate`] reads it, or `0` for no cap
+/// (as curl and wget read it).
+fn parse_limit_rate(text: &str) -> Result<u64, String> {
+    if text.trim().parse::<f64>().is_ok_and(|n| n == 0.0) {
+        return Ok(0);
+    }
+    parse_rate(text)
+}
+
 /// What the top-level `--help` adds under the options.
 const AFTER_HELP: &str = "\
 Exit status:
@@ -110,9 +119,10 @@ pub struct Args {
     /// `autofill` go through its local API).
     #[arg(long, global = true)]
     pub no_service: bool,
-    /// Bandwidth cap for this command, in bytes per second, with k or M for
-    /// KiB or MiB (e.g. 500k, 2M); overrides `network.max_bytes_per_sec`.
-    #[arg(long, global = true, value_name = "RATE", value_parser = parse_rate)]
+    /// Bandwidth cap for this command, in bytes per second, with k, M or G
+    /// for KiB, MiB or GiB (e.g. 500k, 2M); 0 for none; overrides
+    /// `network.max_bytes_per_sec`.
+    #[arg(long, global = true, value_name = "RATE", value_parser = parse_limit_rate)]
     pub limit_rate: Option<u64>,
     /// What to do.
     #[command(subcommand)]

@@ -29,7 +29,8 @@ pub async fn run(config: &Config, dry_run: bool, json: bool) -> anyhow::Result<E
     if json {
         render::print_doc(report_json(&report), true);
     } else {
-        print_text(&report);
+        let empty = store.blobs().is_ok_and(|b| b.is_empty());
+        print_text(&report, empty);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -67,7 +68,8 @@ fn entry_json(item: &Undeclared) -> Value {
     })
 }
 
-fn print_text(report: &GcReport) {
+/// The text report; `empty`: the store holds no file at all.
+fn print_text(report: &GcReport, empty: bool) {
     let verb = if report.dry_run {
         "would remove"
     } else {
@@ -79,7 +81,7 @@ fn print_text(report: &GcReport) {
     for item in &report.in_use {
         crate::outln!("in use, kept: {}", line(item, HELD));
     }
-    crate::outln!("{}", summary(report));
+    crate::outln!("{}", summary(report, empty));
 }
 
 /// `stored   3f2a9c1d0b7e  ocr-v3.onnx  1.2 GiB  (why)`.
@@ -101,14 +103,19 @@ fn line(item: &Undeclared, why: &str) -> String {
 }
 
 /// `removed 3 files, 1.2 GiB (2 stored, 1 partial); 1 in use, kept`.
-fn summary(report: &GcReport) -> String {
+fn summary(report: &GcReport, empty: bool) -> String {
     let verb = if report.dry_run {
         "would remove"
     } else {
         "removed"
     };
     if report.removed.is_empty() && report.in_use.is_empty() {
-        return format!("{verb} nothing: every file in the store is declared by an installed gem");
+        let why = if empty {
+            "the store holds no file"
+        } else {
+            "every file in the store is declared by an installed gem"
+        };
+        return format!("{verb} nothing: {why}");
     }
     let mut text = format!(
         "{verb} {}, {} ({} stored, {} partial)",

@@ -27,7 +27,7 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// a reload never drops them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
-    /// `--limit-rate`: `network.max_bytes_per_sec`.
+    /// `--limit-rate`: `network.max_bytes_per_sec` (`0`: no cap).
     pub limit_rate: Option<u64>,
     /// `--store`: the store folder.
     pub store: Option<PathBuf>,
@@ -44,8 +44,9 @@ impl Overrides {
 
     /// Sets them over `config`.
     pub fn apply(&self, config: &mut Config) {
+        // `--limit-rate 0`: no cap, as curl and wget read it.
         if let Some(rate) = self.limit_rate {
-            config.network.max_bytes_per_sec = Some(rate);
+            config.network.max_bytes_per_sec = (rate > 0).then_some(rate);
         }
         if let Some(store) = &self.store {
             config.store = Some(gem_resources::config::normalise(store));

@@ -131,6 +131,7 @@ pub async fn run(
     if json {
         crate::render::print_json(&serde_json::json!({
             "event": "listening",
+            "at": gem_resources::time::to_rfc3339_millis(std::time::SystemTime::now()),
             "socket": api.socket(),
             "pid": std::process::id(),
         }));
