@@ -121,3 +121,56 @@ fn the_readme_shows_the_two_first_commands() {
     assert!(near.contains("cargo test"), "{near}");
     assert!(Path::new(&root().join("examples/demo.rs")).exists());
 }
+
+#[test]
+fn every_flag_of_every_command_is_in_docs_commands_md() {
+    let docs = std::fs::read_to_string(root().join("docs/commands.md")).unwrap();
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let top = help(&["--help"]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() > 10, "{top}");
+    let flags = |text: &str| -> BTreeSet<String> {
+        text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| {
+                w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                    .split(['=', '<'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .filter(|f| f != "--help" && f != "--version")
+            .collect()
+    };
+    let mut missing = Vec::new();
+    for command in &commands {
+        assert!(
+            docs.contains(&format!("gem-resources {command}"))
+                || docs.contains(&format!("`{command}`")),
+            "docs/commands.md never names the command {command}"
+        );
+        for flag in flags(&help(&[command.as_str(), "--help"])) {
+            if !docs.contains(&flag) {
+                missing.push(format!("{command} {flag}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "flags docs/commands.md does not mention: {missing:?}"
+    );
+}
