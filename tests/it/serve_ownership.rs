@@ -107,6 +107,12 @@ async fn serve_never_uninstalls_a_gem_the_command_line_or_an_earlier_version_ins
     })
     .await;
     let text = log_text(&log);
+    // The deletion names the gem and the resource, not only the SHA-256.
+    let deleted = format!("deleted g/g ({}…)", &sha256_hex(&g_body)[..12]);
+    wait_until("serve says what it deleted", || {
+        log_text(&log).contains(&deleted)
+    })
+    .await;
     assert!(!text.contains("gem=\"cligem\""), "{text}");
     assert!(!text.contains("gem=\"oldgem\""), "{text}");
     assert!(registration(&env, "cligem").exists());

@@ -271,7 +271,21 @@ pub fn print_event(event: &Event, json: bool, output: Output) {
         Event::Failed { code, message, .. } => {
             crate::errln!("{}", render::failure_text(*code, message))
         }
-        Event::Deleted { sha256, .. } => crate::errln!("deleted {sha256}"),
+        Event::Deleted {
+            sha256,
+            gem,
+            resource,
+            ..
+        } => match (gem, resource) {
+            (Some(gem), Some(resource)) => crate::errln!(
+                "deleted {gem}/{resource} ({}…)",
+                sha256.get(..12).unwrap_or(sha256)
+            ),
+            _ => crate::errln!(
+                "deleted {}… (declared by no installed gem)",
+                sha256.get(..12).unwrap_or(sha256)
+            ),
+        },
         Event::Retrying {
             gem,
             resource,
