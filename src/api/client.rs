@@ -161,9 +161,19 @@ impl Client {
     /// Connects to the socket (or named pipe) `socket`, named by the
     /// caller rather than by a store's `service.json`: the socket, its
     /// folder and the process at the other end must be the user's own
-    /// (where the platform says), but no secret is checked.
+    /// (where the platform says), but no secret is checked. It says `hello`
+    /// at once (the service closes a connection silent for 10 s).
     pub async fn connect(socket: &str) -> Result<Client> {
-        match tokio::time::timeout(CONNECT_TIMEOUT, Client::open(socket, None)).await {
+        // `hello` at once: a connection that says nothing for 10 s is
+        // closed by the service.
+        let connect = async {
+            let client = Client::open(socket, None).await?;
+            client
+                .call_within::<Hello>("hello", json!({}), None)
+                .await?;
+            Ok(client)
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(outcome) => outcome,
             Err(_) => Err(Error::Service {
                 socket: socket.to_string(),
