@@ -6,6 +6,10 @@ export const PROTOCOL: 1;
 export const E_RESOURCE_SERVICE: 'E_RESOURCE_SERVICE';
 /** A subscription fell behind and the service ended it. */
 export const E_RESOURCE_LAGGED: 'E_RESOURCE_LAGGED';
+/** A call was cancelled: by its AbortSignal, or by `$/cancelRequest`. */
+export const E_RESOURCE_CANCELLED: 'E_RESOURCE_CANCELLED';
+/** How long an aborted `path` or `autofill` waits for the service's answer, for `downloadOutcome` (ms). */
+export const CANCEL_ANSWER_MS: number;
 /** The longest line the client reads from a service (characters); past it the connection fails with E_RESOURCE_SERVICE. */
 export const MAX_LINE_FROM_SERVICE: number;
 /** How long `connect` (and each subscription) waits for `hello` on a new connection, in ms. */
@@ -76,7 +80,39 @@ export class ResourceError extends Error {
   missed?: number;
   /** With `E_RESOURCE_LAGGED`: the service's number of the subscription. */
   subscription?: number;
+  /** True when the call's own AbortSignal cancelled it (code `E_RESOURCE_CANCELLED`; `cause` is the signal's reason). */
+  aborted?: boolean;
+  /**
+   * With `E_RESOURCE_CANCELLED`: what became of the download once the
+   * service said so: `continues` (someone else still needs the file) or
+   * `stopped` (its bytes kept for the next call). Undefined until known.
+   */
+  download?: DownloadOutcome;
+  /**
+   * With `aborted`: a promise of `download`, or `'unknown'` when the
+   * service will not tell (nothing was sent, `install`, the call had
+   * finished already, the connection closed, or no answer within
+   * CANCEL_ANSWER_MS). Never rejects.
+   */
+  downloadOutcome?: Promise<DownloadOutcome | 'unknown'>;
   static fromRpc(error: { code: number; message: string; data?: ErrorData }): ResourceError;
+}
+
+/** What became of a download when a call waiting for it was cancelled. */
+export type DownloadOutcome = 'continues' | 'stopped';
+
+/** `{signal}`: aborting it rejects the call at once with E_RESOURCE_CANCELLED (`aborted: true`). */
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+export interface PathOptions extends CallOptions {
+  /**
+   * Called with each of this call's own events (`$/progress`), in order,
+   * the last one (`verified`, `failed`) before the promise settles. An
+   * exception it throws cancels the call, which rejects with it.
+   */
+  onProgress?: (event: CallEvent) => void;
 }
 
 /** What `<store>/store-v1/service.json` says, without its `secret` (which only `connect` reads). */
@@ -280,6 +316,32 @@ export type Event =
   | ({ event: 'cancelled'; reason: string } & OfFile)
   | ({ event: 'deleted' } & OfFile);
 
+/** The events one `path` call reports of its own resource. */
+export type CallEvent = Extract<
+  Event,
+  { event: 'queued' | 'started' | 'resumed' | 'progress' | 'waiting' | 'retrying' | 'fell_back' | 'verified' | 'failed' | 'cancelled' }
+>;
+
+/** The last item of a `pull`: the file's local path. */
+export interface PulledPath {
+  event: 'path';
+  gem: string;
+  resource: string;
+  path: string;
+}
+
+/**
+ * One `path` call as an async iterator: its own events, then a
+ * `PulledPath`, then the end. The call is sent at the first `next()`;
+ * it throws the call's error (after the events received before), and
+ * `return()` (leaving a `for await` loop early) cancels the call on the
+ * service, resolving once the service answered (at most CANCEL_ANSWER_MS).
+ */
+export interface Pull extends AsyncIterableIterator<CallEvent | PulledPath> {
+  next(): Promise<IteratorResult<CallEvent | PulledPath, undefined>>;
+  return(): Promise<IteratorResult<CallEvent | PulledPath, undefined>>;
+}
+
 /**
  * One subscription's events: `for await (const event of sub)`. Ends after
  * `close()`; throws `E_RESOURCE_LAGGED` after the service ended it for
@@ -302,7 +364,9 @@ export class Subscription implements AsyncIterableIterator<Event> {
 export class GemResources {
   readonly gem: string;
   /** The file's local path, downloading it first when missing. */
-  path(id: string): Promise<string>;
+  path(id: string, options?: PathOptions): Promise<string>;
+  /** The call's own events, then `{event: 'path', path, …}`: `for await (const e of resources.pull(id))`. */
+  pull(id: string, options?: CallOptions): Pull;
   status(): Promise<GemStatus>;
   downloadNow(id: string): Promise<Changed>;
   cancel(id: string): Promise<Changed>;
@@ -315,18 +379,22 @@ export class Client {
   readonly socketPath: string;
   /** The answer to `hello` that `connect` checked (with its `proof` through `{store}`). */
   service: Hello | null;
-  /** Any method, by name; its result. */
-  request<T = unknown>(method: string, params?: object): Promise<T>;
+  /** Any method, by name; its result. With `signal`, `path` and `autofill` are also cancelled on the service. */
+  request<T = unknown>(method: string, params?: object, options?: CallOptions): Promise<T>;
   hello(): Promise<Hello>;
   status(gem?: string): Promise<Status>;
-  path(gem: string, id: string): Promise<PathResult>;
-  install(gem: string, manifest: Manifest): Promise<InstallReport>;
+  /** Downloading first when missing; `signal` cancels the call (`$/cancelRequest`), `onProgress` gets its own events. */
+  path(gem: string, id: string, options?: PathOptions): Promise<PathResult>;
+  /** The call's own events, then `{event: 'path', gem, resource, path}`; leaving the loop early cancels the call. */
+  pull(gem: string, id: string, options?: CallOptions): Pull;
+  /** `signal` only stops waiting: the service does not cancel an install. */
+  install(gem: string, manifest: Manifest, options?: CallOptions): Promise<InstallReport>;
   uninstall(gem: string): Promise<UninstallReport>;
   downloadNow(gem: string, id: string): Promise<Changed>;
   cancel(gem: string, id: string): Promise<Changed>;
   retry(gem: string, id: string): Promise<Changed>;
-  autofill(url: string): Promise<Autofilled>;
-  autofillManifest(manifest: Manifest, options?: { all?: boolean; urlOnly?: boolean }): Promise<AutofilledManifest>;
+  autofill(url: string, options?: CallOptions): Promise<Autofilled>;
+  autofillManifest(manifest: Manifest, options?: { all?: boolean; urlOnly?: boolean; signal?: AbortSignal }): Promise<AutofilledManifest>;
   policy(): Promise<Policy>;
   setPolicy(policy: Policy): Promise<PolicyChange>;
   subscribe(options?: { gem?: string }): Promise<Subscription>;

@@ -25,6 +25,15 @@ export const PROTOCOL = 1;
 export const E_RESOURCE_SERVICE = 'E_RESOURCE_SERVICE';
 /** A subscription fell behind and was ended by the service. */
 export const E_RESOURCE_LAGGED = 'E_RESOURCE_LAGGED';
+/** A call was cancelled: by its AbortSignal, or by `$/cancelRequest`. */
+export const E_RESOURCE_CANCELLED = 'E_RESOURCE_CANCELLED';
+
+/** The methods whose call the service cancels on `$/cancelRequest`. */
+const CANCELLABLE = new Set(['path', 'autofill']);
+
+/** How long an aborted call waits for the service's answer to its
+ * `$/cancelRequest` (ms), for `error.downloadOutcome`. */
+export const CANCEL_ANSWER_MS = 5000;
 
 /** Events a subscription holds before it stops reading its socket; the
  * service then queues for it, and past its own limit sends `lagged`. */
@@ -74,6 +83,7 @@ export class ResourceError extends Error {
     this.attempts = attempts ?? [];
     this.data = data;
     this.rpcCode = rpcCode;
+    if (typeof data?.download === 'string') this.download = data.download;
   }
 
   /** The error of a JSON-RPC error object. */
@@ -97,9 +107,41 @@ function rpcCodeName(rpcCode) {
   switch (rpcCode) {
     case -32602:
       return 'E_RESOURCE_USAGE';
+    case -32800:
+      return E_RESOURCE_CANCELLED;
     default:
       return E_RESOURCE_SERVICE;
   }
+}
+
+/**
+ * The error a call rejects with when its AbortSignal aborts: code
+ * E_RESOURCE_CANCELLED, `aborted: true`, `cause` the signal's reason,
+ * `download` once the service said what became of the download, and
+ * `downloadOutcome`, a promise of it (`'unknown'` when it will not be
+ * told). Returns `[error, settle]`: `settle(download)` fills both, once.
+ */
+function abortError(method, reason, sent) {
+  const error = new ResourceError(
+    sent
+      ? `the call \`${method}\` was cancelled by its AbortSignal`
+      : `the call \`${method}\` was not sent: its AbortSignal was already aborted`,
+    { code: E_RESOURCE_CANCELLED },
+  );
+  error.aborted = true;
+  error.cause = reason;
+  error.download = undefined;
+  let resolve;
+  error.downloadOutcome = new Promise((r) => {
+    resolve = r;
+  });
+  const settle = (download) => {
+    if (resolve === undefined) return;
+    if (download !== 'unknown') error.download = download;
+    resolve(download);
+    resolve = undefined;
+  };
+  return [error, settle];
 }
 
 function serviceError(message, cause) {
@@ -423,15 +465,94 @@ class Connection {
     else waiter.resolve(msg.result);
   }
 
-  request(method, params) {
-    if (this.closed) return Promise.reject(this.closeError);
+  /**
+   * Sends one request; a promise of its result. Options: `signal`, an
+   * AbortSignal that rejects the call at once (E_RESOURCE_CANCELLED) and,
+   * for a method the service can cancel, sends it `$/cancelRequest`;
+   * `onSettled`, called synchronously when the call settles, however it
+   * does (before the promise's reactions).
+   */
+  request(method, params, { signal, onSettled } = {}) {
+    if (signal?.aborted) {
+      const [error, settle] = abortError(method, signal.reason, false);
+      settle('unknown');
+      onSettled?.();
+      return Promise.reject(error);
+    }
+    if (this.closed) {
+      onSettled?.();
+      return Promise.reject(this.closeError);
+    }
     const id = ++this.nextId;
     const message = { jsonrpc: '2.0', id, method };
     if (params !== undefined) message.params = params;
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject, method });
+      let onAbort;
+      const done = () => {
+        if (onAbort) signal.removeEventListener('abort', onAbort);
+        onSettled?.();
+      };
+      const waiter = {
+        method,
+        resolve: (value) => {
+          done();
+          resolve(value);
+        },
+        reject: (error) => {
+          done();
+          reject(error);
+        },
+      };
+      if (signal) {
+        onAbort = () => this.abort(id, waiter, signal.reason);
+        signal.addEventListener('abort', onAbort, { once: true });
+      }
+      this.pending.set(id, waiter);
       this.socket.write(JSON.stringify(message) + '\n');
     });
+  }
+
+  /**
+   * Rejects call `id` (still `waiter`) at once, its signal aborted. A call
+   * the service can cancel is cancelled there with `$/cancelRequest`, and
+   * its answer, when it comes within CANCEL_ANSWER_MS, tells the error's
+   * `download`; another is only no longer waited for.
+   */
+  abort(id, waiter, reason) {
+    if (this.pending.get(id) !== waiter) return;
+    const [error, settle] = abortError(waiter.method, reason, true);
+    if (!CANCELLABLE.has(waiter.method) || this.closed) {
+      this.pending.delete(id);
+      settle('unknown');
+      waiter.reject(error);
+      return;
+    }
+    const timer = setTimeout(() => {
+      if (this.pending.get(id) === late) this.pending.delete(id);
+      settle('unknown');
+    }, CANCEL_ANSWER_MS);
+    timer.unref?.();
+    // What the service answers the cancelled call with, when it comes.
+    const late = {
+      method: waiter.method,
+      resolve: () => {
+        clearTimeout(timer);
+        settle('unknown'); // it had finished before the cancel arrived
+      },
+      reject: (answer) => {
+        clearTimeout(timer);
+        if (answer.download === 'continues' || answer.download === 'stopped') settle(answer.download);
+        else if (answer.rpcCode === -32800) settle('stopped'); // its own transfer ended with it
+        else settle('unknown');
+      },
+      closed: () => {
+        clearTimeout(timer);
+        settle('unknown');
+      },
+    };
+    this.pending.set(id, late);
+    this.socket.write(JSON.stringify({ jsonrpc: '2.0', method: '$/cancelRequest', params: { id } }) + '\n');
+    waiter.reject(error);
   }
 
   /** Ends the connection: every pending request is rejected with `error`. */
@@ -440,6 +561,10 @@ class Connection {
     this.closed = true;
     this.closeError = error;
     for (const [, waiter] of this.pending) {
+      if (waiter.closed) {
+        waiter.closed();
+        continue;
+      }
       const e = serviceError(
         `${error.message} before it answered \`${waiter.method}\``,
         error.cause,
@@ -468,12 +593,21 @@ export class Client {
     /** The answer to `hello` that `connect` checked (with its `proof` through a store). */
     this.service = null;
     this.subscriptions = new Set();
-    this.connection = new Connection(socket, this.where, () => {});
+    /** The `onProgress` of each call in flight, by its progress token. */
+    this.progress = new Map();
+    this.nextToken = 0;
+    this.connection = new Connection(socket, this.where, (method, params) => {
+      if (method === '$/progress') this.progress.get(params?.token)?.(params.value);
+    });
   }
 
-  /** Sends one request; its result, or a ResourceError. */
-  request(method, params) {
-    return this.connection.request(method, params);
+  /**
+   * Sends one request; its result, or a ResourceError. With `{signal}`,
+   * aborting rejects at once with E_RESOURCE_CANCELLED and, for `path` and
+   * `autofill`, cancels the call on the service (`$/cancelRequest`).
+   */
+  request(method, params, options) {
+    return this.connection.request(method, params, options);
   }
 
   /** `{protocol, version, store, pid}` (and `proof` when asked with a nonce). */
@@ -486,14 +620,58 @@ export class Client {
     return this.request('status', gem === undefined ? undefined : { gem });
   }
 
-  /** `{gem, resource, path}`, downloading the file first when it is missing. */
-  path(gem, id) {
-    return this.request('path', { gem, id });
+  /**
+   * `{gem, resource, path}`, downloading the file first when it is missing.
+   * `signal` cancels the call; `onProgress(event)` is called with each of
+   * the call's own events (`queued`, `started`, `progress`, …, `verified`),
+   * the last before the promise resolves. An exception thrown by
+   * `onProgress` cancels the call, which rejects with it.
+   */
+  path(gem, id, { signal, onProgress } = {}) {
+    if (onProgress === undefined) return this.request('path', { gem, id }, { signal });
+    if (typeof onProgress !== 'function') throw new TypeError('path(): onProgress must be a function');
+    const token = `p${++this.nextToken}`;
+    // The call's own controller: the caller's signal, or onProgress throwing, aborts it.
+    const controller = new AbortController();
+    let thrown;
+    const forward = () => controller.abort(signal.reason);
+    if (signal?.aborted) forward();
+    else signal?.addEventListener('abort', forward, { once: true });
+    const onSettled = () => {
+      this.progress.delete(token);
+      signal?.removeEventListener('abort', forward);
+    };
+    this.progress.set(token, (event) => {
+      try {
+        onProgress(event);
+      } catch (e) {
+        thrown = { error: e };
+        controller.abort(e);
+      }
+    });
+    const call = this.request('path', { gem, id, progress: token }, { signal: controller.signal, onSettled });
+    return call.catch((e) => {
+      if (thrown) throw thrown.error;
+      throw e;
+    });
   }
 
-  /** The install report; required files then download in the background. */
-  install(gem, manifest) {
-    return this.request('install', { gem, manifest });
+  /**
+   * The call's own events, then `{event: 'path', gem, resource, path}`, as
+   * an async iterator: `for await (const e of client.pull(gem, id))`. The
+   * call is sent at the first `next()`; leaving the loop early cancels it.
+   */
+  pull(gem, id, { signal } = {}) {
+    return new Pull(this, gem, id, signal);
+  }
+
+  /**
+   * The install report; required files then download in the background.
+   * `signal` only stops waiting for the answer: the service does not cancel
+   * an install.
+   */
+  install(gem, manifest, { signal } = {}) {
+    return this.request('install', { gem, manifest }, { signal });
   }
 
   /** `{gem, installed, deleted, kept}`. */
@@ -517,8 +695,8 @@ export class Client {
   }
 
   /** `{size, sha256, served_by, final_url}` of a URL, by the download rules; nothing is kept. */
-  autofill(url) {
-    return this.request('autofill', { url });
+  autofill(url, { signal } = {}) {
+    return this.request('autofill', { url }, { signal });
   }
 
   /**
@@ -527,11 +705,11 @@ export class Client {
    * (`ok` is false when one failed or served other bytes); `urlOnly` reads
    * only until an address answers.
    */
-  autofillManifest(manifest, { all, urlOnly } = {}) {
+  autofillManifest(manifest, { all, urlOnly, signal } = {}) {
     const params = { manifest };
     if (all !== undefined) params.all = Boolean(all);
     if (urlOnly !== undefined) params.url_only = Boolean(urlOnly);
-    return this.request('autofill', params);
+    return this.request('autofill', params, { signal });
   }
 
   /** `{mode, hosts}`. */
@@ -586,16 +764,24 @@ export class Client {
   }
 }
 
-/** One gem's resources: `path(id)`, `status()`, `downloadNow(id)`, `cancel(id)`, `retry(id)`, `subscribe()`. */
+/** One gem's resources: `path(id)`, `pull(id)`, `status()`, `downloadNow(id)`, `cancel(id)`, `retry(id)`, `subscribe()`. */
 export class GemResources {
   constructor(client, gem) {
     this.client = client;
     this.gem = gem;
   }
 
-  /** A promise of the file's local path, downloading it first when missing. */
-  async path(id) {
-    return (await this.client.path(this.gem, id)).path;
+  /**
+   * A promise of the file's local path, downloading it first when missing;
+   * `signal` and `onProgress` as `Client.path`.
+   */
+  async path(id, options) {
+    return (await this.client.path(this.gem, id, options)).path;
+  }
+
+  /** The call's own events, then `{event: 'path', gem, resource, path}`: see `Client.pull`. */
+  pull(id, options) {
+    return this.client.pull(this.gem, id, options);
   }
 
   /** The gem's `GemStatus`: `{gem, resources}`. */
@@ -623,6 +809,97 @@ export class GemResources {
   /** The gem's events (and `policy_changed`). */
   subscribe() {
     return this.client.subscribe({ gem: this.gem });
+  }
+}
+
+/**
+ * One `path` call as an async iterator: its own events (`$/progress`),
+ * then a last item `{event: 'path', gem, resource, path}`, then the end.
+ * The call is sent at the first `next()`. When it fails, or its signal
+ * aborts, the iteration throws that error once the events received before
+ * are read. `return()` (leaving a `for await` loop early) cancels the call
+ * on the service and resolves once the service answered (at most
+ * CANCEL_ANSWER_MS).
+ */
+class Pull {
+  constructor(client, gem, id, signal) {
+    this.client = client;
+    this.gem = gem;
+    this.id = id;
+    this.signal = signal;
+    this.controller = new AbortController();
+    this.call = null;
+    this.queue = [];
+    this.waiters = [];
+    this.done = false;
+    this.error = null;
+  }
+
+  start() {
+    const { signal, controller } = this;
+    const forward = () => controller.abort(signal.reason);
+    if (signal?.aborted) forward();
+    else signal?.addEventListener('abort', forward, { once: true });
+    this.call = this.client.path(this.gem, this.id, { signal: controller.signal, onProgress: (event) => this.push(event) });
+    this.call.then(
+      (r) => {
+        this.push({ event: 'path', gem: r.gem, resource: r.resource, path: r.path });
+        this.finish(null);
+      },
+      (e) => this.finish(e),
+    ).finally(() => signal?.removeEventListener('abort', forward));
+  }
+
+  push(item) {
+    if (this.done) return;
+    const waiter = this.waiters.shift();
+    if (waiter) waiter.resolve({ value: item, done: false });
+    else this.queue.push(item);
+  }
+
+  finish(error) {
+    if (this.done) return;
+    this.done = true;
+    this.error = error;
+    while (this.waiters.length > 0) {
+      const waiter = this.waiters.shift();
+      if (this.error) {
+        waiter.reject(this.error);
+        this.error = null;
+      } else {
+        waiter.resolve({ value: undefined, done: true });
+      }
+    }
+  }
+
+  next() {
+    if (this.call === null) this.start();
+    if (this.queue.length > 0) return Promise.resolve({ value: this.queue.shift(), done: false });
+    if (this.done) {
+      if (this.error) {
+        const error = this.error;
+        this.error = null; // thrown once; the iteration is over
+        return Promise.reject(error);
+      }
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  async return() {
+    const running = this.call !== null && !this.done;
+    this.queue = [];
+    this.finish(null);
+    this.error = null;
+    if (running) {
+      this.controller.abort(new ResourceError('the iteration of `pull` ended before the path', { code: E_RESOURCE_CANCELLED }));
+      await this.call.catch((e) => e.downloadOutcome);
+    }
+    return { value: undefined, done: true };
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
   }
 }
 
