@@ -14,6 +14,8 @@ export const CANCEL_ANSWER_MS: number;
 export const MAX_LINE_FROM_SERVICE: number;
 /** How long `connect` (and each subscription) waits for `hello` on a new connection, in ms. */
 export const HELLO_TIMEOUT_MS: number;
+/** How long a call other than `path` and `autofill` waits for its answer, in ms (30 000; `connect`'s `answerTimeoutMs` changes it). */
+export const ANSWER_TIMEOUT_MS: number;
 
 /** The library's stable error codes, and this client's own two. */
 export type ErrorCode =
@@ -415,4 +417,9 @@ export function findService(store: string): Promise<ServiceInfo | null>;
  * secret and is the process the file names. `{socket}` proves no more than
  * the owner checks. Rejects with `E_RESOURCE_SERVICE` otherwise.
  */
-export function connect(options: { store: string } | { socket: string }): Promise<Client>;
+export function connect(
+  options: ({ store: string } | { socket: string }) & {
+    /** How long a call other than `path` and `autofill` waits for its answer, in ms (default `ANSWER_TIMEOUT_MS`). */
+    answerTimeoutMs?: number;
+  },
+): Promise<Client>;

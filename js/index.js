@@ -48,6 +48,16 @@ export const MAX_LINE_FROM_SERVICE = 64 * 1024 * 1024;
  * service that accepts and never answers does not hold a caller for ever. */
 export const HELLO_TIMEOUT_MS = 5000;
 
+/** How long a call that does not wait for a transfer (every method but
+ * `path` and `autofill`) waits for its answer, in ms, unless `connect`'s
+ * `answerTimeoutMs` says otherwise; then it rejects with
+ * E_RESOURCE_SERVICE: a service that stopped answering never holds a
+ * caller for ever. */
+export const ANSWER_TIMEOUT_MS = 30_000;
+
+/** Methods that wait for a transfer, as long as it runs: no answer timeout. */
+const WAITS_FOR_TRANSFER = new Set(['path', 'autofill']);
+
 /** `connection.request('hello', params)`, failed (E_RESOURCE_SERVICE) and
  * the connection closed when no answer comes within HELLO_TIMEOUT_MS. */
 function helloWithin(connection, params, where) {
@@ -234,7 +244,12 @@ export async function connect(options = {}) {
     throw new TypeError('connect() needs {store} or {socket}');
   }
   const socket = await open(target);
-  const client = new Client(socket, target.socket, target.where);
+  const answerTimeoutMs = options.answerTimeoutMs ?? ANSWER_TIMEOUT_MS;
+  if (!(Number.isFinite(answerTimeoutMs) && answerTimeoutMs > 0)) {
+    socket.destroy();
+    throw new TypeError('connect(): answerTimeoutMs must be a positive number of milliseconds');
+  }
+  const client = new Client(socket, target.socket, target.where, answerTimeoutMs);
   targets.set(client, target);
   try {
     const hello = target.fromServiceFile
@@ -390,9 +405,10 @@ function proves(secret, nonce, proof) {
  * notifications handed to `onNotification`.
  */
 class Connection {
-  constructor(socket, where, onNotification) {
+  constructor(socket, where, onNotification, answerTimeoutMs = ANSWER_TIMEOUT_MS) {
     this.socket = socket;
     this.where = where;
+    this.answerTimeoutMs = answerTimeoutMs;
     this.onNotification = onNotification;
     this.nextId = 0;
     this.pending = new Map();
@@ -488,8 +504,10 @@ class Connection {
     if (params !== undefined) message.params = params;
     return new Promise((resolve, reject) => {
       let onAbort;
+      let timer;
       const done = () => {
         if (onAbort) signal.removeEventListener('abort', onAbort);
+        if (timer) clearTimeout(timer);
         onSettled?.();
       };
       const waiter = {
@@ -508,6 +526,16 @@ class Connection {
         signal.addEventListener('abort', onAbort, { once: true });
       }
       this.pending.set(id, waiter);
+      if (!WAITS_FOR_TRANSFER.has(method)) {
+        timer = setTimeout(() => {
+          if (this.pending.get(id) !== waiter) return;
+          this.pending.delete(id);
+          waiter.reject(
+            serviceError(`${this.where} did not answer \`${method}\` within ${this.answerTimeoutMs / 1000} s`),
+          );
+        }, this.answerTimeoutMs);
+        timer.unref?.();
+      }
       this.socket.write(JSON.stringify(message) + '\n');
     });
   }
@@ -587,18 +615,24 @@ class Connection {
  * `ResourceError`.
  */
 export class Client {
-  constructor(socket, socketPath, where) {
+  constructor(socket, socketPath, where, answerTimeoutMs = ANSWER_TIMEOUT_MS) {
     this.socketPath = socketPath;
     this.where = where ?? `socket ${socketPath}`;
+    this.answerTimeoutMs = answerTimeoutMs;
     /** The answer to `hello` that `connect` checked (with its `proof` through a store). */
     this.service = null;
     this.subscriptions = new Set();
     /** The `onProgress` of each call in flight, by its progress token. */
     this.progress = new Map();
     this.nextToken = 0;
-    this.connection = new Connection(socket, this.where, (method, params) => {
-      if (method === '$/progress') this.progress.get(params?.token)?.(params.value);
-    });
+    this.connection = new Connection(
+      socket,
+      this.where,
+      (method, params) => {
+        if (method === '$/progress') this.progress.get(params?.token)?.(params.value);
+      },
+      answerTimeoutMs,
+    );
   }
 
   /**
@@ -732,7 +766,7 @@ export class Client {
     if (this.connection.closed) throw this.connection.closeError;
     const target = targets.get(this) ?? { socket: this.socketPath, where: this.where, fromServiceFile: false };
     const socket = await open(target);
-    const sub = new Subscription(socket, this.where);
+    const sub = new Subscription(socket, this.where, this.answerTimeoutMs);
     if (target.fromServiceFile) {
       try {
         await proveService(sub.connection, target);
@@ -915,7 +949,7 @@ class Pull {
  * `E_RESOURCE_SERVICE` when the connection to the service ends.
  */
 export class Subscription {
-  constructor(socket, where) {
+  constructor(socket, where, answerTimeoutMs = ANSWER_TIMEOUT_MS) {
     this.where = where;
     /** `[GemStatus…]` as of the subscription. */
     this.status = [];
@@ -927,7 +961,7 @@ export class Subscription {
     this.error = null;
     this.paused = false;
     this.onEnd = () => {};
-    this.connection = new Connection(socket, where, (method, params) => this.notification(method, params));
+    this.connection = new Connection(socket, where, (method, params) => this.notification(method, params), answerTimeoutMs);
     this.connection.onClose.push((error) => this.finish(error));
   }
 

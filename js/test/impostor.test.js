@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
-import { connect, findService, storeLayout, E_RESOURCE_SERVICE, HELLO_TIMEOUT_MS, MAX_LINE_FROM_SERVICE } from '../index.js';
+import { connect, findService, storeLayout, E_RESOURCE_SERVICE, ANSWER_TIMEOUT_MS, HELLO_TIMEOUT_MS, MAX_LINE_FROM_SERVICE } from '../index.js';
 import { FakeService, Fixture, helloProof, waitFor, within } from './fixture.js';
 
 const NONCE = /^[0-9a-f]{64}$/;
@@ -276,4 +276,26 @@ test('a service that sends a line without end fails the pending call once the li
   const later = await client.status().catch((e) => e);
   assert.equal(later.code, E_RESOURCE_SERVICE);
   t.diagnostic(`the service had written ${sent} characters when the client closed the connection`);
+});
+
+test('a call the service never answers rejects after the answer timeout; a path waits as long as it must', { timeout: 30_000 }, async (t) => {
+  // A service that proves itself, then answers nothing.
+  const fake = await FakeService.start(t, (req) => (req.method === 'hello' ? fake.hello(req) : undefined));
+  fake.writeServiceFile();
+  const client = await connect({ store: fake.store, answerTimeoutMs: 300 });
+  t.after(() => client.close());
+  let pathSettled = false;
+  client.path('g', 'r').then(
+    () => (pathSettled = true),
+    () => (pathSettled = true),
+  );
+  const started = Date.now();
+  const error = await rejection(client.status(), 'status of a mute service');
+  const waited = Date.now() - started;
+  assert.equal(error.code, E_RESOURCE_SERVICE, error.message);
+  assert.match(error.message, /did not answer `status` within 0\.3 s/);
+  assert.ok(waited >= 250 && waited < 5000, `gave up after ${waited} ms`);
+  await new Promise((resolve) => setTimeout(resolve, 400));
+  assert.equal(pathSettled, false, 'path waits for its transfer, with no answer timeout');
+  assert.equal(ANSWER_TIMEOUT_MS, 30_000);
 });
