@@ -909,15 +909,7 @@ class Pull {
   next() {
     if (this.call === null) this.start();
     if (this.queue.length > 0) return Promise.resolve({ value: this.queue.shift(), done: false });
-    if (this.done) {
-      if (this.error) {
-        const error = this.error;
-        this.error = null; // thrown once; the iteration is over
-        return Promise.reject(error);
-      }
-      return Promise.resolve({ value: undefined, done: true });
-    }
-    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+    return nextWhenEmpty(this);
   }
 
   async return() {
@@ -935,6 +927,23 @@ class Pull {
   [Symbol.asyncIterator]() {
     return this;
   }
+}
+
+/**
+ * What an iterator's `next()` gives once its queue is empty: its error
+ * (thrown once; the iteration is then over), the end, or a wait for the
+ * next item. `it` has `done`, `error` and `waiters`.
+ */
+function nextWhenEmpty(it) {
+  if (it.done) {
+    if (it.error) {
+      const error = it.error;
+      it.error = null;
+      return Promise.reject(error);
+    }
+    return Promise.resolve({ value: undefined, done: true });
+  }
+  return new Promise((resolve, reject) => it.waiters.push({ resolve, reject }));
 }
 
 /**
@@ -1025,15 +1034,7 @@ export class Subscription {
       }
       return Promise.resolve({ value, done: false });
     }
-    if (this.done) {
-      if (this.error) {
-        const error = this.error;
-        this.error = null; // thrown once; the iteration is over
-        return Promise.reject(error);
-      }
-      return Promise.resolve({ value: undefined, done: true });
-    }
-    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+    return nextWhenEmpty(this);
   }
 
   return() {

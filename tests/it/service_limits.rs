@@ -52,6 +52,14 @@ fn serve_limited(env: &Env, nofile: u64) -> Spawned {
     Spawned(command.spawn().unwrap())
 }
 
+/// [`serve_limited`], once it listens: the process, its pid and socket.
+async fn listening_limited(env: &Env, nofile: u64) -> (Spawned, u32, String) {
+    let serve = serve_limited(env, nofile);
+    let pid = serve.0.id();
+    let socket = service_file(&env.store_dir(), pid).await.socket;
+    (serve, pid, socket)
+}
+
 /// A raw connection that said `hello` and was answered.
 async fn said_hello(socket: &str) -> UnixStream {
     let mut stream = UnixStream::connect(socket).await.unwrap();
@@ -91,9 +99,7 @@ async fn idle_connections_past_the_cap_make_room_and_the_service_keeps_scanning(
     let env = Env::new().await;
     // 600 open files: a cap of 88 connections (600 less 512 kept for the
     // store and the downloads).
-    let mut serve = serve_limited(&env, 600);
-    let pid = serve.0.id();
-    let socket = service_file(&env.store_dir(), pid).await.socket;
+    let (mut serve, pid, socket) = listening_limited(&env, 600).await;
     let baseline = open_descriptors(pid);
     let mut idle = Vec::new();
     for _ in 0..300 {
@@ -208,9 +214,7 @@ async fn ids_are_a_bounded_string_or_a_number() {
 #[tokio::test]
 async fn request_bytes_are_bounded_however_many_connections_send_them() {
     let env = Env::new().await;
-    let mut serve = serve_limited(&env, 4096);
-    let pid = serve.0.id();
-    let socket = service_file(&env.store_dir(), pid).await.socket;
+    let (mut serve, pid, socket) = listening_limited(&env, 4096).await;
     drop(said_hello(&socket).await);
     let before = rss_bytes(pid);
     // 250 connections, each sending a line of almost 1 MiB and never its
@@ -255,9 +259,7 @@ async fn request_bytes_are_bounded_however_many_connections_send_them() {
 #[tokio::test]
 async fn a_client_that_never_reads_is_closed_and_holds_bounded_memory() {
     let env = Env::new().await;
-    let mut serve = serve_limited(&env, 4096);
-    let pid = serve.0.id();
-    let socket = service_file(&env.store_dir(), pid).await.socket;
+    let (mut serve, pid, socket) = listening_limited(&env, 4096).await;
     drop(said_hello(&socket).await);
     let before = rss_bytes(pid);
     // Requests with ids of 512 KiB (refused, each answered), then many
