@@ -375,6 +375,18 @@ impl Resources {
 /// When nothing lacks (every resource asked for), the values read replace
 /// the declared ones, with a warning.
 pub fn agrees(entry: &Unfilled, filled: Filled) -> Result<Filled> {
+    compare_declared(entry, filled, true)
+}
+
+/// [`agrees`] for a check of a manifest: a declared value that differs
+/// from what was read is a failure, never replaced.
+pub fn agrees_exactly(entry: &Unfilled, filled: Filled) -> Result<Filled> {
+    compare_declared(entry, filled, false)
+}
+
+/// Compares what was read with what `entry` declares; with `replace`, an
+/// entry that declares both values has them replaced (with a warning).
+fn compare_declared(entry: &Unfilled, filled: Filled, replace: bool) -> Result<Filled> {
     let (got, declared) = (&filled.transfer, &entry.resource);
     let error = if !entry.lacks_sha256 && got.sha256 != declared.sha256 {
         AttemptError::Sha256 {
@@ -389,7 +401,7 @@ pub fn agrees(entry: &Unfilled, filled: Filled) -> Result<Filled> {
     } else {
         return Ok(filled);
     };
-    if !entry.lacks_any() {
+    if replace && !entry.lacks_any() {
         tracing::warn!(resource = %declared.id, address = %filled.address, "{error}; the manifest's values are replaced");
         return Ok(filled);
     }

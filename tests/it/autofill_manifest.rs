@@ -461,3 +461,64 @@ async fn a_replaced_value_is_a_plain_warning_line_not_a_log_record() {
         stderr(&out)
     );
 }
+
+#[tokio::test]
+async fn check_reads_every_resource_and_fails_on_a_declared_value_that_differs_writing_nothing() {
+    let env = Env::new().await;
+    let a = bytes(100, 25);
+    let b = bytes(7, 26);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    // Both declared in full; b's SHA-256 is another file's.
+    let wrong = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(b"old"));
+    let mut doc: Value = serde_json::from_str(&wrong).unwrap();
+    doc["resources"][0]["size"] = json!(a.len());
+    doc["resources"][0]["sha256"] = json!(sha256_hex(&a));
+    doc["resources"][1]["size"] = json!(b.len());
+    let wrong = serde_json::to_string_pretty(&doc).unwrap();
+    let path = write(&env, &wrong);
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--check"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_SHA256"), "{err}");
+    assert!(!err.contains("values are replaced"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        wrong,
+        "nothing written"
+    );
+    // As JSON: ok false, the resource named with its code.
+    let out = env
+        .run(&[
+            "--json",
+            "autofill",
+            "--manifest",
+            path.to_str().unwrap(),
+            "--check",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    // The right values: the check passes.
+    doc["resources"][1]["sha256"] = json!(sha256_hex(&b));
+    let right = serde_json::to_string_pretty(&doc).unwrap();
+    std::fs::write(&path, &right).unwrap();
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--check"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), right);
+    // It goes with --manifest alone, never with --write.
+    let out = env
+        .run(&[
+            "autofill",
+            "--manifest",
+            path.to_str().unwrap(),
+            "--check",
+            "--write",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use gem_resources::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
-use gem_resources::service::autofill::{agrees, check_every_address, AddressReport};
+use gem_resources::service::autofill::{
+    agrees, agrees_exactly, check_every_address, AddressReport,
+};
 use gem_resources::transfer::autofill::{autofill_addresses, Filled};
 use gem_resources::{Config, Error, Fetcher};
 use serde_json::json;
@@ -30,6 +32,9 @@ pub struct Request<'a> {
     pub write: bool,
     /// Read each resource only until an address answers (no mirror check).
     pub url_only: bool,
+    /// Compare what is read with what the manifest declares: a
+    /// difference is a failure, never a replacement.
+    pub check: bool,
 }
 
 /// Runs `autofill`.
@@ -242,7 +247,13 @@ async fn manifest(
                 };
                 check_every_address(&id, &addresses, one_address).await
             };
-            let outcome = outcome.and_then(|filled| agrees(&entry, filled));
+            let outcome = outcome.and_then(|filled| {
+                if request.check {
+                    agrees_exactly(&entry, filled)
+                } else {
+                    agrees(&entry, filled)
+                }
+            });
             (entry, outcome, checked)
         }
     };

@@ -164,6 +164,9 @@ pub enum Command {
         /// With --manifest: read each resource only until an address answers, without checking the mirrors.
         #[arg(long, requires = "manifest")]
         url_only: bool,
+        /// With --manifest: read every resource by the download rules and compare, keeping and writing nothing; exit 1 when a declared size or sha256 differs from what an address serves.
+        #[arg(long, requires = "manifest", conflicts_with_all = ["write", "all"])]
+        check: bool,
     },
     /// Download a manifest's resources (all, or the named ones) into the store and print their paths.
     #[command(after_long_help = "Example:\n  gem-resources fetch notochord.json ocr-model")]

@@ -55,15 +55,20 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             all,
             write,
             url_only,
+            check,
         } => {
             let request = crate::autofill::Request {
                 url: url.as_deref(),
                 manifest: manifest.as_deref(),
-                all,
+                // A check reads every resource.
+                all: all || check,
                 write,
                 url_only,
+                check,
             };
-            crate::autofill::run(&config, request, json, args.no_service).await
+            // A check compares in this process (the service replaces values).
+            let no_service = args.no_service || check;
+            crate::autofill::run(&config, request, json, no_service).await
         }
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
