@@ -256,7 +256,14 @@ export interface AddressReport {
 }
 
 export type AutofillResource =
-  | ({ id: string; addresses?: AddressReport[] } & Autofilled)
+  | ({
+      id: string;
+      addresses?: AddressReport[];
+      /** The verdict: every address read served these values (the values of `served_by`). */
+      ok: boolean;
+      /** The `role` of each address that failed or served other bytes: the row to point at. */
+      disagreeing?: string[];
+    } & Autofilled)
   | { id: string; addresses?: AddressReport[]; code: ErrorCode; primary_cause: ErrorCode; message: string; [key: string]: unknown };
 
 export interface AutofilledManifest {

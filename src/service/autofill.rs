@@ -31,6 +31,10 @@ pub struct Autofilled {
     pub final_url: Option<String>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// One resource of [`Resources::autofill_manifest`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -52,6 +56,15 @@ pub enum FilledResource {
         /// answers was.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         addresses: Vec<AddressReport>,
+        /// The verdict: every address read served these values (`true`
+        /// when only the first that answers was read).
+        #[serde(default = "yes")]
+        ok: bool,
+        /// The role (`url`, `mirror 1`, …) of each address that failed or
+        /// served other bytes than `served_by`, whose values are the ones
+        /// used: where a row of Gem Studio points.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        disagreeing: Vec<String>,
     },
     /// Not read (or not what the manifest already says): why.
     #[non_exhaustive]
@@ -349,6 +362,12 @@ impl Resources {
                     size: filled.transfer.size,
                     sha256: filled.transfer.sha256,
                     served_by: filled.address.to_string(),
+                    ok: addresses.iter().all(|a| a.ok),
+                    disagreeing: addresses
+                        .iter()
+                        .filter(|a| !a.ok)
+                        .map(|a| a.role.clone())
+                        .collect(),
                     addresses,
                 },
                 Err(e) => FilledResource::Failed {
@@ -360,7 +379,7 @@ impl Resources {
             .collect();
         Ok(AutofillReport {
             ok: resources.iter().all(|r| match r {
-                FilledResource::Filled { addresses, .. } => addresses.iter().all(|a| a.ok),
+                FilledResource::Filled { ok, .. } => *ok,
                 FilledResource::Failed { .. } => false,
             }),
             manifest,

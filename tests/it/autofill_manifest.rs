@@ -355,6 +355,14 @@ async fn every_mirror_is_read_and_each_address_reported() {
     assert_eq!(addresses[1]["code"], "E_RESOURCE_SHA256", "{v}");
     assert_eq!(addresses[1]["sha256"], sha256_hex(&bytes(3_000, 22)), "{v}");
     assert_eq!(addresses[2]["code"], "E_RESOURCE_HTTP", "{v}");
+    // The resource's verdict: the url's values are used, and which
+    // addresses disagreed.
+    assert_eq!(v["resources"][0]["ok"], false, "{v}");
+    assert_eq!(
+        v["resources"][0]["disagreeing"],
+        json!(["mirror 1", "mirror 2"]),
+        "{v}"
+    );
 
     // --url-only: the url answers, the mirrors are not read.
     let (other, missing) = (
@@ -394,6 +402,26 @@ async fn a_service_checks_the_mirrors_as_the_command_line_does() {
         address_lines(&stderr(&here))
     );
     assert_eq!(stdout(&there), stdout(&here));
+    // The same verdict as JSON, through the service and in process.
+    let json_there: Value = serde_json::from_slice(
+        &env.run(&["--json", "autofill", "--manifest", m])
+            .await
+            .stdout,
+    )
+    .unwrap();
+    let json_here: Value = serde_json::from_slice(
+        &env.run(&["--json", "--no-service", "autofill", "--manifest", m])
+            .await
+            .stdout,
+    )
+    .unwrap();
+    for key in ["ok", "disagreeing", "served_by"] {
+        assert_eq!(
+            json_there["resources"][0][key], json_here["resources"][0][key],
+            "{key}: {json_there} / {json_here}"
+        );
+    }
+    assert_eq!(json_there["resources"][0]["ok"], false, "{json_there}");
 }
 
 #[tokio::test]

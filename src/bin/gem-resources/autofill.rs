@@ -297,11 +297,14 @@ fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bo
             .iter()
             .map(|(entry, outcome, checked)| {
                 let mut value = match outcome {
+                    // The verdict, as the local API gives it.
                     Ok(filled) => json!({
                         "id": entry.resource.id,
                         "size": filled.transfer.size,
                         "sha256": filled.transfer.sha256,
                         "served_by": filled.address.as_str(),
+                        "ok": checked.iter().all(|a| a.ok),
+                        "disagreeing": checked.iter().filter(|a| !a.ok).map(|a| a.role.as_str()).collect::<Vec<_>>(),
                     }),
                     Err(e) => {
                         let mut value = render::error_json(e);
