@@ -228,9 +228,12 @@ export async function connect(options = {}) {
   } else if (typeof options.store === 'string') {
     const info = await readServiceFile(options.store);
     if (info === null) {
+      // Said for whoever uses the tool: the app (or `gem-resources serve`)
+      // runs the service, not the tool.
       throw serviceError(
-        `no gem-resources service listens on the store ${options.store} ` +
-          `(no ${path.join(storeLayout(options.store), 'service.json')}; start one with \`gem-resources serve\`)`,
+        `the resource service is not running: nothing listens on the store ${options.store} ` +
+          `(no ${path.join(storeLayout(options.store), 'service.json')}; the app that uses this store starts it, ` +
+          'or `gem-resources serve`)',
       );
     }
     target = {
