@@ -108,11 +108,18 @@ async fn serve_never_uninstalls_a_gem_the_command_line_or_an_earlier_version_ins
     .await;
     let text = log_text(&log);
     // The deletion names the gem and the resource, not only the SHA-256.
-    let deleted = format!("deleted g/g ({}…)", &sha256_hex(&g_body)[..12]);
-    wait_until("serve says what it deleted", || {
-        log_text(&log).contains(&deleted)
-    })
-    .await;
+    let deleted = format!("deleted g/g ({}", &sha256_hex(&g_body)[..12]);
+    let said = async {
+        while !log_text(&log).contains(&deleted) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(10), said)
+        .await
+        .is_err()
+    {
+        panic!("serve did not say {deleted:?}:\n{}", log_text(&log));
+    }
     assert!(!text.contains("gem=\"cligem\""), "{text}");
     assert!(!text.contains("gem=\"oldgem\""), "{text}");
     assert!(registration(&env, "cligem").exists());
