@@ -122,17 +122,6 @@ const GEMS: &[&str] = &["alpha", "beta", "gamma"];
 /// The gem installed after the faults, while the origin's host is blocked.
 const LATE_GEM: &str = "delta";
 
-fn seed() -> u64 {
-    std::env::var("API_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -1430,7 +1419,7 @@ fn summary(soak: &Soak, nodes: &Nodes, seed: u64, took: Duration) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_clients_of_the_local_api_through_restarts_break_no_invariant() {
-    let seed = seed();
+    let seed = world::seed_from("API_SOAK_SEED");
     println!("api soak seed {seed} (API_SOAK_SEED={seed} replays it)");
     let began = Instant::now();
     let env = Env::new().await;

@@ -7,21 +7,10 @@ use crate::support::origin;
 #[path = "../support/soak/mod.rs"]
 mod harness;
 
-fn seed() -> u64 {
-    std::env::var("SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn sixty_seconds_of_faults_break_no_invariant() {
     let dir = tempfile::tempdir().unwrap();
-    let seed = seed();
+    let seed = harness::world::seed_from("SOAK_SEED");
     println!("soak seed {seed} (SOAK_SEED={seed} replays it)");
     let summary = harness::run(harness::Settings {
         bin: env!("CARGO_BIN_EXE_gem-resources").into(),

@@ -13,6 +13,19 @@ use super::Behaviour;
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
 
+/// A soak's seed: the number in the environment variable `var` (to replay
+/// a run), else one from the clock.
+pub fn seed_from(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
 impl Rng {
     /// A generator starting at `seed`.
     pub fn new(seed: u64) -> Rng {
