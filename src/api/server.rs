@@ -297,6 +297,22 @@ struct Connection {
 type Queued = (String, OwnedSemaphorePermit);
 
 impl Connection {
+    /// The client is gone: its subscriptions end, and the calls in flight,
+    /// which nobody is left to read, are cancelled.
+    fn end(&self) {
+        for (_, token) in self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+        {
+            token.cancel();
+        }
+        for (_, (_, token)) in self.calls.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            token.cancel();
+        }
+    }
+
     /// Queues `message`, waiting for room (in messages and in bytes), unless
     /// the connection closes first.
     async fn send(&self, message: &Value) {
@@ -347,8 +363,8 @@ fn line(message: &Value) -> String {
 }
 
 async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
-    let (read, mut write) = tokio::io::split(stream);
-    let (out, mut queue) = mpsc::channel::<Queued>(protocol::CONNECTION_QUEUE);
+    let (read, write) = tokio::io::split(stream);
+    let (out, queue) = mpsc::channel::<Queued>(protocol::CONNECTION_QUEUE);
     let activity = Arc::new(Activity {
         last: Mutex::new(Instant::now()),
         busy: AtomicUsize::new(0),
@@ -371,27 +387,7 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
         calls: Mutex::default(),
         next_call: AtomicU64::new(1),
     });
-    let closed = conn.closed.clone();
-    let writer = tokio::spawn(async move {
-        loop {
-            let next = tokio::select! {
-                next = queue.recv() => next,
-                () = closed.cancelled() => None,
-            };
-            let Some((text, _share)) = next else {
-                break;
-            };
-            // A client that does not read for this long is gone.
-            let wrote =
-                tokio::time::timeout(protocol::WRITE_DEADLINE, write.write_all(text.as_bytes()))
-                    .await;
-            if !matches!(wrote, Ok(Ok(()))) {
-                break;
-            }
-        }
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write.shutdown()).await;
-        closed.cancel();
-    });
+    let writer = tokio::spawn(write_queue(write, queue, conn.closed.clone()));
     let mut reader = BufReader::new(read);
     let mut spoke = false;
     loop {
@@ -434,18 +430,7 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
             Err(LineError::Silent | LineError::Io) => break,
         }
     }
-    for (_, token) in conn
-        .subscriptions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain()
-    {
-        token.cancel();
-    }
-    // Nobody is left to read what the calls in flight wait for.
-    for (_, (_, token)) in conn.calls.lock().unwrap_or_else(|p| p.into_inner()).drain() {
-        token.cancel();
-    }
+    conn.end();
     shared
         .open
         .lock()
@@ -454,6 +439,31 @@ async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
     // Answers already queued (a parse error) go out before the close.
     drop(conn);
     let _ = writer.await;
+}
+
+/// Writes the connection's queue until it ends or `closed` fires; a client
+/// that does not read for [`protocol::WRITE_DEADLINE`] is gone.
+async fn write_queue(
+    mut write: tokio::io::WriteHalf<Box<dyn Duplex>>,
+    mut queue: mpsc::Receiver<Queued>,
+    closed: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            next = queue.recv() => next,
+            () = closed.cancelled() => None,
+        };
+        let Some((text, _share)) = next else {
+            break;
+        };
+        let wrote =
+            tokio::time::timeout(protocol::WRITE_DEADLINE, write.write_all(text.as_bytes())).await;
+        if !matches!(wrote, Ok(Ok(()))) {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write.shutdown()).await;
+    closed.cancel();
 }
 
 enum LineError {
