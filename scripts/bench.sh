@@ -554,6 +554,11 @@ many_files_round() { # case dir
         # Uninstalled after every run (it deletes thousands of files).
         mkdir -p "$W/installed"
         mv "$W/store" "$W/installed/store.$run"
+        if [ -n "$BEFORE" ]; then
+            $fresh
+            timed "$c" "gem-resources install, the build before" "${OURSB[@]}" install bench "$W/res/$c.json"
+            mv "$W/store" "$W/installed/store-before.$run"
+        fi
     fi
     $fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
     $fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
@@ -638,6 +643,8 @@ if has_case tiny; then
     done
     for run in $(seq "$RUNS"); do
         timed tiny "gem-resources uninstall" "${OURS[@]/#$W\/store/$W/installed/store.$run}" uninstall bench
+        [ -z "$BEFORE" ] || timed tiny "gem-resources uninstall, the build before" \
+            "${OURSB[@]/#$W\/store/$W/installed/store-before.$run}" uninstall bench
     done
 fi
 fresh

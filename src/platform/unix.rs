@@ -62,10 +62,13 @@ pub(crate) fn set_private_folder(path: &Path) -> io::Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(FOLDER_MODE))
 }
 
-/// The effective user id of this process.
+/// The effective user id of this process, read once: every check of a
+/// store entry asks for it, and a process of the store does not change
+/// its user.
 fn current_uid() -> u32 {
+    static UID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    *UID.get_or_init(|| unsafe { libc::geteuid() })
 }
 
 /// Why the folder `meta` describes is not safe to trust, if it is not.

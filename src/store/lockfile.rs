@@ -14,11 +14,15 @@
 //! the name still leads to the very file it locked (else it tries again on
 //! the new file): locking thousands of keys leaves nothing behind.
 //!
-//! A holder may describe itself in a file beside its lock
-//! ([`KeyLock::describe`], `<key>.lock.json`), removed before the lock is
-//! released, so that others waiting on it can say whose it is.
+//! A holder may describe itself ([`KeyLock::describe`]) so that others
+//! waiting on it can say whose it is: where released lock files are
+//! removed, in the lock file itself (its bytes go with it, and taking a
+//! lock clears what a killed holder left there); elsewhere in a file
+//! beside it (`<key>.lock.json`), removed before the lock is released.
+//! Describing a download then costs no file of its own.
 
 use std::fs::{File, TryLockError};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +85,20 @@ impl KeyLock {
     /// Writes what the holder says about itself next to the lock (see
     /// [`read_description`]); a failure only leaves others knowing less.
     pub(crate) fn describe(&self, bytes: &[u8]) {
+        if crate::platform::REMOVE_RELEASED_LOCKS {
+            // Only the holder writes its lock file, from its start; a
+            // reader that catches it half-written reads nothing it can
+            // parse.
+            let write = |mut file: &File| {
+                file.set_len(0)?;
+                io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
+                io::Write::write_all(&mut file, bytes)
+            };
+            if let Err(e) = write(&self.file) {
+                tracing::debug!(lock = %self.name, "cannot describe the lock holder: {e}");
+            }
+            return;
+        }
         let name = description_name(&self.name);
         let prefix = format!("{name}.tmp.");
         let durability = crate::store::atomic::Durability::Hint;
@@ -92,8 +110,9 @@ impl KeyLock {
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
-        let _ = self.dir.remove_file(&description_name(&self.name));
-        if crate::platform::REMOVE_RELEASED_LOCKS {
+        if !crate::platform::REMOVE_RELEASED_LOCKS {
+            let _ = self.dir.remove_file(&description_name(&self.name));
+        } else {
             // Removed while still held: whoever opens the name next gets a
             // new file, and one that opened this file before sees that the
             // name no longer leads to it.
@@ -113,16 +132,37 @@ fn description_name(lock: &str) -> String {
     format!("{lock}.json")
 }
 
-/// The description the holder of `key`'s lock wrote, at most `max` bytes,
-/// if the lock is held and there is one.
-pub(crate) fn read_description(dir: &Folder, key: &str, max: u64) -> Option<Vec<u8>> {
-    dir.read_own(&description_name(&key_name(key)), max).ok()
+/// Whether the lock of `key` in `dir` is held now (by this process or
+/// another), and then the description its holder wrote, at most `max`
+/// bytes, if there is one: `None` when nobody holds it. One open of the
+/// lock file where the description is in it. Creates nothing: a lock file
+/// nobody holds is a leftover, and is removed.
+pub(crate) fn holder_of(dir: &Folder, key: &str, max: u64) -> Option<Option<Vec<u8>>> {
+    let name = key_name(key);
+    let file = open_at(dir, &name, false).ok()?;
+    if !held_by_another(&file, dir, &name) {
+        return None;
+    }
+    let description = if crate::platform::REMOVE_RELEASED_LOCKS {
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(&file, max + 1), &mut bytes).ok();
+        (!bytes.is_empty() && bytes.len() as u64 <= max).then_some(bytes)
+    } else {
+        dir.read_own(&description_name(&name), max).ok()
+    };
+    Some(description)
 }
 
-/// Opens (creating, `0600`) the lock file `name` of `dir`.
+/// Opens (creating, `0600`) the lock file `name` of `dir`, for reading and
+/// writing (its holder's description is read from it where it is kept in
+/// it).
 fn open_at(dir: &Folder, name: &str, create: bool) -> Result<File> {
     let mut options = cap_std::fs::OpenOptions::new();
-    options.create(create).truncate(false).write(true);
+    options
+        .create(create)
+        .truncate(false)
+        .read(true)
+        .write(true);
     dir.open_own(name, &mut options)
         .map_err(|e| Error::io("cannot open lock file", dir.join(name), e))
 }
@@ -136,7 +176,22 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
         let Some(file) = try_lock_file(open_at(dir, &name, true)?, &dir.join(&name))? else {
             return Ok(None);
         };
-        if !crate::platform::REMOVE_RELEASED_LOCKS || still_named(&file, dir, &name) {
+        if !crate::platform::REMOVE_RELEASED_LOCKS {
+            return Ok(Some(KeyLock {
+                file,
+                dir: dir.clone(),
+                name,
+            }));
+        }
+        let Ok(meta) = file.metadata() else {
+            continue;
+        };
+        if dir.names_file(&name, &meta) {
+            // What a killed holder said about itself is not this one's.
+            if meta.len() > 0 {
+                file.set_len(0)
+                    .map_err(|e| Error::io("cannot clear lock file", dir.join(&name), e))?;
+            }
             return Ok(Some(KeyLock {
                 file,
                 dir: dir.clone(),
@@ -153,13 +208,16 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
 /// is removed.
 pub(crate) fn is_held(dir: &Folder, key: &str) -> bool {
     let name = key_name(key);
-    let Ok(file) = open_at(dir, &name, false) else {
-        return false;
-    };
+    open_at(dir, &name, false).is_ok_and(|file| held_by_another(&file, dir, &name))
+}
+
+/// Whether someone holds the lock of the open lock `file` (`name` in
+/// `dir`); a file nobody holds is removed where released lock files are.
+fn held_by_another(file: &File, dir: &Folder, name: &str) -> bool {
     match file.try_lock() {
         Ok(()) => {
-            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(&file, dir, &name) {
-                let _ = dir.remove_file(&name);
+            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(file, dir, name) {
+                let _ = dir.remove_file(name);
             }
             false
         }
@@ -228,10 +286,16 @@ mod tests {
         }
         let waited = tokio::time::timeout(Duration::from_millis(50), lock_key(&dir, &a)).await;
         assert!(waited.is_err());
+        assert_eq!(
+            holder_of(&dir, &a, 10),
+            Some(None),
+            "held, not described yet"
+        );
         held.describe(b"{}");
-        assert_eq!(read_description(&dir, &a, 10).as_deref(), Some(&b"{}"[..]));
+        assert_eq!(holder_of(&dir, &a, 10), Some(Some(b"{}".to_vec())));
+        assert_eq!(holder_of(&dir, &a, 1), Some(None), "longer than asked");
         drop(held);
-        assert!(read_description(&dir, &a, 10).is_none());
+        assert_eq!(holder_of(&dir, &a, 10), None);
         assert!(!is_held(&dir, &a));
         assert!(try_lock_key(&dir, &a).unwrap().is_some());
         // Released locks leave nothing behind where the platform allows.
@@ -244,6 +308,20 @@ mod tests {
                 3
             }
         );
+    }
+
+    #[tokio::test]
+    async fn what_a_killed_holder_said_is_not_the_next_holders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Folder::open_path(tmp.path()).unwrap());
+        let key = format!("{}.1", "d".repeat(64));
+        // A holder killed after it described itself: its lock went with
+        // it, its file stays.
+        std::fs::write(tmp.path().join(key_name(&key)), br#"{"gem":"old"}"#).unwrap();
+        let next = lock_key(&dir, &key).await.unwrap();
+        assert_eq!(holder_of(&dir, &key, 100), Some(None));
+        next.describe(b"{}");
+        assert_eq!(holder_of(&dir, &key, 100), Some(Some(b"{}".to_vec())));
     }
 
     #[tokio::test]

@@ -689,6 +689,13 @@ impl Store {
     /// free, everything stays.
     pub(crate) fn sort_kept(&self, held: &LaneLock, sha256: &str, size: u64, addresses: &[String]) {
         let mine = self.partial(sha256, size, held.lane);
+        // Lanes with a partial file of this file, from one listing of
+        // `tmp/`: only they keep anything.
+        let mut kept_in: Vec<u32> = partial_files(&self.folders.tmp)
+            .filter(|e| e.sha256 == sha256 && e.size == size && e.lane != held.lane)
+            .map(|e| e.lane)
+            .collect();
+        kept_in.sort_unstable();
         let others = (0..LANES).filter(|&lane| lane != held.lane);
         let from_here = |paths: &PartialPaths| {
             paths
@@ -710,7 +717,7 @@ impl Store {
         if mine.kept().is_some() {
             return;
         }
-        for lane in others {
+        for lane in kept_in {
             let theirs = self.partial(sha256, size, lane);
             if from_here(&theirs) != Some(true) {
                 continue;
@@ -725,17 +732,40 @@ impl Store {
     /// The downloads of the file `sha256`, `size` in progress now, in this
     /// process or another, lane 0 first.
     pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
-        (0..LANES)
+        self.lanes_locked(sha256, size)
+            .into_iter()
             .filter_map(|lane| self.lane_in_use(sha256, size, lane))
             .collect()
     }
 
+    /// The lanes of the file `sha256`, `size` that may be held, in order:
+    /// where released lock files are removed, those whose lock file exists,
+    /// read from one listing of `locks/` (which holds little more than the
+    /// downloads in progress) rather than a lookup per lane; elsewhere
+    /// every lane.
+    fn lanes_locked(&self, sha256: &str, size: u64) -> Vec<u32> {
+        let names = crate::platform::REMOVE_RELEASED_LOCKS
+            .then(|| self.locks().names().ok())
+            .flatten();
+        let Some(names) = names else {
+            return (0..LANES).collect();
+        };
+        let mut lanes: Vec<u32> = names
+            .iter()
+            .filter_map(|name| partial::parse_key(name.strip_suffix(".lock")?))
+            .filter(|&(sha, bytes, _)| sha == sha256 && bytes == size)
+            .map(|(_, _, lane)| lane)
+            .collect();
+        lanes.sort_unstable();
+        lanes
+    }
+
     fn lane_in_use(&self, sha256: &str, size: u64, lane: u32) -> Option<LaneInUse> {
         let key = lane_key(sha256, size, lane);
-        if !is_sha256(sha256) || !lockfile::is_held(self.locks(), &key) {
+        if !is_sha256(sha256) {
             return None;
         }
-        let holder = lockfile::read_description(self.locks(), &key, lanes::MAX_HOLDER_BYTES)
+        let holder = lockfile::holder_of(self.locks(), &key, lanes::MAX_HOLDER_BYTES)?
             .and_then(|bytes| Holder::parse(&bytes));
         let held = self.partial(sha256, size, lane).held();
         Some(LaneInUse { holder, held })
@@ -777,7 +807,18 @@ impl Store {
         // download writes: that space comes back.
         let reclaimed = paths.untrusted_tail(kept);
         let available = available_space_at(&self.folders.tmp)?.saturating_add(reclaimed);
-        let reservations = self.reservations(&lane_key(sha256, size, lane), grace);
+        let own = lane_key(sha256, size, lane);
+        // Each download in progress counts at most its declared size, which
+        // its partial file's name tells: when even that much fits, whose
+        // lanes are held and how fast they go need not be read.
+        let at_most = partial_files(&self.folders.tmp)
+            .filter(|e| e.key() != own)
+            .fold(0u64, |sum, e| sum.saturating_add(e.size));
+        let reservations = if available >= needed.saturating_add(at_most) {
+            Reservations::default()
+        } else {
+            self.reservations(&own, grace)
+        };
         let reserved = reservations.total;
         if available < needed.saturating_add(reserved) {
             // A reservation stands in the way only when the file alone fits.
@@ -1422,7 +1463,8 @@ mod tests {
         assert!(!legacy.exists());
         assert!(!stale.exists());
         assert!(locks.join(format!("{sha}.10.lock")).exists());
-        assert!(locks.join(format!("{sha}.10.lock.json")).exists());
+        let description = lockfile::holder_of(store.locks(), &lane_key(&sha, 10, 0), 1000);
+        assert!(matches!(description, Some(Some(_))), "{description:?}");
         assert!(locks.join("registry.lock").exists());
         // The download lock still holds after the cleanup, and keeps every
         // download of its SHA-256 from being touched.
