@@ -16,6 +16,8 @@ export const MAX_LINE_FROM_SERVICE: number;
 export const HELLO_TIMEOUT_MS: number;
 /** How long a call other than `path` and `autofill` waits for its answer, in ms (30 000; `connect`'s `answerTimeoutMs` changes it). */
 export const ANSWER_TIMEOUT_MS: number;
+/** How long a client of a store looks for a new service after losing its own, in ms (30 000; `connect`'s `reconnect` changes it). */
+export const RECONNECT_MS: number;
 
 /** The library's stable error codes, and this client's own two. */
 export type ErrorCode =
@@ -352,18 +354,39 @@ export interface Pull extends AsyncIterableIterator<CallEvent | PulledPath> {
 }
 
 /**
+ * The item a subscription yields after the service restarted, once it has
+ * subscribed again on the new service: redraw from `status` (also in
+ * `sub.status` now), then apply the events that follow, the new service's.
+ */
+export interface Resubscribed {
+  event: 'resubscribed';
+  /** When the client subscribed again: RFC 3339, UTC, milliseconds (the client's clock). */
+  at: string;
+  reason: 'service restarted';
+  /** The new service's status, as the answer to `subscribe` gives it. */
+  status: GemStatus[];
+}
+
+/** What a subscription yields: the service's events, and `resubscribed` after a restart. */
+export type SubscriptionItem = Event | Resubscribed;
+
+/**
  * One subscription's events: `for await (const event of sub)`. Ends after
  * `close()`; throws `E_RESOURCE_LAGGED` after the service ended it for
- * falling behind (subscribe again, redraw from the new `status`), and
- * `E_RESOURCE_SERVICE` when the connection ends.
+ * falling behind (subscribe again, redraw from the new `status`). When the
+ * service goes away, a subscription through `{store}` subscribes again on
+ * the next one and yields a `Resubscribed`; it throws `E_RESOURCE_SERVICE`
+ * when none came back within the client's `reconnect` ms (at once through
+ * `{socket}`, or with `reconnect: 0`), or when the service closed it while
+ * still running.
  */
-export class Subscription implements AsyncIterableIterator<Event> {
-  /** The status as of the subscription: draw from it, then apply the events. */
+export class Subscription implements AsyncIterableIterator<SubscriptionItem> {
+  /** The status as of the subscription (the new service's after a restart): draw from it, then apply the events. */
   readonly status: GemStatus[];
-  /** The service's number for it. */
+  /** The service's number for it (the new service's after a restart). */
   readonly id: number | null;
-  next(): Promise<IteratorResult<Event, undefined>>;
-  return(): Promise<IteratorResult<Event, undefined>>;
+  next(): Promise<IteratorResult<SubscriptionItem, undefined>>;
+  return(): Promise<IteratorResult<SubscriptionItem, undefined>>;
   [Symbol.asyncIterator](): Subscription;
   /** Sends `unsubscribe` and ends the iteration once the events received are read. */
   close(): void;
@@ -383,11 +406,33 @@ export class GemResources {
   subscribe(): Promise<Subscription>;
 }
 
+/** What `'reconnected'` tells: the answers to `hello` of the new service and of the one that went away. */
+export interface Reconnected {
+  service: Hello;
+  previous: Hello | null;
+}
+
+/**
+ * A client of the service (a Node `EventEmitter`). Through `{store}` it
+ * outlives the service: when the connection is lost it emits
+ * `'disconnected'`, looks for the next service for `reconnect` ms
+ * (checking it as `connect` does), and emits `'reconnected'`. Calls made
+ * meanwhile wait for it; a call in flight when the service went away
+ * rejects with `E_RESOURCE_SERVICE`.
+ */
 export class Client {
-  /** The socket (or named pipe) it is connected to. */
+  /** The socket (or named pipe) it is connected to (the new service's after a restart). */
   readonly socketPath: string;
-  /** The answer to `hello` that `connect` checked (with its `proof` through `{store}`). */
+  /** The answer to `hello` that `connect` checked (with its `proof` through `{store}`); the new service's after a restart. */
   service: Hello | null;
+  /** The connection to the service was lost; the client looks for the next service. */
+  on(event: 'disconnected', listener: (error: ResourceError) => void): this;
+  /** A new service took over, checked as `connect` checks one. */
+  on(event: 'reconnected', listener: (change: Reconnected) => void): this;
+  once(event: 'disconnected', listener: (error: ResourceError) => void): this;
+  once(event: 'reconnected', listener: (change: Reconnected) => void): this;
+  off(event: 'disconnected', listener: (error: ResourceError) => void): this;
+  off(event: 'reconnected', listener: (change: Reconnected) => void): this;
   /** Any method, by name; its result. With `signal`, `path` and `autofill` are also cancelled on the service. */
   request<T = unknown>(method: string, params?: object, options?: CallOptions): Promise<T>;
   hello(): Promise<Hello>;
@@ -408,7 +453,7 @@ export class Client {
   setPolicy(policy: Policy): Promise<PolicyChange>;
   subscribe(options?: { gem?: string }): Promise<Subscription>;
   forGem(gem: string): GemResources;
-  /** Closes the connection and its subscriptions; pending requests reject with E_RESOURCE_SERVICE. */
+  /** Closes the connection and its subscriptions, and stops looking for a service; pending and later calls reject with E_RESOURCE_SERVICE. */
   close(): void;
 }
 
@@ -416,17 +461,34 @@ export class Client {
 export function storeLayout(store: string): string;
 /** What `<store>/store-v1/service.json` says (without its secret), or null when there is none. */
 export function findService(store: string): Promise<ServiceInfo | null>;
+export interface ConnectOptions {
+  /** How long a call other than `path` and `autofill` waits for its answer, in ms (default `ANSWER_TIMEOUT_MS`). */
+  answerTimeoutMs?: number;
+  /**
+   * How long to wait for a service to appear, in ms (default 0: reject at
+   * once when none listens). service.json is read again at each try.
+   */
+  wait?: number;
+  /**
+   * How long a client of a store looks for the next service after losing
+   * its own, in ms (default `RECONNECT_MS`, 30 000): calls made meanwhile
+   * wait that long at most, and a subscription too before it ends. `0` or
+   * `false`: never; the client then ends with its connection, as does every
+   * client of `{socket}`.
+   */
+  reconnect?: number | false;
+  /** The app that runs the service, named in messages: "Notes's resource service is not running: start Notes (…)". */
+  appName?: string;
+}
+
 /**
  * A client of the service of a store (found through its service.json), or
  * of a socket. The socket and its folder must be the user's own, the folder
  * closed to others (not checked on Windows); through `{store}` the service
  * must also prove, in its answer to `hello`, that it holds service.json's
- * secret and is the process the file names. `{socket}` proves no more than
- * the owner checks. Rejects with `E_RESOURCE_SERVICE` otherwise.
+ * secret and is the process the file names; so must every service the
+ * client later reconnects to, against the service.json of that moment.
+ * `{socket}` proves no more than the owner checks. Rejects with
+ * `E_RESOURCE_SERVICE` otherwise (after `wait` ms, when given).
  */
-export function connect(
-  options: ({ store: string } | { socket: string }) & {
-    /** How long a call other than `path` and `autofill` waits for its answer, in ms (default `ANSWER_TIMEOUT_MS`). */
-    answerTimeoutMs?: number;
-  },
-): Promise<Client>;
+export function connect(options: ({ store: string } | { socket: string }) & ConnectOptions): Promise<Client>;

@@ -11,12 +11,22 @@
 // its folder are the user's own, and the first message is `hello` with a
 // random nonce, which the service must answer with the proof that it holds
 // the secret of the store's service.json (see "How the client knows its
-// service" in README.md).
+// service" in README.md). Every new connection is checked so, against the
+// service.json of that moment: after the service restarts, the client checks
+// the new service (its pid, its secret) before it sends it anything else.
+//
+// When the service goes away (it stopped, or was killed), a client of a store
+// looks for the next one for a while (`reconnect`) and says so
+// ('disconnected', 'reconnected'); its subscriptions subscribe again. A call
+// the service did not answer before it went rejects with E_RESOURCE_SERVICE
+// (see "When the service restarts" in README.md).
 
 import crypto from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 /** The protocol this client speaks. */
 export const PROTOCOL = 1;
@@ -57,6 +67,36 @@ export const ANSWER_TIMEOUT_MS = 30_000;
 
 /** Methods that wait for a transfer, as long as it runs: no answer timeout. */
 const WAITS_FOR_TRANSFER = new Set(['path', 'autofill']);
+
+/**
+ * How long a client of a store looks for a new service after it lost its
+ * own, in ms, unless `connect`'s `reconnect` says otherwise: calls wait for
+ * it that long at most, and so does a subscription before it ends.
+ */
+export const RECONNECT_MS = 30_000;
+
+/** The first pause between two tries to reach a service (ms); it doubles up to RETRY_MAX_MS. */
+const RETRY_FIRST_MS = 50;
+const RETRY_MAX_MS = 1000;
+
+/**
+ * How long the service that closed a client's connection must go on
+ * running (its service.json in place, the new connection open) to be taken
+ * for one that closed it on purpose, rather than one that is stopping (ms).
+ */
+const STILL_RUNS_MS = 200;
+
+/**
+ * Calls that change nothing on the service: one cut off by the service
+ * going away can simply be made again. Any other (`install`, `set_policy`,
+ * `cancel`, …) may or may not have been done, and its error says so.
+ */
+const SAFE_AGAIN = new Set(['hello', 'status', 'path', 'policy', 'autofill']);
+
+/** Marks an error of a connection lost with the service (not closed by the client, nor broken by the service). */
+const LOST = Symbol('lost');
+/** Marks the end of a client or subscription that reconnecting cannot mend. */
+const FINAL = Symbol('final');
 
 /** `connection.request('hello', params)`, failed (E_RESOURCE_SERVICE) and
  * the connection closed when no answer comes within HELLO_TIMEOUT_MS. */
@@ -135,7 +175,7 @@ function abortError(method, reason, sent) {
   const error = new ResourceError(
     sent
       ? `the call \`${method}\` was cancelled by its AbortSignal`
-      : `the call \`${method}\` was not sent: its AbortSignal was already aborted`,
+      : `the call \`${method}\` was not sent: its AbortSignal was aborted first`,
     { code: E_RESOURCE_CANCELLED },
   );
   error.aborted = true;
@@ -202,17 +242,160 @@ async function readServiceFile(store) {
 }
 
 /**
- * The service a client reaches, kept out of sight of the caller: its socket,
- * how messages name it, and, when found through a store, the secret and the
- * process that service.json names.
+ * What `connect` was given, checked: `{store}` or `{socket}`,
+ * `answerTimeoutMs`, `wait` and `reconnect` (ms), and `name`, how messages
+ * name the service ("Notes's resource service" with `appName: 'Notes'`).
  */
-const targets = new WeakMap();
+function settingsOf(options) {
+  const { store, socket, appName } = options;
+  if (typeof socket !== 'string' && typeof store !== 'string') {
+    throw new TypeError('connect() needs {store} or {socket}');
+  }
+  const ms = (name, value, positive) => {
+    if (!(Number.isFinite(value) && (positive ? value > 0 : value >= 0))) {
+      throw new TypeError(`connect(): ${name} must be a ${positive ? 'positive' : 'non-negative'} number of milliseconds`);
+    }
+    return value;
+  };
+  if (appName !== undefined && (typeof appName !== 'string' || appName.trim() === '')) {
+    throw new TypeError('connect(): appName must be a non-empty string');
+  }
+  return {
+    store: typeof socket === 'string' ? undefined : store,
+    socket: typeof socket === 'string' ? socket : undefined,
+    answerTimeoutMs: ms('answerTimeoutMs', options.answerTimeoutMs ?? ANSWER_TIMEOUT_MS, true),
+    wait: ms('wait', options.wait ?? 0, false),
+    reconnect: options.reconnect === false ? 0 : ms('reconnect', options.reconnect ?? RECONNECT_MS, false),
+    appName,
+    name: appName === undefined ? 'the resource service' : `${appName}'s resource service`,
+  };
+}
+
+/** `text` with its first letter in capitals. */
+function capitalized(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+/** Milliseconds as seconds, for messages: `1.5`, `30`. */
+function seconds(ms) {
+  return String(Math.round(ms / 100) / 10);
+}
+
+/**
+ * The service `settings` name at this moment: `{socket, where,
+ * fromServiceFile, secret, pid, settings}`, read anew from service.json
+ * through a store; an E_RESOURCE_SERVICE error when the store has none.
+ */
+async function targetOf(settings) {
+  if (settings.socket !== undefined) {
+    return { socket: settings.socket, where: `socket ${settings.socket}`, fromServiceFile: false, secret: null, pid: null, settings };
+  }
+  const { store } = settings;
+  const info = await readServiceFile(store);
+  if (info === null) {
+    // Said for whoever uses the tool: the app (or `gem-resources serve`)
+    // runs the service, not the tool.
+    const file = path.join(storeLayout(store), 'service.json');
+    throw serviceError(
+      settings.appName === undefined
+        ? `${capitalized(settings.name)} is not running: nothing listens on the store ${store} ` +
+            `(no ${file}; the app that uses this store starts it, or \`gem-resources serve\`)`
+        : `${capitalized(settings.name)} is not running: start ${settings.appName} ` +
+            `(nothing listens on the store ${store}: no ${file})`,
+    );
+  }
+  return {
+    socket: info.socket,
+    where: `the service of the store ${store} (socket ${info.socket}, pid ${info.pid})`,
+    fromServiceFile: true,
+    secret: info.secret,
+    pid: info.pid,
+    settings,
+  };
+}
+
+/**
+ * A new connection to `target`, checked as every connection is (see
+ * `open`, `proveService`): `{connection, hello}`. With `hello: false`, a
+ * socket given directly gets no `hello` (a subscription's connection).
+ */
+async function dial(target, { hello = true } = {}) {
+  const socket = await open(target);
+  const connection = new Connection(socket, target.where, () => {}, target.settings.answerTimeoutMs);
+  if (!hello && !target.fromServiceFile) return { connection, hello: null };
+  try {
+    const answer = target.fromServiceFile
+      ? await proveService(connection, target)
+      : await helloWithin(connection, undefined, target.where);
+    if (answer?.protocol !== PROTOCOL) {
+      throw serviceError(`${target.where} speaks protocol ${answer?.protocol}, this client ${PROTOCOL}`);
+    }
+    return { connection, hello: answer };
+  } catch (e) {
+    connection.close();
+    throw e;
+  }
+}
+
+/**
+ * A checked connection to the service `settings` name: `{target,
+ * connection, hello}`, trying again (the pause doubling from RETRY_FIRST_MS
+ * to RETRY_MAX_MS) until `deadline` (a `Date.now()` value); then the last
+ * try's error. service.json is read anew at each try.
+ *
+ * `lost` (`{pid, secret, how}`) is the service whose connection was lost.
+ * While service.json still names it, it is not taken back: it is stopping
+ * (`how: 'shutdown'`), or was killed and left the file behind, and its
+ * socket refuses. Only when it still runs and proves itself after
+ * closing the connection (`how: 'closed'`), and goes on running for
+ * STILL_RUNS_MS, is the end final (FINAL): it closed the connection
+ * itself, and no restart is coming.
+ */
+async function reach(settings, deadline, { lost = null, signal } = {}) {
+  const isLost = (target) => lost && target.pid === lost.pid && target.secret === lost.secret;
+  let pause = RETRY_FIRST_MS;
+  for (;;) {
+    let reached;
+    try {
+      const target = await targetOf(settings);
+      if (isLost(target)) {
+        if (lost.how === 'shutdown') throw serviceError(`${target.where} is shutting down`);
+        const { connection } = await dial(target);
+        await sleep(STILL_RUNS_MS, undefined, { signal }).catch(() => {});
+        const runs = !connection.closed && isLost(await targetOf(settings).catch(() => ({})));
+        connection.close();
+        if (!runs) throw serviceError(`${target.where} is shutting down`);
+        const error = serviceError(`the connection to ${target.where} was closed by the service, which still runs`);
+        error[FINAL] = true;
+        throw error;
+      }
+      reached = { target, ...(await dial(target)) };
+    } catch (e) {
+      if (e[FINAL] || !(e instanceof ResourceError)) throw e;
+      const left = deadline - Date.now();
+      if (left <= 0 || signal?.aborted) throw e;
+      try {
+        await sleep(Math.min(pause, left), undefined, { signal });
+      } catch {
+        throw e; // aborted: the caller closed
+      }
+      pause = Math.min(2 * pause, RETRY_MAX_MS);
+      continue;
+    }
+    if (signal?.aborted) {
+      reached.connection.close();
+      throw serviceError(`the connection to ${reached.target.where} was closed by the client`);
+    }
+    return reached;
+  }
+}
 
 /**
  * Connects to the service of a store (`{store}`: found through its
  * service.json) or to a socket (`{socket}`), and checks that it speaks
  * protocol 1. Rejects with code `E_RESOURCE_SERVICE` when no service
- * listens there, or when the one there is not the user's own.
+ * listens there (after `wait` ms, when given), or when the one there is not
+ * the user's own.
  *
  * Before connecting (except on Windows), the socket and its folder must be
  * the user's own and the folder closed to others. Through `{store}`, the
@@ -220,53 +403,23 @@ const targets = new WeakMap();
  * of the store's service.json, and be the process the file names; nothing
  * else is sent before. `{socket}` proves nothing beyond the owner checks:
  * there is no secret to check.
+ *
+ * Options: `wait` (ms, default 0): how long to wait for a service to
+ * appear; `reconnect` (ms, default RECONNECT_MS; 0 or false: never): how
+ * long a client of a store looks for a new service after losing its own;
+ * `answerTimeoutMs`; `appName`, the app that runs the service, named in the
+ * messages.
  */
 export async function connect(options = {}) {
-  let target;
-  if (typeof options.socket === 'string') {
-    target = { socket: options.socket, where: `socket ${options.socket}`, fromServiceFile: false, secret: null, pid: null };
-  } else if (typeof options.store === 'string') {
-    const info = await readServiceFile(options.store);
-    if (info === null) {
-      // Said for whoever uses the tool: the app (or `gem-resources serve`)
-      // runs the service, not the tool.
-      throw serviceError(
-        `the resource service is not running: nothing listens on the store ${options.store} ` +
-          `(no ${path.join(storeLayout(options.store), 'service.json')}; the app that uses this store starts it, ` +
-          'or `gem-resources serve`)',
-      );
-    }
-    target = {
-      socket: info.socket,
-      where: `the service of the store ${options.store} (socket ${info.socket}, pid ${info.pid})`,
-      fromServiceFile: true,
-      secret: info.secret,
-      pid: info.pid,
-    };
-  } else {
-    throw new TypeError('connect() needs {store} or {socket}');
-  }
-  const socket = await open(target);
-  const answerTimeoutMs = options.answerTimeoutMs ?? ANSWER_TIMEOUT_MS;
-  if (!(Number.isFinite(answerTimeoutMs) && answerTimeoutMs > 0)) {
-    socket.destroy();
-    throw new TypeError('connect(): answerTimeoutMs must be a positive number of milliseconds');
-  }
-  const client = new Client(socket, target.socket, target.where, answerTimeoutMs);
-  targets.set(client, target);
+  const settings = settingsOf(options);
+  let reached;
   try {
-    const hello = target.fromServiceFile
-      ? await proveService(client.connection, target)
-      : await helloWithin(client.connection, undefined, target.where);
-    if (hello?.protocol !== PROTOCOL) {
-      throw serviceError(`${target.where} speaks protocol ${hello?.protocol}, this client ${PROTOCOL}`);
-    }
-    client.service = hello;
+    reached = await reach(settings, Date.now() + settings.wait);
   } catch (e) {
-    client.close();
+    if (settings.wait > 0 && e instanceof ResourceError) e.message += ` (waited ${seconds(settings.wait)} s)`;
     throw e;
   }
-  return client;
+  return new Client(settings, reached);
 }
 
 /**
@@ -276,18 +429,18 @@ export async function connect(options = {}) {
  */
 async function open(target) {
   const { socket: socketPath, where, fromServiceFile } = target;
-  await checkPlace(socketPath, where, fromServiceFile);
+  await checkPlace(target);
   if (fromServiceFile && (typeof target.secret !== 'string' || target.secret === '')) {
     throw serviceError(
       `refusing to connect to ${where}: its service.json holds no secret (a service of an earlier version), ` +
-        'so it cannot prove that it is the store\'s service: restart the service',
+        `so it cannot prove that it is the store's service: restart ${target.settings.appName ?? 'the service'}`,
     );
   }
   return new Promise((resolve, reject) => {
     const socket = net.createConnection(socketPath);
     const onError = (e) => {
       socket.destroy();
-      reject(serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, fromServiceFile)}`, e));
+      reject(serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, target)}`, e));
     };
     socket.once('error', onError);
     socket.once('connect', () => {
@@ -298,10 +451,10 @@ async function open(target) {
 }
 
 /** What a failed connection says about a service.json that names no living service. */
-function stale(e, fromServiceFile) {
-  return fromServiceFile && (e.code === 'ECONNREFUSED' || e.code === 'ENOENT')
-    ? ': its service.json is stale (the service stopped without removing it); no service listens'
-    : '';
+function stale(e, { fromServiceFile, settings }) {
+  if (!fromServiceFile || (e.code !== 'ECONNREFUSED' && e.code !== 'ENOENT')) return '';
+  const start = settings.appName === undefined ? '' : `: start ${settings.appName}`;
+  return `: its service.json is stale (the service stopped without removing it); ${settings.name} is not running${start}`;
 }
 
 /**
@@ -310,7 +463,8 @@ function stale(e, fromServiceFile) {
  * someone else could be listening there, or could put a socket of theirs
  * in its place. Not on Windows, whose named pipes have no such file.
  */
-async function checkPlace(socketPath, where, fromServiceFile) {
+async function checkPlace(target) {
+  const { socket: socketPath, where } = target;
   if (process.platform === 'win32') return;
   const me = typeof process.geteuid === 'function' ? process.geteuid() : process.getuid();
   const refuse = (why) => serviceError(`cannot connect to ${where}: ${why}: refusing to connect; nothing was sent`);
@@ -318,7 +472,7 @@ async function checkPlace(socketPath, where, fromServiceFile) {
   try {
     socket = await fs.lstat(socketPath);
   } catch (e) {
-    throw serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, fromServiceFile)}`, e);
+    throw serviceError(`cannot connect to ${where}: ${e.code ?? e.message}${stale(e, target)}`, e);
   }
   if (!socket.isSocket()) {
     throw refuse(`${socketPath} is not a socket (${fileKind(socket)})`);
@@ -417,6 +571,8 @@ class Connection {
     this.pending = new Map();
     this.closed = false;
     this.closeError = null;
+    /** How the connection ended, when the service went away: 'closed' (the socket closed or failed), 'shutdown' (the service said it stops). */
+    this.lost = undefined;
     /** The pieces of a line not ended yet, and their length. */
     this.partial = [];
     this.partialLength = 0;
@@ -425,9 +581,9 @@ class Connection {
     socket.on('data', (chunk) => this.receive(chunk));
     socket.on('error', (e) => {
       const closed = e.code === 'EPIPE' || e.code === 'ECONNRESET';
-      this.fail(serviceError(`the connection to ${where} ${closed ? 'closed' : 'failed'} (${e.code ?? e.message})`, e));
+      this.fail(serviceError(`the connection to ${where} ${closed ? 'closed' : 'failed'} (${e.code ?? e.message})`, e), 'closed');
     });
-    socket.on('close', () => this.fail(serviceError(`the connection to ${where} closed`)));
+    socket.on('close', () => this.fail(serviceError(`the connection to ${where} closed`), 'closed'));
   }
 
   receive(chunk) {
@@ -479,9 +635,22 @@ class Connection {
     }
     const waiter = this.pending.get(msg.id);
     if (!waiter) return; // an answer to no request of ours (an error about an unreadable line has id null)
-    this.pending.delete(msg.id);
-    if (msg.error !== undefined) waiter.reject(ResourceError.fromRpc(msg.error));
-    else waiter.resolve(msg.result);
+    if (msg.error !== undefined) {
+      const error = ResourceError.fromRpc(msg.error);
+      if (!waiter.closed && (error.code === 'E_RESOURCE_SHUTDOWN' || error.rpcCode === -32800)) {
+        // The service is going away: once shut down it answers every call
+        // E_RESOURCE_SHUTDOWN, and a connection it closes has its calls
+        // cancelled (-32800, a call this client did not cancel). The call
+        // is lost with the connection, like the others in flight.
+        this.fail(serviceError(`${this.where} is shutting down`, error), 'shutdown');
+        return;
+      }
+      this.pending.delete(msg.id);
+      waiter.reject(error);
+    } else {
+      this.pending.delete(msg.id);
+      waiter.resolve(msg.result);
+    }
   }
 
   /**
@@ -586,11 +755,18 @@ class Connection {
     waiter.reject(error);
   }
 
-  /** Ends the connection: every pending request is rejected with `error`. */
-  fail(error) {
+  /**
+   * Ends the connection: every pending request is rejected with `error`.
+   * `lost` ('closed', 'shutdown') when the service went away, rather than
+   * the client closing the connection or the service breaking the protocol;
+   * those rejections are marked LOST.
+   */
+  fail(error, lost) {
     if (this.closed) return;
     this.closed = true;
     this.closeError = error;
+    this.lost = lost;
+    if (lost) error[LOST] = true;
     for (const [, waiter] of this.pending) {
       if (waiter.closed) {
         waiter.closed();
@@ -600,6 +776,7 @@ class Connection {
         `${error.message} before it answered \`${waiter.method}\``,
         error.cause,
       );
+      if (lost) e[LOST] = true;
       waiter.reject(e);
     }
     this.pending.clear();
@@ -613,38 +790,188 @@ class Connection {
 }
 
 /**
+ * The identity of the service `target` names, and how its connection was
+ * lost: what `reach` must not take back.
+ */
+function lostService(target, how) {
+  return { pid: target.pid, secret: target.secret, how };
+}
+
+/**
+ * The error of calls that waited in vain for the service to come back, or
+ * of a subscription that ends so (`what` says which).
+ */
+function goneError(what, settings, lost, last) {
+  return serviceError(
+    `${what}: ${settings.name} went away (${lost.message}) and none came back within ${seconds(settings.reconnect)} s ` +
+      `(last try: ${last.message})`,
+    last,
+  );
+}
+
+/**
+ * The error of a call that the service did not answer before it went away
+ * (code E_RESOURCE_SERVICE, whatever the moment). It is not sent again:
+ * the service may stop for good, and then no caller should wait; the caller
+ * calls again, and the client then waits for the next service. `cause` is
+ * the service's own error when it said why (E_RESOURCE_SHUTDOWN, or the
+ * call cancelled with its connection), else the connection's.
+ */
+function cutOffError(settings, method, error) {
+  const lost = error.message.replace(/ before it answered `[^`]*`$/, '');
+  const then = SAFE_AGAIN.has(method)
+    ? 'try again once it is back'
+    : 'whether it was done is not known: check once it is back, and try again if need be';
+  return serviceError(
+    `${settings.name} went away before it answered \`${method}\` (${lost}); ${then}`,
+    error.cause instanceof ResourceError ? error.cause : error,
+  );
+}
+
+/**
+ * Rejects with an E_RESOURCE_CANCELLED error (as a call's AbortSignal does)
+ * when `signal` aborts before `promise` settles; else settles as it does.
+ */
+function unlessAborted(promise, signal, method, sent) {
+  if (!signal) return promise;
+  return new Promise((resolve, reject) => {
+    const onAbort = () => {
+      const [error, settle] = abortError(method, signal.reason, sent);
+      settle('unknown');
+      reject(error);
+    };
+    if (signal.aborted) return onAbort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
+}
+
+/**
  * A connection to the service. Every method returns a promise of the
  * method's result, exactly as PROTOCOL.md gives it, or rejects with a
  * `ResourceError`.
+ *
+ * A client of a store (`connect({store})`) outlives its service: when the
+ * connection is lost it emits 'disconnected' (the error), looks for the
+ * next service for `reconnect` ms, checks it as `connect` does, and emits
+ * 'reconnected' (`{service, previous}`: the answers to `hello`). Calls made
+ * meanwhile wait for it; calls in flight when the service went away reject
+ * with E_RESOURCE_SERVICE. When no service came back in time, the calls
+ * waiting reject (E_RESOURCE_SERVICE), and each later call tries once more.
+ * A service that still runs and closed the connection itself, or broke the
+ * protocol, ends the client; so does `close()`.
  */
-export class Client {
-  constructor(socket, socketPath, where, answerTimeoutMs = ANSWER_TIMEOUT_MS) {
-    this.socketPath = socketPath;
-    this.where = where ?? `socket ${socketPath}`;
-    this.answerTimeoutMs = answerTimeoutMs;
-    /** The answer to `hello` that `connect` checked (with its `proof` through a store). */
-    this.service = null;
+export class Client extends EventEmitter {
+  #settings;
+  #target;
+  /** The search for a new service under way: a promise of the connection. */
+  #reconnecting = null;
+  /** Why the client ended for good (closed, or the service broke the protocol or closed it itself). */
+  #final = null;
+  /** The error the connection was lost with, while no service took over. */
+  #lost = null;
+  #stop = new AbortController();
+
+  constructor(settings, { target, connection, hello }) {
+    super();
+    this.answerTimeoutMs = settings.answerTimeoutMs;
     this.subscriptions = new Set();
     /** The `onProgress` of each call in flight, by its progress token. */
     this.progress = new Map();
     this.nextToken = 0;
-    this.connection = new Connection(
-      socket,
-      this.where,
-      (method, params) => {
-        if (method === '$/progress') this.progress.get(params?.token)?.(params.value);
+    this.#settings = settings;
+    this.#use(target, connection, hello);
+  }
+
+  /** Makes `connection` (to `target`, which answered `hello`) the client's. */
+  #use(target, connection, hello) {
+    this.#target = target;
+    /** The socket (or named pipe) it is connected to. */
+    this.socketPath = target.socket;
+    this.where = target.where;
+    /** The answer to `hello` that `connect` checked (with its `proof` through a store); the new service's after a restart. */
+    this.service = hello;
+    this.connection = connection;
+    this.#lost = null;
+    connection.onNotification = (method, params) => {
+      if (method === '$/progress') this.progress.get(params?.token)?.(params.value);
+    };
+    connection.onClose.push((error) => this.#closed(connection, error));
+    if (connection.closed) this.#closed(connection, connection.closeError); // gone already
+  }
+
+  /** Whether the client looks for the next service when it loses its own. */
+  #reconnects() {
+    return this.#settings.reconnect > 0 && this.#target.fromServiceFile;
+  }
+
+  #closed(connection, error) {
+    if (connection !== this.connection || this.#final) return;
+    if (!connection.lost || !this.#reconnects()) {
+      this.#final = error;
+      return;
+    }
+    this.#lost = error;
+    process.nextTick(() => this.emit('disconnected', error));
+    this.#reconnect(this.#settings.reconnect, lostService(this.#target, connection.lost));
+  }
+
+  /** Looks for a service for `within` ms; a promise of its connection. */
+  #reconnect(within, lost) {
+    const lostError = this.#lost;
+    const attempt = reach(this.#settings, Date.now() + within, { lost, signal: this.#stop.signal }).then(
+      ({ target, connection, hello }) => {
+        this.#reconnecting = null;
+        if (this.#final) {
+          connection.close();
+          throw this.#final;
+        }
+        const previous = this.service;
+        this.#use(target, connection, hello);
+        process.nextTick(() => this.emit('reconnected', { service: hello, previous }));
+        return connection;
       },
-      answerTimeoutMs,
+      (e) => {
+        this.#reconnecting = null;
+        if (e[FINAL]) this.#final ??= e;
+        if (this.#final) throw this.#final;
+        throw within > 0 ? goneError('no answer', this.#settings, lostError, e) : e;
+      },
     );
+    attempt.catch(() => {});
+    this.#reconnecting = attempt;
+    return attempt;
+  }
+
+  /** The connection to send on: the current one, the one being looked for, or (after a search in vain) one more try. */
+  #ready() {
+    if (this.#final) return Promise.reject(this.#final);
+    if (!this.connection.closed) return Promise.resolve(this.connection);
+    return this.#reconnecting ?? this.#reconnect(0, null);
   }
 
   /**
    * Sends one request; its result, or a ResourceError. With `{signal}`,
    * aborting rejects at once with E_RESOURCE_CANCELLED and, for `path` and
    * `autofill`, cancels the call on the service (`$/cancelRequest`).
+   * A call the service went away from rejects with E_RESOURCE_SERVICE; one
+   * made while the client looks for the next service waits for it.
    */
-  request(method, params, options) {
-    return this.connection.request(method, params, options);
+  async request(method, params, { signal, onSettled } = {}) {
+    try {
+      for (;;) {
+        const connection = await unlessAborted(this.#ready(), signal, method, false);
+        try {
+          return await connection.request(method, params, { signal });
+        } catch (e) {
+          // Lost before it was sent: it waits for the next service.
+          if (e[LOST] && e === connection.closeError && !this.#final) continue;
+          throw e[LOST] && this.#reconnects() ? cutOffError(this.#settings, method, e) : e;
+        }
+      }
+    } finally {
+      onSettled?.();
+    }
   }
 
   /** `{protocol, version, store, pid}` (and `proof` when asked with a nonce). */
@@ -766,22 +1093,16 @@ export class Client {
    * that follow.
    */
   async subscribe({ gem } = {}) {
-    if (this.connection.closed) throw this.connection.closeError;
-    const target = targets.get(this) ?? { socket: this.socketPath, where: this.where, fromServiceFile: false };
-    const socket = await open(target);
-    const sub = new Subscription(socket, this.where, this.answerTimeoutMs);
-    if (target.fromServiceFile) {
-      try {
-        await proveService(sub.connection, target);
-      } catch (e) {
-        sub.connection.close(); // nothing more is sent to it, not even `unsubscribe`
-        throw e;
-      }
-    }
+    await this.#ready();
+    const target = this.#target;
+    // Its own connection, checked as the client's was (a service that does
+    // not prove itself gets nothing more, not even `unsubscribe`).
+    const { connection } = await dial(target, { hello: false });
+    const sub = new Subscription(connection, target, gem === undefined ? {} : { gem });
     this.subscriptions.add(sub);
     sub.onEnd = () => this.subscriptions.delete(sub);
     try {
-      await sub.start(gem);
+      await sub.start();
     } catch (e) {
       sub.close();
       throw e;
@@ -794,8 +1115,10 @@ export class Client {
     return new GemResources(this, gem);
   }
 
-  /** Closes the connection and every subscription; pending requests reject. */
+  /** Closes the connection and every subscription; pending requests reject, and so does every later call. */
   close() {
+    this.#final ??= serviceError(`the connection to ${this.where} was closed by the client`);
+    this.#stop.abort();
     for (const sub of [...this.subscriptions]) sub.close();
     this.connection.close();
   }
@@ -957,13 +1280,26 @@ function nextWhenEmpty(it) {
  * The iteration ends after `close()`. It throws a `ResourceError` with
  * code `E_RESOURCE_LAGGED` (`missed`: how many events were lost) after the
  * service said the subscription fell behind, once the events received before
- * are read: subscribe again and redraw from the new `status`. It throws code
- * `E_RESOURCE_SERVICE` when the connection to the service ends.
+ * are read: subscribe again and redraw from the new `status`.
+ *
+ * When the service goes away, a subscription through a store subscribes
+ * again on the next service (checked as every connection is), within the
+ * client's `reconnect` ms: `status` is then the new service's, and the
+ * iteration yields `{event: 'resubscribed', at, reason: 'service
+ * restarted', status}` before the new service's events; redraw from it.
+ * When no service comes back in time, or through a socket, the iteration
+ * throws code `E_RESOURCE_SERVICE`.
  */
 export class Subscription {
-  constructor(socket, where, answerTimeoutMs = ANSWER_TIMEOUT_MS) {
-    this.where = where;
-    /** `[GemStatus…]` as of the subscription. */
+  #settings;
+  #target;
+  #params;
+  #stop = new AbortController();
+  /** The notifications of a new connection, held until its `subscribe` is answered; null otherwise. */
+  #held = null;
+
+  constructor(connection, target, params) {
+    /** `[GemStatus…]` as of the subscription (of the new service, after a restart). */
     this.status = [];
     /** The service's number for it. */
     this.id = null;
@@ -973,14 +1309,79 @@ export class Subscription {
     this.error = null;
     this.paused = false;
     this.onEnd = () => {};
-    this.connection = new Connection(socket, where, (method, params) => this.notification(method, params), answerTimeoutMs);
-    this.connection.onClose.push((error) => this.finish(error));
+    this.#settings = target.settings;
+    this.#params = params;
+    this.#use(connection, target);
   }
 
-  async start(gem) {
-    const result = await this.connection.request('subscribe', gem === undefined ? {} : { gem });
+  #use(connection, target) {
+    this.#target = target;
+    this.where = target.where;
+    this.connection = connection;
+    connection.onNotification = (method, params) => {
+      if (this.#held) this.#held.push([method, params]);
+      else this.notification(method, params);
+    };
+    connection.onClose.push((error) => this.#closed(connection, error));
+  }
+
+  async start() {
+    const result = await this.connection.request('subscribe', this.#params);
     this.id = result.subscription;
     this.status = result.status;
+  }
+
+  #closed(connection, error) {
+    if (this.done || connection !== this.connection || this.#held) return; // #resubscribe sees to its own
+    if (!connection.lost || this.#settings.reconnect === 0 || !this.#target.fromServiceFile || this.id === null) {
+      this.finish(error);
+      return;
+    }
+    this.#resubscribe(error, lostService(this.#target, connection.lost));
+  }
+
+  /** Subscribes again on the next service, within `reconnect` ms; else ends with E_RESOURCE_SERVICE. */
+  async #resubscribe(lostError, lost) {
+    const deadline = Date.now() + this.#settings.reconnect;
+    while (!this.done) {
+      let reached;
+      try {
+        reached = await reach(this.#settings, deadline, { lost, signal: this.#stop.signal });
+      } catch (e) {
+        this.finish(e[FINAL] ? e : goneError('the subscription ended', this.#settings, lostError, e));
+        return;
+      }
+      const { target, connection } = reached;
+      if (this.done) {
+        connection.close();
+        return;
+      }
+      this.#held = [];
+      this.#use(connection, target);
+      let result;
+      try {
+        result = await connection.request('subscribe', this.#params);
+      } catch (e) {
+        connection.close(); // while held: not taken for a loss of its own
+        this.#held = null;
+        if (e[LOST] && Date.now() < deadline) {
+          lost = lostService(target, connection.lost);
+          continue; // that one went away too
+        }
+        this.finish(e[LOST] ? goneError('the subscription ended', this.#settings, lostError, e) : e);
+        return;
+      }
+      const held = this.#held;
+      this.#held = null;
+      if (this.done) return;
+      this.id = result.subscription;
+      this.status = result.status;
+      this.push({ event: 'resubscribed', at: new Date().toISOString(), reason: 'service restarted', status: result.status });
+      for (const [method, params] of held) this.notification(method, params);
+      if (this.paused) connection.socket.pause();
+      if (connection.closed) this.#closed(connection, connection.closeError); // lost again meanwhile
+      return;
+    }
   }
 
   notification(method, params) {
@@ -1056,6 +1457,7 @@ export class Subscription {
   close() {
     if (this.done) return;
     this.finish(null);
+    this.#stop.abort();
     const connection = this.connection;
     connection.socket.resume(); // to read the answer
     connection.request('unsubscribe', this.id === null ? {} : { subscription: this.id })
