@@ -1,0 +1,474 @@
+// <gem-resources-page gem="notes">: the gem page's list of files, drawn
+// from the model (../model.js). A plain ES module custom element, no
+// framework, no build step.
+//
+//   <script type="module" src="…/page/gem-resources-page.js"></script>
+//   <gem-resources-page gem="notes" relay="http://127.0.0.1:PORT/TOKEN/"></gem-resources-page>
+//
+// or, fed by anything with the client's `status(gem)` / `subscribe({gem})`
+// shapes (an Electron preload's bridge, the Node client in a test):
+//
+//   document.querySelector('gem-resources-page').source = window.gemResources;
+//
+// Each file is a row of a <table> (description, size, host, when it
+// downloads, state); a downloading file has a <progress>; every state is
+// written out in words (colour only repeats it). When the element is
+// narrower than 600 px the cells stack, so the page reads at 320 px.
+
+import { formatBytes, watchGem } from '../model.js';
+
+/** The `source` of the relay (relay.js) at `base` (its URL ending in the token, e.g. `http://127.0.0.1:PORT/TOKEN/`). */
+export class RelaySource {
+  constructor(base) {
+    const url = new URL(base, globalThis.document?.baseURI);
+    if (!url.pathname.endsWith('/')) url.pathname += '/';
+    this.base = url;
+  }
+
+  feed(gem, what) {
+    return new URL(`feed/${encodeURIComponent(gem)}/${what}`, this.base);
+  }
+
+  /** `{gems: [GemStatus]}` of `gem`. */
+  async status(gem) {
+    const response = await fetch(this.feed(gem, 'status'), { cache: 'no-store', credentials: 'same-origin' });
+    if (!response.ok) throw relayError(`the relay answered ${response.status} to status`);
+    return response.json();
+  }
+
+  /**
+   * A subscription like the client's: resolves once the relay sent the
+   * status (`status`), then yields the events; a status sent again (the
+   * relay subscribed again after `lagged`) comes as `{event: 'resubscribed'}`.
+   * Throws E_RESOURCE_SERVICE when the feed is lost.
+   */
+  subscribe({ gem }) {
+    return new Promise((resolve, reject) => {
+      const source = new EventSource(this.feed(gem, 'events'));
+      const queue = [];
+      const waiters = [];
+      let done = false;
+      let failure = null;
+      let subscription = null;
+      const push = (item) => {
+        if (done) return;
+        const waiter = waiters.shift();
+        if (waiter) waiter.resolve({ value: item, done: false });
+        else queue.push(item);
+      };
+      const end = (error) => {
+        if (done) return;
+        done = true;
+        failure = error;
+        source.close();
+        if (!subscription) reject(error ?? relayError('the feed closed'));
+        while (waiters.length > 0) {
+          const waiter = waiters.shift();
+          if (error) waiter.reject(error);
+          else waiter.resolve({ value: undefined, done: true });
+        }
+      };
+      source.addEventListener('status', (m) => {
+        const status = JSON.parse(m.data);
+        if (!subscription) {
+          subscription = {
+            status,
+            next() {
+              if (queue.length > 0) return Promise.resolve({ value: queue.shift(), done: false });
+              if (done) return failure ? Promise.reject(failure) : Promise.resolve({ value: undefined, done: true });
+              return new Promise((res, rej) => waiters.push({ resolve: res, reject: rej }));
+            },
+            return() {
+              end(null);
+              return Promise.resolve({ value: undefined, done: true });
+            },
+            close() {
+              end(null);
+            },
+            [Symbol.asyncIterator]() {
+              return this;
+            },
+          };
+          resolve(subscription);
+        } else {
+          push({ event: 'resubscribed', at: new Date().toISOString(), reason: 'the relay subscribed again', status });
+        }
+      });
+      source.addEventListener('message', (m) => push(JSON.parse(m.data)));
+      source.addEventListener('lost', (m) => {
+        let data = {};
+        try {
+          data = JSON.parse(m.data);
+        } catch {
+          // keep the default
+        }
+        end(relayError(data.message ?? 'the relay lost the service', data.code));
+      });
+      // EventSource would reconnect by itself and miss events meanwhile:
+      // end here, and let watchGem subscribe again and redraw.
+      source.addEventListener('error', () => end(relayError('the feed from the relay was lost')));
+    });
+  }
+}
+
+function relayError(message, code = 'E_RESOURCE_SERVICE') {
+  return Object.assign(new Error(message), { code });
+}
+
+const CSS = `
+:host {
+  display: block;
+  container-type: inline-size;
+  --grp-fg: CanvasText;
+  --grp-muted: color-mix(in srgb, CanvasText 62%, Canvas);
+  --grp-line: color-mix(in srgb, CanvasText 18%, Canvas);
+  --grp-ok: #1a7f37;
+  --grp-busy: #0969da;
+  --grp-bad: #cf222e;
+  --grp-idle: #6e7781;
+  color: var(--grp-fg);
+  font: inherit;
+  line-height: 1.4;
+}
+@media (prefers-color-scheme: dark) {
+  :host { --grp-ok: #3fb950; --grp-busy: #58a6ff; --grp-bad: #f85149; --grp-idle: #8b949e; }
+}
+h2 { font-size: 1.15em; margin: 0 0 .25em; }
+.summary, .notice { margin: 0 0 .5em; color: var(--grp-muted); }
+.notice:empty { display: none; }
+.notice[data-kind="lost"] { color: var(--grp-bad); }
+.sr { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
+table { width: 100%; border-collapse: collapse; }
+caption { text-align: start; }
+th, td { text-align: start; vertical-align: top; padding: .45em .6em; border-bottom: 1px solid var(--grp-line); }
+thead th { font-size: .85em; font-weight: 600; color: var(--grp-muted); border-bottom-width: 2px; }
+tbody th { font-weight: 600; }
+.file { display: block; font-weight: normal; font-size: .85em; color: var(--grp-muted); overflow-wrap: anywhere; }
+.num { white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.when { white-space: nowrap; }
+.mirrors { display: block; font-size: .85em; color: var(--grp-muted); overflow-wrap: anywhere; }
+td.state { min-width: 14em; }
+td.state .text { display: block; overflow-wrap: anywhere; }
+td.state .headline { font-weight: 600; }
+td.state .codes { display: block; font-size: .8em; color: var(--grp-muted); overflow-wrap: anywhere; }
+td.state .mark { font-weight: 700; margin-inline-end: .3em; }
+tr[data-state="present"] .mark, tr[data-state="present"] .headline { color: var(--grp-ok); }
+tr[data-state="downloading"] .mark { color: var(--grp-busy); }
+tr[data-state="failed"] .mark, tr[data-state="failed"] .headline { color: var(--grp-bad); }
+tr[data-state="failed"] td.state { border-inline-start: 3px solid var(--grp-bad); }
+tr[data-state="present"] td.state { border-inline-start: 3px solid var(--grp-ok); }
+tr[data-state="downloading"] td.state { border-inline-start: 3px solid var(--grp-busy); }
+tr[data-state="queued"] .mark, tr[data-state="missing"] .mark, tr[data-state="waiting"] .mark { color: var(--grp-idle); }
+progress { display: block; width: 100%; height: .8em; margin: .15em 0 .25em; accent-color: var(--grp-busy); }
+.empty td { color: var(--grp-muted); }
+@container (max-width: 600px) {
+  table, tbody, tr, th, td { display: block; }
+  thead { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); }
+  tbody tr { border: 1px solid var(--grp-line); border-radius: 6px; margin: 0 0 .75em; padding: .25em 0; }
+  th, td { border: 0; padding: .2em .7em; }
+  td.state { min-width: 0; }
+  td.when { white-space: normal; }
+  tr[data-state] td.state { border-inline-start: 0; }
+  td[data-label]::before { content: attr(data-label) ": "; font-weight: 600; color: var(--grp-muted); }
+  td.state[data-label]::before { display: block; }
+}
+`;
+
+/** A short word per state, the start of each state cell (the rest is the model's text). */
+const MARKS = {
+  present: '✓',
+  downloading: '↓',
+  queued: '…',
+  waiting: '…',
+  failed: '✕',
+  missing: '○',
+};
+
+const COLUMNS = [
+  ['file', 'File'],
+  ['size', 'Size'],
+  ['host', 'Host'],
+  ['when', 'Downloads'],
+  ['state', 'State'],
+];
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'class') node.className = v;
+    else node.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+export class GemResourcesPage extends HTMLElement {
+  static get observedAttributes() {
+    return ['gem', 'relay'];
+  }
+
+  constructor() {
+    super();
+    this._source = null;
+    this._watch = null;
+    this._drawn = new Map(); // id → {tr, row}
+    this._pending = false;
+    const root = this.attachShadow({ mode: 'open' });
+    if (root.adoptedStyleSheets !== undefined && typeof CSSStyleSheet === 'function' && 'replaceSync' in CSSStyleSheet.prototype) {
+      const sheet = new CSSStyleSheet();
+      sheet.replaceSync(CSS);
+      root.adoptedStyleSheets = [sheet];
+    } else {
+      root.append(el('style', {}, CSS));
+    }
+    this._heading = el('h2', { id: 'heading' });
+    this._summary = el('p', { class: 'summary' });
+    this._notice = el('p', { class: 'notice' });
+    this._live = el('div', { class: 'sr', 'aria-live': 'polite' });
+    this._tbody = el('tbody', { role: 'rowgroup' });
+    const head = el('tr', { role: 'row' }, ...COLUMNS.map(([, name]) => el('th', { scope: 'col', role: 'columnheader' }, name)));
+    this._table = el(
+      'table',
+      { role: 'table', 'aria-labelledby': 'heading', 'aria-describedby': 'summary' },
+      el('caption', { class: 'sr' }, 'Each file: its description, size, the host it comes from, when it downloads, and its state'),
+      el('thead', { role: 'rowgroup' }, head),
+      this._tbody,
+    );
+    this._summary.id = 'summary';
+    root.append(el('section', { 'aria-labelledby': 'heading' }, this._heading, this._summary, this._notice, this._table, this._live));
+  }
+
+  /** Anything with `status(gem)` and `subscribe({gem})` (the client, a preload's bridge, a RelaySource). Wins over `relay`. */
+  get source() {
+    return this._source;
+  }
+
+  set source(value) {
+    this._source = value ?? null;
+    if (this.isConnected) this._startSoon();
+  }
+
+  /** The model drawn (GemPageModel), once a feed runs. */
+  get model() {
+    return this._watch?.model ?? null;
+  }
+
+  connectedCallback() {
+    this._startSoon();
+  }
+
+  disconnectedCallback() {
+    if (!this.isConnected) this._stop();
+  }
+
+  attributeChangedCallback(_name, old, value) {
+    if (old !== value && this.isConnected) this._startSoon();
+  }
+
+  /** One start for the attributes set together (an upgrade calls attributeChangedCallback per attribute, then connectedCallback). */
+  _startSoon() {
+    if (this._starting) return;
+    this._starting = true;
+    queueMicrotask(() => {
+      this._starting = false;
+      if (this.isConnected) this._start();
+    });
+  }
+
+  _stop() {
+    if (this._watch) this._watch.stop();
+    this._watch = null;
+  }
+
+  _start() {
+    this._stop();
+    const gem = this.getAttribute('gem');
+    const relay = this.getAttribute('relay');
+    const source = this._source ?? (relay ? new RelaySource(relay) : null);
+    this._heading.textContent = gem ? `Files of ${gem}` : 'Files';
+    if (!gem || !source) {
+      this._clear();
+      this._summary.textContent = '';
+      this._notice.textContent = !gem ? 'No gem given (the gem attribute).' : 'No feed: set the source property or the relay attribute.';
+      return;
+    }
+    this._clear();
+    this._watch = watchGem(source, gem, () => this._schedule());
+    this._draw();
+  }
+
+  _clear() {
+    this._drawn.clear();
+    this._tbody.replaceChildren();
+  }
+
+  _schedule() {
+    if (this._pending) return;
+    this._pending = true;
+    const run = () => {
+      this._pending = false;
+      this._draw();
+    };
+    if (typeof requestAnimationFrame === 'function' && document.visibilityState === 'visible') requestAnimationFrame(run);
+    else setTimeout(run, 50);
+  }
+
+  _draw() {
+    const model = this.model;
+    if (!model) return;
+    this._drawNotice(model);
+    const rows = model.rows;
+    const seen = new Set();
+    const announce = [];
+    rows.forEach((row, index) => {
+      seen.add(row.id);
+      let drawn = this._drawn.get(row.id);
+      if (!drawn) {
+        drawn = { tr: this._newRow(row), row: null };
+        this._drawn.set(row.id, drawn);
+      }
+      if (drawn.row !== row) {
+        if (drawn.row && drawn.row.state !== row.state) announce.push(`${row.description ?? row.label}: ${row.text}`);
+        this._fill(drawn.tr, row, drawn.row);
+        drawn.row = row;
+      }
+      if (this._tbody.children[index] !== drawn.tr) this._tbody.insertBefore(drawn.tr, this._tbody.children[index] ?? null);
+    });
+    for (const [id, drawn] of this._drawn) {
+      if (!seen.has(id)) {
+        drawn.tr.remove();
+        this._drawn.delete(id);
+      }
+    }
+    const empty = this._tbody.querySelector('tr.empty');
+    if (rows.length === 0) {
+      if (!empty) {
+        const text = model.installed === false ? 'This gem is not installed: it has no files.' : 'Loading…';
+        this._tbody.append(el('tr', { class: 'empty', role: 'row' }, el('td', { colspan: COLUMNS.length, role: 'cell' }, text)));
+      } else {
+        empty.firstChild.textContent = model.installed === false ? 'This gem is not installed: it has no files.' : 'Loading…';
+      }
+    } else if (empty) {
+      empty.remove();
+    }
+    this._summary.textContent = summaryOf(model);
+    if (announce.length > 0) this._live.textContent = announce.join('. ');
+  }
+
+  _drawNotice(model) {
+    const c = model.connection;
+    let kind = '';
+    const parts = [];
+    if (c.state === 'connecting' && !c.error) parts.push('Connecting to the service…');
+    else if (c.state === 'lost' || (c.state === 'connecting' && c.error)) {
+      kind = 'lost';
+      parts.push(`The connection to the service was lost (${c.error?.message ?? 'no reason given'}); trying again. The rows may be out of date.`);
+    }
+    if (model.policy) {
+      const at = model.policy.at ? ` at ${new Date(model.policy.at).toLocaleTimeString()}` : '';
+      const n = model.policy.hosts;
+      const list = model.policy.mode === 'allowlist' ? `only ${n} permitted host pattern${n === 1 ? '' : 's'}` : `${n} blocked host pattern${n === 1 ? '' : 's'}`;
+      parts.push(`The network policy changed${at}: ${model.policy.mode}, ${list}.`);
+    }
+    this._notice.dataset.kind = kind;
+    const text = parts.join(' ');
+    if (this._notice.textContent !== text) this._notice.textContent = text;
+  }
+
+  _newRow(row) {
+    const tr = el('tr', { role: 'row', 'data-id': row.id });
+    const title = el('span', { class: 'title' });
+    const file = el('span', { class: 'file' });
+    tr.append(
+      el('th', { scope: 'row', role: 'rowheader' }, title, ' ', file),
+      el('td', { role: 'cell', class: 'num size', 'data-label': 'Size' }),
+      el('td', { role: 'cell', class: 'host', 'data-label': 'Host' }),
+      el('td', { role: 'cell', class: 'when', 'data-label': 'Downloads' }),
+      el('td', { role: 'cell', class: 'state', 'data-label': 'State' }),
+    );
+    return tr;
+  }
+
+  _fill(tr, row, before) {
+    tr.dataset.state = row.state;
+    tr.dataset.blocked = String(row.blocked);
+    const [th, size, host, when, state] = tr.children;
+    if (!before || before.description !== row.description || before.label !== row.label || before.file !== row.file) {
+      th.querySelector('.title').textContent = row.description ?? row.label;
+      th.querySelector('.file').textContent = row.file && row.file !== (row.description ?? row.label) ? row.file : '';
+    }
+    setText(size, row.size === null ? 'unknown' : formatBytes(row.size));
+    if (!before || before.host !== row.host || before.hosts.join() !== row.hosts.join()) {
+      const others = row.hosts.filter((h) => h !== row.host);
+      host.replaceChildren(row.host ?? 'unknown');
+      if (others.length > 0) host.append(' ', el('span', { class: 'mirrors' }, `mirror${others.length === 1 ? '' : 's'}: ${others.join(', ')}`));
+    }
+    setText(when, row.required ? 'Right after install' : 'Only when used');
+    this._fillState(state, row, before);
+  }
+
+  _fillState(cell, row, before) {
+    const label = row.description ?? row.label;
+    let progress = cell.querySelector('progress');
+    const showBar = row.state === 'downloading' || (row.state === 'waiting' && typeof row.bytes === 'number');
+    if (showBar) {
+      if (!progress) {
+        progress = el('progress', { 'aria-label': `${label}: download progress` });
+        cell.prepend(progress);
+      }
+      if (typeof row.bytes === 'number' && row.size) {
+        progress.max = row.size;
+        progress.value = row.bytes;
+      } else {
+        progress.removeAttribute('value'); // indeterminate
+      }
+    } else if (progress) {
+      progress.remove();
+    }
+    let body = cell.querySelector('.body');
+    if (!body) {
+      body = el('span', { class: 'body' });
+      cell.append(body);
+    }
+    if (before && before.text === row.text && before.state === row.state) return;
+    const mark = el('span', { class: 'mark', 'aria-hidden': 'true' }, MARKS[row.state] ?? '');
+    if (row.state === 'failed' && row.error) {
+      const codes = row.error.code !== row.error.primaryCause ? `${row.error.code}, caused by ${row.error.primaryCause}` : row.error.primaryCause;
+      body.replaceChildren(
+        el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${row.error.headline}`), row.error.detail ? ` — ${row.error.detail}.` : '.'),
+        ' ',
+        el('span', { class: 'codes' }, `Code: ${codes}`),
+      );
+    } else {
+      body.replaceChildren(el('span', { class: 'text' }, mark, row.text));
+    }
+  }
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+/** `2 of 3 files ready, 1 downloading, 1 blocked by the network policy`. */
+function summaryOf(model) {
+  if (model.installed === null) return '';
+  if (!model.installed) return 'Not installed.';
+  const rows = model.rows;
+  const count = (pred) => rows.filter(pred).length;
+  const parts = [`${count((r) => r.state === 'present')} of ${rows.length} file${rows.length === 1 ? '' : 's'} ready`];
+  const downloading = count((r) => r.state === 'downloading');
+  if (downloading) parts.push(`${downloading} downloading`);
+  const queued = count((r) => r.state === 'queued' || r.state === 'waiting');
+  if (queued) parts.push(`${queued} waiting`);
+  const blocked = count((r) => r.blocked);
+  if (blocked) parts.push(`${blocked} blocked by the network policy`);
+  const failed = count((r) => r.state === 'failed' && !r.blocked);
+  if (failed) parts.push(`${failed} failed`);
+  const total = rows.reduce((sum, r) => sum + (r.size ?? 0), 0);
+  return `${parts.join(', ')} (${formatBytes(total)} in all).`;
+}
+
+if (typeof customElements !== 'undefined' && !customElements.get('gem-resources-page')) {
+  customElements.define('gem-resources-page', GemResourcesPage);
+}
