@@ -27,6 +27,7 @@ mod cli_serve_start;
 mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
+mod crash_order;
 mod embed_config;
 mod embed_controls;
 mod embed_errors;
