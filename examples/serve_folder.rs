@@ -1,11 +1,23 @@
-//! Serves a folder over HTTPS on 127.0.0.1 with a throwaway CA, to test a
-//! manifest against real downloads in five minutes: it prints the `[dev]`
-//! lines to put in a configuration file, and a manifest entry (url, size,
-//! sha256) for every file, then serves until Ctrl-C.
+//! Serves a folder over HTTPS on 127.0.0.1, to test a manifest against
+//! real downloads in five minutes: it prints the `[dev]` lines to put in a
+//! configuration file, and a manifest entry (url, size, sha256) for every
+//! file, then serves until Ctrl-C, logging each answer (method, target,
+//! range, status, bytes sent) on standard error.
 //!
 //! ```sh
-//! cargo run --example serve_folder -- ./my-files
+//! cargo run --example serve_folder -- ./my-files [--port 8443] [--rate 512k]
 //! ```
+//!
+//! - `--port N`: the port (default: any free one). With the same port, a
+//!   restarted server is the same address, so "kill the origin and start
+//!   it again" can be tried.
+//! - `--rate R`: bytes per second per connection (`k`, `M` suffixes,
+//!   powers of 1024), as a capped CDN sends; default no cap.
+//!
+//! Its certificate (self-signed, `CA:TRUE`) and key, the `[dev]` lines and
+//! the manifest are kept in `FOLDER/.serve-folder/` and reused by the next
+//! start: the configuration written once keeps working. Files and folders
+//! whose names start with a dot are not served.
 //!
 //! Every file is served as a CDN would: `Range` requests (`bytes=S-`,
 //! `bytes=S-E` and `bytes=-N`, each answered `206` with exactly those
@@ -16,30 +28,136 @@
 mod origin;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use origin::{Behaviour, Origin};
+use origin::{Answered, Behaviour, Origin};
 use sha2::{Digest, Sha256};
 
 /// The host name the files are served under.
 const HOST: &str = "cdn.test";
 
+/// Where the server keeps what it reuses, inside the folder served.
+const STATE: &str = ".serve-folder";
+
+/// The piece a capped connection sends between two pauses.
+const PIECE: usize = 16 * 1024;
+
 type Outcome = Result<(), Box<dyn std::error::Error>>;
+
+/// The command line: `FOLDER [--port N] [--rate R]`.
+struct Args {
+    folder: PathBuf,
+    port: u16,
+    /// Bytes per second per connection.
+    rate: Option<u64>,
+}
+
+fn usage() -> ! {
+    eprintln!("usage: cargo run --example serve_folder -- FOLDER [--port N] [--rate BYTES_PER_SEC (k, M)]");
+    std::process::exit(2);
+}
+
+fn parse_args() -> Args {
+    let mut folder = None;
+    let mut port = 0;
+    let mut rate = None;
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--port") => {
+                port = args
+                    .next()
+                    .and_then(|v| v.to_str()?.parse().ok())
+                    .unwrap_or_else(|| usage());
+            }
+            Some("--rate") => {
+                rate = Some(
+                    args.next()
+                        .and_then(|v| parse_rate(v.to_str()?))
+                        .unwrap_or_else(|| usage()),
+                );
+            }
+            Some(flag) if flag.starts_with("--") => usage(),
+            _ if folder.is_none() => folder = Some(PathBuf::from(arg)),
+            _ => usage(),
+        }
+    }
+    Args {
+        folder: folder.unwrap_or_else(|| usage()),
+        port,
+        rate,
+    }
+}
+
+/// `512k`, `2M`, `1000`: bytes per second (k and M are powers of 1024).
+fn parse_rate(text: &str) -> Option<u64> {
+    let (digits, unit) = match text.strip_suffix(['k', 'K']) {
+        Some(d) => (d, 1024),
+        None => match text.strip_suffix('M') {
+            Some(d) => (d, 1024 * 1024),
+            None => (text, 1),
+        },
+    };
+    let n: u64 = digits.parse().ok()?;
+    (n > 0).then_some(n * unit)
+}
+
+/// The certificate and key kept in `state`, made there on the first start.
+fn certificate(state: &Path) -> std::io::Result<String> {
+    let file = state.join("server.pem");
+    match std::fs::read_to_string(&file) {
+        Ok(pem) => Ok(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let pem = origin::self_signed_pem();
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            std::io::Write::write_all(&mut options.open(&file)?, pem.as_bytes())?;
+            Ok(pem)
+        }
+        Err(e) => Err(e),
+    }
+}
 
 #[tokio::main]
 async fn main() -> Outcome {
-    let Some(folder) = std::env::args_os().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: cargo run --example serve_folder -- FOLDER");
-        std::process::exit(2);
-    };
+    let Args { folder, port, rate } = parse_args();
     let files = files_in(&folder)?;
     if files.is_empty() {
         eprintln!("no file in {}", folder.display());
         std::process::exit(1);
     }
-    let origin = Origin::start().await;
-    let scratch = tempfile::Builder::new().prefix("serve-folder-").tempdir()?;
-    let ca = scratch.path().join("ca.pem");
+    let state = folder.join(STATE);
+    std::fs::create_dir_all(&state)?;
+    let state = std::path::absolute(&state)?;
+    let origin = match Origin::start_with_pem_at(&certificate(&state)?, port).await {
+        Ok(origin) => origin,
+        Err(e) => {
+            eprintln!("cannot serve on 127.0.0.1:{port}: {e}");
+            std::process::exit(1);
+        }
+    };
+    origin.log_answers(Arc::new(|a: &Answered| {
+        let range = a.range.unwrap_or("-");
+        let cut = if a.sent < a.announced {
+            " (cut short)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "{} {} range={range} {} sent {} of {} bytes{cut}",
+            a.method, a.target, a.status, a.sent, a.announced
+        );
+    }));
+    let ca = state.join("ca.pem");
     std::fs::write(&ca, origin.ca_pem())?;
+    // A capped connection sends a piece, then waits for the rate.
+    let (piece, pause) = match rate {
+        Some(rate) => (PIECE, Duration::from_secs_f64(PIECE as f64 / rate as f64)),
+        None => (256 << 10, Duration::ZERO),
+    };
     let mut entries = Vec::new();
     for (index, file) in files.iter().enumerate() {
         let bytes = std::fs::read(file)?;
@@ -53,10 +171,7 @@ async fn main() -> Outcome {
         let size = bytes.len();
         // Closed and suffix ranges too, as a CDN answers them: a resumed
         // download in parts asks for `bytes=S-E`.
-        origin.route(
-            &path,
-            Behaviour::parts(&bytes, &etag, 256 << 10, std::time::Duration::ZERO),
-        );
+        origin.route(&path, Behaviour::parts(&bytes, &etag, piece, pause));
         let id = name
             .rsplit('/')
             .next()
@@ -77,8 +192,8 @@ async fn main() -> Outcome {
         ca.display().to_string()
     );
     let manifest = serde_json::to_string_pretty(&serde_json::json!({ "resources": entries }))?;
-    let config = scratch.path().join("dev.toml");
-    let manifest_file = scratch.path().join("notochord.json");
+    let config = state.join("dev.toml");
+    let manifest_file = state.join("notochord.json");
     std::fs::write(&config, &dev)?;
     std::fs::write(&manifest_file, format!("{manifest}\n"))?;
     println!(
@@ -103,9 +218,11 @@ async fn main() -> Outcome {
         config.display(),
         manifest_file.display()
     );
+    let capped = rate.map_or(String::new(), |r| format!(", {r} bytes/s per connection"));
     println!(
-        "# Serving {} file(s) on 127.0.0.1:{} until Ctrl-C.",
+        "# Serving {} file(s) on 127.0.0.1:{}{capped} until Ctrl-C (start it again with --port {} to keep the address).",
         files.len(),
+        origin.port(),
         origin.port()
     );
     tokio::signal::ctrl_c().await?;
@@ -119,6 +236,10 @@ fn files_in(folder: &Path) -> std::io::Result<Vec<PathBuf>> {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
+            // `.serve-folder` and other hidden entries are not served.
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
             let kind = entry.file_type()?;
             if kind.is_dir() {
                 stack.push(entry.path());

@@ -895,7 +895,7 @@ impl Resources {
         Ok(self
             .inner
             .scheduler
-            .cancel_job(&resource, "cancelled by the app")
+            .cancel_job(&resource, "cancelled on request")
             .await)
     }
 

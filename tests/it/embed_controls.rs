@@ -63,7 +63,7 @@ async fn cancel_stops_a_download_keeps_its_bytes_and_the_next_one_resumes() {
     assert!(service.cancel("g", "m").await.unwrap());
     next(
         &mut events,
-        |e| matches!(e, Event::Cancelled { reason, .. } if reason.contains("cancelled by the app")),
+        |e| matches!(e, Event::Cancelled { reason, .. } if reason.contains("cancelled on request")),
     )
     .await;
     // Not a failure, and the bytes are kept.

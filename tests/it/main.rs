@@ -61,6 +61,7 @@ mod resume;
 mod resume_checks;
 mod resume_parts;
 mod scale;
+mod serve_folder_example;
 mod serve_ownership;
 mod serve_reload;
 mod serve_scans;

@@ -336,6 +336,44 @@ struct Shared {
     ranges: Mutex<HashMap<String, Vec<String>>>,
     /// Called with every well-formed request head (see [`Origin::observe`]).
     observer: Mutex<Option<Observer>>,
+    /// Called when a ranged answer ends (see [`Origin::log_answers`]).
+    logger: Mutex<Option<Logger>>,
+}
+
+/// What [`Origin::log_answers`] is told of an answer of a
+/// [`Behaviour::Parts`] route when it ends.
+#[derive(Debug)]
+pub struct Answered<'a> {
+    /// `GET` or `HEAD`.
+    pub method: &'a str,
+    /// The request target.
+    pub target: &'a str,
+    /// The `Range` header asked for, if any.
+    pub range: Option<&'a str>,
+    /// 200 or 206.
+    pub status: u16,
+    /// Body bytes sent.
+    pub sent: u64,
+    /// Body bytes the answer announced.
+    pub announced: u64,
+}
+
+/// A hook called when an answer ends (see [`Origin::log_answers`]).
+pub type Logger = Arc<dyn Fn(&Answered) + Send + Sync>;
+
+/// Calls the logger when dropped: an answer cut by the client is logged
+/// too, with what was sent.
+struct AnswerLog<'a> {
+    logger: Option<Logger>,
+    answered: Answered<'a>,
+}
+
+impl Drop for AnswerLog<'_> {
+    fn drop(&mut self) {
+        if let Some(logger) = &self.logger {
+            logger(&self.answered);
+        }
+    }
 }
 
 /// A hook called with the target and headers of every request head.
@@ -403,9 +441,34 @@ impl Origin {
         Origin::start_with((cert_pem, vec![cert], key)).await
     }
 
+    /// [`Origin::start_with_pem`] on 127.0.0.1:`port` (0: any free port).
+    pub async fn start_with_pem_at(pem: &str, port: u16) -> std::io::Result<Origin> {
+        use rustls_pki_types::pem::PemObject;
+        let invalid =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let cert = CertificateDer::from_pem_slice(pem.as_bytes())
+            .map_err(|_| invalid("no certificate in the PEM"))?;
+        let key = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+            .map_err(|_| invalid("no private key in the PEM"))?;
+        let end = pem
+            .find("-----END CERTIFICATE-----")
+            .ok_or_else(|| invalid("no certificate in the PEM"))?;
+        let cert_pem = pem[..end + 25].to_string() + "\n";
+        Origin::start_on((cert_pem, vec![cert], key), port).await
+    }
+
     async fn start_with(
         certs: (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
     ) -> Origin {
+        Origin::start_on(certs, 0)
+            .await
+            .expect("origin: bind 127.0.0.1:0")
+    }
+
+    async fn start_on(
+        certs: (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+        port: u16,
+    ) -> std::io::Result<Origin> {
         let (ca_pem, chain, key) = certs;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -417,10 +480,8 @@ impl Origin {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
 
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .expect("origin: bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("origin: local address");
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
+        let addr = listener.local_addr()?;
 
         let shared = Arc::new(Shared::default());
         let tasks = Arc::new(Mutex::new(Tasks::default()));
@@ -430,13 +491,13 @@ impl Origin {
             Arc::clone(&shared),
             Arc::clone(&tasks),
         ));
-        Origin {
+        Ok(Origin {
             addr,
             ca_pem,
             shared,
             tasks,
             accept,
-        }
+        })
     }
 
     /// The port the origin listens on.
@@ -465,6 +526,13 @@ impl Origin {
     /// whole target, then by the part before `?`.
     pub fn route(&self, path: &str, behaviour: Behaviour) {
         lock(&self.shared.routes).insert(path.to_owned(), Arc::new(behaviour));
+    }
+
+    /// Calls `logger` each time an answer of a [`Behaviour::Parts`] route
+    /// ends, cut short or not: the method, target, range, status and bytes
+    /// sent (a request log).
+    pub fn log_answers(&self, logger: Logger) {
+        *lock(&self.shared.logger) = Some(logger);
     }
 
     /// How many requests for `path` arrived (counted when the request head is
@@ -587,6 +655,24 @@ fn make_certificates() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'
 }
 
 /// One self-signed certificate, `CA:TRUE`, for every test name.
+/// A self-signed certificate (`CA:TRUE`, for the origin's names) and its
+/// private key in one PEM text, as [`Origin::start_with_pem`] takes it.
+pub fn self_signed_pem() -> String {
+    let names: Vec<String> = DNS_NAMES
+        .iter()
+        .chain(IP_NAMES)
+        .map(|s| s.to_string())
+        .collect();
+    let key = KeyPair::generate().expect("origin: key");
+    let mut params = CertificateParams::new(names).expect("origin: params");
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "origin.test");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).expect("origin: self-signed cert");
+    format!("{}{}", cert.pem(), key.serialize_pem())
+}
+
 fn make_self_signed() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     let names: Vec<String> = DNS_NAMES
         .iter()
@@ -1053,6 +1139,21 @@ async fn serve_parts(
         PartsFault::LateHeads(late) => tokio::time::sleep(*late).await,
         _ => {}
     }
+    let mut log = AnswerLog {
+        logger: lock(&shared.logger).clone(),
+        answered: Answered {
+            method: &request.method,
+            target: &request.target,
+            range: request
+                .headers
+                .iter()
+                .find(|(n, _)| n == "range")
+                .map(|(_, v)| v.as_str()),
+            status: if range.is_some() { 206 } else { 200 },
+            sent: 0,
+            announced: (end - start) as u64,
+        },
+    };
     tls.write_all(head.as_bytes()).await?;
     let mut at = start;
     while at < end {
@@ -1065,6 +1166,7 @@ async fn serve_parts(
         }
         write_body(tls, &part).await?;
         *lock(&shared.served).entry(key.to_string()).or_default() += part.len() as u64;
+        log.answered.sent += part.len() as u64;
         at = stop;
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
