@@ -269,6 +269,63 @@ async fn completions_and_a_manual_page_are_printed() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// What bash offers for `words` (the last one being completed) with the
+/// binary's completion script loaded, as a user's Tab press would ask
+/// the function the script registers; `None` when there is no bash.
+fn bash_completes(script: &std::path::Path, words: &[&str]) -> Option<Vec<String>> {
+    let program = r#"
+source "$1" || exit 3
+shift
+function_name=$(complete -p gem-resources | sed -n 's/.*-F \([^ ]*\).*/\1/p')
+[ -n "$function_name" ] || exit 4
+COMP_WORDS=("$@")
+COMP_CWORD=$(( $# - 1 ))
+COMP_LINE="$*"
+COMP_POINT=${#COMP_LINE}
+"$function_name" gem-resources "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+printf '%s\n' "${COMPREPLY[@]}"
+"#;
+    let out = std::process::Command::new("bash")
+        .args(["--noprofile", "--norc", "-c", program, "bash"])
+        .arg(script)
+        .args(words)
+        .output();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("cannot run bash: {e}"),
+    };
+    assert!(out.status.success(), "bash: {}", stderr(&out));
+    Some(stdout(&out).lines().map(str::to_string).collect())
+}
+
+#[tokio::test]
+async fn bash_completes_a_subcommands_options() {
+    let env = Env::new().await;
+    let out = env.run(&["completions", "bash"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let script = env.dir.path().join("gem-resources.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let Some(top) = bash_completes(&script, &["gem-resources", "--"]) else {
+        eprintln!("SKIPPED bash_completes_a_subcommands_options: bash is not installed");
+        return;
+    };
+    assert!(top.contains(&"--json".to_string()), "{top:?}");
+    // `gem-resources install --<TAB>`: its own options and the global ones.
+    let install = bash_completes(&script, &["gem-resources", "install", "--"]).unwrap();
+    for option in ["--as", "--no-wait", "--json"] {
+        assert!(
+            install.contains(&option.to_string()),
+            "{option}: {install:?}"
+        );
+    }
+    // A subcommand whose name has a hyphen too.
+    let check_url = bash_completes(&script, &["gem-resources", "check-url", "--"]).unwrap();
+    assert!(check_url.contains(&"--json".to_string()), "{check_url:?}");
+    let autofill = bash_completes(&script, &["gem-resources", "autofill", "--ma"]).unwrap();
+    assert_eq!(autofill, ["--manifest"]);
+}
+
 /// Serves `count` small files, the first held until `gate` opens, and
 /// returns their bodies and manifest entries (`with_digest`: with size and
 /// SHA-256), in order.

@@ -15,6 +15,7 @@ mod context;
 mod gc;
 mod import;
 mod interrupt;
+mod manual;
 mod platform;
 mod progress;
 mod reload;
@@ -148,8 +149,7 @@ fn help(command: Option<&str>) -> ExitCode {
 
 /// `completions SHELL`: the shell's completion script on stdout.
 fn completions(shell: clap_complete::Shell) -> ExitCode {
-    let mut cli = cli::Args::command();
-    clap_complete::generate(shell, &mut cli, "gem-resources", &mut std::io::stdout());
+    manual::print(&manual::completions(shell));
     ExitCode::SUCCESS
 }
 
