@@ -290,6 +290,18 @@ fn head_offset(
 ) -> Result<u64, Box<HeadError>> {
     let status = response.status().as_u16();
     match (status, ask) {
+        // The whole file, unchanged (its validator the one asked about),
+        // for a closed range after a kept prefix: the server does not
+        // answer that form of range, which is not the file starting over.
+        (200, Some(a))
+            if a.start > 0
+                && a.end.is_some()
+                && a.validator.is_some()
+                && validator(response) == a.validator =>
+        {
+            let why = "200 (the whole file) to a closed range".to_string();
+            Err(Box::new(HeadError::RangeRefused(hop.clone(), why)))
+        }
         (200, _) => Ok(0),
         (206, Some(a)) => {
             let range = response

@@ -43,8 +43,9 @@ impl Fetcher {
     ///
     /// A large file whose server answers the first request's `Range`
     /// exactly is fetched in parts ([`crate::transfer::parts`]); when a
-    /// part is refused, the file is fetched once more as one stream from
-    /// zero.
+    /// part is refused, the file is fetched once more as one stream, from
+    /// the end of the prefix kept from this address (from zero when there
+    /// is none, or the server ignores that range).
     pub(crate) async fn transfer(
         &self,
         address: &Url,
@@ -76,16 +77,40 @@ impl Fetcher {
         if let Some(done) = self.transfer_once(first, cancel, &mut *reporter).await? {
             return Ok(done);
         }
+        // The prefix kept before the first gap came from this address
+        // under its validator: one stream continues from it (as `curl -C -`
+        // would), and starts over only if the server ignores that range.
+        let mut resume = None;
         if let Some(paths) = paths {
             let paths = paths.clone();
-            let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
+            let from = address.to_string();
+            resume = tokio::task::spawn_blocking(move || {
+                let prefix = paths.kept().and_then(|(meta, _)| {
+                    let validator = meta.validator.filter(|_| meta.address == from)?;
+                    (meta.durable > 0).then_some(Resume {
+                        offset: meta.durable,
+                        validator,
+                        ranges: Vec::new(),
+                    })
+                });
+                if prefix.is_none() {
+                    paths.remove();
+                }
+                prefix
+            })
+            .await
+            .ok()
+            .flatten();
+        }
+        if let Some(prefix) = &resume {
+            tracing::debug!(%address, offset = prefix.offset, "one stream continues from the prefix kept");
         }
         let again = Try {
             address,
             expected,
             limit,
             paths,
-            resume: None,
+            resume,
             parts: false,
             also: &[],
         };
@@ -115,7 +140,7 @@ impl Fetcher {
             limit,
             paths,
             mut resume,
-            parts,
+            mut parts,
             also,
         } = t;
         let fail = |hop: &Url, error: AttemptError| {
@@ -139,6 +164,23 @@ impl Fetcher {
             match head {
                 Ok(head) => break head,
                 Err(HeadError::Attempt(hop, error)) => return Err(fail(&hop, error)),
+                Err(HeadError::RangeRefused(hop, why))
+                    if ask.as_ref().is_some_and(|a| a.end.is_some())
+                        && resume.as_ref().is_some_and(|r| r.offset > 0) =>
+                {
+                    // A closed range refused (some servers answer only
+                    // `bytes=S-`): the prefix kept is continued as one
+                    // stream, as `curl -C -` would, before anything is
+                    // thrown away.
+                    let prefix = resume.take().map(|r| Resume {
+                        ranges: Vec::new(),
+                        ..r
+                    });
+                    tracing::debug!(%hop, "range refused: {why}; continuing the prefix kept as one stream");
+                    parts = false;
+                    ask = first_ask(prefix.as_ref(), None, limit);
+                    resume = prefix;
+                }
                 Err(HeadError::RangeRefused(hop, why)) => {
                     // The kept bytes cannot be continued: start afresh.
                     tracing::debug!(%hop, "range refused: {why}; starting from zero");

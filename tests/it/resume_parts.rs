@@ -461,3 +461,56 @@ async fn a_block_then_unblock_and_a_restart_under_a_download_in_parts_fetch_each
     );
     service.shutdown().await;
 }
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_answers_closed_ranges_with_200_keeps_the_prefix_kept() {
+    let env = Env::new().await;
+    config(&env);
+    let body = bytes(SIZE, 54);
+    env.origin.route(
+        "/open.bin",
+        Behaviour::parts(&body, "\"o1\"", 16 << 10, Duration::from_millis(50)),
+    );
+    let url = env.url("origin.test", "/open.bin");
+    let manifest = env.write_manifest("m.json", serde_json::json!([entry("f", &url, &body)]));
+    let meta = interrupted_fetch(&env, &manifest, &body, libc::SIGINT).await;
+    let prefix = meta.durable;
+    assert!(prefix > 0, "{meta:?}");
+    let sent_before = env.origin.served("/open.bin");
+    // Now the server answers `bytes=S-` with 206 but a closed range
+    // `bytes=S-E` with the whole file (200), as some servers do.
+    env.origin.route(
+        "/open.bin",
+        Behaviour::Ranged {
+            body: body.clone(),
+            etag: "\"o1\"".into(),
+            ignore_range: false,
+            cut_at: None,
+            hold: false,
+            // Paced, so that the whole file answered to a closed range is
+            // seen refused before much of it was sent.
+            pace: Some((64 << 10, Duration::from_millis(10))),
+        },
+    );
+    let out = env.run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&stored_files(&env, &body)[0]).unwrap(), body);
+    let ranges = env.origin.ranges("/open.bin");
+    let sent_after = env.origin.served("/open.bin") - sent_before;
+    eprintln!(
+        "prefix {prefix}, record {meta:?}; asked {ranges:?}; sent {sent_after} after the stop"
+    );
+    // The prefix is never fetched again: at most one whole answer that
+    // was refused at its head, then the rest from the prefix.
+    assert!(
+        ranges.iter().any(|r| r == &format!("bytes={prefix}-")),
+        "the prefix was not continued: {ranges:?}"
+    );
+    // Starting over would send the prefix again too.
+    assert!(
+        sent_after <= (SIZE as u64 - prefix) + (512 << 10),
+        "{sent_after} bytes sent after the stop for {} missing after the prefix",
+        SIZE as u64 - prefix
+    );
+}
