@@ -37,6 +37,7 @@ use url::Url;
 use crate::manifest::ManifestError;
 
 pub use crate::error::code::{ErrorCode, CODES};
+pub(crate) use crate::error::refusal::NAME_RULE_REASONS;
 pub use crate::error::refusal::{Blocked, PolicyError};
 
 /// Why one address failed.

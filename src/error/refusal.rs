@@ -3,9 +3,26 @@
 //! ([`PolicyError`]). They live here, at the bottom, so that every layer
 //! can carry them without depending on the rules themselves.
 
-/// Where a local test origin is let through, as the refusal says.
+/// Where a local test origin is let through, as the refusal of an address
+/// says.
 pub(crate) const ALLOW_ADDRESSES_HINT: &str =
     "for a local test origin, see `[dev] allow_addresses` in docs/configuration.md";
+
+/// The same for a name the by-name rule refuses (`localhost`, `.local`, …):
+/// no address range lets a name through, a fixed answer under `[dev]
+/// resolve` does (the answer then passes the address rule).
+pub(crate) const RESOLVE_HINT: &str = "for a local test origin, give the name a fixed answer under `[dev] resolve` and that address under `[dev] allow_addresses`, see docs/configuration.md";
+
+/// The reasons the by-name rule gives (`LOCAL_SUFFIXES` in `net::guard`
+/// names them from here): a name that only ever means a local or private
+/// host, refused before any lookup.
+pub(crate) const NAME_RULE_REASONS: [&str; 5] = [
+    "local host name",
+    "multicast DNS name (.local)",
+    "private-use domain (.internal)",
+    "home network domain (.home.arpa)",
+    "local domain (.localdomain)",
+];
 
 /// Why an address is refused: `address` is the host or IP as text, `reason` a
 /// short phrase such as "loopback", "private network (10.0.0.0/8)",
@@ -26,9 +43,14 @@ impl std::fmt::Display for Blocked {
             // Not an address at all: no setting lets it through.
             write!(f, "{address} is refused ({reason})")
         } else {
+            let hint = if NAME_RULE_REASONS.contains(&reason.as_str()) {
+                RESOLVE_HINT
+            } else {
+                ALLOW_ADDRESSES_HINT
+            };
             write!(
                 f,
-                "{address} is a local or internal-network address ({reason}; {ALLOW_ADDRESSES_HINT})"
+                "{address} is a local or internal-network address ({reason}; {hint})"
             )
         }
     }
@@ -62,9 +84,14 @@ mod tests {
     use super::Blocked;
 
     #[test]
-    fn only_a_local_address_points_to_the_setting_that_lets_it_through() {
-        let local = Blocked::new("localhost", "local host name").to_string();
+    fn a_local_address_or_name_points_to_the_settings_that_let_it_through() {
+        let local = Blocked::new("127.0.0.1", "loopback").to_string();
         assert!(local.contains("[dev] allow_addresses"), "{local}");
+        assert!(!local.contains("[dev] resolve"), "{local}");
+        // A name: no address range lets it through, a fixed answer does.
+        let name = Blocked::new("localhost", "local host name").to_string();
+        assert!(name.contains("`[dev] resolve`"), "{name}");
+        assert!(name.contains("`[dev] allow_addresses`"), "{name}");
         let malformed = Blocked::new("999.1.1.1", "malformed host name").to_string();
         assert_eq!(malformed, "999.1.1.1 is refused (malformed host name)");
     }

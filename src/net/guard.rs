@@ -19,6 +19,7 @@ use ipnet::IpNet;
 use url::Host;
 
 pub use crate::error::Blocked;
+use crate::error::NAME_RULE_REASONS;
 
 /// The ways an IPv6 address can carry an IPv4 address; used to index
 /// [`V4Block::embedded`].
@@ -255,11 +256,11 @@ pub fn classify_ip(ip: IpAddr) -> Option<&'static str> {
 /// - `localdomain`: the conventional domain of `localhost.localdomain` and of
 ///   hosts without a real domain; never delegated publicly.
 const LOCAL_SUFFIXES: &[(&str, &str)] = &[
-    ("localhost", "local host name"),
-    ("local", "multicast DNS name (.local)"),
-    ("internal", "private-use domain (.internal)"),
-    ("home.arpa", "home network domain (.home.arpa)"),
-    ("localdomain", "local domain (.localdomain)"),
+    ("localhost", NAME_RULE_REASONS[0]),
+    ("local", NAME_RULE_REASONS[1]),
+    ("internal", NAME_RULE_REASONS[2]),
+    ("home.arpa", NAME_RULE_REASONS[3]),
+    ("localdomain", NAME_RULE_REASONS[4]),
 ];
 
 /// A host name as every rule of the crate compares it (the address guard,
@@ -611,7 +612,7 @@ mod tests {
         assert_eq!(err.address, "localhost");
         assert_eq!(
             err.to_string(),
-            "localhost is a local or internal-network address (local host name; for a local test origin, see `[dev] allow_addresses` in docs/configuration.md)"
+            "localhost is a local or internal-network address (local host name; for a local test origin, give the name a fixed answer under `[dev] resolve` and that address under `[dev] allow_addresses`, see docs/configuration.md)"
         );
         let err = AddressGuard::new().check_ip(ip("10.0.0.1")).unwrap_err();
         assert_eq!(err.address, "10.0.0.1");

@@ -1,5 +1,5 @@
 //! Messages that say what is wrong and what to do: configuration files
-//! that cannot be read, a mistyped subcommand.
+//! that cannot be read, a mistyped subcommand, a refused local address.
 
 use crate::support::*;
 
@@ -147,4 +147,26 @@ async fn the_configured_cap_takes_a_rate_as_limit_rate_does() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // 600 KiB at 200 KiB/s.
     assert!(elapsed >= 2.5, "took {elapsed:.2} s");
+}
+
+#[tokio::test]
+async fn a_refused_local_name_points_to_dev_resolve_and_an_address_to_allow_addresses() {
+    let env = Env::new().await;
+    // `localhost` is refused by its name, before any lookup: no address
+    // range can let it through, a fixed answer under `[dev] resolve` can.
+    let out = env.run(&["check-url", "https://localhost/model.bin"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("localhost is a local or internal-network address (local host name; for a local test origin, give the name a fixed answer under `[dev] resolve` and that address under `[dev] allow_addresses`, see docs/configuration.md)"),
+        "{text}"
+    );
+    let out = env.run(&["check-url", "https://10.1.2.3/model.bin"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("(private network (10.0.0.0/8); for a local test origin, see `[dev] allow_addresses` in docs/configuration.md)"),
+        "{text}"
+    );
+    assert!(!text.contains("[dev] resolve"), "{text}");
 }
