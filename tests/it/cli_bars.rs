@@ -153,3 +153,55 @@ async fn a_bar_fits_an_80_column_terminal() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_note_narrows_the_bar_but_never_removes_it_and_fits_80_columns() {
+    let env = Env::new().await;
+    env.write_config("retries = 3\nretry_backoff_secs = 0");
+    let body = bytes(3 * MIB, 58);
+    let paced = Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"n1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        pace: Some((128 * 1024, Duration::from_millis(50))),
+    };
+    // Cut after 1 MiB, then "come back in 2 s", then the rest.
+    env.origin.route(
+        "/n.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::ranged_cut(&body, "\"n1\"", MIB),
+            Behaviour::RetryAfter {
+                status: 503,
+                value: "2".into(),
+            },
+            paced,
+        ]),
+    );
+    let manifest = one_file(&env, "/n.bin", &body);
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 80).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rows = terminal_rows(&shown);
+    let noted: Vec<&String> = rows.iter().filter(|r| r.contains("retry 2 of ")).collect();
+    assert!(!noted.is_empty(), "no retry note: {rows:#?}");
+    for row in noted {
+        // `[` ten columns of bar `]`, the percentage, then the note.
+        let bar = row
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split_once(']'));
+        let Some((bar, after)) = bar else {
+            panic!("no bar beside the note: {row}");
+        };
+        assert_eq!(bar.chars().count(), 10, "{row}");
+        assert!(bar.contains('='), "the bar shows nothing done: {row}");
+        assert!(after.trim_start().starts_with("33%"), "{row}");
+    }
+    for row in rows.iter().filter(|r| r.contains('[')) {
+        assert!(
+            row.chars().count() <= 80,
+            "{} columns: {row}",
+            row.chars().count()
+        );
+    }
+}

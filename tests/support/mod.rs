@@ -75,7 +75,8 @@ impl Env {
     ///
     /// The stall timeout is 30 seconds, so that a loaded machine never
     /// fails a test by stalling; a stall test sets its own
-    /// `stall_timeout_secs` in `network`.
+    /// `stall_timeout_secs` in `network`. No retries, unless `network`
+    /// sets `retries`.
     pub fn write_config_full(&self, network: &str, extra: &str) -> PathBuf {
         let path = self.dir.path().join("config.toml");
         let stall = if network.contains("stall_timeout_secs") {
@@ -83,8 +84,14 @@ impl Env {
         } else {
             "stall_timeout_secs = 30\n"
         };
+        // No retries unless the test asks for some.
+        let retries = if network.contains("retries =") {
+            ""
+        } else {
+            "retries = 0\n"
+        };
         let text = format!(
-            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\n{stall}retries = 0\n{network}\n{}\n{extra}\n",
+            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\n{stall}{retries}{network}\n{}\n{extra}\n",
             Env::dev_section()
         );
         std::fs::write(&path, text).unwrap();

@@ -184,6 +184,8 @@ pub struct Bar {
     /// Lines without a terminal: when the last one was printed (`None`:
     /// none are, with `--json` or a bar).
     last_line: Option<Mutex<Instant>>,
+    /// Whether a note is shown now (the bar is then narrower, never gone).
+    noted: AtomicBool,
 }
 
 /// `--quiet`: no bars and no progress lines.
@@ -216,6 +218,7 @@ impl Bar {
             label: crate::text::field(label).into_owned(),
             size: Mutex::new(size),
             last_line: None,
+            noted: AtomicBool::new(false),
         };
         if json || QUIET.load(Ordering::Relaxed) {
             return this;
@@ -225,7 +228,7 @@ impl Bar {
             return this;
         }
         let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
-        bar.set_style(style(size.is_some(), &meter));
+        bar.set_style(style(size.is_some(), false, &meter));
         bar.set_prefix(this.label.clone());
         // Redrawn while nothing arrives, so a stall shows.
         bar.enable_steady_tick(Duration::from_millis(500));
@@ -258,7 +261,7 @@ impl Bar {
             if now.saturating_duration_since(resumed) > RESUME_NOTE_FOR
                 && bar.message().starts_with(RESUMING)
             {
-                bar.set_message("");
+                self.set_note("");
             }
         }
         if let Some(last) = &self.last_line {
@@ -293,7 +296,7 @@ impl Bar {
         if let Some((_, bar)) = &self.bar {
             if bar.length() != Some(total) {
                 bar.set_length(total);
-                bar.set_style(style(true, &self.meter));
+                bar.set_style(style(true, self.noted.load(Ordering::Relaxed), &self.meter));
             }
         }
     }
@@ -304,15 +307,23 @@ impl Bar {
         self.meter().resumed(Instant::now(), offset);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(offset);
-            bar.set_message(format!("{RESUMING} {}", crate::text::bytes(offset)));
         }
+        self.set_note(&format!("{RESUMING} {}", crate::text::bytes(offset)));
     }
 
     /// What the transfer is waiting for, after the figures ("retrying in
     /// 2 s (attempt 2 of 4): connection refused"); empty when it is
     /// receiving.
+    ///
+    /// The note takes the room the figures after the bytes leave, cut to
+    /// the terminal's width: the bar narrows to a fixed width meanwhile,
+    /// and never disappears.
     pub fn set_note(&self, note: &str) {
         if let Some((_, bar)) = &self.bar {
+            let noted = !note.is_empty();
+            if self.noted.swap(noted, Ordering::Relaxed) != noted {
+                bar.set_style(style(bar.length().is_some(), noted, &self.meter));
+            }
             bar.set_message(crate::text::field(note).into_owned());
         }
     }
@@ -333,6 +344,12 @@ fn rate_text(rate: f64) -> String {
     format!("{}/s", crate::text::bytes(rate.max(0.0) as u64))
 }
 
+/// Widths the figures of a bar are padded to, so that the bar's width
+/// does not jitter as they change length (`1023.9 KiB/s`, `5m 10s`); the
+/// bytes are padded by the templates.
+const RATE_WIDTH: usize = 12;
+const LEFT_WIDTH: usize = 7;
+
 /// The time left as a bar says it: `12s`, `5m 10s`, `2h 5m`; `stalled for
 /// 12 s` while nothing arrives; `--` when it cannot be told.
 fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
@@ -341,7 +358,8 @@ fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
     }
     match size.and_then(|total| meter.time_left(now, total)) {
         Some(left) => {
-            let secs = left.as_secs();
+            // Rounded up: `0s` only once nothing is left.
+            let secs = left.as_secs_f64().ceil() as u64;
             match secs {
                 0..=59 => format!("{secs}s"),
                 60..=3599 => format!("{}m {}s", secs / 60, secs % 60),
@@ -352,13 +370,13 @@ fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
     }
 }
 
-/// The look of a bar whose total is known (`sized`) or not; its rate and
-/// time left read `meter`.
-fn style(sized: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
-    let template = if sized {
-        TEMPLATE_SIZED
-    } else {
-        "{prefix:20!} {spinner} {bytes} {rate} {msg}"
+/// The look of a bar whose total is known (`sized`) or not, with a note
+/// (`noted`) or not; its rate and time left read `meter`.
+fn style(sized: bool, noted: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
+    let template = match (sized, noted) {
+        (true, false) => TEMPLATE_SIZED,
+        (true, true) => TEMPLATE_SIZED_NOTE,
+        (false, _) => "{prefix:20!} {spinner} {bytes:>10} {rate} {wide_msg}",
     };
     let (for_rate, for_left) = (meter.clone(), meter.clone());
     ProgressStyle::with_template(template)
@@ -367,22 +385,29 @@ fn style(sized: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
             "rate",
             move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
                 let meter = for_rate.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = w.write_str(&rate_text(meter.rate(Instant::now())));
+                let text = rate_text(meter.rate(Instant::now()));
+                let _ = write!(w, "{text:>RATE_WIDTH$}");
             },
         )
         .with_key(
             "left",
             move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
                 let meter = for_left.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = w.write_str(&left_text(&meter, Instant::now(), state.len()));
+                let text = left_text(&meter, Instant::now(), state.len());
+                let _ = write!(w, "{text:>LEFT_WIDTH$}");
             },
         )
         .progress_chars("=> ")
 }
 
 /// The template of a bar whose total is known: the bar takes the width
-/// the terminal leaves.
-const TEMPLATE_SIZED: &str = "{prefix:20!} [{wide_bar}] {bytes}/{total_bytes} {rate} {left} {msg}";
+/// the terminal leaves after the figures, each padded to a fixed width.
+const TEMPLATE_SIZED: &str = "{prefix:20!} [{wide_bar}] {bytes:>10}/{total_bytes:10} {rate} {left}";
+
+/// [`TEMPLATE_SIZED`] with a note (`retry 2 of 4 in 2 s: …`, `resuming
+/// at …`): a bar of 10 columns and the percentage, and the note in the
+/// room left (41 columns at 80), cut to fit.
+const TEMPLATE_SIZED_NOTE: &str = "{prefix:20!} [{bar:10}] {percent:>3}% {wide_msg}";
 
 /// Writes one `--json` event line on stderr (no bars are drawn with
 /// `--json`).
@@ -412,6 +437,18 @@ pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str
         format!("{secs:.1} s")
     };
     format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
+}
+
+/// [`retry_note`] as a bar's note says it, shorter: `retry 2 of 4 in 2 s:
+/// connection refused`.
+pub fn retry_note_short(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
+    let secs = wait.as_secs_f64();
+    let wait = if secs >= 1.0 {
+        format!("{} s", secs.round())
+    } else {
+        format!("{secs:.1} s")
+    };
+    format!("retry {attempt} of {of} in {wait}: {reason}")
 }
 
 /// What failed of an address (a fallback's `from`, with the redirect
@@ -595,7 +632,8 @@ impl gem_resources::Reporter for Reporting<'_> {
             });
             json_event(&event);
         } else if self.bar.is_drawn() {
-            self.bar.set_note(&retry_note(wait, attempt, of, reason));
+            self.bar
+                .set_note(&retry_note_short(wait, attempt, of, reason));
             self.noted = true;
         } else if !quiet() {
             // No bar to carry it (stderr is not a terminal): a line of its
