@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{validate, ManifestError, Resource, MAX_MANIFEST_BYTES};
+use super::{parse_json, validate, ManifestError, Resource};
 
 /// A placeholder digest, valid by the rules, for a missing `sha256`.
 const PLACEHOLDER_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -33,15 +33,7 @@ impl Unfilled {
 /// Validates a manifest by every rule except that `size` and `sha256` may
 /// be missing; returns each entry, saying which of the two it lacks.
 pub fn parse_unfilled(bytes: &[u8]) -> Result<Vec<Unfilled>, ManifestError> {
-    if bytes.len() > MAX_MANIFEST_BYTES {
-        return Err(ManifestError::single(
-            "manifest",
-            super::too_large(bytes.len() as u64),
-        ));
-    }
-    let mut value: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ManifestError::single("manifest", format!("is not valid JSON ({error})"))
-    })?;
+    let mut value = parse_json(bytes)?;
     let mut lacks = Vec::new();
     if let Some(Value::Array(entries)) = value.get_mut("resources") {
         for entry in entries.iter_mut() {
@@ -89,9 +81,13 @@ pub struct Fill {
 /// `size` and `sha256` set: an existing value is replaced in place, a
 /// missing key is added after the entry's last key in the entry's own
 /// layout (on a line of its own, indented like its other keys, when they
-/// are on lines of their own). Nothing else changes. `None` when the text
-/// does not have the shape it was read with.
+/// are on lines of their own). Nothing else changes, a leading byte-order
+/// mark included. `None` when the text does not have the shape it was
+/// read with.
 pub fn fill_text(text: &str, fills: &[Fill]) -> Option<String> {
+    if let Some(rest) = text.strip_prefix('\u{feff}') {
+        return fill_text(rest, fills).map(|filled| format!("\u{feff}{filled}"));
+    }
     let entries = scan::resource_entries(text)?;
     // Edits as (start, end, replacement), applied from the end.
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
@@ -346,6 +342,18 @@ mod tests {
         assert_eq!(out, expected);
         let parsed = super::super::parse_manifest(out.as_bytes()).unwrap();
         assert_eq!(parsed.resources[1].size, 20);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_read_past_and_kept() {
+        let text = "\u{feff}{\"resources\": [{\"id\": \"a\", \"url\": \"https://h/a\"}]}";
+        let all = parse_unfilled(text.as_bytes()).unwrap();
+        assert!(all[0].lacks_size && all[0].lacks_sha256);
+        let out = fill_text(text, &[fill(0, 10)]).unwrap();
+        assert_eq!(
+            out,
+            format!("\u{feff}{{\"resources\": [{{\"id\": \"a\", \"url\": \"https://h/a\", \"sha256\": \"{HASH}\", \"size\": 10}}]}}")
+        );
     }
 
     #[test]

@@ -235,20 +235,31 @@ fn too_large(len: u64) -> String {
 /// Validates raw bytes (checks the size cap first, then JSON, then object,
 /// then resources).
 pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+    validate(&parse_json(bytes)?)
+}
+
+/// Reads a manifest's bytes as JSON, as every reader of a manifest does:
+/// at most [`MAX_MANIFEST_BYTES`], a leading UTF-8 byte-order mark
+/// (which Windows editors write) skipped as RFC 8259 allows, and a syntax
+/// error said with its most likely cause (a comment, a trailing comma).
+/// Nothing of the manifest's rules is checked yet: [`validate`] does.
+pub fn parse_json(bytes: &[u8]) -> Result<Value, ManifestError> {
     if bytes.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::single(
             "manifest",
             too_large(bytes.len() as u64),
         ));
     }
-    // A UTF-8 byte-order mark (which Windows editors write) is skipped, as
-    // RFC 8259 allows.
-    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
-    let value: Value = serde_json::from_slice(bytes).map_err(|error| {
+    let bytes = without_bom(bytes);
+    serde_json::from_slice(bytes).map_err(|error| {
         let hint = json_hint(bytes, &error);
         ManifestError::single("manifest", format!("is not valid JSON ({error}){hint}"))
-    })?;
-    validate(&value)
+    })
+}
+
+/// `bytes` without a leading UTF-8 byte-order mark, if they have one.
+pub fn without_bom(bytes: &[u8]) -> &[u8] {
+    bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes)
 }
 
 /// The UTF-8 byte-order mark.

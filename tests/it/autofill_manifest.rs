@@ -82,6 +82,76 @@ async fn write_replaces_the_file_and_the_result_checks() {
 }
 
 #[tokio::test]
+async fn a_byte_order_mark_is_skipped_by_every_command_that_reads_a_manifest() {
+    let env = Env::new().await;
+    let a = bytes(3_000, 5);
+    let b = bytes(5, 6);
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let text = format!(
+        "\u{feff}{}",
+        manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(&b))
+    );
+    let path = write(&env, &text);
+    let p = path.to_str().unwrap();
+    let note = format!("note: {p} starts with a UTF-8 byte-order mark; it was skipped\n");
+    // Printed and written with the mark kept, as the file had it.
+    let out = env.run(&["autofill", "--manifest", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), filled_a(&text, &a));
+    assert!(stderr(&out).starts_with(&note), "{}", stderr(&out));
+    let out = env.run(&["autofill", "--manifest", p, "--write"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), filled_a(&text, &a));
+    let out = env.run(&["check", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), note);
+    let out = env.run(&["--json", "check", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "no note with --json");
+    let out = env.run(&["fetch", p, "a"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The gem id is read past the mark too, and the note said once.
+    let out = env.run(&["install", "--no-wait", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches("byte-order mark").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    assert!(env.store_dir().join("store-v1/gems/sample.json").exists());
+
+    // Through a running service, which gets the manifest as JSON.
+    std::fs::write(&path, &text).unwrap();
+    let gems = env.dir.path().join("gems");
+    std::fs::create_dir_all(&gems).unwrap();
+    let _serve = spawn_serve(&env, &gems, "0.1", &env.dir.path().join("serve.log"));
+    wait_until("the service listens", || {
+        store_root(&env).join("service.json").exists()
+    })
+    .await;
+    let out = env.run(&["-vv", "autofill", "--manifest", p]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("using the service's local API"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), filled_a(&text, &a));
+    std::fs::write(&path, filled_a(&text, &a)).unwrap();
+    let out = env
+        .run(&["-vv", "install", "--no-wait", "--as", "other", p])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("using the service's local API"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(env.store_dir().join("store-v1/gems/other.json").exists());
+}
+
+#[tokio::test]
 async fn all_reads_every_resource_again() {
     let env = Env::new().await;
     let a = bytes(100, 5);

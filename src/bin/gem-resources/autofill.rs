@@ -218,7 +218,7 @@ async fn manifest(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let in_file = |e: Error| crate::context::in_file(e, path);
-    let bytes = gem_resources::manifest::read_manifest_file(path).map_err(in_file)?;
+    let bytes = crate::context::read_manifest_bytes(path)?;
     let entries = parse_unfilled(&bytes).map_err(|e| in_file(e.into()))?;
     let text = String::from_utf8(bytes).context("the manifest is not UTF-8")?;
     let selected: Vec<Unfilled> = entries
@@ -427,10 +427,11 @@ async fn remote(
         return Ok(ExitCode::SUCCESS);
     };
     let in_file = |e: Error| crate::context::in_file(e, path);
-    let bytes = gem_resources::manifest::read_manifest_file(path).map_err(in_file)?;
+    let bytes = crate::context::read_manifest_bytes(path)?;
     let entries = parse_unfilled(&bytes).map_err(|e| in_file(e.into()))?;
     let text = String::from_utf8(bytes).context("the manifest is not UTF-8")?;
-    let manifest: serde_json::Value = serde_json::from_str(&text)?;
+    let manifest =
+        gem_resources::manifest::parse_json(text.as_bytes()).map_err(|e| in_file(e.into()))?;
     let call = client.call::<AutofillReport>(
         "autofill",
         json!({ "manifest": manifest, "all": request.all, "url_only": request.url_only }),

@@ -201,14 +201,6 @@ fn check(config: &Config, path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::from(FAILED));
     }
-    let bom = gem_resources::manifest::read_manifest_file(path)
-        .is_ok_and(|b| b.starts_with(gem_resources::manifest::UTF8_BOM));
-    if bom && !json {
-        crate::errln!(
-            "note: {} starts with a UTF-8 byte-order mark; it was skipped",
-            path.display()
-        );
-    }
     if json {
         print_json(&json!({
             "ok": true,

@@ -4,9 +4,11 @@
 //! another's result.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use gem_resources::manifest;
 use gem_resources::store::policy_record;
-use gem_resources::{parse_manifest, Config, Error, Fetcher, Manifest};
+use gem_resources::{Config, Error, Fetcher, Manifest};
 
 /// Exit status for a failed operation.
 pub const FAILED: u8 = 1;
@@ -22,12 +24,31 @@ pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
 /// [`read_manifest`], with the gem id the manifest declares at its top
 /// level (`"id"`), if it declares one.
 pub fn read_manifest_declaring(path: &Path) -> anyhow::Result<(Manifest, Option<String>)> {
-    let bytes = gem_resources::manifest::read_manifest_file(path).map_err(|e| in_file(e, path))?;
-    let manifest = parse_manifest(&bytes).map_err(|e| in_file(e.into(), path))?;
-    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("id")?.as_str().map(str::to_string));
+    let bytes = read_manifest_bytes(path)?;
+    let value = manifest::parse_json(&bytes).map_err(|e| in_file(e.into(), path))?;
+    let manifest = manifest::validate(&value).map_err(|e| in_file(e.into(), path))?;
+    let id = value
+        .get("id")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string);
     Ok((manifest, id))
+}
+
+/// The bytes of a manifest file, read with the guards of every manifest
+/// read. Every reader skips a leading UTF-8 byte-order mark
+/// ([`manifest::parse_json`]); it is said once per run, on stderr (not
+/// with `--json` or `-q`).
+pub fn read_manifest_bytes(path: &Path) -> Result<Vec<u8>, Error> {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let bytes = manifest::read_manifest_file(path).map_err(|e| in_file(e, path))?;
+    let quiet = crate::progress::quiet() || crate::interrupt::json();
+    if bytes.starts_with(manifest::UTF8_BOM) && !quiet && !SAID.swap(true, Ordering::Relaxed) {
+        crate::errln!(
+            "note: {} starts with a UTF-8 byte-order mark; it was skipped",
+            path.display()
+        );
+    }
+    Ok(bytes)
 }
 
 /// A manifest error of the file at `path`, as the command line says it:

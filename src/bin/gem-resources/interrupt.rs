@@ -41,6 +41,11 @@ pub fn set_json(json: bool) {
     JSON.store(json, Ordering::Relaxed);
 }
 
+/// Whether the command prints JSON (`--json`), as set by [`set_json`].
+pub fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
 /// Says that the command was interrupted: `text` on stderr, or with
 /// `--json` the document `{"ok": false, "interrupted": true, "code":
 /// "E_RESOURCE_CANCELLED", "message": text, …fields}` as the last line on

@@ -169,8 +169,9 @@ async fn install(
             crate::text::field(gem)
         );
     }
-    let bytes = gem_resources::manifest::read_manifest_file(manifest)?;
-    let value: Value = serde_json::from_slice(&bytes)?;
+    let bytes = crate::context::read_manifest_bytes(manifest)?;
+    let value = gem_resources::manifest::parse_json(&bytes)
+        .map_err(|e| crate::context::in_file(e.into(), manifest))?;
     let show = Show {
         json,
         output: Output::Stderr,
