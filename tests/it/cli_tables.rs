@@ -79,3 +79,48 @@ async fn check_and_status_share_words_and_align_their_columns() {
         "{text}"
     );
 }
+
+/// `status` on a terminal of `cols` columns: its rows.
+async fn status_rows(env: &Env, cols: u16) -> Vec<String> {
+    let (code, shown) = run_in_terminal(env, &["status"], cols).await;
+    assert_eq!(code, Some(0), "{shown}");
+    terminal_rows(&shown)
+        .into_iter()
+        .filter(|r| r.starts_with("  "))
+        .collect()
+}
+
+#[tokio::test]
+async fn status_fits_the_terminal_by_cutting_the_description_never_the_state() {
+    let env = Env::new().await;
+    let (a, b) = (bytes(1_500_000, 43), bytes(20, 44));
+    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
+    let mut first = required_entry("model", &url_a, &a);
+    first["description"] = json!("Handwriting recognition model, version three");
+    let mut second = entry("voices", &url_b, &b);
+    second["description"] = json!("Reading voices for every language");
+    let manifest = env.write_manifest("m.json", json!([first, second]));
+    let out = env.run(&["install", "g", manifest.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    for cols in [80u16, 120] {
+        let rows = status_rows(&env, cols).await;
+        assert_eq!(rows.len(), 2, "{rows:#?}");
+        for row in &rows {
+            assert!(row.chars().count() <= usize::from(cols), "{cols}: {row}");
+        }
+        let (model, voices) = (&rows[0], &rows[1]);
+        assert!(model.contains("present"), "{cols}: {model}");
+        assert!(voices.trim_end().ends_with("missing"), "{cols}: {voices}");
+        // The description is cut with an ellipsis, never mid-word wrapped.
+        assert!(model.contains("Handwrit"), "{cols}: {model}");
+        assert!(model.contains('…'), "{cols}: {model}");
+    }
+    // Through a pipe, the whole table as before (a description up to 24).
+    let out = env.run(&["status"]).await;
+    assert!(
+        stdout(&out).contains("Handwriting recognition…"),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -5,6 +5,7 @@
 //! | call | Unix | Windows |
 //! | --- | --- | --- |
 //! | [`terminal_size`] | the terminal on stderr | the console on stderr |
+//! | [`stdout_columns`] | the terminal on stdout, if it is one | the console on stdout |
 //! | [`stop_signal`] | SIGINT or SIGTERM | Ctrl-C or Ctrl-Break; console close, log-off, shutdown |
 //! | [`hangup_signal`] | SIGHUP | none (the configuration file is watched) |
 //! | [`keep_freed_memory`] | glibc's `mallopt` on Linux | nothing |
@@ -20,6 +21,19 @@ pub fn terminal_size() -> (u16, u16) {
         .size_checked()
         .filter(|&(rows, cols)| rows > 0 && cols > 0)
         .unwrap_or((24, 80))
+}
+
+/// Columns of the terminal on stdout; `None` when stdout is not a
+/// terminal (a pipe or a file: tables keep their whole width there).
+pub fn stdout_columns() -> Option<u16> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    console::Term::stdout()
+        .size_checked()
+        .map(|(_, cols)| cols)
+        .filter(|&cols| cols > 0)
 }
 
 /// Which request stopped the program.

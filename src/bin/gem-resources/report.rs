@@ -230,37 +230,103 @@ pub fn print_status(status: &[GemStatus]) {
             ),
             None => crate::outln!("{}  (installed by an earlier version)", field(&gem.gem)),
         }
-        // Text from the manifest and the servers, kept to one line each.
-        let id_width = gem
-            .resources
-            .iter()
-            .map(|r| field(&r.id).chars().count())
-            .max()
-            .unwrap_or(0);
-        for r in &gem.resources {
-            let when = when(r.required);
-            let description = if r.label == r.id { "" } else { &r.label };
-            crate::outln!(
-                "  {:<id_width$}  {:<24} {:>10}  {:<24} {:<12}  {}",
-                field(&r.id),
-                field(description),
-                render::bytes(r.size),
-                field(&r.host),
-                when,
-                state(r)
-            );
-            if let ResourceState::Failed { failure, .. } = &r.state {
-                for a in &failure.attempts {
-                    crate::outln!(
-                        "      {} {}: {}",
-                        a.code,
-                        field(&a.address),
-                        field(&a.reason)
-                    );
-                }
+        print_rows(&gem.resources, crate::platform::stdout_columns());
+    }
+}
+
+/// Widest a description is shown.
+const DESCRIPTION_WIDTH: usize = 24;
+/// Narrowest a description is shown; below, it is left out.
+const DESCRIPTION_MIN: usize = 8;
+
+/// One gem's rows of the `status` table, fitted to `columns` when stdout
+/// is a terminal: the description is cut (then left out) before anything
+/// else, and a state that still does not fit goes on a line of its own.
+/// Text from the manifest and the servers is kept to one line each.
+fn print_rows(resources: &[ResourceStatus], columns: Option<u16>) {
+    let width = |t: &str| field(t).chars().count();
+    let id_width = resources.iter().map(|r| width(&r.id)).max().unwrap_or(0);
+    let host_width = resources
+        .iter()
+        .map(|r| width(&r.host))
+        .max()
+        .unwrap_or(0)
+        .min(DESCRIPTION_WIDTH);
+    let states: Vec<String> = resources.iter().map(state).collect();
+    let state_width = states.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+    // "  id  " description " " size(10) "  " host " " when(12) "  " state
+    let fixed = 2 + id_width + 2 + 1 + 10 + 2 + host_width + 1 + 12 + 2;
+    let described = resources.iter().any(|r| r.label != r.id);
+    let description_width = match columns {
+        None => DESCRIPTION_WIDTH,
+        Some(cols) => {
+            let room = usize::from(cols).saturating_sub(fixed + state_width);
+            if room >= DESCRIPTION_MIN {
+                room.min(DESCRIPTION_WIDTH)
+            } else {
+                0
+            }
+        }
+    };
+    let state_on_its_own = columns.is_some_and(|cols| {
+        let used = fixed
+            + if description_width > 0 {
+                description_width
+            } else {
+                0
+            };
+        used + state_width > usize::from(cols)
+    });
+    for (r, state) in resources.iter().zip(states) {
+        let description = if r.label == r.id { "" } else { &r.label };
+        let description = if description_width == 0 {
+            String::new()
+        } else {
+            format!(
+                "{:<description_width$} ",
+                cut(&field(description), description_width)
+            )
+        };
+        let description = if described || columns.is_none() {
+            description
+        } else {
+            // No resource has one: no empty column.
+            String::new()
+        };
+        let row = format!(
+            "  {:<id_width$}  {description}{:>10}  {:<host_width$} {:<12}",
+            field(&r.id),
+            render::bytes(r.size),
+            cut(&field(&r.host), host_width),
+            when(r.required),
+        );
+        if state_on_its_own {
+            crate::outln!("{}", row.trim_end());
+            crate::outln!("      {state}");
+        } else {
+            crate::outln!("{row}  {state}");
+        }
+        if let ResourceState::Failed { failure, .. } = &r.state {
+            for a in &failure.attempts {
+                crate::outln!(
+                    "      {} {}: {}",
+                    a.code,
+                    field(&a.address),
+                    field(&a.reason)
+                );
             }
         }
     }
+}
+
+/// `text` cut to `width` characters, ending in `…` when cut.
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }
 
 fn state(r: &ResourceStatus) -> String {
@@ -275,12 +341,18 @@ fn state(r: &ResourceStatus) -> String {
         },
         ResourceState::Missing => partial.unwrap_or_else(|| "missing".to_string()),
         ResourceState::Queued => "queued".to_string(),
-        ResourceState::Downloading { bytes, .. } => {
-            format!(
-                "downloading {}/{}",
-                render::bytes(*bytes),
-                render::bytes(size)
-            )
+        ResourceState::Downloading {
+            bytes,
+            bytes_per_sec,
+            ..
+        } => {
+            let done = format!("{}/{}", render::bytes(*bytes), render::bytes(size));
+            match bytes_per_sec {
+                // Nothing arrived lately: said, not hidden in a rate of 0.
+                Some(0) => format!("stalled at {done}"),
+                Some(rate) => format!("downloading {done}, {}/s", render::bytes(*rate)),
+                None => format!("downloading {done}"),
+            }
         }
         ResourceState::Waiting { on, bytes, .. } => {
             let whose = match on {
