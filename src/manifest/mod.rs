@@ -14,7 +14,9 @@
 
 pub mod fill;
 mod format_chars;
+mod top_level;
 pub(crate) use format_chars::is_format;
+pub use top_level::{remarks, TOP_LEVEL_KEYS};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -293,7 +295,10 @@ pub fn validate(value: &Value) -> Result<Manifest, ManifestError> {
     };
     let mut report = Report::default();
     let resources = match object.get("resources") {
-        None => Vec::new(),
+        None => {
+            top_level::check_missing_resources(object, &mut report);
+            Vec::new()
+        }
         Some(Value::Array(entries)) => check_entries(entries, &mut report),
         Some(other) => {
             report.add(

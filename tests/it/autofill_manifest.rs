@@ -319,7 +319,7 @@ async fn other_rules_still_apply_and_nothing_is_read() {
     assert_eq!(
         stderr(&out),
         format!(
-            "E_PERM_INVALID: {}: resources[0].url: must start with https://, got \"http://cdn.example.com/x.bin\"\n",
+            "E_PERM_INVALID: {}: manifest.resources[0].url: must start with https://, got \"http://cdn.example.com/x.bin\"\n",
             path.display()
         )
     );

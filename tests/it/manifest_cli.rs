@@ -37,14 +37,15 @@ async fn check_file(env: &Env, path: &std::path::Path) -> (Option<i32>, Vec<Stri
     (out.status.code(), lines)
 }
 
-/// `line` with the file's name (which each problem starts with) written
-/// as the library's `manifest`, so the expectations read the same for
-/// every file.
+/// `line` without the file's name that each problem starts with
+/// (`FILE: manifest.resources[0].url: …`, `FILE: …` for the whole
+/// manifest), so the expectations read as the library says them and the
+/// same for every file.
 fn in_manifest(line: &str, path: &std::path::Path) -> String {
     let file = path.display().to_string();
     let (code, rest) = line.split_once(": ").unwrap_or(("", line));
-    let rest = match rest.strip_prefix(&format!("{file}: resources")) {
-        Some(tail) => format!("manifest.resources{tail}"),
+    let rest = match rest.strip_prefix(&format!("{file}: manifest.")) {
+        Some(tail) => format!("manifest.{tail}"),
         None => match rest.strip_prefix(&file) {
             Some(tail) => format!("manifest{tail}"),
             None => panic!("the problem does not start with the file's name: {line}"),
@@ -62,16 +63,17 @@ async fn problems_name_the_file_and_a_missing_value_points_to_autofill() {
     let out = env.run(&["check", path.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1));
     let file = path.display();
+    // The command that fills in every missing value, once.
     let hint = format!(
-        "is required (run `gem-resources autofill --manifest {file}` to fill in size and sha256)"
+        "is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {file} --write`)"
     );
     assert_eq!(
         stderr(&out).lines().collect::<Vec<_>>(),
         [
-            format!("E_PERM_INVALID: {file}: resources[0].sha256: {hint}"),
-            format!("E_PERM_INVALID: {file}: resources[1].url: is required"),
-            format!("E_PERM_INVALID: {file}: resources[1].sha256: {hint}"),
-            format!("E_PERM_INVALID: {file}: resources[1].size: {hint}"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[0].sha256: {hint}"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[1].url: is required"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[1].sha256: is required"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[1].size: is required"),
         ]
     );
     std::fs::write(&path, "[1]").unwrap();
@@ -200,7 +202,7 @@ async fn each_entry_rule_has_its_own_message() {
             entry_with("x", "mirrors", json!("https://m.example.com/x")),
             format!("{r0}.mirrors: must be an array, got string"),
         ),
-        (missing_sha, format!("{r0}.sha256: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
+        (missing_sha, format!("{r0}.sha256: is required (to fill in every missing size and sha256: `gem-resources autofill --manifest FILE --write`)")),
         (
             entry_with("x", "sha256", json!(HASH.to_uppercase())),
             format!(
@@ -215,7 +217,7 @@ async fn each_entry_rule_has_its_own_message() {
                 &HASH[1..]
             ),
         ),
-        (missing_size, format!("{r0}.size: is required (run `gem-resources autofill --manifest FILE` to fill in size and sha256)")),
+        (missing_size, format!("{r0}.size: is required (to fill in every missing size and sha256: `gem-resources autofill --manifest FILE --write`)")),
         (
             entry_with("x", "size", json!(-1)),
             format!("{r0}.size: must be a non-negative integer, got -1"),
@@ -357,6 +359,97 @@ async fn other_top_level_keys_are_not_ours_and_are_ignored() {
     assert!(lines.is_empty(), "{lines:?}");
 }
 
+/// Writes `doc` as `name` and runs `check` on it: exit code, stdout, stderr.
+async fn check_doc(env: &Env, name: &str, doc: Value) -> (Option<i32>, String, String) {
+    let path = env.dir.path().join(name);
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    (out.status.code(), stdout(&out), stderr(&out))
+}
+
+#[tokio::test]
+async fn a_misspelt_resources_is_a_problem_and_a_manifest_without_any_is_said() {
+    let env = Env::new().await;
+    let file = env.dir.path().join("notochord.json");
+    let file = file.display();
+    // The files meant would silently be none: a problem, with the fix.
+    let (code, out, err) = check_doc(
+        &env,
+        "notochord.json",
+        json!({ "id": "g", "name": "G", "resource": [valid("a")] }),
+    )
+    .await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(
+        err,
+        format!("E_PERM_INVALID: {file}: unknown key \"resource\" (did you mean `resources`?)\n")
+    );
+    assert_eq!(out, "");
+    // No `resources` and no near miss: valid, and said, with the keys a
+    // manifest has next to each one it does not.
+    let (code, out, err) = check_doc(
+        &env,
+        "notochord.json",
+        json!({ "id": "g", "name": "G", "files": [valid("a")] }),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(out, "ok: 0 resource(s)\n");
+    let notes: Vec<&str> = err.lines().collect();
+    assert_eq!(notes.len(), 2, "{err}");
+    assert!(
+        notes[0].starts_with(&format!("note: {file}: unknown key \"files\" (the keys a manifest has: id, name, version, description,"))
+            && notes[0].ends_with(", resources)"),
+        "{err}"
+    );
+    assert_eq!(
+        notes[1],
+        format!("note: {file}: has no `resources`: it declares no files")
+    );
+    let path = env.dir.path().join("notochord.json");
+    let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], true, "{doc}");
+    assert_eq!(doc["notes"][1]["path"], file.to_string(), "{doc}");
+    assert_eq!(
+        doc["notes"][1]["message"],
+        "has no `resources`: it declares no files"
+    );
+    assert_eq!(stderr(&out), "");
+    // With `resources`, the other keys are the rest of the manifest's.
+    let (code, _, err) = check_doc(
+        &env,
+        "notochord.json",
+        json!({ "id": "g", "files": 1, "resources": [valid("a")] }),
+    )
+    .await;
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+}
+
+#[tokio::test]
+async fn places_read_manifest_resources_n_and_the_fix_for_missing_values_is_said_once() {
+    let env = Env::new().await;
+    let folder = env.dir.path().join("my gems");
+    std::fs::create_dir(&folder).unwrap();
+    let path = folder.join("notochord.json");
+    let mut bare = valid("b");
+    bare.as_object_mut().unwrap().remove("size");
+    bare.as_object_mut().unwrap().remove("sha256");
+    let doc = json!({ "resources": [valid("a"), valid("x"), valid("a"), bare] });
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let out = env.run(&["check", path.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let file = path.display();
+    assert_eq!(
+        stderr(&out).lines().collect::<Vec<_>>(),
+        [
+            format!("E_PERM_INVALID: {file}: manifest.resources[2].id: duplicate id \"a\" (first used by manifest.resources[0])"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[3].sha256: is required (to fill in every missing size and sha256: `gem-resources autofill --manifest '{file}' --write`)"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[3].size: is required"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn check_json_output_lists_the_resources() {
     let env = Env::new().await;
@@ -403,8 +496,8 @@ async fn check_json_output_lists_every_problem() {
     assert_eq!(
         v["problems"],
         json!([
-            { "path": format!("{}: resources[0].url", path.display()), "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
-            { "path": format!("{}: resources[1].size", path.display()), "message": "must be a non-negative integer, got -3" },
+            { "path": format!("{}: manifest.resources[0].url", path.display()), "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
+            { "path": format!("{}: manifest.resources[1].size", path.display()), "message": "must be a non-negative integer, got -3" },
         ])
     );
 }
@@ -605,7 +698,7 @@ async fn check_refuses_addresses_every_machine_refuses_and_says_when_dev_lets_on
     assert_eq!(doc["code"], "E_RESOURCE_ADDRESS", "{doc}");
     let problem = doc["problems"][0]["path"].as_str().unwrap();
     assert!(
-        problem.ends_with("manifest.json: resources[0].url"),
+        problem.ends_with("manifest.json: manifest.resources[0].url"),
         "{doc}"
     );
     // The policy configured here refuses a host: said too.

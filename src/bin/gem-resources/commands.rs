@@ -105,7 +105,7 @@ fn config_file_error(e: Error, path: &Path) -> Error {
 /// One address of a manifest that users' machines (or this machine's
 /// policy) would refuse, found without the network.
 struct Refused {
-    /// `resources[0].url`, `resources[0].mirrors[1]`.
+    /// `manifest.resources[0].url`, `manifest.resources[0].mirrors[1]`.
     path: String,
     /// The address.
     address: String,
@@ -130,11 +130,11 @@ fn refused_addresses(config: &Config, manifest: &gem_resources::Manifest) -> Vec
     let policy = config.effective_policy().ok();
     let mut refused = Vec::new();
     for (i, r) in manifest.resources.iter().enumerate() {
-        let addresses = std::iter::once((format!("resources[{i}].url"), &r.url)).chain(
+        let addresses = std::iter::once((format!("manifest.resources[{i}].url"), &r.url)).chain(
             r.mirrors
                 .iter()
                 .enumerate()
-                .map(move |(k, m)| (format!("resources[{i}].mirrors[{k}]"), m)),
+                .map(move |(k, m)| (format!("manifest.resources[{i}].mirrors[{k}]"), m)),
         );
         for (path, url) in addresses {
             let Some(host) = url.host() else { continue };
@@ -172,11 +172,22 @@ fn refused_addresses(config: &Config, manifest: &gem_resources::Manifest) -> Vec
 }
 
 fn check(config: &Config, path: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let manifest = read_manifest(path)?;
-    // Named as the manifest's own problems are: `FILE: resources[0].url`.
+    let (manifest, value) = crate::context::read_manifest_value(path)?;
+    // Named as the manifest's own problems are: `FILE: manifest.resources[0].url`.
     let mut refused = refused_addresses(config, &manifest);
     for r in &mut refused {
-        r.path = format!("{}: {}", path.display(), r.path);
+        r.path = crate::context::place(&r.path, path);
+    }
+    // What the manifest may not mean as written (no `resources`, keys no
+    // manifest has): notes, the manifest being valid.
+    let remarks: Vec<(String, String)> = gem_resources::manifest::remarks(&value)
+        .into_iter()
+        .map(|r| (crate::context::place(&r.path, path), r.message))
+        .collect();
+    if !json && !crate::progress::quiet() {
+        for (place, message) in &remarks {
+            crate::errln!("note: {place}: {message}");
+        }
     }
     if !refused.is_empty() {
         let code = refused[0].code;
@@ -202,13 +213,20 @@ fn check(config: &Config, path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(FAILED));
     }
     if json {
-        print_json(&json!({
+        let mut doc = json!({
             "ok": true,
             "resources": manifest.resources.iter().map(|r| json!({
                 "id": r.id, "url": r.url.as_str(), "size": r.size, "sha256": r.sha256,
                 "required": r.required, "mirrors": r.mirrors.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
-        }));
+        });
+        if !remarks.is_empty() {
+            doc["notes"] = remarks
+                .iter()
+                .map(|(place, message)| json!({ "path": place, "message": message }))
+                .collect();
+        }
+        print_json(&doc);
     } else {
         crate::outln!("ok: {} resource(s)", manifest.resources.len());
         print_check_table(&manifest.resources);

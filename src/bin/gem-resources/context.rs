@@ -24,14 +24,20 @@ pub fn read_manifest(path: &Path) -> anyhow::Result<Manifest> {
 /// [`read_manifest`], with the gem id the manifest declares at its top
 /// level (`"id"`), if it declares one.
 pub fn read_manifest_declaring(path: &Path) -> anyhow::Result<(Manifest, Option<String>)> {
-    let bytes = read_manifest_bytes(path)?;
-    let value = manifest::parse_json(&bytes).map_err(|e| in_file(e.into(), path))?;
-    let manifest = manifest::validate(&value).map_err(|e| in_file(e.into(), path))?;
+    let (manifest, value) = read_manifest_value(path)?;
     let id = value
         .get("id")
         .and_then(serde_json::Value::as_str)
         .map(str::to_string);
     Ok((manifest, id))
+}
+
+/// [`read_manifest`], with the manifest's whole JSON.
+pub fn read_manifest_value(path: &Path) -> anyhow::Result<(Manifest, serde_json::Value)> {
+    let bytes = read_manifest_bytes(path)?;
+    let value = manifest::parse_json(&bytes).map_err(|e| in_file(e.into(), path))?;
+    let manifest = manifest::validate(&value).map_err(|e| in_file(e.into(), path))?;
+    Ok((manifest, value))
 }
 
 /// The bytes of a manifest file, read with the guards of every manifest
@@ -52,30 +58,52 @@ pub fn read_manifest_bytes(path: &Path) -> Result<Vec<u8>, Error> {
 }
 
 /// A manifest error of the file at `path`, as the command line says it:
-/// each problem's place starts with the file's name instead of
-/// `manifest` (`notochord.json: resources[0].url`), and a missing `size`
-/// or `sha256` points to `autofill`.
+/// each problem names the file first (`notochord.json:
+/// manifest.resources[0].url: …`, and `notochord.json: …` for the
+/// manifest as a whole), and the first missing `size` or `sha256` says
+/// the command that fills in every one (once, however many lack).
 pub fn in_file(error: Error, path: &Path) -> Error {
     let Error::Manifest(mut manifest) = error else {
         return error;
     };
-    let file = path.display().to_string();
+    let mut advised = false;
     for problem in &mut manifest.problems {
         let missing_value = problem.message == "is required"
             && (problem.path.ends_with(".size") || problem.path.ends_with(".sha256"));
-        if missing_value {
+        if missing_value && !advised {
+            advised = true;
             problem.message = format!(
-                "is required (run `gem-resources autofill --manifest {file}` to fill in size and sha256)"
+                "is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {} --write`)",
+                shell_word(&path.display().to_string())
             );
         }
-        if let Some(rest) = problem.path.strip_prefix("manifest") {
-            problem.path = match rest.strip_prefix('.') {
-                Some(inner) => format!("{file}: {inner}"),
-                None => format!("{file}{rest}"),
-            };
-        }
+        problem.path = place(&problem.path, path);
     }
     Error::Manifest(manifest)
+}
+
+/// A problem's or a remark's place in the file at `path`: the file's name,
+/// then the place in the manifest unless it is the whole manifest.
+pub fn place(place: &str, path: &Path) -> String {
+    let file = path.display();
+    match place {
+        "manifest" => file.to_string(),
+        inner => format!("{file}: {inner}"),
+    }
+}
+
+/// `word` as a shell reads it back: as it is when it has only characters
+/// no shell treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./+=:,@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// Whether the configured store was ever created. The folder name is the
