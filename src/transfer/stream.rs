@@ -164,32 +164,12 @@ impl Fetcher {
             match head {
                 Ok(head) => break head,
                 Err(HeadError::Attempt(hop, error)) => return Err(fail(&hop, error)),
-                Err(HeadError::RangeRefused(hop, why))
-                    if ask.as_ref().is_some_and(|a| a.end.is_some())
-                        && resume.as_ref().is_some_and(|r| r.offset > 0) =>
-                {
-                    // A closed range refused (some servers answer only
-                    // `bytes=S-`): the prefix kept is continued as one
-                    // stream, as `curl -C -` would, before anything is
-                    // thrown away.
-                    let prefix = resume.take().map(|r| Resume {
-                        ranges: Vec::new(),
-                        ..r
-                    });
-                    tracing::debug!(%hop, "range refused: {why}; continuing the prefix kept as one stream");
-                    parts = false;
-                    ask = first_ask(prefix.as_ref(), None, limit);
-                    resume = prefix;
-                }
                 Err(HeadError::RangeRefused(hop, why)) => {
-                    // The kept bytes cannot be continued: start afresh.
-                    tracing::debug!(%hop, "range refused: {why}; starting from zero");
-                    if let Some(paths) = paths {
-                        let paths = paths.clone();
-                        let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
-                    }
-                    resume = None;
-                    ask = None;
+                    tracing::debug!(%hop, "range refused: {why}");
+                    resume = after_refused_range(ask.as_ref(), resume, paths).await;
+                    // One stream from what is kept, if anything is.
+                    parts = false;
+                    ask = first_ask(resume.as_ref(), None, limit);
                 }
             }
         };
@@ -289,6 +269,32 @@ fn first_ask(resume: Option<&Resume>, parts: Option<usize>, limit: u64) -> Optio
         }),
         (None, None) => None,
     }
+}
+
+/// What a try continues from once the server refused the range `ask`
+/// asked for: after a closed range, the prefix kept (some servers answer
+/// only `bytes=S-`), continued as one stream as `curl -C -` would, before
+/// anything is thrown away; otherwise nothing (the kept bytes are removed,
+/// and the file starts afresh).
+async fn after_refused_range(
+    ask: Option<&Ask>,
+    resume: Option<Resume>,
+    paths: Option<&PartialPaths>,
+) -> Option<Resume> {
+    let closed = ask.is_some_and(|a| a.end.is_some());
+    if let Some(kept) = resume.filter(|r| closed && r.offset > 0) {
+        tracing::debug!(offset = kept.offset, "continuing the prefix kept as one stream");
+        return Some(Resume {
+            ranges: Vec::new(),
+            ..kept
+        });
+    }
+    tracing::debug!("starting from zero");
+    if let Some(paths) = paths {
+        let paths = paths.clone();
+        let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
+    }
+    None
 }
 
 /// Resolves when `cancel` fires (never without one).

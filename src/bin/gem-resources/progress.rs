@@ -186,6 +186,8 @@ pub struct Bar {
     last_line: Option<Mutex<Instant>>,
     /// Whether a note is shown now (the bar is then narrower, never gone).
     noted: AtomicBool,
+    /// Where this run resumed (0: from the start).
+    resumed_from: AtomicU64,
 }
 
 /// `--quiet`: no bars and no progress lines.
@@ -207,6 +209,9 @@ pub const LINE_EVERY: Duration = Duration::from_secs(10);
 /// How a bar announces a resume, and for how long.
 const RESUMING: &str = "resuming at";
 const RESUME_NOTE_FOR: Duration = Duration::from_secs(3);
+/// The shortest a resume is announced, even once bytes flow: long enough
+/// to be read.
+const RESUME_NOTE_MIN: Duration = Duration::from_secs(1);
 
 impl Bar {
     /// A bar for `label` of `size` bytes (`None`: unknown size).
@@ -219,6 +224,7 @@ impl Bar {
             size: Mutex::new(size),
             last_line: None,
             noted: AtomicBool::new(false),
+            resumed_from: AtomicU64::new(0),
         };
         if json || QUIET.load(Ordering::Relaxed) {
             return this;
@@ -255,10 +261,12 @@ impl Bar {
         self.meter().update(now, bytes);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(bytes);
-            // A resume is announced for a few seconds, then the bar has
-            // its room again.
+            // A resume is announced until this run's bytes flow (or a
+            // few seconds), then the bar has its room again.
             let resumed = self.meter().started();
-            if now.saturating_duration_since(resumed) > RESUME_NOTE_FOR
+            let shown_for = now.saturating_duration_since(resumed);
+            let flowing = bytes > self.resumed_from.load(Ordering::Relaxed);
+            if ((flowing && shown_for > RESUME_NOTE_MIN) || shown_for > RESUME_NOTE_FOR)
                 && bar.message().starts_with(RESUMING)
             {
                 self.set_note("");
@@ -305,6 +313,7 @@ impl Bar {
     /// so, and its rate and time left count only the bytes of this run.
     pub fn resumed_at(&self, offset: u64) {
         self.meter().resumed(Instant::now(), offset);
+        self.resumed_from.store(offset, Ordering::Relaxed);
         if let Some((_, bar)) = &self.bar {
             bar.set_position(offset);
         }
@@ -705,7 +714,7 @@ mod tests {
         let target = ProgressDrawTarget::term_like_with_hz(Box::new(screen.clone()), 250);
         let bar = ProgressBar::with_draw_target(None, target);
         let meter = Arc::new(Mutex::new(Meter::new(Instant::now())));
-        bar.set_style(style(false, &meter));
+        bar.set_style(style(false, false, &meter));
         bar.set_prefix("ocr-v3.onnx");
         Bar {
             bar: Some((0, bar)),
@@ -713,6 +722,8 @@ mod tests {
             label: "ocr-v3.onnx".into(),
             size: Mutex::new(None),
             last_line: None,
+            noted: AtomicBool::new(false),
+            resumed_from: AtomicU64::new(0),
         }
     }
 
@@ -758,7 +769,14 @@ mod tests {
         reporting.resumed(1 << 30);
         reporting.bytes(1 << 30);
         let shown = drawn(&screen, &bar);
+        assert!(shown.contains("resuming at 1.0 GiB"), "{shown}");
+        // Once this run's bytes flow (and the note was up long enough to
+        // be read), the figures are back.
+        std::thread::sleep(RESUME_NOTE_MIN + Duration::from_millis(100));
+        reporting.bytes((1 << 30) + 1024);
+        let shown = drawn(&screen, &bar);
         assert!(shown.contains("1.00 GiB/2.00 GiB"), "{shown}");
+        assert!(!shown.contains("resuming"), "{shown}");
         assert!(
             !shown.contains("GiB/s") && !shown.contains("TiB/s"),
             "the kept bytes counted in the rate: {shown}"
@@ -776,12 +794,12 @@ mod tests {
         reporting.retrying(wait, 3, 6, "connection refused");
         let shown = drawn(&screen, &bar);
         assert!(
-            shown.ends_with("retrying in 2 s (attempt 3 of 6): connection refused"),
+            shown.ends_with("retry 3 of 6 in 2 s: connection refused"),
             "{shown}"
         );
         reporting.bytes(20);
         let shown = drawn(&screen, &bar);
-        assert!(!shown.contains("retrying"), "{shown}");
+        assert!(!shown.contains("retry"), "{shown}");
     }
 
     #[test]
