@@ -283,7 +283,10 @@ async fn after_refused_range(
 ) -> Option<Resume> {
     let closed = ask.is_some_and(|a| a.end.is_some());
     if let Some(kept) = resume.filter(|r| closed && r.offset > 0) {
-        tracing::debug!(offset = kept.offset, "continuing the prefix kept as one stream");
+        tracing::debug!(
+            offset = kept.offset,
+            "continuing the prefix kept as one stream"
+        );
         return Some(Resume {
             ranges: Vec::new(),
             ..kept
