@@ -326,6 +326,134 @@ async fn bash_completes_a_subcommands_options() {
     assert_eq!(autofill, ["--manifest"]);
 }
 
+/// Every subcommand `--help` lists, with the options it has of its own.
+async fn commands_and_options() -> Vec<(String, Vec<String>)> {
+    let help = stdout(&run_bin(vec!["--help".into()]).await);
+    let names: Vec<String> = help
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    let top = stdout(&run_bin(vec!["help".into()]).await);
+    let global: Vec<&str> = top
+        .split_whitespace()
+        .map(|w| w.trim_end_matches([',', '.', ')']))
+        .collect();
+    let mut all = Vec::new();
+    for name in names {
+        let help = stdout(&run_bin(vec!["help".into(), name.clone()]).await);
+        let options: Vec<String> = help
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches([',', '.', ')']).to_string())
+            .filter(|o| o != "--help" && !global.contains(&o.as_str()))
+            .collect();
+        all.push((name, options));
+    }
+    all
+}
+
+#[tokio::test]
+async fn the_manual_page_has_every_command_with_its_options_and_roff_keeps_its_lists() {
+    let out = run_bin(vec!["man".into()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let page = stdout(&out);
+    // One page: no reference to `gem-resources-check(1)` and the like,
+    // which are never made.
+    assert!(!page.contains("(1)"), "{page}");
+    let commands = commands_and_options().await;
+    assert!(commands.len() >= 16, "{commands:?}");
+    for (command, option) in [
+        ("install", "--no-wait"),
+        ("autofill", "--url-only"),
+        ("serve", "--gems"),
+    ] {
+        assert!(
+            commands
+                .iter()
+                .any(|(c, o)| c == command && o.iter().any(|x| x == option)),
+            "{commands:?}"
+        );
+    }
+    for (command, options) in &commands {
+        let head = format!(".SS \"gem-resources {command}\"\n");
+        let at = page
+            .find(&head)
+            .unwrap_or_else(|| panic!("no section for {command}:\n{page}"));
+        let section = &page[at + head.len()..];
+        let section = &section[..section.find("\n.S").unwrap_or(section.len())];
+        for option in options {
+            let roff = option.replace('-', "\\-");
+            assert!(
+                section.contains(&roff),
+                "{command} lacks {option}:\n{section}"
+            );
+        }
+    }
+    // The help's columns are lists, its examples lines kept as they are.
+    assert!(
+        page.contains(".SH \"EXIT STATUS\"\n.TP\n\\fB0\\fR\nsuccess\n"),
+        "{page}"
+    );
+    assert!(
+        page.contains(".nf\ngem\\-resources check notochord.json\ngem\\-resources install my\\-gem notochord.json\n"),
+        "{page}"
+    );
+
+    // As `man` shows it.
+    let source = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(source.path(), &page).unwrap();
+    let rendered = std::process::Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-P-cbou", "-rLL=300n"])
+        .arg(source.path())
+        .output();
+    let rendered = match rendered {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("SKIPPED rendering the manual page: groff is not installed");
+            return;
+        }
+        Err(e) => panic!("cannot run groff: {e}"),
+    };
+    assert!(rendered.status.success(), "{}", stderr(&rendered));
+    assert_eq!(stderr(&rendered), "", "groff warns");
+    let text = stdout(&rendered).replace(['\u{2010}', '\u{2212}'], "-");
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    for line in [
+        "gem-resources install my-gem notochord.json",
+        "gem-resources autofill --manifest notochord.json --write",
+    ] {
+        assert!(
+            lines.contains(&line),
+            "{line:?} is not a line of its own:\n{text}"
+        );
+    }
+    for (term, description) in [
+        ("0", "success"),
+        ("130", "interrupted (Ctrl-C); what was kept is printed"),
+        ("RUST_LOG", "log filter on stderr"),
+    ] {
+        let entry = lines
+            .iter()
+            .position(|l| l.split_whitespace().next() == Some(term))
+            .unwrap_or_else(|| panic!("no entry {term}:\n{text}"));
+        let said = format!("{} {}", lines[entry], lines[entry + 1]);
+        assert!(said.contains(description), "{term}: {said}");
+    }
+    // Never the help's columns filled into one run of words.
+    assert!(!text.contains("success 1"), "{text}");
+    for (command, options) in &commands {
+        for option in options {
+            assert!(
+                text.contains(option.as_str()),
+                "{command} {option}:\n{text}"
+            );
+        }
+    }
+}
+
 /// Serves `count` small files, the first held until `gate` opens, and
 /// returns their bodies and manifest entries (`with_digest`: with size and
 /// SHA-256), in order.

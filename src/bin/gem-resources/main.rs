@@ -155,12 +155,14 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 
 /// `man`: the manual page (roff) on stdout.
 fn man() -> ExitCode {
-    let page = clap_mangen::Man::new(cli::Args::command());
-    let mut out = Vec::new();
-    if let Err(e) = page.render(&mut out) {
-        crate::errln!("error: cannot write the manual page: {e}");
-        return ExitCode::from(1);
+    match manual::page() {
+        Ok(page) => {
+            manual::print(&page);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            crate::errln!("error: cannot write the manual page: {e}");
+            ExitCode::from(1)
+        }
     }
-    let _ = std::io::Write::write_all(&mut std::io::stdout(), &out);
-    ExitCode::SUCCESS
 }
