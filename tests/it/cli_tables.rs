@@ -81,6 +81,7 @@ async fn check_and_status_share_words_and_align_their_columns() {
 }
 
 /// `status` on a terminal of `cols` columns: its rows.
+#[cfg(unix)]
 async fn status_rows(env: &Env, cols: u16) -> Vec<String> {
     let (code, shown) = run_in_terminal(env, &["status"], cols).await;
     assert_eq!(code, Some(0), "{shown}");
@@ -90,6 +91,7 @@ async fn status_rows(env: &Env, cols: u16) -> Vec<String> {
         .collect()
 }
 
+#[cfg(unix)]
 #[tokio::test]
 async fn status_fits_the_terminal_by_cutting_the_description_never_the_state() {
     let env = Env::new().await;
