@@ -122,16 +122,32 @@ async fn ctrl_c_during_fetch_exits_130_and_says_what_was_kept() {
     let body = bytes(2_000_000, 85);
     let cut = body.len() / 2;
     let url = env.serve_held("/held.bin", &body, cut);
-    let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
+    // A small file finishes before the stop: its path is said too.
+    let small = bytes(1000, 87);
+    let small_url = env.serve("/small.bin", &small);
+    let manifest = env.write_manifest(
+        "m.json",
+        json!([
+            entry("held", &url, &body),
+            entry("small", &small_url, &small)
+        ]),
+    );
     let log = env.dir.path().join("fetch.log");
-    let mut child = spawn_quiet(&env, &["fetch", manifest.to_str().unwrap()], &log);
+    let mut child = spawn_logged(&env, &["fetch", manifest.to_str().unwrap()], &log);
+    wait_until("the small file stored", || {
+        !stored_files(&env, &small).is_empty()
+    })
+    .await;
     let exit = interrupt_once_bytes_are_kept(&env, &mut child, cut).await;
+    let out = child_stdout(&mut child);
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert_eq!(exit.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains("of held.bin kept; the next run continues"),
         "{stderr}"
     );
+    let stored = stored_files(&env, &small)[0].display().to_string();
+    assert_eq!(out.trim_end(), format!("small\t{stored}"), "{stderr}");
     // What had arrived when the signal came is kept and recorded.
     let store = gem_resources::Store::open(&env.store_dir()).unwrap();
     let kept = store.partial_len(&sha256_hex(&body));
@@ -369,9 +385,21 @@ async fn ctrl_c_with_json_ends_stdout_with_a_document_and_keeps_stderr_json() {
     let body = bytes(2_000_000, 86);
     let cut = body.len() / 2;
     let url = env.serve_held("/held.bin", &body, cut);
-    let manifest = env.write_manifest("m.json", json!([entry("held", &url, &body)]));
+    let small = bytes(1000, 88);
+    let small_url = env.serve("/small.bin", &small);
+    let manifest = env.write_manifest(
+        "m.json",
+        json!([
+            entry("held", &url, &body),
+            entry("small", &small_url, &small)
+        ]),
+    );
     let log = env.dir.path().join("fetch.log");
     let mut child = spawn_logged(&env, &["--json", "fetch", manifest.to_str().unwrap()], &log);
+    wait_until("the small file stored", || {
+        !stored_files(&env, &small).is_empty()
+    })
+    .await;
     let exit = interrupt_once_bytes_are_kept(&env, &mut child, cut).await;
     let out = child_stdout(&mut child);
     let stderr = std::fs::read_to_string(&log).unwrap();
@@ -387,6 +415,10 @@ async fn ctrl_c_with_json_ends_stdout_with_a_document_and_keeps_stderr_json() {
             .is_some_and(|n| n > 0),
         "{doc}"
     );
+    // The file finished before the stop, with its path.
+    assert_eq!(doc["resources"][0]["id"], "small", "{doc}");
+    let stored = stored_files(&env, &small)[0].display().to_string();
+    assert_eq!(doc["resources"][0]["path"], stored.as_str(), "{doc}");
     // stderr holds JSON lines only (debug logs aside, which this run asked
     // for with RUST_LOG: they are tracing's lines, never an `interrupted`).
     assert!(!stderr.contains("interrupted:"), "{stderr}");

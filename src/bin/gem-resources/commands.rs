@@ -396,7 +396,17 @@ async fn fetch(
                 sha256: r.sha256.clone(),
             })
             .collect();
-        crate::interrupt::report(&store, &unfinished);
+        let completed: Vec<crate::interrupt::Completed> = outcomes
+            .iter()
+            .filter_map(|(r, o)| {
+                let path = o.as_ref().ok()?;
+                Some(crate::interrupt::Completed {
+                    id: r.id.clone(),
+                    path: path.clone(),
+                })
+            })
+            .collect();
+        crate::interrupt::report_with(&store, &unfinished, &completed);
         return Ok(ExitCode::from(crate::interrupt::INTERRUPTED));
     }
     let mut results = Vec::new();

@@ -72,6 +72,33 @@ pub fn say(text: &str, fields: serde_json::Value) {
 /// Clears the bars and says, once the downloads have stopped, what was
 /// kept of each unfinished file.
 pub fn report(store: &Store, unfinished: &[Unfinished]) {
+    report_with(store, unfinished, &[]);
+}
+
+/// A file that was verified before the command was interrupted: its
+/// resource's id and path.
+pub struct Completed {
+    /// The resource's id.
+    pub id: String,
+    /// Where the verified file is.
+    pub path: std::path::PathBuf,
+}
+
+/// [`report`], after the files the command finished before it was
+/// interrupted: their paths on stdout as the command prints them (`id`, a
+/// tab, the path), or with `--json` in the document (`"resources": [{"id",
+/// "path"}]`).
+pub fn report_with(store: &Store, unfinished: &[Unfinished], completed: &[Completed]) {
+    if !JSON.load(Ordering::Relaxed) {
+        crate::progress::clear_all();
+        for done in completed {
+            crate::outln!("{}\t{}", done.id, done.path.display());
+        }
+    }
+    let resources: Vec<serde_json::Value> = completed
+        .iter()
+        .map(|d| serde_json::json!({ "id": d.id, "path": d.path }))
+        .collect();
     let mut lines = Vec::new();
     let mut files = Vec::new();
     if unfinished.is_empty() {
@@ -96,7 +123,10 @@ pub fn report(store: &Store, unfinished: &[Unfinished]) {
             "kept_bytes": kept.unwrap_or(0),
         }));
     }
-    say(&lines.join("\n"), serde_json::json!({ "files": files }));
+    say(
+        &lines.join("\n"),
+        serde_json::json!({ "files": files, "resources": resources }),
+    );
 }
 
 /// The downloads running now (of `gem`, or of every gem), each file once,
