@@ -305,3 +305,42 @@ async fn a_path_with_a_progress_token_gets_its_own_events_before_its_answer() {
     assert_eq!(bad["error"]["code"], json!(-32602), "{bad}");
     api.stop().await;
 }
+
+#[tokio::test]
+async fn path_through_the_service_shows_only_its_own_resources_events() {
+    let env = Env::new().await;
+    let (other_url, other) = slow_file(&env, "/other.bin", 600_000, 66);
+    let (mine_url, mine) = slow_file(&env, "/mine.bin", 300_000, 67);
+    let api = Listening::start(&env);
+    // The gem's required file downloads while `path` waits for another.
+    let _app = installed(
+        &api,
+        json!([
+            required_entry("other", &other_url, &other),
+            entry("mine", &mine_url, &mine)
+        ]),
+    )
+    .await;
+    let out = env.run(&["--json", "path", "g", "mine"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events: Vec<Value> = stderr(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["resource"] == "mine" && e["event"] == "verified"),
+        "its own file's events: {events:#?}"
+    );
+    assert!(
+        env.origin.served("/other.bin") > 0,
+        "the other file was downloading meanwhile"
+    );
+    let foreign: Vec<&Value> = events.iter().filter(|e| e["resource"] == "other").collect();
+    assert!(
+        foreign.is_empty(),
+        "another resource's events: {foreign:#?}"
+    );
+    api.stop().await;
+}

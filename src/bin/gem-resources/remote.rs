@@ -104,7 +104,10 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
         output: Output::Stderr,
         failures: false,
     };
-    let watcher = watch(client, Some(gem), show).await?;
+    // Only this resource's events: the gem's other files are not this
+    // command's business.
+    let (_, notifications) = client.subscribe(Some(gem)).await?;
+    let watcher = crate::watch::spawn_remote_for(notifications, show, Some(id.to_string()));
     let mut interrupted = interrupt::signal();
     let cancel = tokio_util::sync::CancellationToken::new();
     let call = client.call_until::<PathResult>("path", json!({ "gem": gem, "id": id }), &cancel);

@@ -107,8 +107,18 @@ pub fn spawn_with(service: &Resources, show: Show) -> Watcher {
 /// notifications of a subscription), as [`spawn_with`] follows those of a
 /// service in this process.
 pub fn spawn_remote(
+    notifications: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    show: Show,
+) -> Watcher {
+    spawn_remote_for(notifications, show, None)
+}
+
+/// [`spawn_remote`], showing only the events of the resource `only` (its
+/// id) when given: `path` shows its own file, not the gem's others.
+pub fn spawn_remote_for(
     mut notifications: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
     show: Show,
+    only: Option<String>,
 ) -> Watcher {
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -119,6 +129,11 @@ pub fn spawn_remote(
                 return;
             }
             let mut params = message.get("params").cloned().unwrap_or_default();
+            if let Some(only) = &only {
+                if params.get("resource").and_then(|r| r.as_str()) != Some(only.as_str()) {
+                    return;
+                }
+            }
             if let Some(fields) = params.as_object_mut() {
                 fields.remove("subscription");
             }
