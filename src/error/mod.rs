@@ -120,7 +120,7 @@ pub enum AttemptError {
         reason: String,
     },
     /// The server sent more or fewer bytes than declared.
-    #[error("size mismatch: expected {expected} bytes, {detail}")]
+    #[error("size mismatch: expected {}, {detail}", byte_count(*expected))]
     Size {
         /// The declared size.
         expected: u64,
@@ -569,11 +569,36 @@ pub fn human_bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// A byte count in a message: exact, and for people as well from 1 KiB
+/// on (`9027584 bytes (8.6 MiB)`), so that it can be compared with the
+/// sizes shown beside it.
+pub(crate) fn byte_count(n: u64) -> String {
+    if n < 1024 {
+        format!("{n} bytes")
+    } else {
+        format!("{n} bytes ({})", human_bytes(n))
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_byte_count_is_exact_and_for_people_too() {
+        assert_eq!(byte_count(512), "512 bytes");
+        assert_eq!(byte_count(9_027_584), "9027584 bytes (8.6 MiB)");
+        let e = AttemptError::Size {
+            expected: 67_108_864,
+            detail: format!("received more than {}", byte_count(3_915_776)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "size mismatch: expected 67108864 bytes (64.0 MiB), received more than 3915776 bytes (3.7 MiB)"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -62,8 +62,9 @@ impl Fetcher {
             let chunk = match next {
                 Err(_) => {
                     let reason = format!(
-                        "stalled: no data for {}s after {received} bytes",
-                        self.stall.as_secs_f64()
+                        "stalled: no data for {}s after {}",
+                        self.stall.as_secs_f64(),
+                        crate::error::byte_count(received)
                     );
                     return Ok(Some(fail(hop, AttemptError::Network { reason })));
                 }
@@ -77,7 +78,7 @@ impl Fetcher {
             let len = chunk.len();
             received += len as u64;
             if received > limit {
-                let detail = format!("received more than {limit} bytes");
+                let detail = format!("received more than {}", crate::error::byte_count(limit));
                 return Ok(Some(fail(hop, size_error(expected, limit, detail))));
             }
             let more = sink
@@ -156,7 +157,10 @@ pub(super) fn announced_mismatch(
     if announced <= rest && !(exact && announced != rest) {
         return None;
     }
-    let detail = format!("the server announced {announced} bytes");
+    let detail = format!(
+        "the server announced {}",
+        crate::error::byte_count(announced)
+    );
     Some(match offset {
         0 => detail,
         _ => format!("{detail} for the rest after byte {offset}"),
@@ -204,7 +208,7 @@ pub(super) fn check_finished(
         return Ok(());
     };
     if finished.len != e.size {
-        let detail = format!("received only {} bytes", finished.len);
+        let detail = format!("received only {}", crate::error::byte_count(finished.len));
         return Err(size_error(expected, limit, detail));
     }
     if finished.sha256 != e.sha256 {
@@ -258,14 +262,15 @@ pub(super) fn body_error(
             if cut {
                 let why = crate::net::reason::network_reason(e, "");
                 return AttemptError::Network {
-                    reason: format!("{why} after {received} bytes"),
+                    reason: format!("{why} after {}", crate::error::byte_count(received)),
                 };
             }
         }
         source = s.source();
     }
     let detail = format!(
-        "the connection closed after {received} bytes ({})",
+        "the connection closed after {} ({})",
+        crate::error::byte_count(received),
         crate::net::reason::network_reason(e, "")
     );
     size_error(expected, limit, detail)
