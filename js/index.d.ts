@@ -140,7 +140,7 @@ export interface Hello {
   proof?: string;
 }
 
-export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'waiting' | 'failed';
+export type ResourceState = 'present' | 'missing' | 'queued' | 'downloading' | 'retrying' | 'waiting' | 'failed';
 
 /** One row of `status --json`. */
 export interface ResourceStatus {
@@ -165,6 +165,10 @@ export interface ResourceStatus {
   bytes_per_sec?: number | null;
   /** When waiting: the gem whose download of the same file it waits for (null: not known). */
   on?: string | null;
+  /** When retrying (between two tries of an address, until bytes arrive again): the next try, of how many, and why the last failed. */
+  attempt?: number;
+  of?: number;
+  reason?: string;
   /** When failed. */
   code?: ErrorCode;
   primary_cause?: ErrorCode;

@@ -209,6 +209,12 @@ function rowFromStatus(r) {
       row.rate = typeof r.bytes_per_sec === 'number' ? r.bytes_per_sec : null;
       row.etaSecs = typeof r.eta_secs === 'number' ? r.eta_secs : null;
       break;
+    case 'retrying':
+      // Between two tries: a download, with what its last try said.
+      row.state = 'downloading';
+      row.bytes = typeof r.bytes === 'number' ? r.bytes : 0;
+      row.retry = Object.freeze({ attempt: r.attempt, of: r.of, waitMs: null, reason: r.reason ?? '', address: null });
+      break;
     case 'waiting':
       row.bytes = typeof r.bytes === 'number' ? r.bytes : null;
       row.on = r.on ?? null;

@@ -350,3 +350,13 @@ test('against a real service that restarts: the rows say the feed was lost, then
   assert.ok(states.includes('lost'), `states: ${states.join(' ')}`);
   assert.equal(watch.model.row('big').text, 'Downloaded and verified');
 });
+
+test('a status row between two tries reads as a download that is retrying, and why', () => {
+  const model = new GemPageModel('notes');
+  const row = { ...statusRow({ id: 'model', sha256: SHA_A, required: true }), state: 'retrying', attempt: 3, of: 6, reason: 'connection refused', bytes: 1024 * 1024 };
+  model.reset({ gems: notes([row]) });
+  const [a] = model.rows;
+  assert.equal(a.state, 'downloading');
+  assert.equal(a.bytes, 1024 * 1024);
+  assert.match(a.text, /retrying \(attempt 3 of 6\): connection refused/);
+});

@@ -232,6 +232,20 @@ pub enum ResourceState {
         #[serde(default)]
         bytes_per_sec: Option<u64>,
     },
+    /// Between two tries of an address of this service's download: the
+    /// try that comes next (`attempt`) of how many (`of`), and why the last
+    /// one failed (`reason`); `downloading` again once bytes arrive.
+    #[non_exhaustive]
+    Retrying {
+        /// The try that comes next (2 for the first retry).
+        attempt: u32,
+        /// Of how many.
+        of: u32,
+        /// Why the last try failed.
+        reason: String,
+        /// Bytes of the file held so far.
+        bytes: u64,
+    },
     /// Waiting for another gem's download of the same file (the same
     /// SHA-256 and size from other addresses, in this process or another),
     /// none of this resource's own addresses in use yet. It waits at most
@@ -1220,6 +1234,14 @@ impl Resources {
                 return ResourceState::Downloading {
                     bytes,
                     bytes_per_sec: Some(bytes_per_sec),
+                }
+            }
+            Some(JobState::Retrying(retry, bytes)) => {
+                return ResourceState::Retrying {
+                    attempt: retry.attempt,
+                    of: retry.of,
+                    reason: retry.reason,
+                    bytes,
                 }
             }
             Some(JobState::Waiting(on)) => Some(on),

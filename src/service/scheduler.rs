@@ -63,6 +63,20 @@ pub enum JobState {
     /// Transferring; bytes received so far, and the current rate in bytes
     /// per second ([`Meter`]).
     Downloading(u64, u64),
+    /// Between two tries of an address: which try comes next, of how
+    /// many, and why the last one failed; and the bytes held.
+    Retrying(Retry, u64),
+}
+
+/// What a job between two tries says ([`JobState::Retrying`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// The try that comes next (2 for the first retry).
+    pub attempt: u32,
+    /// Of how many.
+    pub of: u32,
+    /// Why the last one failed.
+    pub reason: String,
 }
 
 /// A running or queued job.
@@ -87,6 +101,8 @@ struct Job {
     /// While it waits for another download of the same file: the gem that
     /// one is for (`Some(None)`: not known).
     waiting_on: Arc<Mutex<Option<Option<String>>>>,
+    /// Between two tries: the next one (cleared when bytes arrive).
+    retry: Arc<Mutex<Option<Retry>>>,
     /// Resolves once with the outcome.
     done: watch::Receiver<Option<JobResult>>,
     /// The SHA-256 it downloads.
@@ -397,6 +413,7 @@ impl Scheduler {
             bytes: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(AtomicU64::new(0)),
             waiting_on: Arc::new(Mutex::new(None)),
+            retry: Arc::new(Mutex::new(None)),
             done: rx.clone(),
             sha256: resource.sha256.clone(),
             waiters: Arc::new(Mutex::new(vec![Waiter::of(gem, resource)])),
@@ -756,13 +773,15 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        Some(match waiting_on {
-            Some(on) => JobState::Waiting(on),
-            None if job.started.load(Ordering::Relaxed) => JobState::Downloading(
+        let retry = job.retry.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Some(match (waiting_on, retry) {
+            (Some(on), _) => JobState::Waiting(on),
+            (None, Some(retry)) => JobState::Retrying(retry, job.bytes.load(Ordering::Relaxed)),
+            (None, None) if job.started.load(Ordering::Relaxed) => JobState::Downloading(
                 job.bytes.load(Ordering::Relaxed),
                 job.rate.load(Ordering::Relaxed),
             ),
-            None => JobState::Queued,
+            (None, None) => JobState::Queued,
         })
     }
 
@@ -862,6 +881,11 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
 
     fn retrying(&mut self, wait: Duration, attempt: u32, of: u32, reason: &str) {
         self.start();
+        *self.job.retry.lock().unwrap_or_else(|p| p.into_inner()) = Some(Retry {
+            attempt,
+            of,
+            reason: reason.to_string(),
+        });
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let address = self.job.address();
         self.scheduler.each(self.job, |w, at| Event::Retrying {
@@ -940,6 +964,14 @@ impl crate::transfer::fetch::Reporter for JobProgress<'_> {
     /// reaches the declared size (once).
     fn bytes(&mut self, bytes: u64) {
         let now = Instant::now();
+        if self.last_bytes != Some(bytes) {
+            // Bytes flow again: no longer between two tries.
+            self.job
+                .retry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+        }
         self.meter.update(now, bytes);
         let rate = self.meter.rate(now);
         self.job.bytes.store(bytes, Ordering::Relaxed);

@@ -177,3 +177,49 @@ async fn the_record_of_what_served_a_file_is_removed_with_the_file() {
     assert!(!record.exists(), "the record outlived its file");
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn status_says_a_download_between_two_tries_is_retrying_and_why() {
+    let env = Env::new().await;
+    env.write_config("retries = 3");
+    let body = bytes(40_000, 77);
+    // "Come back in 2 s", then the file.
+    let url = fails_once(
+        &env,
+        "/later.bin",
+        Behaviour::RetryAfter {
+            status: 503,
+            value: "2".into(),
+        },
+        &body,
+    );
+    let service = Resources::open(&env.config()).unwrap();
+    service
+        .install("g", &manifest(json!([required_entry("r", &url, &body)])))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let retrying = loop {
+        match state(&service, "g") {
+            ResourceState::Retrying {
+                attempt,
+                of,
+                reason,
+                ..
+            } => break (attempt, of, reason),
+            other => {
+                assert!(Instant::now() < deadline, "never retrying: {other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!((retrying.0, retrying.1), (2, 4), "{retrying:?}");
+    assert!(retrying.2.contains("503"), "{retrying:?}");
+    // Once the next try's bytes arrive, no longer.
+    within("present", service.wait_idle()).await;
+    assert!(matches!(
+        state(&service, "g"),
+        ResourceState::Present { .. }
+    ));
+    service.shutdown().await;
+}

@@ -135,7 +135,10 @@ pub fn unfinished(service: &Resources, gem: Option<&str>) -> Vec<Unfinished> {
     let mut out: Vec<Unfinished> = Vec::new();
     let status = service.status(gem).unwrap_or_default();
     for r in status.iter().flat_map(|g| &g.resources) {
-        let running = matches!(r.state, ResourceState::Downloading { .. });
+        let running = matches!(
+            r.state,
+            ResourceState::Downloading { .. } | ResourceState::Retrying { .. }
+        );
         if running && !out.iter().any(|u| u.sha256 == r.sha256) {
             out.push(Unfinished {
                 name: r.file.clone(),

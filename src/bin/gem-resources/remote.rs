@@ -214,6 +214,7 @@ async fn settled(client: &Client, gem: Option<&str>) -> anyhow::Result<Vec<GemSt
                     r.state,
                     ResourceState::Queued
                         | ResourceState::Downloading { .. }
+                        | ResourceState::Retrying { .. }
                         | ResourceState::Waiting { .. }
                 )
         });
@@ -268,6 +269,7 @@ async fn sync(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
                 ResourceState::Present { .. }
                 | ResourceState::Queued
                 | ResourceState::Downloading { .. }
+                | ResourceState::Retrying { .. }
                 | ResourceState::Waiting { .. } => continue,
                 ResourceState::Failed { .. } => "retry",
                 _ => "download_now",

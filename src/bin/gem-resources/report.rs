@@ -354,6 +354,18 @@ fn state(r: &ResourceStatus) -> String {
                 None => format!("downloading {done}"),
             }
         }
+        ResourceState::Retrying {
+            attempt,
+            of,
+            reason,
+            bytes,
+            ..
+        } => format!(
+            "retrying (attempt {attempt} of {of}, {}) at {}/{}",
+            field(reason),
+            render::bytes(*bytes),
+            render::bytes(size)
+        ),
         ResourceState::Waiting { on, bytes, .. } => {
             let whose = match on {
                 Some(gem) => format!("gem {}'s download", field(gem)),
