@@ -803,9 +803,7 @@ impl Resources {
         }
         let (store, registry) = (inner.store.clone(), inner.registry.clone());
         let removal = move || {
-            for sha in &unclaimed {
-                store.remove_partials(sha);
-            }
+            store.remove_partials_of(&unclaimed.iter().cloned().collect());
             unclaimed.retain(|sha| store.has(sha));
             let deleted = remove_blobs(&store, &unclaimed)?;
             for sha in &deleted {
@@ -1219,9 +1217,11 @@ impl Resources {
 
     fn state_of(&self, r: &Resource, failure: Option<&FailureRecord>) -> ResourceState {
         let store = &self.inner.store;
-        if store.has(&r.sha256) {
-            let path = store
-                .blob_files(&r.sha256)
+        // One listing of the file's folder says both whether it is present
+        // and under which name.
+        let files = store.blob_files(&r.sha256);
+        if !files.is_empty() {
+            let path = files
                 .into_iter()
                 .find(|p| p.file_name().is_some_and(|n| n == r.file_name().as_str()))
                 .unwrap_or_else(|| store.blob_path(&r.sha256, &r.file_name()));

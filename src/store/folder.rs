@@ -106,23 +106,34 @@ impl Folder {
     /// link, and checks on the open file that it is a regular file of the
     /// current user (see `trust::open_own`). A file it creates is `0600`.
     pub(crate) fn open_own(&self, name: &str, options: &mut OpenOptions) -> io::Result<File> {
+        Ok(self.open_own_meta(name, options)?.0)
+    }
+
+    /// [`Folder::open_own`], with the metadata its check read.
+    fn open_own_meta(
+        &self,
+        name: &str,
+        options: &mut OpenOptions,
+    ) -> io::Result<(File, fs::Metadata)> {
         let file = crate::platform::open_at(&self.dir, one_name(name)?, options)?;
-        crate::store::trust::check_own(&file)?;
-        Ok(file)
+        let meta = crate::store::trust::check_own(&file)?;
+        Ok((file, meta))
     }
 
     /// The metadata of the entry `name`, when it is a regular file of the
     /// current user (opened, never followed).
     pub(crate) fn own_file_meta(&self, name: &str) -> io::Result<fs::Metadata> {
-        self.open_own(name, OpenOptions::new().read(true))?
-            .metadata()
+        Ok(self.open_own_meta(name, OpenOptions::new().read(true))?.1)
     }
 
     /// Reads at most `max` bytes of the entry `name`, opened as
     /// [`Folder::open_own`] does.
     pub(crate) fn read_own(&self, name: &str, max: u64) -> io::Result<Vec<u8>> {
-        let file = self.open_own(name, OpenOptions::new().read(true))?;
-        let mut bytes = Vec::new();
+        let (file, meta) = self.open_own_meta(name, OpenOptions::new().read(true))?;
+        // Sized from the open file: one read for a small record, not a
+        // growing buffer's many.
+        let len = meta.len().min(max);
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + 1);
         file.take(max + 1).read_to_end(&mut bytes)?;
         if bytes.len() as u64 > max {
             return Err(io::Error::new(
@@ -161,9 +172,8 @@ impl Folder {
     /// Opens the folder `name` in this one when it is a folder of the
     /// current user (not a link to one).
     pub(crate) fn open_own_sub(&self, name: &str) -> Option<Folder> {
-        if !self.is_own_folder(name) {
-            return None;
-        }
+        // Opened without following a link, then checked through the handle:
+        // what was opened is what is checked (no look at the name first).
         let folder = self.open_sub(name).ok()?;
         let meta = folder.metadata().ok()?;
         (meta.is_dir() && crate::platform::owned_by_me(&meta)).then_some(folder)

@@ -953,10 +953,16 @@ impl Store {
     /// left to it: that download ends by removing its bytes itself when no
     /// installed gem declares them any more.
     pub fn remove_partials(&self, sha256: &str) -> usize {
+        self.remove_partials_of(&std::collections::BTreeSet::from([sha256.to_string()]))
+    }
+
+    /// [`Store::remove_partials`] for every SHA-256 of `doomed`, with one
+    /// listing of the partial files' folder.
+    pub fn remove_partials_of(&self, doomed: &std::collections::BTreeSet<String>) -> usize {
         let tmp = &self.folders.tmp;
         let mut removed = 0;
         for entry in partial_files(tmp) {
-            if entry.sha256 != sha256 {
+            if !doomed.contains(&entry.sha256) {
                 continue;
             }
             if let Ok(Some(_held)) = lockfile::try_lock_key(self.locks(), &entry.key()) {

@@ -99,7 +99,7 @@ pub(crate) fn open_own(path: &Path, options: &mut OpenOptions) -> io::Result<Fil
 /// Checks on the open `file` that it is a regular file of the current
 /// user ([`is_own_file`]); anything else is an error (`InvalidData`) that
 /// names what was found.
-pub(crate) fn check_own(file: &File) -> io::Result<()> {
+pub(crate) fn check_own(file: &File) -> io::Result<std::fs::Metadata> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(untrusted("is not a regular file"));
@@ -107,7 +107,7 @@ pub(crate) fn check_own(file: &File) -> io::Result<()> {
     if !is_own_file(&meta) {
         return Err(untrusted("belongs to another user"));
     }
-    Ok(())
+    Ok(meta)
 }
 
 fn untrusted(what: &str) -> io::Error {

@@ -433,5 +433,12 @@ async fn a_reservation_that_stands_in_the_way_is_named_by_its_gem() {
         text.contains("most of it reserved by gem \"hog\""),
         "{text}"
     );
+    // Scripts read the same in the error's fields.
+    let out = env.run(&["--json", "path", "victim", "small"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["code"], "E_RESOURCE_DISK_SPACE", "{doc}");
+    assert_eq!(doc["reserved_by"], "hog", "{doc}");
+    assert!(doc["reserved_bytes"].as_u64().unwrap() > 0, "{doc}");
     assert_eq!(env.origin.hits("/small.bin"), 0);
 }
