@@ -51,7 +51,7 @@ use crate::service::events::{Event, Events, DEFAULT_EVENT_BUFFER};
 use crate::service::scheduler::{Deps, JobResult, JobState, Scheduler};
 use crate::store::policy_record;
 use crate::store::registry::{check_gem_id, FailureRecord, InstalledBy, Registration, Registry};
-use crate::store::Store;
+use crate::store::{Listing, Store};
 use crate::transfer::fetch::Fetcher;
 
 pub use crate::service::blocking::Blocking;
@@ -1193,10 +1193,14 @@ impl Resources {
         resources: &[Resource],
         failures: &BTreeMap<String, FailureRecord>,
     ) -> Vec<ResourceStatus> {
+        // One look at the downloads in progress and the kept bytes for all
+        // of them: a gem of thousands of files is not thousands of
+        // listings of the same folders.
+        let listing = self.inner.store.listing();
         resources
             .iter()
             .map(|r| {
-                let state = self.state_of(r, failures.get(&r.id));
+                let state = self.state_of(r, failures.get(&r.id), &listing);
                 ResourceStatus {
                     id: r.id.clone(),
                     label: r.label().to_string(),
@@ -1208,14 +1212,19 @@ impl Resources {
                     hosts: hosts(r),
                     required: r.required,
                     sha256: r.sha256.clone(),
-                    partial_bytes: self.partial_of(r, &state),
+                    partial_bytes: self.partial_of(r, &state, &listing),
                     state,
                 }
             })
             .collect()
     }
 
-    fn state_of(&self, r: &Resource, failure: Option<&FailureRecord>) -> ResourceState {
+    fn state_of(
+        &self,
+        r: &Resource,
+        failure: Option<&FailureRecord>,
+        listing: &Listing,
+    ) -> ResourceState {
         let store = &self.inner.store;
         // One listing of the file's folder says both whether it is present
         // and under which name.
@@ -1251,7 +1260,7 @@ impl Resources {
         // here: one from this resource's own addresses is its download;
         // another gem's is what the file waits for, and is named.
         let addresses: Vec<String> = r.addresses().map(|a| a.to_string()).collect();
-        let in_use = store.lanes_in_use(&r.sha256, r.size);
+        let in_use = store.lanes_in_use_listed(listing, &r.sha256, r.size);
         let own = in_use
             .iter()
             .find(|l| l.holder.as_ref().is_none_or(|h| h.addresses == addresses));
@@ -1278,9 +1287,13 @@ impl Resources {
     }
 
     /// The resumable bytes kept for `r`, shown while nothing downloads it.
-    fn partial_of(&self, r: &Resource, state: &ResourceState) -> Option<u64> {
+    fn partial_of(&self, r: &Resource, state: &ResourceState, listing: &Listing) -> Option<u64> {
         matches!(state, ResourceState::Missing | ResourceState::Failed { .. })
-            .then(|| self.inner.store.kept_bytes(&r.sha256, Some(r.size)))
+            .then(|| {
+                self.inner
+                    .store
+                    .kept_bytes_listed(listing, &r.sha256, Some(r.size))
+            })
             .flatten()
     }
 

@@ -502,18 +502,20 @@ impl Scheduler {
     /// as a required file, with that resource, while it is missing from the
     /// store.
     fn required_now(&self, key: &str) -> Vec<(String, Resource)> {
-        let Ok(registrations) = self.deps.registry.list() else {
+        let Ok(registrations) = self.deps.registry.list_shared() else {
             return Vec::new();
         };
         let mut out = Vec::new();
         for reg in registrations {
             let declared = reg
                 .resources
-                .into_iter()
-                .filter(|r| r.required && job_key(r) == key);
+                .iter()
+                // The key starts with the SHA-256: most resources are
+                // ruled out without building theirs.
+                .filter(|r| r.required && key.starts_with(&r.sha256) && job_key(r) == key);
             for r in declared {
                 if !self.deps.store.has(&r.sha256) {
-                    out.push((reg.gem.clone(), r));
+                    out.push((reg.gem.clone(), r.clone()));
                 }
             }
         }

@@ -155,6 +155,19 @@ pub(crate) struct LaneInUse {
     pub held: u64,
 }
 
+/// One listing of the folders that say which downloads run and what is
+/// kept (`locks/` and `tmp/`), taken by [`Store::listing`] to look at many
+/// files at once: a status of thousands of files lists each folder once,
+/// not once per file.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// The lanes whose lock file exists, by SHA-256 and declared size;
+    /// `None` where released lock files stay (every lane may be held).
+    locked: Option<std::collections::BTreeMap<(String, u64), Vec<u32>>>,
+    /// The partial data files, by SHA-256.
+    partials: std::collections::BTreeMap<String, Vec<PartialEntry>>,
+}
+
 /// A partial data file found in `tmp/`.
 #[derive(Debug, Clone)]
 struct PartialEntry {
@@ -732,32 +745,72 @@ impl Store {
     /// The downloads of the file `sha256`, `size` in progress now, in this
     /// process or another, lane 0 first.
     pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
-        self.lanes_locked(sha256, size)
+        self.lanes_in_use_listed(&self.lock_listing(), sha256, size)
+    }
+
+    /// [`Store::lanes_in_use`], from `listing` (see [`Store::listing`]).
+    pub(crate) fn lanes_in_use_listed(
+        &self,
+        listing: &Listing,
+        sha256: &str,
+        size: u64,
+    ) -> Vec<LaneInUse> {
+        let lanes = match &listing.locked {
+            Some(locked) => locked
+                .get(&(sha256.to_string(), size))
+                .cloned()
+                .unwrap_or_default(),
+            None => (0..LANES).collect(),
+        };
+        lanes
             .into_iter()
             .filter_map(|lane| self.lane_in_use(sha256, size, lane))
             .collect()
     }
 
-    /// The lanes of the file `sha256`, `size` that may be held, in order:
-    /// where released lock files are removed, those whose lock file exists,
-    /// read from one listing of `locks/` (which holds little more than the
-    /// downloads in progress) rather than a lookup per lane; elsewhere
-    /// every lane.
-    fn lanes_locked(&self, sha256: &str, size: u64) -> Vec<u32> {
+    /// One listing of `locks/` and `tmp/`, for
+    /// [`Store::lanes_in_use_listed`] and [`Store::kept_bytes_listed`] on
+    /// many files. What changes after it is seen by the next one.
+    pub(crate) fn listing(&self) -> Listing {
+        let mut listing = self.lock_listing();
+        for entry in partial_files(&self.folders.tmp) {
+            listing
+                .partials
+                .entry(entry.sha256.clone())
+                .or_default()
+                .push(entry);
+        }
+        listing
+    }
+
+    /// The lanes that may be held, in order: where released lock files are
+    /// removed, those whose lock file exists, read from one listing of
+    /// `locks/` (which holds little more than the downloads in progress)
+    /// rather than a lookup per lane; elsewhere every lane.
+    fn lock_listing(&self) -> Listing {
         let names = crate::platform::REMOVE_RELEASED_LOCKS
             .then(|| self.locks().names().ok())
             .flatten();
-        let Some(names) = names else {
-            return (0..LANES).collect();
-        };
-        let mut lanes: Vec<u32> = names
-            .iter()
-            .filter_map(|name| partial::parse_key(name.strip_suffix(".lock")?))
-            .filter(|&(sha, bytes, _)| sha == sha256 && bytes == size)
-            .map(|(_, _, lane)| lane)
-            .collect();
-        lanes.sort_unstable();
-        lanes
+        let locked = names.map(|names| {
+            let mut locked = std::collections::BTreeMap::<(String, u64), Vec<u32>>::new();
+            for (sha, size, lane) in names
+                .iter()
+                .filter_map(|name| partial::parse_key(name.strip_suffix(".lock")?))
+            {
+                locked
+                    .entry((sha.to_string(), size))
+                    .or_default()
+                    .push(lane);
+            }
+            for lanes in locked.values_mut() {
+                lanes.sort_unstable();
+            }
+            locked
+        });
+        Listing {
+            locked,
+            ..Listing::default()
+        }
     }
 
     fn lane_in_use(&self, sha256: &str, size: u64, lane: u32) -> Option<LaneInUse> {
@@ -943,6 +996,24 @@ impl Store {
         let tmp = &self.folders.tmp;
         partial_files(tmp)
             .filter(|e| e.sha256 == sha256 && size.is_none_or(|s| s == e.size))
+            .filter_map(|e| e.paths(tmp).kept())
+            .map(|(_, n)| n)
+            .max()
+    }
+
+    /// [`Store::kept_bytes`], from the partial files `listing` saw.
+    pub(crate) fn kept_bytes_listed(
+        &self,
+        listing: &Listing,
+        sha256: &str,
+        size: Option<u64>,
+    ) -> Option<u64> {
+        let tmp = &self.folders.tmp;
+        listing
+            .partials
+            .get(sha256)?
+            .iter()
+            .filter(|e| size.is_none_or(|s| s == e.size))
             .filter_map(|e| e.paths(tmp).kept())
             .map(|(_, n)| n)
             .max()

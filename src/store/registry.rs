@@ -520,10 +520,22 @@ impl Registry {
 
     /// Every registration, ordered by gem id.
     pub fn list(&self) -> Result<Vec<Registration>> {
+        Ok(self
+            .list_shared()?
+            .into_iter()
+            .map(|reg| (*reg).clone())
+            .collect())
+    }
+
+    /// [`Registry::list`], shared rather than copied: for callers that look
+    /// through every registration for a few resources (a copy of thousands
+    /// of resources per look is what made a failed download cost in
+    /// proportion to every file installed).
+    pub(crate) fn list_shared(&self) -> Result<Vec<Arc<Registration>>> {
         let mut out = Vec::new();
         for gem in json_stems(&self.gems)? {
-            if let Some(reg) = self.get(&gem)? {
-                out.push(reg);
+            if let Some(cached) = self.cached(&gem)? {
+                out.push(cached.reg);
             }
         }
         Ok(out)
