@@ -945,20 +945,20 @@ impl Resources {
         let reg = self
             .inner
             .registry
-            .get(gem)?
+            .get_shared(gem)?
             .ok_or_else(|| Error::NotFound(format!("gem {gem:?} is not installed")))?;
+        if let Some(found) = reg.resources.iter().find(|r| r.id == resource_id) {
+            return Ok(found.clone());
+        }
         let ids: Vec<&str> = reg.resources.iter().map(|r| r.id.as_str()).collect();
         let known = if ids.is_empty() {
             "it declares none".to_string()
         } else {
             format!("its resources are: {}", ids.join(", "))
         };
-        let message = format!("gem {gem:?} declares no resource {resource_id:?}; {known}");
-        reg.resources
-            .iter()
-            .find(|r| r.id == resource_id)
-            .cloned()
-            .ok_or(Error::NotFound(message))
+        Err(Error::NotFound(format!(
+            "gem {gem:?} declares no resource {resource_id:?}; {known}"
+        )))
     }
 
     /// What an app start does: removes leftovers of a crash that nobody

@@ -428,7 +428,13 @@ impl Registry {
 
     /// The registration of `gem`, if installed.
     pub fn get(&self, gem: &str) -> Result<Option<Registration>> {
-        Ok(self.cached(gem)?.map(|c| (*c.reg).clone()))
+        Ok(self.get_shared(gem)?.map(|reg| (*reg).clone()))
+    }
+
+    /// [`Registry::get`], shared rather than copied (a lookup of one
+    /// resource in a gem of thousands copies none of them).
+    pub(crate) fn get_shared(&self, gem: &str) -> Result<Option<Arc<Registration>>> {
+        Ok(self.cached(gem)?.map(|c| c.reg))
     }
 
     /// Whether any installed gem declares `sha256`. Parses only the
@@ -534,8 +540,8 @@ impl Registry {
     pub(crate) fn list_shared(&self) -> Result<Vec<Arc<Registration>>> {
         let mut out = Vec::new();
         for gem in json_stems(&self.gems)? {
-            if let Some(cached) = self.cached(&gem)? {
-                out.push(cached.reg);
+            if let Some(reg) = self.get_shared(&gem)? {
+                out.push(reg);
             }
         }
         Ok(out)
