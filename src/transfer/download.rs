@@ -121,7 +121,7 @@ pub(crate) async fn download_for(
         Lane::Found(path) => return Ok(path),
         Lane::Taken { lock, waited } => (lock, waited),
     };
-    if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
+    if let Some(path) = store.find_unchanged(&resource.sha256, &name)? {
         return Ok(path);
     }
     // A download of the same bytes from the same addresses that failed while
@@ -136,21 +136,31 @@ pub(crate) async fn download_for(
     // File-system work (creating the file, fsyncs, renames) runs off the
     // runtime's workers: on a slow disk it would stall every transfer.
     let grace = fetcher.wait_for_others();
-    let (lock, paths) = crate::store::off_runtime(store.root(), {
-        let (store, id, sha256, size) = (
+    let prepared = crate::store::off_runtime(store.root(), {
+        let (store, id, sha256, size, name) = (
             store.clone(),
             resource.id.clone(),
             resource.sha256.clone(),
             resource.size,
+            name.clone(),
         );
         let addresses = addresses.clone();
         move || {
+            // Published under another name meanwhile: linked or copied
+            // here, not downloaded (in the same trip to the disk).
+            if let Some(path) = store.find(&sha256, &name)? {
+                return Ok(Err(path));
+            }
             store.sort_kept(&lock, &sha256, size, &addresses);
             let paths = store.prepare(&id, &sha256, size, lock.lane, grace)?;
-            Ok((lock, paths))
+            Ok(Ok((lock, paths)))
         }
     })
     .await?;
+    let (lock, paths) = match prepared {
+        Ok(prepared) => prepared,
+        Err(found) => return Ok(found),
+    };
     lock.describe(&Holder::new(gem, &addresses, paths.held()));
     // Stops when the caller cancels, or when another download published
     // the file.
@@ -299,6 +309,20 @@ async fn published_elsewhere(store: &Store, sha256: &str) {
     }
 }
 
+/// The resume that `kept` bytes recorded by `meta` allow for a file of
+/// `size` bytes: when they all lie inside the file, leave something to
+/// fetch, and carry a validator.
+fn resumable(meta: crate::store::partial::PartialMeta, kept: u64, size: u64) -> Option<Resume> {
+    if kept >= size || meta.end() > size {
+        return None;
+    }
+    Some(Resume {
+        offset: meta.durable,
+        validator: meta.validator?,
+        ranges: meta.ranges,
+    })
+}
+
 /// A local failure of a download of `resource` from `address`: a full disk
 /// (`E_RESOURCE_DISK_SPACE`) names the resource and the address besides the
 /// partial file it was writing.
@@ -431,12 +455,15 @@ impl Job<'_> {
         };
         let mut retries = 0;
         let mut fresh_retry_used = false;
-        let mut patience = Patience::new(
-            self.durable_from(address).await,
-            self.fetcher.progress_floor(),
-        );
+        // The first try's look at the kept bytes also gives the patience
+        // its start: one trip to the disk, not two.
+        let (durable, mut first_resume) = self.kept_from(address).await;
+        let mut patience = Patience::new(durable, self.fetcher.progress_floor());
         loop {
-            let resume = self.resume_from(address).await;
+            let resume = match first_resume.take() {
+                Some(resume) => resume,
+                None => self.resume_from(address).await,
+            };
             // Kept bytes in all: the prefix and any ranges beyond it.
             let resumed_from = resume.as_ref().map_or(0, |r| {
                 r.ranges.iter().fold(r.offset, |n, [s, e]| n + (e - s))
@@ -514,6 +541,23 @@ impl Job<'_> {
         .unwrap_or(0)
     }
 
+    /// [`Job::durable_from`] and [`Job::resume_from`] of `address`, read
+    /// together.
+    async fn kept_from(&self, address: &Url) -> (u64, Option<Option<Resume>>) {
+        let (address, size) = (address.to_string(), self.resource.size);
+        self.on_disk(move |paths| {
+            let Some((meta, kept)) = paths.kept() else {
+                return (0, Some(None));
+            };
+            if meta.address != address {
+                return (0, Some(None));
+            }
+            (kept, Some(resumable(meta, kept, size)))
+        })
+        .await
+        .unwrap_or((0, None))
+    }
+
     /// The kept bytes, when they came from `address` and can be continued:
     /// the prefix and the ranges beyond it, when they all lie inside the
     /// file and leave something to fetch.
@@ -521,14 +565,10 @@ impl Job<'_> {
         let (address, size) = (address.to_string(), self.resource.size);
         self.on_disk(move |paths| {
             let (meta, kept) = paths.kept()?;
-            if meta.address != address || kept >= size || meta.end() > size {
+            if meta.address != address {
                 return None;
             }
-            Some(Resume {
-                offset: meta.durable,
-                validator: meta.validator?,
-                ranges: meta.ranges,
-            })
+            resumable(meta, kept, size)
         })
         .await
         .flatten()
