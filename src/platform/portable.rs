@@ -278,6 +278,11 @@ pub(crate) fn reflink(_from: &File, _to: &File) -> bool {
     false
 }
 
+/// A folder's name is looked at (not followed) before it is opened: what
+/// the open alone refuses here (junctions and other reparse points) is not
+/// relied on.
+pub(crate) const OPEN_DIR_REFUSES_LINKS: bool = false;
+
 /// A held lock file stays in place when released: removing a file another
 /// process has open is not reliable here, so lock files are left for reuse.
 pub(crate) const REMOVE_RELEASED_LOCKS: bool = false;

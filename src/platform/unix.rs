@@ -237,6 +237,11 @@ pub(crate) fn reflink(from: &File, to: &File) -> bool {
     }
 }
 
+/// Opening a folder without following links (`O_NOFOLLOW | O_DIRECTORY`)
+/// refuses a link and anything that is not a folder by itself: no look at
+/// the name is needed first.
+pub(crate) const OPEN_DIR_REFUSES_LINKS: bool = true;
+
 /// A lock file is removed by its holder before it releases the lock (the
 /// next taker checks that the name still leads to the file it locked), so
 /// locks leave nothing behind.

@@ -173,7 +173,11 @@ impl Folder {
     /// current user (not a link to one).
     pub(crate) fn open_own_sub(&self, name: &str) -> Option<Folder> {
         // Opened without following a link, then checked through the handle:
-        // what was opened is what is checked (no look at the name first).
+        // what was opened is what is checked. Where the open alone does not
+        // refuse every kind of link, the name is looked at first too.
+        if !crate::platform::OPEN_DIR_REFUSES_LINKS && !self.is_own_folder(name) {
+            return None;
+        }
         let folder = self.open_sub(name).ok()?;
         let meta = folder.metadata().ok()?;
         (meta.is_dir() && crate::platform::owned_by_me(&meta)).then_some(folder)
