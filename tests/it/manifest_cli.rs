@@ -440,11 +440,18 @@ async fn places_read_manifest_resources_n_and_the_fix_for_missing_values_is_said
     let out = env.run(&["check", path.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1));
     let file = path.display();
+    // The folder's name has a space: the command is quoted as the user's
+    // shell reads it (cmd and PowerShell take double quotes).
+    let quoted = if cfg!(windows) {
+        format!("\"{file}\"")
+    } else {
+        format!("'{file}'")
+    };
     assert_eq!(
         stderr(&out).lines().collect::<Vec<_>>(),
         [
             format!("E_PERM_INVALID: {file}: manifest.resources[2].id: duplicate id \"a\" (first used by manifest.resources[0])"),
-            format!("E_PERM_INVALID: {file}: manifest.resources[3].sha256: is required (to fill in every missing size and sha256: `gem-resources autofill --manifest '{file}' --write`)"),
+            format!("E_PERM_INVALID: {file}: manifest.resources[3].sha256: is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {quoted} --write`)"),
             format!("E_PERM_INVALID: {file}: manifest.resources[3].size: is required"),
         ]
     );

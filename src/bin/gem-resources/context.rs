@@ -74,7 +74,7 @@ pub fn in_file(error: Error, path: &Path) -> Error {
             advised = true;
             problem.message = format!(
                 "is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {} --write`)",
-                shell_word(&path.display().to_string())
+                crate::platform::shell_word(&path.display().to_string())
             );
         }
         problem.path = place(&problem.path, path);
@@ -89,20 +89,6 @@ pub fn place(place: &str, path: &Path) -> String {
     match place {
         "manifest" => file.to_string(),
         inner => format!("{file}: {inner}"),
-    }
-}
-
-/// `word` as a shell reads it back: as it is when it has only characters
-/// no shell treats specially, else in single quotes.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./+=:,@%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 

@@ -10,6 +10,7 @@
 //! | [`hangup_signal`] | SIGHUP | none (the configuration file is watched) |
 //! | [`keep_freed_memory`] | glibc's `mallopt` on Linux | nothing |
 //! | [`permission_bits`] | the mode's `0o777` (no setuid, setgid, sticky) | as they are (the read-only attribute) |
+//! | [`shell_word`] | a POSIX shell's word: single quotes unless plain | cmd's and PowerShell's: double quotes unless plain (`\` is plain) |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -146,4 +147,24 @@ pub fn permission_bits(permissions: std::fs::Permissions) -> std::fs::Permission
     }
     #[cfg(not(unix))]
     permissions
+}
+
+/// `word` as the user's shell reads it back in a command we suggest: as it
+/// is when it has only characters no shell treats specially, else quoted
+/// (single quotes for a POSIX shell; double quotes for cmd and PowerShell,
+/// where a path's `\` is an ordinary character).
+pub fn shell_word(word: &str) -> String {
+    #[cfg(windows)]
+    let (plain_chars, quoted) = ("-_./+=:,@\\", format!("\"{word}\""));
+    #[cfg(not(windows))]
+    let (plain_chars, quoted) = ("-_./+=:,@%", format!("'{}'", word.replace('\'', "'\\''")));
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || plain_chars.contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        quoted
+    }
 }
