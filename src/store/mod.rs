@@ -84,6 +84,7 @@ use crate::error::{Error, Result};
 use crate::store::folder::{Folder, LazySub};
 use crate::store::lanes::{lane_key, Holder, LaneLock, LANES};
 use crate::store::lockfile::KeyLock;
+use crate::store::partial::DataEntry;
 use crate::store::partial::PartialPaths;
 
 /// The most characters a failure's full message keeps, on disk and when it
@@ -703,11 +704,14 @@ impl Store {
     pub(crate) fn sort_kept(&self, held: &LaneLock, sha256: &str, size: u64, addresses: &[String]) {
         let mine = self.partial(sha256, size, held.lane);
         // Lanes with a partial file of this file, from one listing of
-        // `tmp/`: only they keep anything.
+        // `tmp/`: only they keep anything (the held lane's own included:
+        // without a data file it keeps nothing, and no record is read).
         let mut kept_in: Vec<u32> = partial_files(&self.folders.tmp)
-            .filter(|e| e.sha256 == sha256 && e.size == size && e.lane != held.lane)
+            .filter(|e| e.sha256 == sha256 && e.size == size)
             .map(|e| e.lane)
             .collect();
+        let mine_listed = kept_in.contains(&held.lane);
+        kept_in.retain(|&lane| lane != held.lane);
         kept_in.sort_unstable();
         let others = (0..LANES).filter(|&lane| lane != held.lane);
         let from_here = |paths: &PartialPaths| {
@@ -715,7 +719,7 @@ impl Store {
                 .kept()
                 .map(|(meta, _)| addresses.contains(&meta.address))
         };
-        if from_here(&mine) == Some(false) {
+        if mine_listed && from_here(&mine) == Some(false) {
             for lane in others.clone() {
                 let free = self.partial(sha256, size, lane);
                 if free.kept().is_some() {
@@ -727,7 +731,7 @@ impl Store {
                 }
             }
         }
-        if mine.kept().is_some() {
+        if mine_listed && mine.kept().is_some() {
             return;
         }
         for lane in kept_in {
@@ -851,14 +855,23 @@ impl Store {
         let paths = self.partial(sha256, size, lane);
         // A partial file the store did not make (a symbolic link, another
         // user's file) is dropped, never written through or published.
-        if paths.data_untrusted() {
-            paths.remove();
-        }
-        let kept = paths.kept().map_or(0, |(_, n)| n);
+        // With no data file (a new download), nothing is kept and nothing
+        // is reclaimed: known from this one look, without opening records
+        // that do not exist.
+        let (kept, reclaimed) = match paths.data_entry() {
+            DataEntry::Missing => (0, 0),
+            DataEntry::Untrusted => {
+                paths.remove();
+                (0, 0)
+            }
+            DataEntry::Own => {
+                let kept = paths.kept().map_or(0, |(_, n)| n);
+                // What the file holds beyond its trusted prefix is cut
+                // before the download writes: that space comes back.
+                (kept, paths.untrusted_tail(kept))
+            }
+        };
         let needed = size - kept.min(size);
-        // What the file holds beyond its trusted prefix is cut before the
-        // download writes: that space comes back.
-        let reclaimed = paths.untrusted_tail(kept);
         let available = available_space_at(&self.folders.tmp)?.saturating_add(reclaimed);
         let own = lane_key(sha256, size, lane);
         // Each download in progress counts at most its declared size, which

@@ -220,10 +220,19 @@ impl PartialPaths {
         tail.min(crate::platform::allocated_bytes(&data).unwrap_or(tail))
     }
 
-    /// Whether something the store does not trust (a symbolic link,
-    /// another user's file, a folder) is at the data file's name.
-    pub(crate) fn data_untrusted(&self) -> bool {
-        self.folder.is_untrusted(&self.data_name())
+    /// What is at the data file's name, from one look at the entry (a
+    /// symbolic link is not followed): whether something the store does
+    /// not trust (a symbolic link, another user's file, a folder) is there.
+    pub(crate) fn data_entry(&self) -> DataEntry {
+        match self.folder.entry(&self.data_name()) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => DataEntry::Missing,
+            Ok(m) if !(m.is_file() && crate::platform::entry_owned_by_me(&m)) => {
+                DataEntry::Untrusted
+            }
+            // An entry that cannot be looked at is treated as a file: the
+            // open that follows checks it again, and says why it fails.
+            _ => DataEntry::Own,
+        }
     }
 
     /// Opens (creating, `0600`) the data file for writing; a symbolic link
@@ -402,6 +411,19 @@ impl Checkpointer {
         file.set_len(bytes.len() as u64)?;
         file.sync_data()
     }
+}
+
+/// What [`PartialPaths::data_entry`] found at the data file's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataEntry {
+    /// Nothing: a new download.
+    Missing,
+    /// A regular file of the store's user (or an entry that could not be
+    /// looked at: the open checks it).
+    Own,
+    /// Something the store does not trust (a link, another user's file, a
+    /// folder).
+    Untrusted,
 }
 
 /// `(sha256, size)` of a partial data file's name.
