@@ -749,7 +749,7 @@ impl Store {
     /// The downloads of the file `sha256`, `size` in progress now, in this
     /// process or another, lane 0 first.
     pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
-        self.lanes_in_use_listed(&self.lock_listing(), sha256, size)
+        self.lanes_in_use_listed(&self.lock_listing(Some((sha256, size))), sha256, size)
     }
 
     /// [`Store::lanes_in_use`], from `listing` (see [`Store::listing`]).
@@ -776,7 +776,13 @@ impl Store {
     /// [`Store::lanes_in_use_listed`] and [`Store::kept_bytes_listed`] on
     /// many files. What changes after it is seen by the next one.
     pub(crate) fn listing(&self) -> Listing {
-        let mut listing = self.lock_listing();
+        let mut listing = self.lock_listing(None);
+        self.list_partials(&mut listing);
+        listing
+    }
+
+    /// Adds the partial files of `tmp/` to `listing`.
+    fn list_partials(&self, listing: &mut Listing) {
         for entry in partial_files(&self.folders.tmp) {
             listing
                 .partials
@@ -784,14 +790,14 @@ impl Store {
                 .or_default()
                 .push(entry);
         }
-        listing
     }
 
-    /// The lanes that may be held, in order: where released lock files are
-    /// removed, those whose lock file exists, read from one listing of
-    /// `locks/` (which holds little more than the downloads in progress)
-    /// rather than a lookup per lane; elsewhere every lane.
-    fn lock_listing(&self) -> Listing {
+    /// The lanes that may be held (of the one file `only` when given), in
+    /// order: where released lock files are removed, those whose lock file
+    /// exists, read from one listing of `locks/` (which holds little more
+    /// than the downloads in progress) rather than a lookup per lane;
+    /// elsewhere every lane.
+    fn lock_listing(&self, only: Option<(&str, u64)>) -> Listing {
         let names = crate::platform::REMOVE_RELEASED_LOCKS
             .then(|| self.locks().names().ok())
             .flatten();
@@ -800,6 +806,7 @@ impl Store {
             for (sha, size, lane) in names
                 .iter()
                 .filter_map(|name| partial::parse_key(name.strip_suffix(".lock")?))
+                .filter(|&(sha, bytes, _)| only.is_none_or(|o| o == (sha, bytes)))
             {
                 locked
                     .entry((sha.to_string(), size))
@@ -1006,12 +1013,9 @@ impl Store {
     /// [`Store::partial_len`] of the partial files of `sha256` declared
     /// with `size` (every size when `None`), the most any lane keeps.
     pub(crate) fn kept_bytes(&self, sha256: &str, size: Option<u64>) -> Option<u64> {
-        let tmp = &self.folders.tmp;
-        partial_files(tmp)
-            .filter(|e| e.sha256 == sha256 && size.is_none_or(|s| s == e.size))
-            .filter_map(|e| e.paths(tmp).kept())
-            .map(|(_, n)| n)
-            .max()
+        let mut listing = Listing::default();
+        self.list_partials(&mut listing);
+        self.kept_bytes_listed(&listing, sha256, size)
     }
 
     /// [`Store::kept_bytes`], from the partial files `listing` saw.
@@ -1042,7 +1046,7 @@ impl Store {
 
     /// [`Store::remove_partials`] for every SHA-256 of `doomed`, with one
     /// listing of the partial files' folder.
-    pub fn remove_partials_of(&self, doomed: &std::collections::BTreeSet<String>) -> usize {
+    pub(crate) fn remove_partials_of(&self, doomed: &std::collections::BTreeSet<String>) -> usize {
         let tmp = &self.folders.tmp;
         let mut removed = 0;
         for entry in partial_files(tmp) {
