@@ -137,12 +137,8 @@ impl Resources {
         } else {
             let first = first.clone();
             let stored = crate::store::off_runtime(path, {
-                let (store, registry) = (store.clone(), registry.clone());
-                move || {
-                    let stored = copy_in(&store, &source, &first, lane.lane)?;
-                    registry.record_served_by(&first.sha256, SERVED_BY_IMPORT);
-                    Ok(stored)
-                }
+                let store = store.clone();
+                move || copy_in(&store, &source, &first, lane.lane)
             })
             .await?;
             // Every declared name of these bytes exists from now on.
@@ -340,7 +336,12 @@ fn copy_in(store: &Store, source: &Source, resource: &Resource, lane: u32) -> Re
     paths.remove();
     let result = copy_and_check(source, &paths, resource);
     match result {
-        Ok(()) => store.publish(&paths, &resource.sha256, &resource.file_name()),
+        Ok(()) => store.publish(
+            &paths,
+            &resource.sha256,
+            &resource.file_name(),
+            SERVED_BY_IMPORT,
+        ),
         Err(e) => {
             paths.remove();
             Err(e)

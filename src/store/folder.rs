@@ -320,11 +320,6 @@ impl LazySub {
         }
     }
 
-    /// Its path (for messages).
-    pub(crate) fn path(&self) -> PathBuf {
-        self.parent.join(self.name)
-    }
-
     /// The folder, held open: created (`0700`) when missing, opened without
     /// following a symbolic link, and refused (`InvalidData`) when another
     /// user owns it or others can write it.

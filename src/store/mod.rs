@@ -122,7 +122,7 @@ struct Folders {
     /// `store-v1/locks/`.
     locks: Arc<Folder>,
     /// `store-v1/stamps/`, opened on first use.
-    stamps: LazySub,
+    stamps: Arc<LazySub>,
     /// The registry's folders.
     registry: RegistryFolders,
 }
@@ -134,8 +134,11 @@ pub(crate) struct RegistryFolders {
     pub(crate) gems: Arc<Folder>,
     /// `store-v1/failures/`.
     pub(crate) failures: Arc<Folder>,
-    /// `store-v1/served/`, opened on first use.
+    /// `store-v1/served/`, opened on first use (what served a file, as
+    /// earlier versions recorded it).
     pub(crate) served: Arc<LazySub>,
+    /// `store-v1/stamps/`, opened on first use (what served a file).
+    pub(crate) stamps: Arc<LazySub>,
     /// `store-v1/locks/`.
     pub(crate) locks: Arc<Folder>,
 }
@@ -227,11 +230,12 @@ impl Store {
         let locks = Arc::new(open_sub(&root, "locks")?);
         // Opened on first use: a read-only store made by an earlier
         // version may lack them.
-        let stamps = LazySub::new(root.clone(), "stamps");
+        let stamps = Arc::new(LazySub::new(root.clone(), "stamps"));
         let registry = RegistryFolders {
             gems: Arc::new(open_sub(&root, "gems")?),
             failures: Arc::new(open_sub(&root, "failures")?),
             served: Arc::new(LazySub::new(root.clone(), "served")),
+            stamps: stamps.clone(),
             locks: locks.clone(),
         };
         Ok(Store {
@@ -694,19 +698,47 @@ impl Store {
         Ok(None)
     }
 
+    /// Sorts the kept bytes ([`Store::sort_kept_listed`]), then prepares the held
+    /// lane's partial file ([`Store::prepare`]), from one listing of
+    /// `tmp/`: what a new download does before it fetches.
+    pub(crate) fn sort_and_prepare(
+        &self,
+        held: &LaneLock,
+        resource: &str,
+        sha256: &str,
+        size: u64,
+        addresses: &[String],
+        grace: std::time::Duration,
+    ) -> Result<PartialPaths> {
+        let listed: Vec<PartialEntry> = partial_files(&self.folders.tmp).collect();
+        self.sort_kept_listed(&listed, held, sha256, size, addresses);
+        // A partial file the sorting moved is counted under both names
+        // below: never less than the truth, and only a store near full
+        // reads the exact reservations.
+        self.prepare_listed(&listed, resource, sha256, size, held.lane, grace)
+    }
+
     /// Sorts the kept bytes of the file `sha256`, `size` before a download
     /// from `addresses` continues in the lane it holds (`held`): bytes there
     /// that came from none of `addresses` (another declaration's download)
     /// move to a free lane with nothing kept, so this download never starts
     /// over them; then, when its lane keeps nothing, bytes of its own kept
     /// in a free lane move into it, so it resumes them. Where no lane is
-    /// free, everything stays.
-    pub(crate) fn sort_kept(&self, held: &LaneLock, sha256: &str, size: u64, addresses: &[String]) {
+    /// free, everything stays. `listed`: the partial files in `tmp/`.
+    fn sort_kept_listed(
+        &self,
+        listed: &[PartialEntry],
+        held: &LaneLock,
+        sha256: &str,
+        size: u64,
+        addresses: &[String],
+    ) {
         let mine = self.partial(sha256, size, held.lane);
         // Lanes with a partial file of this file, from one listing of
         // `tmp/`: only they keep anything (the held lane's own included:
         // without a data file it keeps nothing, and no record is read).
-        let mut kept_in: Vec<u32> = partial_files(&self.folders.tmp)
+        let mut kept_in: Vec<u32> = listed
+            .iter()
             .filter(|e| e.sha256 == sha256 && e.size == size)
             .map(|e| e.lane)
             .collect();
@@ -857,6 +889,20 @@ impl Store {
         lane: u32,
         grace: std::time::Duration,
     ) -> Result<PartialPaths> {
+        let listed: Vec<PartialEntry> = partial_files(&self.folders.tmp).collect();
+        self.prepare_listed(&listed, resource, sha256, size, lane, grace)
+    }
+
+    /// [`Store::prepare`], with the partial files `listed` in `tmp/`.
+    fn prepare_listed(
+        &self,
+        listed: &[PartialEntry],
+        resource: &str,
+        sha256: &str,
+        size: u64,
+        lane: u32,
+        grace: std::time::Duration,
+    ) -> Result<PartialPaths> {
         check_sha256(sha256)?;
         let _serial = self.space.lock().unwrap_or_else(|p| p.into_inner());
         let paths = self.partial(sha256, size, lane);
@@ -884,7 +930,8 @@ impl Store {
         // Each download in progress counts at most its declared size, which
         // its partial file's name tells: when even that much fits, whose
         // lanes are held and how fast they go need not be read.
-        let at_most = partial_files(&self.folders.tmp)
+        let at_most = listed
+            .iter()
             .filter(|e| e.key() != own)
             .fold(0u64, |sum, e| sum.saturating_add(e.size));
         let reservations = if available >= needed.saturating_add(at_most) {
@@ -916,7 +963,9 @@ impl Store {
     }
 
     /// Publishes a verified partial file (already flushed): read-only
-    /// (`0400`), renamed into `blobs/<sha256>/<name>`, folders fsynced.
+    /// (`0400`), renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
+    /// stamp, and the address that served it (`served_by`), are recorded
+    /// before it takes its name (see `stamps`).
     ///
     /// Only a regular file of the store's user with no other name is
     /// published, and only the very file that was checked: a symbolic link
@@ -927,6 +976,7 @@ impl Store {
         paths: &PartialPaths,
         sha256: &str,
         name: &str,
+        served_by: &str,
     ) -> Result<PathBuf> {
         check_sha256(sha256)?;
         let tmp = &paths.data;
@@ -954,6 +1004,12 @@ impl Store {
             )));
         }
         trust::make_blob(&file).map_err(map)?;
+        // The stamp of the file as it will be under its name: a rename
+        // changes none of its facts.
+        let stamp = file
+            .metadata()
+            .map(|meta| crate::platform::ContentStamp::of(tmp, &meta))
+            .map_err(map)?;
         let blobs = &self.folders.blobs;
         let dir_path = blobs.join(sha256);
         let created = self.blob_folder(sha256)?;
@@ -965,6 +1021,8 @@ impl Store {
             .open_sub(sha256)
             .map_err(|e| Error::io("cannot open", &dir_path, e))?;
         let dest = dir.join(name);
+        let served = stamps::Served::now(served_by);
+        stamps::record_stamp(self.stamps(), sha256, &dir, name, stamp, Some(served));
         folder
             .rename_to(&data, &dir, name)
             .map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
@@ -977,7 +1035,6 @@ impl Store {
         }
         dir.sync();
         let _ = folder.remove_file(&paths.meta_name());
-        stamps::record(self.stamps(), sha256, &dir, name);
         // The path handed out must lead to the file just published, not
         // into a folder put in the store's place.
         self.hand_out(&dir, name)
@@ -1380,7 +1437,9 @@ mod tests {
         let planted = dir.path().join("planted");
         fs::write(&planted, b"another file's bytes").unwrap();
         fs::rename(&planted, &paths.data).unwrap();
-        let refused = store.publish(&paths, &sha, "model.bin").unwrap_err();
+        let refused = store
+            .publish(&paths, &sha, "model.bin", "https://origin.test/model.bin")
+            .unwrap_err();
         assert!(
             refused.to_string().contains("not the one that was written"),
             "{refused}"
@@ -1444,7 +1503,7 @@ mod tests {
             partial::Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
         checkpoints.record(size).unwrap();
         assert!(paths.kept().is_some(), "the record is beside the data file");
-        let published = store.publish(&paths, &sha, "model.bin");
+        let published = store.publish(&paths, &sha, "model.bin", "https://origin.test/model.bin");
         lane.describe(&Holder::new(Some("g"), &[], size));
         drop(lane);
 
@@ -1482,7 +1541,9 @@ mod tests {
             use std::io::Write;
             paths.open_data().unwrap().write_all(&body).unwrap();
         }
-        let path = store.publish(&paths, &sha, "model.bin").unwrap();
+        let path = store
+            .publish(&paths, &sha, "model.bin", "https://origin.test/model.bin")
+            .unwrap();
         assert_eq!(store.find(&sha, "model.bin").unwrap(), Some(path.clone()));
         // The store's folder renamed away, and another tree at its path
         // holding other bytes at the verified file's path.
@@ -1507,6 +1568,53 @@ mod tests {
     }
 
     #[test]
+    fn a_publish_records_the_stamp_and_the_source_in_one_record_before_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let registry = crate::registry::Registry::new(&store);
+        let sha = "9".repeat(64);
+        let body = vec![5u8; 1000];
+        let paths = store
+            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
+            .unwrap();
+        {
+            use std::io::Write;
+            paths.open_data().unwrap().write_all(&body).unwrap();
+        }
+        let url = "https://origin.test/model.bin";
+        store.publish(&paths, &sha, "model.bin", url).unwrap();
+        // The stamp taken before the rename is the published file's.
+        let blob = store.folders.blobs.open_sub(&sha).unwrap();
+        let verdict = stamps::check(store.stamps(), &sha, &blob, "model.bin");
+        assert_eq!(verdict, stamps::Verdict::Holds);
+        assert_eq!(registry.served_by(&sha).as_deref(), Some(url));
+        // One record: nothing in `served/`.
+        let served = dir
+            .path()
+            .join("store-v1/served")
+            .join(format!("{sha}.json"));
+        assert!(!served.exists());
+        // Forgetting the source keeps the stamp (a lost stamp would trust
+        // the file as found).
+        registry.forget_served_by(&sha);
+        assert_eq!(registry.served_by(&sha), None);
+        let verdict = stamps::check(store.stamps(), &sha, &blob, "model.bin");
+        assert_eq!(verdict, stamps::Verdict::Holds);
+        // What an earlier version recorded in `served/` is still read.
+        let old = "a".repeat(64);
+        fs::create_dir_all(served.parent().unwrap()).unwrap();
+        fs::write(
+            served.with_file_name(format!("{old}.json")),
+            br#"{"served_by":"https://old.test/x","at":"2026-11-01T00:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            registry.served_by(&old).as_deref(),
+            Some("https://old.test/x")
+        );
+    }
+
+    #[test]
     fn a_store_deeper_than_max_path_downloads_publishes_and_removes() {
         // Windows limits plain paths to 260 characters (MAX_PATH): every
         // call of the store, its own Windows calls included, must work
@@ -1524,7 +1632,9 @@ mod tests {
             .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
             .unwrap();
         fs::write(&paths.data, &body).unwrap();
-        let path = store.publish(&paths, &sha, "model.bin").unwrap();
+        let path = store
+            .publish(&paths, &sha, "model.bin", "https://origin.test/model.bin")
+            .unwrap();
         assert!(path.as_os_str().len() > 400);
         assert_eq!(fs::read(&path).unwrap(), body);
         assert_eq!(store.find(&sha, "model.bin").unwrap(), Some(path.clone()));

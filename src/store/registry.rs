@@ -139,18 +139,10 @@ fn unavailable() -> ErrorCode {
     ErrorCode::Unavailable
 }
 
-/// Which address served a stored file (`served/<sha256>.json`): the
-/// address from the manifest (the url or a mirror, as declared, before
-/// any redirect) whose bytes were verified and kept, or [`SERVED_BY_IMPORT`]
-/// for a file brought in by [`crate::Resources::import`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct ServedRecord {
-    /// The address, or `import`.
-    served_by: String,
-    /// When the file was kept; RFC 3339.
-    #[serde(with = "crate::time::rfc3339")]
-    at: std::time::SystemTime,
-}
+/// Which address served a stored file, as earlier versions recorded it
+/// (`served/<sha256>.json`); now in the file's stamps record
+/// (`stamps/<sha256>.json`, `served`).
+type ServedRecord = crate::store::stamps::Served;
 
 /// What [`Registry::served_by`] says of a file imported from this machine.
 pub const SERVED_BY_IMPORT: &str = "import";
@@ -244,8 +236,12 @@ pub struct Registry {
     gems: Arc<Folder>,
     /// `store-v1/failures`, held open.
     failures: Arc<Folder>,
-    /// `store-v1/served`, opened on first use.
+    /// `store-v1/served`, opened on first use: what served a file, as
+    /// earlier versions recorded it.
     served: Arc<LazySub>,
+    /// `store-v1/stamps`, opened on first use: what served a file is
+    /// recorded with its stamps (see `store::stamps`).
+    stamps: Arc<LazySub>,
     /// `store-v1/locks`, held open: the registry lock is `registry.lock`.
     locks: Arc<Folder>,
     /// Parsed registrations, shared by every clone.
@@ -333,46 +329,37 @@ impl Registry {
             gems: folders.gems.clone(),
             failures: folders.failures.clone(),
             served: folders.served.clone(),
+            stamps: folders.stamps.clone(),
             locks: folders.locks.clone(),
             cache: Arc::default(),
         }
     }
 
     /// Records that `served_by` (an address from the manifest, or
-    /// [`SERVED_BY_IMPORT`]) served the stored file of `sha256`. Not
-    /// fsynced and not locked: it only explains where a file came from,
-    /// and the last writer wins. A record that cannot be written is
-    /// logged and nothing more.
+    /// [`SERVED_BY_IMPORT`]) served the stored file of `sha256`, in the
+    /// file's stamps record (a download records it as it publishes the
+    /// file). Not fsynced and not locked: it only explains where a file
+    /// came from, and the last writer wins. A record that cannot be written
+    /// is logged and nothing more.
     pub fn record_served_by(&self, sha256: &str, served_by: &str) {
         if !crate::store::is_sha256(sha256) {
             return;
         }
-        let record = ServedRecord {
-            served_by: shorten_to(served_by, MAX_RECORDED_TEXT_CHARS),
-            at: std::time::SystemTime::now(),
-        };
-        let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        let written = self
-            .served
-            .get()
-            .map_err(|e| Error::io("cannot create store folder", self.served.path(), e))
-            .and_then(|served| {
-                served
-                    .replace(&format!("{sha256}.json"), ".", &bytes, Durability::Hint)
-                    .map_err(|e| registry_error(e, bytes.len()))
-            });
-        if let Err(e) = written {
-            tracing::warn!(sha256, "which address served the file is not recorded: {e}");
-        }
+        let served = ServedRecord::now(served_by);
+        crate::store::stamps::record_served(&self.stamps, sha256, served);
     }
 
     /// Which address served the stored file of `sha256` (see
     /// [`Registry::record_served_by`]); `None` when nothing was recorded
-    /// (a file kept by an earlier version).
+    /// (a file kept by an earlier version that recorded nothing).
     pub fn served_by(&self, sha256: &str) -> Option<String> {
         if !crate::store::is_sha256(sha256) {
             return None;
         }
+        if let Some(served) = crate::store::stamps::served(&self.stamps, sha256) {
+            return Some(served.served_by);
+        }
+        // As an earlier version recorded it.
         let bytes = self
             .served
             .get()
@@ -391,6 +378,7 @@ impl Registry {
         if !crate::store::is_sha256(sha256) {
             return;
         }
+        crate::store::stamps::forget_served(&self.stamps, sha256);
         let Ok(served) = self.served.get() else {
             return;
         };
@@ -1149,14 +1137,24 @@ mod tests {
         // Forgetting twice, or a name that is not a SHA-256, does nothing.
         registry.forget_served_by(&sha[0]);
         registry.forget_served_by("../gems/x");
-        // Orphans go; the record of a file still stored stays.
+        // Records an earlier version left in `served/`: orphans go; the
+        // record of a file still stored stays.
+        let old = shas(2, 10);
         let served = dir.path().join("store-v1/served");
+        std::fs::create_dir_all(&served).unwrap();
+        let record = r#"{"served_by":"https://cdn.example.com/x.bin","at":"2026-01-01T00:00:00Z"}"#;
+        for s in &old {
+            std::fs::write(served.join(format!("{s}.json")), record).unwrap();
+        }
         std::fs::write(served.join("notes.txt"), "keep").unwrap();
-        assert_eq!(registry.prune_served(|s| s == sha[1]), 1);
-        assert!(registry.served_by(&sha[1]).is_some());
-        assert_eq!(registry.served_by(&sha[2]), None);
+        assert_eq!(registry.prune_served(|s| s == old[0]), 1);
+        assert!(registry.served_by(&old[0]).is_some());
+        assert_eq!(registry.served_by(&old[1]), None);
         assert!(served.join("notes.txt").exists());
-        assert_eq!(registry.prune_served(|s| s == sha[1]), 0);
+        assert_eq!(registry.prune_served(|s| s == old[0]), 0);
+        // Forgetting removes an earlier version's record too.
+        registry.forget_served_by(&old[0]);
+        assert_eq!(registry.served_by(&old[0]), None);
     }
 
     #[test]
@@ -1179,6 +1177,7 @@ mod tests {
         // A record of a later version, with more fields, still reads; a
         // broken one is no answer.
         let served = dir.path().join("store-v1/served");
+        std::fs::create_dir_all(&served).unwrap();
         let later =
             r#"{"served_by":"https://a.example.com/","at":"2026-01-01T00:00:00Z","more":1}"#;
         std::fs::write(served.join(format!("{}.json", sha[1])), later).unwrap();

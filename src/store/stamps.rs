@@ -16,6 +16,17 @@
 //! { "files": { "<file name>": { "len": …, "modified": [s, ns], "mode": …, "identity": [dev, ino] } } }
 //! ```
 //!
+//! The same record says which address served the file (`served`; see
+//! [`crate::registry::Registry::served_by`]). A download writes it once,
+//! with the stamp of the verified file, before the file takes its name:
+//! whoever finds the file published finds its stamp and its source, and a
+//! publish costs one record, not two. (Stores of earlier versions kept the
+//! source in `served/<sha256>.json`, still read when the record has none.)
+//!
+//! ```text
+//! { "files": { … }, "served": { "served_by": "https://…", "at": "2026-12-03T16:00:00Z" } }
+//! ```
+//!
 //! Not locked: the last writer wins, and a name whose stamp was lost is
 //! only hashed once more.
 
@@ -30,10 +41,37 @@ use crate::store::folder::{Folder, LazySub};
 /// The longest record read back (a name is at most 200 bytes).
 const MAX_RECORD_BYTES: u64 = 256 * 1024;
 
-/// The stamps of one SHA-256's files, by file name.
+/// The stamps of one SHA-256's files, by file name, and what served them.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Record {
     files: BTreeMap<String, ContentStamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    served: Option<Served>,
+}
+
+/// Which address served a stored file: the address from the manifest (the
+/// url or a mirror, as declared, before any redirect) whose bytes were
+/// verified and kept, or [`crate::registry::SERVED_BY_IMPORT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Served {
+    /// The address, or `import`.
+    pub(crate) served_by: String,
+    /// When the file was kept; RFC 3339.
+    #[serde(with = "crate::time::rfc3339")]
+    pub(crate) at: std::time::SystemTime,
+}
+
+/// The longest address recorded, in characters.
+const MAX_SERVED_CHARS: usize = 2048;
+
+impl Served {
+    /// `served_by` (shortened to [`MAX_SERVED_CHARS`]), now.
+    pub(crate) fn now(served_by: &str) -> Served {
+        Served {
+            served_by: crate::error::shorten_to(served_by, MAX_SERVED_CHARS),
+            at: std::time::SystemTime::now(),
+        }
+    }
 }
 
 /// What the record says of one file.
@@ -87,13 +125,37 @@ pub(crate) fn record(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) {
     let Some(stamp) = stamp_of(dir, name) else {
         return;
     };
+    record_stamp(stamps, sha256, dir, name, stamp, None);
+}
+
+/// Records `stamp` for the file `name` of `sha256`, in `dir`, and what
+/// served it when given (else what was recorded stays): written by a
+/// publish before the file takes `name`, with the stamp of the verified
+/// file (a rename changes none of its facts). A record that cannot be
+/// written is logged: the file is then only hashed once more before its
+/// next use.
+pub(crate) fn record_stamp(
+    stamps: &LazySub,
+    sha256: &str,
+    dir: &Folder,
+    name: &str,
+    stamp: ContentStamp,
+    served: Option<Served>,
+) {
     let mut record = read(stamps, sha256).unwrap_or_default();
     record.files.insert(name.to_string(), stamp);
     // Names whose file is gone say nothing any more.
     record
         .files
         .retain(|n, _| n == name || dir.entry(n).is_ok());
-    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+    if served.is_some() {
+        record.served = served;
+    }
+    write(stamps, sha256, &record);
+}
+
+fn write(stamps: &LazySub, sha256: &str, record: &Record) {
+    let bytes = serde_json::to_vec(record).unwrap_or_default();
     let written = stamps.get().and_then(|folder| {
         folder
             .replace(&record_name(sha256), ".", &bytes, Durability::Hint)
@@ -101,6 +163,29 @@ pub(crate) fn record(stamps: &LazySub, sha256: &str, dir: &Folder, name: &str) {
     });
     if let Err(e) = written {
         tracing::warn!(sha256, "the stamp of the stored file is not recorded: {e}");
+    }
+}
+
+/// What served the stored file of `sha256`, as its record says.
+pub(crate) fn served(stamps: &LazySub, sha256: &str) -> Option<Served> {
+    read(stamps, sha256)?.served
+}
+
+/// Records that `served` served the stored file of `sha256`, keeping its
+/// stamps.
+pub(crate) fn record_served(stamps: &LazySub, sha256: &str, served: Served) {
+    let mut record = read(stamps, sha256).unwrap_or_default();
+    record.served = Some(served);
+    write(stamps, sha256, &record);
+}
+
+/// Forgets what served the file of `sha256`, keeping its stamps (a stamp
+/// lost would trust the file as found).
+pub(crate) fn forget_served(stamps: &LazySub, sha256: &str) {
+    if let Some(mut record) = read(stamps, sha256) {
+        if record.served.take().is_some() {
+            write(stamps, sha256, &record);
+        }
     }
 }
 

@@ -151,8 +151,7 @@ pub(crate) async fn download_for(
             if let Some(path) = store.find(&sha256, &name)? {
                 return Ok(Err(path));
             }
-            store.sort_kept(&lock, &sha256, size, &addresses);
-            let paths = store.prepare(&id, &sha256, size, lock.lane, grace)?;
+            let paths = store.sort_and_prepare(&lock, &id, &sha256, size, &addresses, grace)?;
             Ok(Ok((lock, paths)))
         }
     })
@@ -197,16 +196,16 @@ pub(crate) async fn download_for(
                 return Ok(path);
             }
             let result = outcome.and_then(|served| {
-                // Recorded before the file is there: whoever finds it
-                // published (another download waiting for it) finds what
-                // served it too.
-                let registry = Registry::new(&store);
-                registry.record_served_by(&sha256, served.as_str());
-                store.publish(&paths, &sha256, &name).inspect_err(|_| {
-                    if !store.has(&sha256) {
-                        registry.forget_served_by(&sha256);
-                    }
-                })
+                // What served it is recorded before the file is there:
+                // whoever finds it published (another download waiting for
+                // it) finds that too.
+                store
+                    .publish(&paths, &sha256, &name, served.as_str())
+                    .inspect_err(|_| {
+                        if !store.has(&sha256) {
+                            Registry::new(&store).forget_served_by(&sha256);
+                        }
+                    })
             });
             if result.is_err() && paths.kept().is_none() {
                 // Nothing in it can be resumed.

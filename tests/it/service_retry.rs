@@ -168,10 +168,13 @@ async fn the_record_of_what_served_a_file_is_removed_with_the_file() {
     let m = manifest(json!([required_entry("model", &url, &body)]));
     service.install("g", &m).await.unwrap();
     within("the download", service.wait_idle()).await;
+    // Recorded with the file's stamps, in one record.
     let record = store_root(&env)
-        .join("served")
+        .join("stamps")
         .join(format!("{}.json", sha256_hex(&body)));
-    assert!(record.is_file(), "no record at {}", record.display());
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains(&format!(r#""served_by":"{url}""#)), "{text}");
+    assert!(!store_root(&env).join("served").exists());
     service.uninstall("g").await.unwrap();
     assert!(stored_files(&env, &body).is_empty());
     assert!(!record.exists(), "the record outlived its file");
