@@ -23,9 +23,11 @@
 //!                                  callers in other processes that waited on it
 //!     gems/<gem id>.json           what each installed gem declares (service)
 //!     failures/<gem id>.jsonl      last failure per resource, a log (service)
-//!     served/<sha256>.json         which address served a stored file (status)
-//!     stamps/<sha256>.json         each verified file's stamp at publishing (see
-//!                                  `stamps`): a changed one is hashed again
+//!     stamps/<sha256>.json         each verified file's stamp and the address
+//!                                  that served it, written once as it is
+//!                                  published (see `stamps`): a changed file is
+//!                                  hashed again; `status` shows the address
+//!     served/<sha256>.json         the address, as earlier versions kept it
 //! ```
 //!
 //! Files are named by the SHA-256 of their contents, so two gems that
