@@ -414,6 +414,21 @@ impl Store {
         })
     }
 
+    /// [`Store::find_unchanged`] that also says when the store has nothing
+    /// of `sha256` (`Ok(Err(true))`): then [`Store::find`] has nothing to
+    /// link, copy or hash, and need not look again.
+    pub(crate) fn find_unchanged_or_nothing(
+        &self,
+        sha256: &str,
+        name: &str,
+    ) -> Result<std::result::Result<PathBuf, bool>> {
+        Ok(match self.find_present(sha256, name)? {
+            Found::Here(dir, name) => Ok(self.hand_out(&dir, &name)?),
+            Found::Nothing => Err(true),
+            _ => Err(false),
+        })
+    }
+
     /// `blobs/<sha256>`, held open, when it is a folder of the store's
     /// user.
     fn blob_dir(&self, sha256: &str) -> Option<Folder> {
@@ -1046,11 +1061,10 @@ impl Store {
     /// anything else found there; whether it was created.
     fn blob_folder(&self, sha256: &str) -> Result<bool> {
         let blobs = &self.folders.blobs;
-        if blobs.is_own_folder(sha256) {
-            return Ok(false);
-        }
         let path = blobs.join(sha256);
+        // One look at the name: a folder of the store's user stays.
         match blobs.entry(sha256) {
+            Ok(m) if m.is_dir() && crate::platform::entry_owned_by_me(&m) => return Ok(false),
             Ok(m) if m.is_dir() => blobs.remove_folder(sha256),
             Ok(_) => blobs.remove_file(sha256),
             Err(_) => Ok(()),

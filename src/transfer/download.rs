@@ -100,20 +100,32 @@ pub(crate) async fn download_for(
     cancel: Option<&CancellationToken>,
 ) -> Result<PathBuf> {
     let name = resource.file_name();
-    if let Some(path) = store.find_off_runtime(&resource.sha256, &name).await? {
-        return Ok(path);
-    }
+    let nothing = match store.find_unchanged_or_nothing(&resource.sha256, &name)? {
+        Ok(path) => return Ok(path),
+        Err(nothing) => nothing,
+    };
     // A store this user may only read cannot take a download; say so
-    // before a lock file fails.
+    // before a lock file fails. In the same trip off the runtime: the file
+    // linked or copied from another name, or hashed again when it changed.
     let what = match gem {
         Some(gem) => format!("{gem}/{} ({name})", resource.id),
         None => format!("{} ({name})", resource.id),
     };
-    crate::store::off_runtime(store.root(), {
-        let store = store.clone();
-        move || store.check_writable(&what)
+    let found = crate::store::off_runtime(store.root(), {
+        let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.clone());
+        move || {
+            if !nothing {
+                if let Some(path) = store.find(&sha256, &name)? {
+                    return Ok(Some(path));
+                }
+            }
+            store.check_writable(&what).map(|()| None)
+        }
     })
     .await?;
+    if let Some(path) = found {
+        return Ok(path);
+    }
     let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
     let waiting_since = std::time::SystemTime::now();
     let taken = take_lane(gem, fetcher, store, resource, &addresses, progress, cancel).await?;
