@@ -540,25 +540,37 @@ EOF
 }
 
 # --- many files --------------------------------------------------------------
+# The builds' rows of many_files_round (its locals c, d and fresh).
+fetch_ours() { $fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"; }
+fetch_before() {
+    [ -z "$BEFORE" ] || { $fresh; timed "$c" "$BEFORE_ROW" "${OURSB[@]}" fetch "$W/res/$c.json"; }
+}
+install_ours() {
+    $fresh
+    timed "$c" "gem-resources install" "${OURS[@]}" install bench "$W/res/$c.json"
+    timed "$c" "gem-resources sync (all present)" "${OURS[@]}" sync
+    timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
+    timed "$c" "gem-resources path" "${OURS[@]}" path bench "$(names_of "$d" | tail -1 | sed 's/.*\///; s/\.bin$//')"
+    # Uninstalled after every run (it deletes thousands of files).
+    mv "$W/store" "$W/installed/store.$run"
+}
+install_before() {
+    [ -n "$BEFORE" ] || return 0
+    $fresh
+    timed "$c" "gem-resources install, the build before" "${OURSB[@]}" install bench "$W/res/$c.json"
+    mv "$W/store" "$W/installed/store-before.$run"
+}
 many_files_round() { # case dir
     local c=$1 d=$2 fresh=fresh
     [ "$c" != tiny ] || fresh=fresh_aside
-    $fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
-    [ -z "$BEFORE" ] || { $fresh; timed "$c" "$BEFORE_ROW" "${OURSB[@]}" fetch "$W/res/$c.json"; }
+    # Which build goes first alternates from run to run: the first one
+    # after the previous round's deletions pays for them (see fresh_aside).
+    local first=ours second=before
+    [ $((run % 2)) = 1 ] || { first=before; second=ours; }
+    "fetch_$first"; "fetch_$second"
     if [ "$c" = tiny ]; then
-        $fresh
-        timed "$c" "gem-resources install" "${OURS[@]}" install bench "$W/res/$c.json"
-        timed "$c" "gem-resources sync (all present)" "${OURS[@]}" sync
-        timed "$c" "gem-resources status --json" "${OURS[@]}" --json status
-        timed "$c" "gem-resources path" "${OURS[@]}" path bench "$(names_of "$d" | tail -1 | sed 's/.*\///; s/\.bin$//')"
-        # Uninstalled after every run (it deletes thousands of files).
         mkdir -p "$W/installed"
-        mv "$W/store" "$W/installed/store.$run"
-        if [ -n "$BEFORE" ]; then
-            $fresh
-            timed "$c" "gem-resources install, the build before" "${OURSB[@]}" install bench "$W/res/$c.json"
-            mv "$W/store" "$W/installed/store-before.$run"
-        fi
+        "install_$first"; "install_$second"
     fi
     $fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
     $fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
