@@ -19,7 +19,7 @@
 //! | [`sync_dir_at`] | fsync of the folder, through its handle | nothing (renames are durable on NTFS) |
 //! | [`start_write_back`] | `sync_file_range` (Linux) | nothing (an optimisation only) |
 //! | [`reflink`] | `FICLONE` (Linux) | never: a plain copy |
-//! | [`REMOVE_RELEASED_LOCKS`] | a lock file is removed by its holder before release | lock files stay for reuse |
+//! | [`REMOVE_HELD_LOCKS`] | a lock file may be removed by its holder, and read while held (its holder's description is in it) | lock files are never removed; descriptions beside them |
 //! | [`OPEN_DIR_REFUSES_LINKS`] | opening a folder without following refuses links by itself | the name is looked at first |
 //! | [`raise_open_files_limit`] | the soft `RLIMIT_NOFILE` raised to the hard one (at most 65,536; `OPEN_MAX` on macOS) | no such limit: `None` |
 //! | [`local_socket`] | a Unix domain socket, the peer's uid checked (`SO_PEERCRED`, `getpeereid`) | a named pipe for this user only, remote clients rejected (Windows) |
@@ -45,7 +45,7 @@ pub(crate) use imp::{
     open_at, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
     raise_open_files_limit, reflink, remove_folder_at, replace_file_at, same_entry, same_file,
     set_private_folder, start_write_back, sync_dir_at, FileStamp, OPEN_DIR_REFUSES_LINKS,
-    REMOVE_RELEASED_LOCKS,
+    REMOVE_HELD_LOCKS,
 };
 
 #[cfg(test)]

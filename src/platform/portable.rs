@@ -283,9 +283,10 @@ pub(crate) fn reflink(_from: &File, _to: &File) -> bool {
 /// relied on.
 pub(crate) const OPEN_DIR_REFUSES_LINKS: bool = false;
 
-/// A held lock file stays in place when released: removing a file another
-/// process has open is not reliable here, so lock files are left for reuse.
-pub(crate) const REMOVE_RELEASED_LOCKS: bool = false;
+/// A held lock file is never removed: removing a file another process has
+/// open is not reliable here (and a locked file cannot be read), so lock
+/// files stay, and a holder's description is kept beside its lock file.
+pub(crate) const REMOVE_HELD_LOCKS: bool = false;
 
 /// The raw OS errors of a full file system and of a used-up quota (tests
 /// make their own): Windows' `ERROR_DISK_FULL` and

@@ -242,10 +242,10 @@ pub(crate) fn reflink(from: &File, to: &File) -> bool {
 /// the name is needed first.
 pub(crate) const OPEN_DIR_REFUSES_LINKS: bool = true;
 
-/// A lock file is removed by its holder before it releases the lock (the
-/// next taker checks that the name still leads to the file it locked), so
-/// locks leave nothing behind.
-pub(crate) const REMOVE_RELEASED_LOCKS: bool = true;
+/// A lock file may be removed by its holder, and read while another holds
+/// it: the next taker checks that the name still leads to the file it
+/// locked, and a holder's description is kept in its lock file.
+pub(crate) const REMOVE_HELD_LOCKS: bool = true;
 
 /// The raw OS errors of a full file system and of a used-up quota (tests
 /// make their own).

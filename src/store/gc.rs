@@ -147,8 +147,10 @@ pub async fn collect(store: &Store, registry: &Registry, dry_run: bool) -> Resul
             report.removed.push(item);
         }
         if !dry_run {
-            // Records of files deleted without them (by earlier versions).
+            // Records of files deleted without them (by earlier versions),
+            // and the lock files of files no longer stored.
             registry.prune_served(|sha| store.has(sha));
+            store.prune_locks();
         }
         Ok(report)
     })

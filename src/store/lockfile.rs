@@ -8,18 +8,21 @@
 //!
 //! Keyed locks ([`try_lock_key`]) are a lock file per key, named by the
 //! whole key: two keys never share a lock, however much of them they
-//! share. Where the platform allows it
-//! ([`crate::platform::REMOVE_RELEASED_LOCKS`]), the holder removes the
-//! file before it lets go, and a taker checks, once it holds the lock, that
-//! the name still leads to the very file it locked (else it tries again on
-//! the new file): locking thousands of keys leaves nothing behind.
+//! share. A released lock file stays for the next taker of its key: a
+//! download makes no file it removes again (on a file system that passes
+//! over recently freed inodes, each removal slows every later creation).
+//! Lock files go with what they lock ([`remove_key`]): where the platform
+//! allows it ([`crate::platform::REMOVE_HELD_LOCKS`]), the remover holds
+//! the lock as it removes the file, and a taker checks, once it holds the
+//! lock, that the name still leads to the very file it locked (else it
+//! tries again on the new file).
 //!
 //! A holder may describe itself ([`KeyLock::describe`]) so that others
-//! waiting on it can say whose it is: where released lock files are
-//! removed, in the lock file itself (its bytes go with it, and taking a
-//! lock clears what a killed holder left there); elsewhere in a file
-//! beside it (`<key>.lock.json`), removed before the lock is released.
-//! Describing a download then costs no file of its own.
+//! waiting on it can say whose it is: where held lock files may be
+//! removed (and read), in the lock file itself (taking a lock clears what
+//! an earlier holder left there); elsewhere in a file beside it
+//! (`<key>.lock.json`), removed before the lock is released. Describing a
+//! download then costs no file of its own.
 
 use std::fs::{File, TryLockError};
 use std::io;
@@ -68,8 +71,8 @@ pub(crate) fn lock_blocking_in(dir: &Folder, name: &str) -> Result<File> {
     Ok(file)
 }
 
-/// A held keyed lock: released (and its files removed where the platform
-/// allows) when dropped.
+/// A held keyed lock: released when dropped; its lock file stays for the
+/// next taker.
 #[derive(Debug)]
 pub(crate) struct KeyLock {
     /// The open lock file; closing it releases the lock.
@@ -85,7 +88,7 @@ impl KeyLock {
     /// Writes what the holder says about itself next to the lock (see
     /// [`read_description`]); a failure only leaves others knowing less.
     pub(crate) fn describe(&self, bytes: &[u8]) {
-        if crate::platform::REMOVE_RELEASED_LOCKS {
+        if crate::platform::REMOVE_HELD_LOCKS {
             // Only the holder writes its lock file, from its start; a
             // reader that catches it half-written reads nothing it can
             // parse.
@@ -110,15 +113,11 @@ impl KeyLock {
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
-        if !crate::platform::REMOVE_RELEASED_LOCKS {
+        if !crate::platform::REMOVE_HELD_LOCKS {
             let _ = self.dir.remove_file(&description_name(&self.name));
-        } else {
-            // Removed while still held: whoever opens the name next gets a
-            // new file, and one that opened this file before sees that the
-            // name no longer leads to it.
-            let _ = self.dir.remove_file(&self.name);
         }
-        // Closing `file` releases the lock.
+        // Closing `file` releases the lock; the file stays for the next
+        // taker (see the module's documentation).
         let _ = &self.file;
     }
 }
@@ -135,15 +134,14 @@ fn description_name(lock: &str) -> String {
 /// Whether the lock of `key` in `dir` is held now (by this process or
 /// another), and then the description its holder wrote, at most `max`
 /// bytes, if there is one: `None` when nobody holds it. One open of the
-/// lock file where the description is in it. Creates nothing: a lock file
-/// nobody holds is a leftover, and is removed.
+/// lock file where the description is in it. Creates and removes nothing.
 pub(crate) fn holder_of(dir: &Folder, key: &str, max: u64) -> Option<Option<Vec<u8>>> {
     let name = key_name(key);
     let file = open_at(dir, &name, false).ok()?;
-    if !held_by_another(&file, dir, &name) {
+    if !held_by_another(&file) {
         return None;
     }
-    let description = if crate::platform::REMOVE_RELEASED_LOCKS {
+    let description = if crate::platform::REMOVE_HELD_LOCKS {
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut io::Read::take(&file, max + 1), &mut bytes).ok();
         (!bytes.is_empty() && bytes.len() as u64 <= max).then_some(bytes)
@@ -176,7 +174,7 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
         let Some(file) = try_lock_file(open_at(dir, &name, true)?, &dir.join(&name))? else {
             return Ok(None);
         };
-        if !crate::platform::REMOVE_RELEASED_LOCKS {
+        if !crate::platform::REMOVE_HELD_LOCKS {
             return Ok(Some(KeyLock {
                 file,
                 dir: dir.clone(),
@@ -187,7 +185,7 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
             continue;
         };
         if dir.names_file(&name, &meta) {
-            // What a killed holder said about itself is not this one's.
+            // What an earlier holder said about itself is not this one's.
             if meta.len() > 0 {
                 file.set_len(0)
                     .map_err(|e| Error::io("cannot clear lock file", dir.join(&name), e))?;
@@ -204,23 +202,46 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
 }
 
 /// Whether the lock of `key` in `dir` is held now, by this process or
-/// another. Creates nothing: a lock file nobody holds is a leftover, and
-/// is removed.
+/// another. Creates and removes nothing.
 pub(crate) fn is_held(dir: &Folder, key: &str) -> bool {
     let name = key_name(key);
-    open_at(dir, &name, false).is_ok_and(|file| held_by_another(&file, dir, &name))
+    open_at(dir, &name, false).is_ok_and(|file| held_by_another(&file))
 }
 
-/// Whether someone holds the lock of the open lock `file` (`name` in
-/// `dir`); a file nobody holds is removed where released lock files are.
-fn held_by_another(file: &File, dir: &Folder, name: &str) -> bool {
+/// Whether the lock file of `key` is in `dir` (held or not).
+pub(crate) fn exists(dir: &Folder, key: &str) -> bool {
+    dir.entry(&key_name(key)).is_ok()
+}
+
+/// Makes the lock file of `key` in `dir` when it is missing, without
+/// taking the lock.
+pub(crate) fn make(dir: &Folder, key: &str) -> Result<()> {
+    open_at(dir, &key_name(key), true).map(drop)
+}
+
+/// Removes the lock file of `key` in `dir` (and where kept beside it, its
+/// description) when nobody holds it, holding it as it goes where the
+/// platform allows that (a taker that opened it before then tries again on
+/// a new file): whether it was removed. Where a held lock file cannot be
+/// removed, it stays.
+pub(crate) fn remove_key(dir: &Folder, key: &str) -> bool {
+    if !crate::platform::REMOVE_HELD_LOCKS {
+        return false;
+    }
+    let name = key_name(key);
+    let Ok(file) = open_at(dir, &name, false) else {
+        return false;
+    };
+    if file.try_lock().is_err() || !still_named(&file, dir, &name) {
+        return false;
+    }
+    dir.remove_file(&name).is_ok()
+}
+
+/// Whether someone holds the lock of the open lock `file`.
+fn held_by_another(file: &File) -> bool {
     match file.try_lock() {
-        Ok(()) => {
-            if crate::platform::REMOVE_RELEASED_LOCKS && still_named(file, dir, name) {
-                let _ = dir.remove_file(name);
-            }
-            false
-        }
+        Ok(()) => false,
         Err(TryLockError::WouldBlock) => true,
         Err(TryLockError::Error(_)) => false,
     }
@@ -298,16 +319,17 @@ mod tests {
         assert_eq!(holder_of(&dir, &a, 10), None);
         assert!(!is_held(&dir, &a));
         assert!(try_lock_key(&dir, &a).unwrap().is_some());
-        // Released locks leave nothing behind where the platform allows.
-        let files = std::fs::read_dir(tmp.path()).unwrap().count();
-        assert_eq!(
-            files,
-            if crate::platform::REMOVE_RELEASED_LOCKS {
-                0
-            } else {
-                3
-            }
-        );
+        // Released lock files stay for the next taker; one nobody holds
+        // goes where held lock files may be removed.
+        let files = || std::fs::read_dir(tmp.path()).unwrap().count();
+        assert_eq!(files(), 3);
+        assert!(exists(&dir, &a));
+        assert_eq!(remove_key(&dir, &a), crate::platform::REMOVE_HELD_LOCKS);
+        assert_eq!(exists(&dir, &a), !crate::platform::REMOVE_HELD_LOCKS);
+        let held = try_lock_key(&dir, &b).unwrap().unwrap();
+        assert!(!remove_key(&dir, &b), "a held lock file stays");
+        assert!(exists(&dir, &b));
+        drop(held);
     }
 
     #[tokio::test]
@@ -316,7 +338,7 @@ mod tests {
         let dir = Arc::new(Folder::open_path(tmp.path()).unwrap());
         let key = format!("{}.1", "d".repeat(64));
         // A holder killed after it described itself: its lock went with
-        // it, its file stays.
+        // it, its file stays (as every released lock file does).
         std::fs::write(tmp.path().join(key_name(&key)), br#"{"gem":"old"}"#).unwrap();
         let next = lock_key(&dir, &key).await.unwrap();
         assert_eq!(holder_of(&dir, &key, 100), Some(None));

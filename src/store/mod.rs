@@ -15,8 +15,9 @@
 //!     locks/<sha256>.<size>[.<n>].lock
 //!                                  one lock per lane of a file (its whole
 //!                                  SHA-256, size and lane), held while it is
-//!                                  downloaded; removed on release where the
-//!                                  platform allows (see `lockfile`)
+//!                                  downloaded, kept for the next download of
+//!                                  the file; removed by the cleanup once the
+//!                                  file is not stored (see `lockfile`)
 //!     locks/<sha256>.<size>[.<n>].lock.json
 //!                                  who holds it: gem, addresses, start
 //!     locks/<sha256>.failed.json   the last failed download of <sha256>, for
@@ -682,6 +683,12 @@ impl Store {
     /// nobody holds it.
     pub fn try_lock_lane(&self, sha256: &str, size: u64, lane: u32) -> Result<Option<LaneLock>> {
         check_sha256(sha256)?;
+        if lane != 0 {
+            // Lane 0's lock file is there whenever another lane's is: a
+            // look for downloads in progress starts (and with nothing
+            // there, ends) at it.
+            lockfile::make(self.locks(), &lane_key(sha256, size, 0))?;
+        }
         let key = lane_key(sha256, size, lane);
         Ok(lockfile::try_lock_key(self.locks(), &key)?.map(|lock| LaneLock { lock, lane }))
     }
@@ -798,7 +805,14 @@ impl Store {
     /// The downloads of the file `sha256`, `size` in progress now, in this
     /// process or another, lane 0 first.
     pub(crate) fn lanes_in_use(&self, sha256: &str, size: u64) -> Vec<LaneInUse> {
-        self.lanes_in_use_listed(&self.lock_listing(Some((sha256, size))), sha256, size)
+        // Another lane is only taken where lane 0's lock file is (see
+        // `try_lock_lane`): without it, one look says no lane is in use.
+        if !lockfile::exists(self.locks(), &lane_key(sha256, size, 0)) {
+            return Vec::new();
+        }
+        (0..LANES)
+            .filter_map(|lane| self.lane_in_use(sha256, size, lane))
+            .collect()
     }
 
     /// [`Store::lanes_in_use`], from `listing` (see [`Store::listing`]).
@@ -825,7 +839,7 @@ impl Store {
     /// [`Store::lanes_in_use_listed`] and [`Store::kept_bytes_listed`] on
     /// many files. What changes after it is seen by the next one.
     pub(crate) fn listing(&self) -> Listing {
-        let mut listing = self.lock_listing(None);
+        let mut listing = self.lock_listing();
         self.list_partials(&mut listing);
         listing
     }
@@ -841,21 +855,16 @@ impl Store {
         }
     }
 
-    /// The lanes that may be held (of the one file `only` when given), in
-    /// order: where released lock files are removed, those whose lock file
-    /// exists, read from one listing of `locks/` (which holds little more
-    /// than the downloads in progress) rather than a lookup per lane;
-    /// elsewhere every lane.
-    fn lock_listing(&self, only: Option<(&str, u64)>) -> Listing {
-        let names = crate::platform::REMOVE_RELEASED_LOCKS
-            .then(|| self.locks().names().ok())
-            .flatten();
+    /// The lanes that may be held, by file, in order: those whose lock
+    /// file exists, read from one listing of `locks/` rather than a lookup
+    /// per lane.
+    fn lock_listing(&self) -> Listing {
+        let names = self.locks().names().ok();
         let locked = names.map(|names| {
             let mut locked = std::collections::BTreeMap::<(String, u64), Vec<u32>>::new();
             for (sha, size, lane) in names
                 .iter()
                 .filter_map(|name| partial::parse_key(name.strip_suffix(".lock")?))
-                .filter(|&(sha, bytes, _)| only.is_none_or(|o| o == (sha, bytes)))
             {
                 locked
                     .entry((sha.to_string(), size))
@@ -1230,6 +1239,18 @@ impl Store {
                 removed += 1;
             }
         }
+        Ok(removed + self.prune_locks())
+    }
+
+    /// Removes from `locks/` what nothing takes any more, and returns how
+    /// many: the lock files of earlier versions, descriptions a download
+    /// that was killed left, and the lane lock files (kept for the next
+    /// download of their file) of files the store does not hold, when
+    /// nobody holds them. One listing of `blobs/` and one of `locks/`.
+    pub(crate) fn prune_locks(&self) -> usize {
+        let mut removed = 0;
+        let stored: std::collections::BTreeSet<String> =
+            self.blobs().unwrap_or_default().into_iter().collect();
         let locks = self.locks();
         for name in locks.names().unwrap_or_default() {
             // The lock file per SHA-256 and the shared lock file of earlier
@@ -1240,21 +1261,27 @@ impl Store {
                 removed += 1;
                 continue;
             }
-            // What a download that ended without letting go (killed) left:
-            // its description, and where the platform removes released lock
-            // files, the lock file (`is_held` removes one nobody holds).
-            let key = name
-                .strip_suffix(".lock.json")
-                .or_else(|| name.strip_suffix(".lock"))
-                .filter(|k| partial::parse_key(k).is_some());
-            if let Some(key) = key {
-                let held = lockfile::is_held(locks, key);
-                if !held && name.ends_with(".json") && locks.remove_file(&name).is_ok() {
+            if let Some(key) = name.strip_suffix(".lock.json") {
+                // What a download that ended without letting go (killed)
+                // said about itself.
+                let key = partial::parse_key(key).map(|_| key);
+                if key.is_some_and(|k| !lockfile::is_held(locks, k))
+                    && locks.remove_file(&name).is_ok()
+                {
+                    removed += 1;
+                }
+                continue;
+            }
+            let lane = name
+                .strip_suffix(".lock")
+                .and_then(|key| Some((key, partial::parse_key(key)?)));
+            if let Some((key, (sha, _, _))) = lane {
+                if !stored.contains(sha) && lockfile::remove_key(locks, key) {
                     removed += 1;
                 }
             }
         }
-        Ok(removed)
+        removed
     }
 
     /// Whether the file `name` of `tmp/` belongs to a download in progress:
@@ -1524,7 +1551,8 @@ mod tests {
         drop(lane);
 
         // Published in the folder the store opened, from the very file
-        // that was written; the record and the lock went from there too.
+        // that was written; the record went from there too, and the lock
+        // file stays there for the next taker.
         let kept = moved.join(LAYOUT);
         assert_eq!(
             fs::read(kept.join("blobs").join(&sha).join("model.bin")).unwrap(),
@@ -1532,7 +1560,7 @@ mod tests {
         );
         assert!(!kept.join(format!("tmp/{key}.partial")).exists());
         assert!(!kept.join(format!("tmp/{key}.partial.json")).exists());
-        assert!(!kept.join(format!("locks/{key}.lock")).exists());
+        assert!(kept.join(format!("locks/{key}.lock")).exists());
         // Its path now leads into the other tree: never handed out.
         let refused = published.unwrap_err();
         assert!(
@@ -1692,6 +1720,38 @@ mod tests {
         assert!(store.try_lock(&sha).unwrap().is_none());
         drop(held);
         assert!(store.try_lock(&sha).unwrap().is_some());
+        // Released, a lane's lock file stays for the next download of its
+        // file. A cleanup removes it once its file is not stored and
+        // nobody holds it (where held lock files may be removed), and
+        // keeps the lock file of a stored file.
+        let lock = locks.join(format!("{sha}.10.lock"));
+        assert!(lock.exists());
+        let kept = "e".repeat(64);
+        drop(store.try_lock_lane(&kept, 3, 0).unwrap());
+        fs::create_dir(store.root().join("blobs").join(&kept)).unwrap();
+        fs::write(store.root().join("blobs").join(&kept).join("x.bin"), b"abc").unwrap();
+        assert!(store.has(&kept));
+        store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(lock.exists(), !crate::platform::REMOVE_HELD_LOCKS);
+        assert!(locks.join(format!("{kept}.3.lock")).exists());
+    }
+
+    #[test]
+    fn a_download_leaves_its_lock_file_and_another_lane_implies_lane_0s() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sha = "f".repeat(64);
+        assert!(store.lanes_in_use(&sha, 5).is_empty());
+        let other = store.try_lock_lane(&sha, 5, 3).unwrap().unwrap();
+        // Lane 0's lock file was made with lane 3's: the look for the
+        // downloads in progress, which starts at it, finds lane 3.
+        let in_use = store.lanes_in_use(&sha, 5);
+        assert_eq!(in_use.len(), 1);
+        drop(other);
+        assert!(store.lanes_in_use(&sha, 5).is_empty());
+        let key = lane_key(&sha, 5, 0);
+        assert!(lockfile::exists(store.locks(), &key));
+        assert!(lockfile::exists(store.locks(), &lane_key(&sha, 5, 3)));
     }
 
     #[test]

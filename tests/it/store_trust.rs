@@ -119,14 +119,15 @@ async fn folders_and_files_get_private_modes_whatever_the_umask() {
         0o400,
         "a verified file is read-only for its owner"
     );
-    // The download's lock file went with its lock; one held now is the
-    // user's own.
+    // The download's lock file stays for the next download of its file,
+    // private like the rest; one held now is the user's own too.
     let sha = sha256_hex(&body);
-    let leftovers: Vec<_> = files_under(&root.join("locks"))
+    let kept: Vec<_> = files_under(&root.join("locks"))
         .into_iter()
         .filter(|p| p.to_string_lossy().ends_with(".lock"))
         .collect();
-    assert_eq!(leftovers, Vec::<PathBuf>::new());
+    assert_eq!(kept, vec![root.join(format!("locks/{sha}.3000.lock"))]);
+    assert_eq!(mode(&kept[0]), 0o600);
     let held = Store::open(&env.store_dir())
         .unwrap()
         .try_lock_lane(&sha, 3000, 0)
