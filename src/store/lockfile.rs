@@ -219,11 +219,10 @@ pub(crate) fn make(dir: &Folder, key: &str) -> Result<()> {
     open_at(dir, &key_name(key), true).map(drop)
 }
 
-/// Removes the lock file of `key` in `dir` (and where kept beside it, its
-/// description) when nobody holds it, holding it as it goes where the
-/// platform allows that (a taker that opened it before then tries again on
-/// a new file): whether it was removed. Where a held lock file cannot be
-/// removed, it stays.
+/// Removes the lock file of `key` in `dir` when nobody holds it, holding
+/// it as it goes (a taker that opened it before then tries again on a new
+/// file): whether it was removed. Where a held lock file cannot be removed
+/// ([`crate::platform::REMOVE_HELD_LOCKS`]), it stays.
 pub(crate) fn remove_key(dir: &Folder, key: &str) -> bool {
     if !crate::platform::REMOVE_HELD_LOCKS {
         return false;

@@ -1519,11 +1519,7 @@ mod tests {
         let size = body.len() as u64;
         let lane = store.try_lock_lane(&sha, size, 0).unwrap().unwrap();
         lane.describe(&Holder::new(Some("g"), &[], 0));
-        let paths = store.prepare("r", &sha, size, 0, Duration::ZERO).unwrap();
-        {
-            use std::io::Write;
-            paths.open_data().unwrap().write_all(&body).unwrap();
-        }
+        let paths = written(&store, &sha, &body);
         // The store's folder renamed away while it is open, and another
         // tree at its path, with files at the names the store uses.
         let moved = dir.path().join("moved");
@@ -1571,6 +1567,15 @@ mod tests {
         assert_eq!(tree(&at), before);
     }
 
+    /// The partial file of lane 0 of `sha`, prepared and holding `body`.
+    fn written(store: &Store, sha: &str, body: &[u8]) -> PartialPaths {
+        use std::io::Write;
+        let size = body.len() as u64;
+        let paths = store.prepare("r", sha, size, 0, Duration::ZERO).unwrap();
+        paths.open_data().unwrap().write_all(body).unwrap();
+        paths
+    }
+
     #[test]
     fn a_verified_file_is_never_handed_out_at_a_path_into_a_tree_put_in_the_stores_place() {
         let dir = tempfile::tempdir().unwrap();
@@ -1578,13 +1583,7 @@ mod tests {
         let store = Store::open(&at).unwrap();
         let sha = "8".repeat(64);
         let body = vec![4u8; 4096];
-        let paths = store
-            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
-            .unwrap();
-        {
-            use std::io::Write;
-            paths.open_data().unwrap().write_all(&body).unwrap();
-        }
+        let paths = written(&store, &sha, &body);
         let path = store
             .publish(&paths, &sha, "model.bin", "https://origin.test/model.bin")
             .unwrap();
@@ -1618,13 +1617,7 @@ mod tests {
         let registry = crate::registry::Registry::new(&store);
         let sha = "9".repeat(64);
         let body = vec![5u8; 1000];
-        let paths = store
-            .prepare("r", &sha, body.len() as u64, 0, Duration::ZERO)
-            .unwrap();
-        {
-            use std::io::Write;
-            paths.open_data().unwrap().write_all(&body).unwrap();
-        }
+        let paths = written(&store, &sha, &body);
         let url = "https://origin.test/model.bin";
         store.publish(&paths, &sha, "model.bin", url).unwrap();
         // The stamp taken before the rename is the published file's.

@@ -133,9 +133,10 @@ pub(crate) async fn download_for(
         Lane::Found(path) => return Ok(path),
         Lane::Taken { lock, waited } => (lock, waited),
     };
-    if let Some(path) = store.find_unchanged(&resource.sha256, &name)? {
-        return Ok(path);
-    }
+    let nothing = match store.find_unchanged_or_nothing(&resource.sha256, &name)? {
+        Ok(path) => return Ok(path),
+        Err(nothing) => nothing,
+    };
     // A download of the same bytes from the same addresses that failed while
     // this caller waited for the lock (another process sharing the store)
     // is this caller's result too; only a later call tries again.
@@ -160,8 +161,10 @@ pub(crate) async fn download_for(
         move || {
             // Published under another name meanwhile: linked or copied
             // here, not downloaded (in the same trip to the disk).
-            if let Some(path) = store.find(&sha256, &name)? {
-                return Ok(Err(path));
+            if !nothing {
+                if let Some(path) = store.find(&sha256, &name)? {
+                    return Ok(Err(path));
+                }
             }
             let paths = store.sort_and_prepare(&lock, &id, &sha256, size, &addresses, grace)?;
             Ok(Ok((lock, paths)))
