@@ -724,9 +724,13 @@ impl Scheduler {
         path: PathBuf,
     ) -> Result<PathBuf, Error> {
         let registry = &self.deps.registry;
+        // Most often a gem that asked for the file declares it: looked at
+        // first, the other registrations are not read.
+        let waiters = job.waiters();
+        let likely = waiters.iter().map(|w| w.gem.as_str());
         let check = async {
             let _lock = registry.lock().await?;
-            let declared = registry.declares(&resource.sha256)?;
+            let declared = registry.declares_looking_first_at(&resource.sha256, likely)?;
             if !declared {
                 let (store, sha256) = (self.deps.store.clone(), resource.sha256.clone());
                 let registry = registry.clone();

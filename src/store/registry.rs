@@ -428,6 +428,23 @@ impl Registry {
     /// Whether any installed gem declares `sha256`. Parses only the
     /// registrations that changed since they were last read.
     pub fn declares(&self, sha256: &str) -> Result<bool> {
+        self.declares_looking_first_at(sha256, std::iter::empty())
+    }
+
+    /// [`Registry::declares`], looking first at the registrations of
+    /// `likely` (the gems that asked for the file): when one of them
+    /// declares it, the other registrations are not looked at, nor
+    /// `gems/` listed.
+    pub(crate) fn declares_looking_first_at<'a>(
+        &self,
+        sha256: &str,
+        likely: impl IntoIterator<Item = &'a str>,
+    ) -> Result<bool> {
+        for gem in likely {
+            if self.cached(gem)?.is_some_and(|c| c.shas.contains(sha256)) {
+                return Ok(true);
+            }
+        }
         for gem in json_stems(&self.gems)? {
             if self.cached(&gem)?.is_some_and(|c| c.shas.contains(sha256)) {
                 return Ok(true);
@@ -640,6 +657,9 @@ impl Registry {
         resource: &str,
         record: Option<FailureRecord>,
     ) -> Result<()> {
+        if record.is_none() && self.nothing_to_clear(gem, resource) {
+            return Ok(());
+        }
         let lock = self.lock().await?;
         let (this, gem, resource) = (self.clone(), gem.to_string(), resource.to_string());
         crate::store::off_runtime(self.failures.path(), move || {
@@ -647,6 +667,31 @@ impl Registry {
             this.set_failure_locked(&gem, &resource, record)
         })
         .await
+    }
+
+    /// Whether `gem` surely has no failure record of `resource` to clear:
+    /// none kept in memory, and no failure log, or one unchanged since it
+    /// was read without that record. One look at the log's name, without
+    /// the registry lock: a record another process writes after that look
+    /// is one written after this clear, as it would be after the lock.
+    fn nothing_to_clear(&self, gem: &str, resource: &str) -> bool {
+        if self
+            .unsaved()
+            .get(gem)
+            .is_some_and(|u| u.contains_key(resource))
+        {
+            return false;
+        }
+        let name = failure_log_name(gem);
+        match self.failures.own_file_meta(&name) {
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            Ok(meta) => {
+                let stamp = crate::platform::FileStamp::of(&self.failures.join(&name), &meta);
+                self.failure_logs().get(gem).is_some_and(|log| {
+                    !log.stale && log.stamp == Some(stamp) && !log.records.contains_key(resource)
+                })
+            }
+        }
     }
 
     fn unsaved(
@@ -1087,6 +1132,7 @@ fn registry_error(e: crate::store::atomic::ReplaceError, needed: usize) -> Error
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     fn registration(gem: &str, shas: &[String]) -> Registration {
         let resources: Vec<serde_json::Value> = shas
@@ -1216,6 +1262,66 @@ mod tests {
                 .unwrap();
         }
         assert!(registry.parses() <= 1, "{} parses", registry.parses());
+    }
+
+    #[test]
+    fn the_gems_that_asked_are_looked_at_first_and_the_others_after() {
+        let (dir, registry) = open();
+        let (a, b) = (shas(3, 11), shas(3, 12));
+        registry.put(&registration("a", &a)).unwrap();
+        registry.put(&registration("b", &b)).unwrap();
+        // Another process's registry: nothing read yet. A file of `b`,
+        // asked for by `b`: only `b` is read (`a` comes first in `gems/`).
+        let fresh = Registry::new(&Store::open(dir.path()).unwrap());
+        assert!(fresh.declares_looking_first_at(&b[1], ["b"]).unwrap());
+        assert_eq!(fresh.parses(), 1);
+        // Asked for by a gem that does not declare it (an upgrade dropped
+        // it), or one not installed: the others still count.
+        assert!(fresh.declares_looking_first_at(&a[2], ["b"]).unwrap());
+        assert!(fresh.declares_looking_first_at(&b[0], ["gone"]).unwrap());
+        assert!(!fresh
+            .declares_looking_first_at(&shas(1, 13)[0], ["a", "b"])
+            .unwrap());
+    }
+
+    #[test]
+    fn a_clear_with_nothing_to_clear_takes_no_lock_and_sees_other_processes_records() {
+        let (dir, here) = open();
+        let elsewhere = Registry::new(&Store::open(dir.path()).unwrap());
+        let reg = registration("g", &shas(4, 14));
+        here.put(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let clear = |registry: &Registry, i: usize| {
+            let resource = format!("r{i}");
+            let clear = registry.set_failure("g", &resource, None);
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), clear).await })
+        };
+        // No failure log: nothing to clear, and no wait for the registry
+        // lock another process holds.
+        let held = rt.block_on(elsewhere.lock()).unwrap();
+        let started = Instant::now();
+        clear(&here, 0).expect("no wait for the lock").unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(held);
+        // A record another process wrote since: cleared here, seen gone
+        // there.
+        rt.block_on(elsewhere.set_failure("g", "r1", Some(failure(&reg, 1, "one"))))
+            .unwrap();
+        clear(&here, 1).unwrap().unwrap();
+        assert!(elsewhere.failures("g").unwrap().is_empty());
+        // Known here without `r3`; another process then adds `r3`: the
+        // changed log is read again, not trusted from memory.
+        rt.block_on(here.set_failure("g", "r2", Some(failure(&reg, 2, "two"))))
+            .unwrap();
+        assert_eq!(here.failures("g").unwrap().len(), 1);
+        rt.block_on(elsewhere.set_failure("g", "r3", Some(failure(&reg, 3, "three"))))
+            .unwrap();
+        clear(&here, 3).unwrap().unwrap();
+        let left: Vec<String> = elsewhere.failures("g").unwrap().into_keys().collect();
+        assert_eq!(left, ["r2"]);
     }
 
     #[test]
