@@ -389,7 +389,9 @@ async fn a_resume_through_the_proxy_asks_for_the_rest_with_if_range() {
     let from: usize = get("range")
         .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
         .expect("a Range");
-    assert_eq!(from, cut);
+    // All that arrived before the reset (a reset discards what a busy
+    // client had not read yet).
+    assert!(from > 0 && from <= cut, "resumed at {from} of {cut}");
     // Only the rest was sent the second time.
     assert_eq!(
         env.origin.served("/r.bin"),
