@@ -647,7 +647,9 @@ impl Registry {
     }
 
     /// Sets (or, with `None`, clears) the failure record of one resource.
-    /// The file work runs on the runtime's blocking threads. When the
+    /// The file work runs on the runtime's blocking threads, under the
+    /// registry lock; a clear with surely nothing to clear only opens the
+    /// gem's failure log (or finds none) on the calling thread. When the
     /// record cannot be written (a full disk), this process keeps it in
     /// memory and reports it ([`Registry::failures`]) all the same, and
     /// the write's error is returned.
