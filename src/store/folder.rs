@@ -36,8 +36,14 @@ pub(crate) struct Folder {
 /// is refused too (on Windows it names a file's alternate stream), on
 /// every platform alike: the store names no file with one.
 fn one_name(name: &str) -> io::Result<&Path> {
-    let plain =
-        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0', ':']);
+    // Bytes, not chars: every refused character is ASCII, and this runs
+    // for every name the store touches.
+    let plain = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name
+            .bytes()
+            .any(|b| matches!(b, b'/' | b'\\' | b'\0' | b':'));
     if plain {
         Ok(Path::new(name))
     } else {
@@ -354,9 +360,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("in")).unwrap();
         let folder = Folder::open_path(&dir.path().join("in")).unwrap();
-        for bad in ["", ".", "..", "../x", "a/b", "a\\b", "a:b"] {
+        for bad in [
+            "", ".", "..", "../x", "a/b", "a\\b", "a:b", "a\0b", "é/", "ü:x",
+        ] {
             assert!(folder.remove_file(bad).is_err(), "{bad:?}");
             assert!(folder.open_sub(bad).is_err(), "{bad:?}");
+            let refused = one_name(bad).unwrap_err();
+            assert_eq!(refused.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        for good in ["t00001.bin", "...", ".hidden", "modèle.bin", "データ.bin"] {
+            assert_eq!(one_name(good).unwrap(), Path::new(good));
         }
         std::fs::write(dir.path().join("outside"), b"x").unwrap();
         assert!(folder.entry("../outside").is_err());
