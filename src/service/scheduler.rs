@@ -1017,8 +1017,18 @@ async fn waiter_paths(
     let (store, registry) = (deps.store.clone(), deps.registry.clone());
     let sha256 = sha256.to_string();
     let files: Vec<String> = waiters.iter().map(|w| w.file.clone()).collect();
+    let verified = path.to_path_buf();
     let name = move || {
-        let named = files.iter().map(|f| store.find(&sha256, f).ok().flatten());
+        // The name the download just verified and published is handed
+        // out as it is (most often every waiter's); another is looked for,
+        // linked or copied.
+        let named = files.iter().map(|f| {
+            if verified.file_name() == Some(std::ffi::OsStr::new(f)) {
+                Some(verified.clone())
+            } else {
+                store.find(&sha256, f).ok().flatten()
+            }
+        });
         Ok((named.collect::<Vec<_>>(), registry.served_by(&sha256)))
     };
     let (named, served_by) = crate::store::off_runtime(path, name)

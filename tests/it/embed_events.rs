@@ -118,6 +118,48 @@ async fn a_gem_waiting_on_another_gems_download_gets_its_own_events() {
 }
 
 #[tokio::test]
+async fn gems_sharing_a_download_under_different_names_each_get_their_own_file() {
+    // An address without a file name: each resource's file is named after
+    // its id, so one download serves two names.
+    let env = Env::new().await;
+    let body = bytes(40_000, 85);
+    let (url, gate) = env.serve_gated("/", &body);
+    let service = Resources::open(&env.config()).unwrap();
+    let mut events = service.subscribe();
+    for (gem, id) in [("a", "alpha"), ("b", "beta")] {
+        service
+            .install(gem, &manifest(json!([required_entry(id, &url, &body)])))
+            .await
+            .unwrap();
+        if gem == "a" {
+            wait_until("a's request reached the origin", || {
+                env.origin.hits("/") == 1
+            })
+            .await;
+        }
+    }
+    events_until(
+        &mut events,
+        |e| matches!(e, Event::Queued { gem, .. } if gem == "b"),
+    )
+    .await;
+    gate.open();
+    let mut paths = std::collections::BTreeMap::new();
+    while paths.len() < 2 {
+        let seen = events_until(&mut events, |e| matches!(e, Event::Verified { .. })).await;
+        if let Some(Event::Verified { gem, path, .. }) = seen.last() {
+            paths.insert(gem.clone(), path.clone());
+        }
+    }
+    assert!(paths["a"].ends_with("alpha"), "{paths:?}");
+    assert!(paths["b"].ends_with("beta"), "{paths:?}");
+    for path in paths.values() {
+        assert_eq!(std::fs::read(path).unwrap(), body);
+    }
+    assert_eq!(env.origin.hits("/"), 1, "one download");
+}
+
+#[tokio::test]
 async fn a_download_stopped_by_shutdown_or_uninstall_ends_with_cancelled() {
     let env = Env::new().await;
     write_patient_config(&env, "");
