@@ -690,7 +690,13 @@ impl Store {
             lockfile::make(self.locks(), &lane_key(sha256, size, 0))?;
         }
         let key = lane_key(sha256, size, lane);
-        Ok(lockfile::try_lock_key(self.locks(), &key)?.map(|lock| LaneLock { lock, lane }))
+        let taken = lockfile::try_lock_key(self.locks(), &key)?;
+        if lane != 0 && taken.is_some() {
+            // Made again when a cleanup removed it meanwhile (see
+            // `prune_locks`): one open of a name that is there.
+            lockfile::make(self.locks(), &lane_key(sha256, size, 0))?;
+        }
+        Ok(taken.map(|lock| LaneLock { lock, lane }))
     }
 
     /// The first free lane other than 0 of the file `sha256`, `size`,
@@ -1252,6 +1258,7 @@ impl Store {
         let stored: std::collections::BTreeSet<String> =
             self.blobs().unwrap_or_default().into_iter().collect();
         let locks = self.locks();
+        let mut lane_zero = Vec::new();
         for name in locks.names().unwrap_or_default() {
             // The lock file per SHA-256 and the shared lock file of earlier
             // versions: nothing takes them any more.
@@ -1275,10 +1282,30 @@ impl Store {
             let lane = name
                 .strip_suffix(".lock")
                 .and_then(|key| Some((key, partial::parse_key(key)?)));
-            if let Some((key, (sha, _, _))) = lane {
-                if !stored.contains(sha) && lockfile::remove_key(locks, key) {
+            if let Some((key, (sha, size, lane))) = lane {
+                if stored.contains(sha) {
+                    continue;
+                }
+                if lane == 0 {
+                    lane_zero.push((key.to_string(), sha.to_string(), size));
+                } else if lockfile::remove_key(locks, key) {
                     removed += 1;
                 }
+            }
+        }
+        // Lane 0's lock file goes last, and only with no other lane's left:
+        // a look for downloads in progress starts at it (see
+        // `try_lock_lane`, which makes it again after a removal here).
+        for (key, sha, size) in lane_zero {
+            let others = || (1..LANES).any(|l| lockfile::exists(locks, &lane_key(&sha, size, l)));
+            if others() || !lockfile::remove_key(locks, &key) {
+                continue;
+            }
+            // Another lane taken while it went: made again.
+            if others() {
+                let _ = lockfile::make(locks, &key);
+            } else {
+                removed += 1;
             }
         }
         removed
@@ -1727,6 +1754,20 @@ mod tests {
         store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
         assert_eq!(lock.exists(), !crate::platform::REMOVE_HELD_LOCKS);
         assert!(locks.join(format!("{kept}.3.lock")).exists());
+        // Lane 0's lock file, nobody holding it, stays while another lane
+        // of its file is held: a look for downloads in progress starts at
+        // it, and finds that lane.
+        let busy = "d".repeat(64);
+        let other = store.try_lock_lane(&busy, 7, 2).unwrap().unwrap();
+        store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
+        assert!(locks.join(format!("{busy}.7.lock")).exists());
+        assert_eq!(store.lanes_in_use(&busy, 7).len(), 1);
+        drop(other);
+        store.clean_tmp(std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            locks.join(format!("{busy}.7.lock")).exists(),
+            !crate::platform::REMOVE_HELD_LOCKS
+        );
     }
 
     #[test]
