@@ -29,20 +29,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::manifest::Resource;
 use crate::service::events::{Event, Events};
-use crate::service::limiter::Limiter;
+use crate::service::limiter::{Limiter, Permit};
 use crate::service::retry::{self, Retries};
 use crate::store::registry::{FailureRecord, Registry};
 use crate::store::Store;
 use crate::transfer::download::{download_for, RetryPolicy};
 use crate::transfer::fetch::Fetcher;
 use crate::transfer::meter::Meter;
+use crate::transfer::slots::Handover;
 
 /// How often progress events are published per download at most (the last
 /// one, at the declared size, aside): the cadence the events module
@@ -255,6 +256,10 @@ pub(crate) struct Scheduler {
     deps: Deps,
     /// Download slots: global, and per host (of the resource's `url`).
     slots: Arc<Limiter>,
+    /// Places for files whose bytes are in, being made durable and named,
+    /// that gave their download slot back (as many as there are slots; see
+    /// `transfer::slots`).
+    publishing: Arc<Semaphore>,
     /// Jobs by SHA-256.
     jobs: Mutex<HashMap<String, Job>>,
     /// Next job id.
@@ -274,6 +279,7 @@ impl Scheduler {
         Scheduler {
             deps,
             slots: Limiter::new(global, per_host),
+            publishing: Arc::new(Semaphore::new(global)),
             jobs: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             tracker: TaskTracker::new(),
@@ -591,6 +597,7 @@ impl Scheduler {
         let mut progress = JobProgress {
             job,
             scheduler: self,
+            slot: Handover::new(permit, &self.publishing),
             sha256: &sha256,
             size,
             last: Instant::now(),
@@ -610,7 +617,7 @@ impl Scheduler {
         // The transfer is over: what follows may wait for the registry
         // lock (another process's install or import), and must not hold a
         // download slot meanwhile.
-        drop(permit);
+        drop(progress);
         if job.cancel.is_cancelled() {
             // Stopped by shutdown, uninstall or the user: not a failure.
             return Err(self.cancelled(resource, job));
@@ -847,6 +854,8 @@ impl Scheduler {
 struct JobProgress<'a> {
     job: &'a Job,
     scheduler: &'a Scheduler,
+    /// The job's download slot, handed over once its bytes are in.
+    slot: Handover<Permit>,
     sha256: &'a str,
     size: u64,
     /// When the last progress event went out (at first: when the job took
@@ -866,6 +875,12 @@ impl JobProgress<'_> {
 }
 
 impl crate::transfer::fetch::Reporter for JobProgress<'_> {
+    /// The slot goes to the next download while this file is made durable
+    /// and named (see `transfer::slots`).
+    fn transferred(&mut self) {
+        self.slot.transferred();
+    }
+
     /// `Started` goes out with the job's first connection, or with a
     /// retry or fallback that comes first: a try refused before connecting
     /// (policy, address rule) announces nothing by itself.

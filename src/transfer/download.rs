@@ -186,18 +186,7 @@ pub(crate) async fn download_for(
         retry,
         cancel: Some(&stop),
     };
-    let outcome = {
-        let run = job.run(progress);
-        tokio::pin!(run);
-        tokio::select! {
-            outcome = &mut run => outcome,
-            () = published_elsewhere(store, &resource.sha256) => {
-                tracing::debug!(resource = %resource.id, "another download published the file: this one stops");
-                stop.cancel();
-                run.await
-            }
-        }
-    };
+    let outcome = job.run_watched(store, &stop, progress).await;
     let finish = {
         let (store, sha256, size) = (store.clone(), resource.sha256.clone(), resource.size);
         // The lock goes with the work: it is released when the file is
@@ -376,6 +365,32 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// [`Job::run`], stopped (with `stop`) when another download publishes
+    /// the file; says the transfer is over once its bytes are verified.
+    async fn run_watched(
+        &self,
+        store: &Store,
+        stop: &CancellationToken,
+        progress: &mut dyn Reporter,
+    ) -> Result<Url> {
+        let outcome = {
+            let run = self.run(progress);
+            tokio::pin!(run);
+            tokio::select! {
+                outcome = &mut run => outcome,
+                () = published_elsewhere(store, &self.resource.sha256) => {
+                    tracing::debug!(resource = %self.resource.id, "another download published the file: this one stops");
+                    stop.cancel();
+                    run.await
+                }
+            }
+        };
+        if outcome.is_ok() {
+            progress.transferred();
+        }
+        outcome
+    }
+
     /// Leaves verified bytes in the partial file and returns the address
     /// that served them (the url when its parts also came from the
     /// mirrors), or fails with every address's last reason.

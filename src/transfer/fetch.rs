@@ -143,6 +143,10 @@ pub trait Reporter: Send {
     fn fell_back(&mut self, failed: &Attempt, next: &Url) {
         let _ = (failed, next);
     }
+    /// Every byte of the file arrived and its size and SHA-256 matched: what
+    /// is left is local (making the file durable and giving it its name),
+    /// and the network is no longer used for it.
+    fn transferred(&mut self) {}
 }
 
 impl<F: FnMut(u64) + Send> Reporter for F {

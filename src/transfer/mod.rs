@@ -19,4 +19,5 @@ pub mod parts;
 pub mod retry;
 mod scatter;
 pub(crate) mod sink;
+pub mod slots;
 mod stream;

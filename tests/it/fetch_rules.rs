@@ -690,3 +690,64 @@ async fn a_certificate_that_fails_verification_or_a_name_that_does_not_exist_mov
     assert!(text.contains("it is not valid for unlisted.test"), "{text}");
     assert!(text.contains("DNS: no address for gone.test"), "{text}");
 }
+
+/// What the store held when the transfer was said over.
+struct Handover {
+    store: Store,
+    sha256: String,
+    bytes: u64,
+    /// The bytes reported then, and whether the file was published then.
+    said: Option<(u64, bool)>,
+}
+
+impl gem_resources::Reporter for Handover {
+    fn bytes(&mut self, total: u64) {
+        self.bytes = total;
+    }
+    fn transferred(&mut self) {
+        self.said = Some((self.bytes, self.store.has(&self.sha256)));
+    }
+}
+
+#[tokio::test]
+async fn the_transfer_is_said_over_once_its_bytes_are_verified_before_the_file_is_published() {
+    // The download slot goes to the next file at that moment, while this
+    // one is flushed and named: said too late, the network waits on the
+    // disk; said before the check, a file that fails it would hold no slot.
+    let env = Env::new().await;
+    let config = env.config();
+    let fetcher = gem_resources::Fetcher::new(&config).unwrap();
+    let store = Store::open(&config.store_dir()).unwrap();
+    let body = bytes(300_000, 41);
+    let r = resource("h", &env.serve("/h.bin", &body), &[], &body);
+    let mut handover = Handover {
+        store: store.clone(),
+        sha256: r.sha256.clone(),
+        bytes: 0,
+        said: None,
+    };
+    let path = gem_resources::download(&fetcher, &store, &r, no_retry(), &mut handover)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(
+        handover.said,
+        Some((300_000, false)),
+        "said once every byte was in, before the file was published"
+    );
+    // Bytes that fail their check: never said over.
+    let declared = bytes(300_000, 42);
+    let served = env.serve("/bad.bin", &bytes(300_000, 43));
+    let bad = resource("bad", &served, &[], &declared);
+    let mut handover = Handover {
+        store: store.clone(),
+        sha256: bad.sha256.clone(),
+        bytes: 0,
+        said: None,
+    };
+    let err = gem_resources::download(&fetcher, &store, &bad, no_retry(), &mut handover)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("SHA-256"), "{err}");
+    assert_eq!(handover.said, None);
+}

@@ -352,13 +352,24 @@ async fn fetch(
         .collect();
     // Ctrl-C cancels every download; each keeps what it received.
     let cancel = CancellationToken::new();
+    // Several at once, each slot taking the next file as soon as its own
+    // transfer ends (a stalled file holds no other back; a file being made
+    // durable and named holds no transfer back); reported in manifest order.
+    let slots = gem_resources::transfer::slots::Slots::new(config.service.max_concurrent_downloads);
     let one = |resource: &'_ Resource| {
-        let (fetcher, store, cancel) = (&fetcher, &store, &cancel);
+        let (fetcher, store, cancel, slots) = (&fetcher, &store, &cancel, &slots);
         let resource = resource.clone();
         async move {
+            // Once interrupted, no slot is waited for: the download then
+            // ends at once, with its path when the file is stored.
+            let slot = tokio::select! {
+                slot = slots.take() => Some(slot),
+                () = cancel.cancelled() => None,
+            };
             let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
             let outcome = {
                 let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
+                reporting.slot = slot;
                 download_with(
                     fetcher,
                     store,
@@ -374,10 +385,7 @@ async fn fetch(
             (resource, outcome)
         }
     };
-    // Several at once, each slot taking the next file as soon as its own
-    // ends (a stalled file holds no other back); reported in manifest order.
-    let parallel = config.service.max_concurrent_downloads.max(1);
-    let all = crate::context::unordered(selected.iter().map(|r| one(r)), parallel);
+    let all = crate::context::unordered(selected.iter().map(|r| one(r)), slots.jobs());
     tokio::pin!(all);
     let mut interrupted = crate::interrupt::signal();
     let (outcomes, stopped) = tokio::select! {

@@ -15,9 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gem_resources::transfer::meter::Meter;
+use gem_resources::transfer::slots::Handover;
 use indicatif::{
     MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle, TermLike,
 };
+use tokio::sync::OwnedSemaphorePermit;
 
 /// The bars on screen, created at the first bar.
 static BARS: OnceLock<MultiProgress> = OnceLock::new();
@@ -509,6 +511,8 @@ pub struct Reporting<'a> {
     last_event: Option<Instant>,
     /// The address being tried.
     address: Option<String>,
+    /// The download's slot, given back once its bytes are in.
+    pub slot: Option<Handover<OwnedSemaphorePermit>>,
 }
 
 impl<'a> Reporting<'a> {
@@ -521,11 +525,18 @@ impl<'a> Reporting<'a> {
             noted: false,
             last_event: None,
             address: None,
+            slot: None,
         }
     }
 }
 
 impl gem_resources::Reporter for Reporting<'_> {
+    fn transferred(&mut self) {
+        if let Some(slot) = &mut self.slot {
+            slot.transferred();
+        }
+    }
+
     fn bytes(&mut self, total: u64) {
         self.bar.set(total);
         if std::mem::take(&mut self.noted) {
