@@ -994,8 +994,8 @@ impl Store {
         Ok(paths)
     }
 
-    /// Publishes a verified partial file (already flushed): read-only
-    /// (`0400`), renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
+    /// Publishes a verified partial file: read-only (`0400`), flushed,
+    /// renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
     /// stamp, and the address that served it (`served_by`), are recorded
     /// before it takes its name (see `stamps`).
     ///
@@ -1017,8 +1017,13 @@ impl Store {
         // at this path in a folder put in the store's place since.
         let folder = paths.folder();
         let data = paths.data_name();
+        // Writable: it is flushed here (on Windows only a handle that may
+        // write can flush).
         let file = folder
-            .open_own(&data, cap_std::fs::OpenOptions::new().read(true))
+            .open_own(
+                &data,
+                cap_std::fs::OpenOptions::new().read(true).write(true),
+            )
             .map_err(map)?;
         let checked = file.metadata().map_err(map)?;
         // The file under the name must be the one the writer wrote (and
@@ -1036,6 +1041,8 @@ impl Store {
             )));
         }
         trust::make_blob(&file).map_err(map)?;
+        // Its bytes (and its mode) are durable before it takes its name.
+        file.sync_all().map_err(map)?;
         // The stamp of the file as it will be under its name: a rename
         // changes none of its facts.
         let stamp = file

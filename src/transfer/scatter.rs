@@ -358,7 +358,8 @@ impl Writer {
         if !self.ahead.is_empty() {
             return Err(io::Error::other("a gap is left between the parts"));
         }
-        self.file.sync_all()?;
+        // Not flushed here: a verified file is flushed as it is published
+        // (`Store::publish`), one that failed its check never is.
         let digest = std::mem::take(&mut self.hasher).finalize();
         Ok(Finished {
             len: self.hashed,

@@ -229,7 +229,9 @@ impl Sink {
         }
     }
 
-    /// Flushes everything and returns the length and digest.
+    /// Ends the transfer (every batch written, no record written after)
+    /// and returns the length and digest; the file is flushed as it is
+    /// published.
     pub(crate) async fn finish(mut self) -> io::Result<Finished> {
         if let Some(target) = self.unstarted.take() {
             let (tx, mut rx) = oneshot::channel();
@@ -419,11 +421,12 @@ impl Writer {
         self.records.keep(&self.file, len)
     }
 
-    /// The final flush before the file is verified and published.
+    /// The end of the transfer: no record may be written after this, the
+    /// file is about to be checked and leave. It is not flushed here: a
+    /// verified file is flushed as it is published (`Store::publish`), once
+    /// its transfer gave its slot back; one that failed its check never is.
     fn flush_all(mut self) -> io::Result<()> {
-        // No record may be written after this: the file is about to leave.
-        self.records.stop()?;
-        self.file.sync_all()
+        self.records.stop().map(drop)
     }
 }
 
