@@ -355,11 +355,21 @@ async fn fetch(
     // Several at once, each slot taking the next file as soon as its own
     // transfer ends (a stalled file holds no other back; a file being made
     // durable and named holds no transfer back); reported in manifest order.
-    let slots = gem_resources::transfer::slots::Slots::new(config.service.max_concurrent_downloads);
+    let slots = std::sync::Arc::new(gem_resources::transfer::slots::Slots::new(
+        config.service.max_concurrent_downloads,
+    ));
+    let jobs = slots.jobs();
+    // Each download is a task of its own, so the network side of the files
+    // in flight runs on every worker thread, not on one.
     let one = |resource: &'_ Resource| {
-        let (fetcher, store, cancel, slots) = (&fetcher, &store, &cancel, &slots);
+        let (fetcher, store, cancel, slots) = (
+            fetcher.clone(),
+            store.clone(),
+            cancel.clone(),
+            std::sync::Arc::clone(&slots),
+        );
         let resource = resource.clone();
-        async move {
+        let job = async move {
             // Once interrupted, no slot is waited for: the download then
             // ends at once, with its path when the file is stored.
             let slot = tokio::select! {
@@ -371,21 +381,22 @@ async fn fetch(
                 let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
                 reporting.slot = slot;
                 download_with(
-                    fetcher,
-                    store,
+                    &fetcher,
+                    &store,
                     &resource,
                     retry,
                     &mut reporting,
-                    Some(cancel),
+                    Some(&cancel),
                 )
                 .await
             };
             // The bar goes whatever happened.
             bar.finish();
             (resource, outcome)
-        }
+        };
+        crate::context::spawned(job)
     };
-    let all = crate::context::unordered(selected.iter().map(|r| one(r)), slots.jobs());
+    let all = crate::context::unordered(selected.iter().map(|r| one(r)), jobs);
     tokio::pin!(all);
     let mut interrupted = crate::interrupt::signal();
     let (outcomes, stopped) = tokio::select! {

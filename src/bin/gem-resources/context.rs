@@ -204,6 +204,22 @@ pub fn install_target(
     Ok((gem, manifest))
 }
 
+/// Runs `job` as a task of its own on the runtime (any worker thread) and
+/// waits for its output; a panic in it is resumed here.
+pub async fn spawned<T: Send + 'static>(
+    job: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    match tokio::spawn(job).await {
+        Ok(out) => out,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Tasks are cancelled only when the runtime shuts down, after
+            // every command returned.
+            Err(e) => unreachable!("a fetch task ended without its output: {e}"),
+        },
+    }
+}
+
 /// Runs `jobs` at most `parallel` at once, each slot taking the next job as
 /// soon as its own ends, so one that stalls (a retransmission timeout, a
 /// slow server) holds no other back; the outputs come back in the jobs'
