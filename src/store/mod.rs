@@ -994,8 +994,8 @@ impl Store {
         Ok(paths)
     }
 
-    /// Publishes a verified partial file: read-only (`0400`), flushed,
-    /// renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
+    /// Publishes a verified partial file: read-only (`0400`), its folder
+    /// made, flushed, renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
     /// stamp, and the address that served it (`served_by`), are recorded
     /// before it takes its name (see `stamps`).
     ///
@@ -1041,6 +1041,13 @@ impl Store {
             )));
         }
         trust::make_blob(&file).map_err(map)?;
+        // Its folder is made first, so that on a file system with a journal
+        // the flush of the file's bytes commits the folder's entry with
+        // them: one wait for the disk where there were two. An empty
+        // folder is no stored file (`has`), after a crash too.
+        let blobs = &self.folders.blobs;
+        let dir_path = blobs.join(sha256);
+        let created = self.blob_folder(sha256)?;
         // Its bytes (and its mode) are durable before it takes its name.
         file.sync_all().map_err(map)?;
         // The stamp of the file as it will be under its name: a rename
@@ -1049,13 +1056,6 @@ impl Store {
             .metadata()
             .map(|meta| crate::platform::ContentStamp::of(tmp, &meta))
             .map_err(map)?;
-        let blobs = &self.folders.blobs;
-        let dir_path = blobs.join(sha256);
-        let created = self.blob_folder(sha256)?;
-        if created {
-            // The new folder's entry in `blobs/` must be durable too.
-            self.blobs_sync.sync(blobs);
-        }
         let dir = blobs
             .open_sub(sha256)
             .map_err(|e| Error::io("cannot open", &dir_path, e))?;
@@ -1073,6 +1073,11 @@ impl Store {
             )));
         }
         dir.sync();
+        if created {
+            // The new folder's entry in `blobs/` is durable before the file
+            // is handed out (mostly committed already with the bytes).
+            self.blobs_sync.sync(blobs);
+        }
         let _ = folder.remove_file(&paths.meta_name());
         // The path handed out must lead to the file just published, not
         // into a folder put in the store's place.
