@@ -1,10 +1,10 @@
 //! One function per subcommand: call the library, render the outcome.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gem_resources::{download_with, Config, Error, Resource, Route, Store};
+use gem_resources::{download_with, Config, Error, Fetcher, Resource, RetryPolicy, Route, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -319,6 +319,54 @@ async fn check_url(config: &Config, text: &str, json: bool) -> anyhow::Result<Ex
     }
 }
 
+/// What one download of `fetch` needs, owned (it runs as a task of its
+/// own).
+struct FetchJob {
+    fetcher: Fetcher,
+    store: Store,
+    cancel: CancellationToken,
+    slots: std::sync::Arc<gem_resources::transfer::slots::Slots>,
+    retry: RetryPolicy,
+    json: bool,
+}
+
+impl FetchJob {
+    /// Downloads `resource` once a slot is free, with its bar.
+    async fn run(self, resource: Resource) -> (Resource, gem_resources::Result<PathBuf>) {
+        let FetchJob {
+            fetcher,
+            store,
+            cancel,
+            slots,
+            retry,
+            json,
+        } = self;
+        // Once interrupted, no slot is waited for: the download then ends
+        // at once, with its path when the file is stored.
+        let slot = tokio::select! {
+            slot = slots.take() => Some(slot),
+            () = cancel.cancelled() => None,
+        };
+        let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
+        let outcome = {
+            let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
+            reporting.slot = slot;
+            download_with(
+                &fetcher,
+                &store,
+                &resource,
+                retry,
+                &mut reporting,
+                Some(&cancel),
+            )
+            .await
+        };
+        // The bar goes whatever happened.
+        bar.finish();
+        (resource, outcome)
+    }
+}
+
 async fn fetch(
     config: &Config,
     path: &Path,
@@ -359,42 +407,18 @@ async fn fetch(
         config.service.max_concurrent_downloads,
     ));
     let jobs = slots.jobs();
-    // Each download is a task of its own, so the network side of the files
-    // in flight runs on every worker thread, not on one.
-    let one = |resource: &'_ Resource| {
-        let (fetcher, store, cancel, slots) = (
-            fetcher.clone(),
-            store.clone(),
-            cancel.clone(),
-            std::sync::Arc::clone(&slots),
-        );
-        let resource = resource.clone();
-        let job = async move {
-            // Once interrupted, no slot is waited for: the download then
-            // ends at once, with its path when the file is stored.
-            let slot = tokio::select! {
-                slot = slots.take() => Some(slot),
-                () = cancel.cancelled() => None,
-            };
-            let mut bar = crate::progress::Bar::new(&resource.id, Some(resource.size), json);
-            let outcome = {
-                let mut reporting = crate::progress::Reporting::new(&bar, &resource.id, json);
-                reporting.slot = slot;
-                download_with(
-                    &fetcher,
-                    &store,
-                    &resource,
-                    retry,
-                    &mut reporting,
-                    Some(&cancel),
-                )
-                .await
-            };
-            // The bar goes whatever happened.
-            bar.finish();
-            (resource, outcome)
+    let one = |resource: &Resource| {
+        let job = FetchJob {
+            fetcher: fetcher.clone(),
+            store: store.clone(),
+            cancel: cancel.clone(),
+            slots: std::sync::Arc::clone(&slots),
+            retry,
+            json,
         };
-        crate::context::spawned(job)
+        // A task of its own, so the network side of the files in flight
+        // runs on every worker thread, not on one.
+        crate::context::spawned(job.run(resource.clone()))
     };
     let all = crate::context::unordered(selected.iter().map(|r| one(r)), jobs);
     tokio::pin!(all);
