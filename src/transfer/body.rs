@@ -167,24 +167,20 @@ pub(super) fn announced_mismatch(
     })
 }
 
-/// Opens the partial file (on the blocking threads) and a sink writing to
-/// it from `offset`, its records naming `address` and `validator`.
-pub(super) async fn open_sink(
+/// A sink writing to the partial file from `offset`, its records naming
+/// `address` and `validator`. The file is opened where it is first written
+/// (see [`Target::paths`]), not in a trip of its own.
+pub(super) fn open_sink(
     paths: &PartialPaths,
     address: &Url,
     offset: u64,
     validator: Option<String>,
-) -> Result<Sink, TransferError> {
-    let opening = paths.clone();
-    let file = tokio::task::spawn_blocking(move || opening.open_data())
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|e| local_write(&paths.data, e))?;
-    Ok(Sink::to_file(Target {
-        file,
+) -> Sink {
+    Sink::to_file(Target {
+        paths: paths.clone(),
         offset,
         checkpoints: Checkpointer::new(paths, address.as_str(), validator),
-    }))
+    })
 }
 
 /// A write of the partial file at `path` failed: `E_RESOURCE_DISK_SPACE`

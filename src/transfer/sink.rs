@@ -24,7 +24,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::partial::Checkpointer;
+use crate::store::partial::{Checkpointer, PartialPaths};
 
 /// Batches in flight between the network and the writer thread (each about
 /// [`BATCH_BYTES`]), which bounds the memory of one transfer.
@@ -91,8 +91,10 @@ pub(crate) struct Sink {
 
 /// What the writer thread writes into.
 pub(crate) struct Target {
-    /// The open partial file, positioned nowhere in particular.
-    pub file: File,
+    /// The partial file, opened where it is first written: a small body is
+    /// then opened, written and hashed in one trip to the blocking threads,
+    /// a large one on its writer thread.
+    pub paths: PartialPaths,
     /// Bytes already in it that the transfer continues (hashed again first).
     pub offset: u64,
     /// Records flushed lengths next to the file.
@@ -355,10 +357,11 @@ struct Writer {
 impl Writer {
     fn open(t: Target) -> io::Result<Writer> {
         let Target {
-            mut file,
+            paths,
             offset,
             mut checkpoints,
         } = t;
+        let mut file = paths.open_data()?;
         if offset == 0 {
             // A fresh start: the record of earlier bytes (maybe from another
             // address) no longer describes the file.
@@ -596,11 +599,12 @@ mod tests {
 
     fn to_file(dir: &std::path::Path, validator: Option<&str>) -> (Sink, PartialPaths) {
         let paths = PartialPaths::new(dir, SHA, 1 << 20);
-        let file = paths.open_data().unwrap();
+        // Made, as a download's preparation makes it.
+        drop(paths.open_data().unwrap());
         let checkpoints =
             Checkpointer::new(&paths, "https://cdn.test/a", validator.map(str::to_string));
         let target = Target {
-            file,
+            paths: paths.clone(),
             offset: 0,
             checkpoints,
         };

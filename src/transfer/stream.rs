@@ -214,7 +214,7 @@ impl Fetcher {
         }
         let mut sink = match paths {
             None => Sink::hash_only(),
-            Some(paths) => open_sink(paths, address, offset, kept_validator).await?,
+            Some(paths) => open_sink(paths, address, offset, kept_validator),
         };
         let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
         let body = Body {
