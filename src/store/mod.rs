@@ -95,6 +95,10 @@ use crate::store::partial::PartialPaths;
 /// make records grow without bound.
 pub(crate) const MAX_FAILURE_MESSAGE_CHARS: usize = 16 * 1024;
 
+/// How long a look that found a store's download folders writable stands
+/// for the downloads that start after it (see [`Store::known_writable`]).
+const WRITABLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The current layout version's folder name.
 pub const LAYOUT: &str = "store-v1";
 
@@ -128,6 +132,9 @@ struct Folders {
     stamps: Arc<LazySub>,
     /// The registry's folders.
     registry: RegistryFolders,
+    /// When [`Store::check_writable`] last found the download folders
+    /// writable.
+    writable_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// The folders of a store's registry (see `registry`), held open.
@@ -250,6 +257,7 @@ impl Store {
                 locks,
                 stamps,
                 registry,
+                writable_at: Mutex::new(None),
             }),
             space: Arc::new(Mutex::new(())),
             blobs_sync: Arc::default(),
@@ -317,7 +325,26 @@ impl Store {
     pub fn check_writable(&self, what: &str) -> Result<()> {
         let folders = &self.folders;
         let dirs = [&*folders.tmp, &*folders.locks, &folders.blobs];
-        Self::check_folders_writable(&dirs, &format!("download {what}"), self.folder())
+        let checked =
+            Self::check_folders_writable(&dirs, &format!("download {what}"), self.folder());
+        *self.writable_at() = checked.is_ok().then(std::time::Instant::now);
+        checked
+    }
+
+    /// Whether [`Store::check_writable`] found the download folders
+    /// writable within the last [`WRITABLE_FOR`]: thousands of downloads
+    /// starting together look once, and a store made read-only since is
+    /// still said so within that time.
+    pub(crate) fn known_writable(&self) -> bool {
+        self.writable_at()
+            .is_some_and(|at| at.elapsed() < WRITABLE_FOR)
+    }
+
+    fn writable_at(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.folders
+            .writable_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// [`Store::check_writable`] for an install or upgrade of `gem`: the
@@ -1462,6 +1489,33 @@ pub fn is_sha256(text: &str) -> bool {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_look_that_found_the_store_writable_stands_for_a_moment_and_a_refusal_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!store.known_writable(), "nothing was looked at yet");
+        store.check_writable("r (r.bin)").unwrap();
+        assert!(store.known_writable());
+        // Another handle on the same store shares the look.
+        assert!(store.clone().known_writable());
+        // Once the moment has passed, the next download looks again.
+        *store.writable_at() = Some(std::time::Instant::now() - WRITABLE_FOR);
+        assert!(!store.known_writable());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let tmp = store.root().join("tmp");
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o500)).unwrap();
+            // Root may write anyway: then the look finds the store writable.
+            let refused = store.check_writable("r (r.bin)");
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o700)).unwrap();
+            if let Err(e) = refused {
+                assert!(e.to_string().contains("the store is read-only"), "{e}");
+                assert!(!store.known_writable(), "a refusal is not remembered as writable");
+            }
+        }
+    }
 
     #[test]
     fn the_untrusted_tail_of_a_kept_partial_file_counts_as_free_space() {

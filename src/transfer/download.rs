@@ -107,22 +107,28 @@ pub(crate) async fn download_for(
     // A store this user may only read cannot take a download; say so
     // before a lock file fails. In the same trip off the runtime: the file
     // linked or copied from another name, or hashed again when it changed.
-    let what = match gem {
-        Some(gem) => format!("{gem}/{} ({name})", resource.id),
-        None => format!("{} ({name})", resource.id),
-    };
-    let found = crate::store::off_runtime(store.root(), {
-        let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.clone());
-        move || {
-            if !nothing {
-                if let Some(path) = store.find(&sha256, &name)? {
-                    return Ok(Some(path));
+    // With nothing of the file stored and the store found writable a moment
+    // ago (many downloads starting together), there is no trip to make.
+    let found = if nothing && store.known_writable() {
+        None
+    } else {
+        let what = match gem {
+            Some(gem) => format!("{gem}/{} ({name})", resource.id),
+            None => format!("{} ({name})", resource.id),
+        };
+        crate::store::off_runtime(store.root(), {
+            let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.clone());
+            move || {
+                if !nothing {
+                    if let Some(path) = store.find(&sha256, &name)? {
+                        return Ok(Some(path));
+                    }
                 }
+                store.check_writable(&what).map(|()| None)
             }
-            store.check_writable(&what).map(|()| None)
-        }
-    })
-    .await?;
+        })
+        .await?
+    };
     if let Some(path) = found {
         return Ok(path);
     }
