@@ -1512,7 +1512,10 @@ mod tests {
             fs::set_permissions(&tmp, fs::Permissions::from_mode(0o700)).unwrap();
             if let Err(e) = refused {
                 assert!(e.to_string().contains("the store is read-only"), "{e}");
-                assert!(!store.known_writable(), "a refusal is not remembered as writable");
+                assert!(
+                    !store.known_writable(),
+                    "a refusal is not remembered as writable"
+                );
             }
         }
     }
