@@ -170,7 +170,7 @@ pub(super) fn announced_mismatch(
 /// A sink writing to the partial file from `offset`, its records naming
 /// `address` and `validator`. The file is opened where it is first written
 /// (see [`Target::paths`]), not in a trip of its own.
-pub(super) fn open_sink(
+pub(super) fn partial_sink(
     paths: &PartialPaths,
     address: &Url,
     offset: u64,

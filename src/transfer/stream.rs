@@ -9,7 +9,7 @@ use crate::error::{Attempt, AttemptError};
 use crate::net::response::Response;
 use crate::store::partial::PartialPaths;
 use crate::transfer::body::{
-    announced_mismatch, check_finished, local_write, open_sink, size_error, Body,
+    announced_mismatch, check_finished, local_write, partial_sink, size_error, Body,
 };
 use crate::transfer::exchange::{validator, Ask, HeadError};
 use crate::transfer::fetch::{
@@ -214,7 +214,7 @@ impl Fetcher {
         }
         let mut sink = match paths {
             None => Sink::hash_only(),
-            Some(paths) => open_sink(paths, address, offset, kept_validator),
+            Some(paths) => partial_sink(paths, address, offset, kept_validator),
         };
         let sink_path = paths.map(|p| p.data.clone()).unwrap_or_default();
         let body = Body {

@@ -215,7 +215,7 @@ pub async fn spawned<T: Send + 'static>(
             Ok(panic) => std::panic::resume_unwind(panic),
             // Tasks are cancelled only when the runtime shuts down, after
             // every command returned.
-            Err(e) => unreachable!("a fetch task ended without its output: {e}"),
+            Err(e) => unreachable!("a task ended without its output: {e}"),
         },
     }
 }
