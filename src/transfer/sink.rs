@@ -1,11 +1,13 @@
-//! Where a transfer's bytes go: a thread of its own that hashes and writes.
+//! Where a transfer's bytes go: a writer thread that hashes and writes.
 //!
 //! The network side (TLS decryption, on the async runtime) hands each chunk
-//! over a bounded channel to one writer thread per transfer, which updates
-//! the SHA-256 and writes with plain `std::fs` calls. Decryption and hashing
-//! so run on different cores, no write goes through the runtime's blocking
-//! pool, and the bounded channel keeps memory constant: a slow disk slows
-//! the reads instead of filling memory.
+//! over a bounded channel to one writer per transfer, which updates the
+//! SHA-256 and writes with plain `std::fs` calls. It holds one of the
+//! runtime's blocking threads for the whole transfer (no write is a trip of
+//! its own, and the thread stays for the next transfer: none is made per
+//! file). Decryption and hashing so run on different cores, and the bounded
+//! channel keeps memory constant: a slow disk slows the reads instead of
+//! filling memory.
 //!
 //! Durability is spread over the transfer instead of piling up at the end:
 //! every [`WRITE_BACK_BYTES`] the thread asks the kernel to start writing the
@@ -149,13 +151,25 @@ impl Sink {
         };
         let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (fail_tx, fail_rx) = oneshot::channel();
-        let spawned = std::thread::Builder::new()
-            .name("gem-resources-writer".into())
-            .spawn(move || {
-                if let Err(e) = run(target, rx) {
-                    let _ = fail_tx.send(e);
-                }
-            });
+        let work = move || {
+            if let Err(e) = run(target, rx) {
+                let _ = fail_tx.send(e);
+            }
+        };
+        // On one of the runtime's blocking threads, which stay for the next
+        // transfer: a thread made for each file costs its creation, its
+        // stack and its end every time (200 files, 200 threads). Outside a
+        // runtime, a thread of its own.
+        let spawned = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(runtime.spawn_blocking(work));
+                Ok(())
+            }
+            Err(_) => std::thread::Builder::new()
+                .name("gem-resources-writer".into())
+                .spawn(work)
+                .map(drop),
+        };
         match spawned {
             Ok(_) => {
                 self.tx = Some(tx);

@@ -119,8 +119,8 @@ fn main() -> ExitCode {
 
 /// Threads for the runtime, which runs the network side of transfers
 /// (sockets, TLS): half the cores, 1 to 4. Each transfer hashes and writes on
-/// a thread of its own, and file-system work runs on the blocking threads,
-/// so those cores are theirs. On 2 cores, one network thread makes a 1 GiB
+/// a blocking thread it holds throughout, and file-system work runs on the
+/// other blocking threads, so those cores are theirs. On 2 cores, one network thread makes a 1 GiB
 /// download about 10% faster than two (fewer hand-offs between threads).
 fn network_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
