@@ -193,7 +193,7 @@ fn der_time(input: &[u8]) -> Option<(SystemTime, &[u8])> {
 /// A client configuration trusting the platform roots plus `extra`.
 pub(crate) fn client_config(extra: Vec<CertificateDer<'static>>) -> Result<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = ExtraRootsVerifier::new(extra, provider.clone())?;
+    let verifier = ExtraRootsVerifier::new(extra, provider.clone());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Config(format!("cannot set up TLS: {e}")))?
@@ -208,10 +208,12 @@ pub(crate) fn client_config(extra: Vec<CertificateDer<'static>>) -> Result<Clien
 /// as the server's own.
 struct ExtraRootsVerifier {
     /// Platform roots plus the extra ones.
-    inner: Arc<dyn ServerCertVerifier>,
+    inner: PlatformVerifier,
     /// The extra certificates, compared byte for byte.
     pinned: Vec<CertificateDer<'static>>,
-    /// The signature algorithms a chain may use, for a pinned certificate.
+    /// The signature algorithms of the provider: a handshake's signatures
+    /// are checked with them (as the platform verifiers do), and so is the
+    /// chain of a pinned certificate.
     algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
@@ -219,41 +221,92 @@ impl ExtraRootsVerifier {
     fn new(
         extra: Vec<CertificateDer<'static>>,
         provider: Arc<rustls::crypto::CryptoProvider>,
-    ) -> Result<ExtraRootsVerifier> {
-        // Without extra roots (production), the platform's verifier alone:
-        // on Windows that asks for no chain engine of our own.
-        let platform = if extra.is_empty() {
-            rustls_platform_verifier::Verifier::new(provider.clone())
-        } else {
-            rustls_platform_verifier::Verifier::new_with_extra_roots(
-                extra.clone(),
-                provider.clone(),
-            )
-        };
-        let inner: Arc<dyn ServerCertVerifier> = match platform {
-            Ok(verifier) => Arc::new(verifier),
-            Err(e) if extra.is_empty() => {
-                return Err(Error::Config(format!(
-                    "cannot set up the platform's certificate verification: {e}"
-                )))
-            }
-            Err(e) => {
-                // Said once per process, however many clients are built.
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    tracing::warn!(
-                        "the platform's certificate verification cannot be set up ({e}): \
-                         only the certificates of [dev] extra_root_certs are trusted"
-                    );
-                });
-                extra_roots_only(&extra, provider.clone())?
-            }
-        };
-        Ok(ExtraRootsVerifier {
-            inner,
-            pinned: extra,
+    ) -> ExtraRootsVerifier {
+        ExtraRootsVerifier {
             algorithms: provider.signature_verification_algorithms,
-        })
+            inner: PlatformVerifier::start(extra.clone(), provider),
+            pinned: extra,
+        }
+    }
+}
+
+/// What the platform verifier was made into, or why it could not be.
+type Made = std::result::Result<Arc<dyn ServerCertVerifier>, String>;
+
+/// The platform's verifier, made on a thread of its own from the moment
+/// the configuration is: on Linux it reads the platform's roots (a bundle
+/// and a folder of about 150 files, 5 to 10 ms before the first connection
+/// could start), which so overlaps the rest of the start-up and the first
+/// connection; the first certificate to check waits for what is left. A
+/// verifier that cannot be made fails every certificate with the reason.
+struct PlatformVerifier {
+    made: Arc<std::sync::OnceLock<Made>>,
+    extra: Vec<CertificateDer<'static>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl PlatformVerifier {
+    fn start(
+        extra: Vec<CertificateDer<'static>>,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> PlatformVerifier {
+        let verifier = PlatformVerifier {
+            made: Arc::new(std::sync::OnceLock::new()),
+            extra,
+            provider,
+        };
+        let (made, extra, provider) = (
+            Arc::clone(&verifier.made),
+            verifier.extra.clone(),
+            verifier.provider.clone(),
+        );
+        // Without the thread, the first certificate to check makes it.
+        let _ = std::thread::Builder::new()
+            .name("gem-resources-roots".into())
+            .spawn(move || {
+                made.get_or_init(|| platform_verifier(&extra, &provider));
+            });
+        verifier
+    }
+
+    /// The verifier, once made (made here when its thread has not begun).
+    fn get(&self) -> std::result::Result<&Arc<dyn ServerCertVerifier>, rustls::Error> {
+        self.made
+            .get_or_init(|| platform_verifier(&self.extra, &self.provider))
+            .as_ref()
+            .map_err(|e| rustls::Error::General(e.clone()))
+    }
+}
+
+/// The platform's verifier with the `extra` roots, or with them alone where
+/// the platform cannot take them ([`extra_roots_only`]).
+fn platform_verifier(
+    extra: &[CertificateDer<'static>],
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Made {
+    // Without extra roots (production), the platform's verifier alone:
+    // on Windows that asks for no chain engine of our own.
+    let platform = if extra.is_empty() {
+        rustls_platform_verifier::Verifier::new(provider.clone())
+    } else {
+        rustls_platform_verifier::Verifier::new_with_extra_roots(extra.to_vec(), provider.clone())
+    };
+    match platform {
+        Ok(verifier) => Ok(Arc::new(verifier)),
+        Err(e) if extra.is_empty() => Err(format!(
+            "cannot set up the platform's certificate verification: {e}"
+        )),
+        Err(e) => {
+            // Said once per process, however many clients are built.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "the platform's certificate verification cannot be set up ({e}): \
+                     only the certificates of [dev] extra_root_certs are trusted"
+                );
+            });
+            extra_roots_only(extra, provider.clone()).map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -309,7 +362,7 @@ impl ServerCertVerifier for ExtraRootsVerifier {
             // of it, key usage included; only the chain is relaxed.
             super::pinned::check(end_entity, &self.algorithms)?;
         }
-        let verdict = self.inner.verify_server_cert(
+        let verdict = self.inner.get()?.verify_server_cert(
             end_entity,
             intermediates,
             server_name,
@@ -350,7 +403,7 @@ impl ServerCertVerifier for ExtraRootsVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -359,11 +412,11 @@ impl ServerCertVerifier for ExtraRootsVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
@@ -430,11 +483,49 @@ mod tests {
     }
 
     #[test]
+    fn the_platform_verifier_is_made_by_whoever_needs_it_first_and_its_failure_is_every_checks() {
+        crate::install_crypto_provider();
+        let cert = der(&pem(2001, 2030));
+        let name = ServerName::try_from("origin.test").unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let with = |made: std::sync::OnceLock<Made>, extra: Vec<CertificateDer<'static>>| {
+            ExtraRootsVerifier {
+                inner: PlatformVerifier {
+                    made: Arc::new(made),
+                    extra: extra.clone(),
+                    provider: provider.clone(),
+                },
+                pinned: extra,
+                algorithms: provider.signature_verification_algorithms,
+            }
+        };
+        // Its thread never ran: the first check makes it.
+        let unmade = with(std::sync::OnceLock::new(), vec![cert.clone()]);
+        assert!(unmade
+            .verify_server_cert(&cert, &[], &name, &[], UnixTime::now())
+            .is_ok());
+        assert!(unmade.inner.made.get().is_some_and(Result::is_ok));
+        // It could not be made: every certificate fails with the reason,
+        // while the handshake's own schemes need no verifier.
+        let failed = with(
+            std::sync::OnceLock::from(Err("no CA certificates".to_string())),
+            Vec::new(),
+        );
+        assert_eq!(
+            failed
+                .verify_server_cert(&cert, &[], &name, &[], UnixTime::now())
+                .unwrap_err(),
+            rustls::Error::General("no CA certificates".into())
+        );
+        assert!(!failed.supported_verify_schemes().is_empty());
+    }
+
+    #[test]
     fn a_pinned_certificate_is_accepted_only_while_it_is_valid() {
         crate::install_crypto_provider();
         let cert = der(&pem(2001, 2030));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = ExtraRootsVerifier::new(vec![cert.clone()], provider).unwrap();
+        let verifier = ExtraRootsVerifier::new(vec![cert.clone()], provider);
         let name = ServerName::try_from("origin.test").unwrap();
         let at = |y: i64| {
             let secs = year(y).duration_since(UNIX_EPOCH).unwrap();
