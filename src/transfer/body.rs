@@ -55,6 +55,9 @@ impl Fetcher {
                 }
                 _ = checkpoints.tick() => {
                     sink.checkpoint().await.map_err(|e| local_write(sink_path, e))?;
+                    if sink.stopped() {
+                        return Ok(None);
+                    }
                     continue;
                 }
                 next = tokio::time::timeout_at(stall_at, response.chunk()) => next,
@@ -279,6 +282,23 @@ pub(super) fn body_error(
 fn without_close_notify(io: &std::io::Error) -> bool {
     io.get_ref()
         .is_some_and(|inner| inner.to_string().contains("close_notify"))
+}
+
+/// A failure of the try of `address`, at `hop` when a redirect led there.
+pub(super) fn attempt_error(address: &Url, hop: &Url, error: AttemptError) -> TransferError {
+    TransferError::Attempt(crate::error::Attempt {
+        address: address.clone(),
+        hop: (hop != address).then(|| hop.clone()),
+        error,
+    })
+}
+
+/// Resolves once `cancel` is cancelled; never without one.
+pub(super) async fn until_cancelled(cancel: Option<&tokio_util::sync::CancellationToken>) {
+    match cancel {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

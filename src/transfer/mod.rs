@@ -11,6 +11,7 @@
 
 pub mod autofill;
 mod body;
+mod carry;
 pub mod download;
 mod exchange;
 pub mod fetch;

@@ -61,11 +61,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
-use crate::error::{Attempt, AttemptError};
+use crate::error::AttemptError;
 use crate::net::hosts::HostPermit;
 use crate::net::response::Response;
 use crate::store::partial::{Checkpointer, PartialPaths};
-use crate::transfer::body::{check_finished, local_write, size_error, Body};
+use crate::transfer::body::{attempt_error, check_finished, local_write, size_error, Body};
 use crate::transfer::exchange::{validator, Ask, HeadError};
 use crate::transfer::fetch::{Expected, Fetcher, Reporter, Transfer, TransferError};
 use crate::transfer::scatter::{self, Scatter};
@@ -135,6 +135,10 @@ pub(super) struct FirstPart {
     /// Other sources of the same bytes the parts may come from
     /// (`network.spread_over_mirrors`).
     pub also: Vec<Url>,
+    /// `Some`: read as one stream until its connection was found slow
+    /// (`carry`), with the SHA-256 of the bytes before `offset` so far.
+    /// The file is split at once, and that prefix is not read back.
+    pub handed: Option<sha2::Sha256>,
 }
 
 /// One part's range: the next byte it receives and where it stops.
@@ -216,11 +220,43 @@ enum Phase {
     Done,
 }
 
-/// The first connection's current rate window.
+/// The first connection's current rate window: the rule that splits a
+/// file, whether its first connection is read by the parts or as one
+/// stream that carries on while it is fast (`carry`).
 #[derive(Debug, Clone, Copy)]
-struct Window {
+pub(super) struct Window {
     since: Instant,
     bytes: u64,
+}
+
+impl Window {
+    /// A window starting now.
+    pub(super) fn new() -> Window {
+        Window {
+            since: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `bytes` more; `Some(rate)` once the window is old enough
+    /// ([`FIRST_LOOK`]) and its rate is below `split_below` bytes a second:
+    /// the file is to be split. A window as long as [`RATE_WINDOW`] that
+    /// kept up starts again.
+    pub(super) fn slow(&mut self, bytes: u64, split_below: u64) -> Option<f64> {
+        self.bytes += bytes;
+        let elapsed = self.since.elapsed();
+        if elapsed < FIRST_LOOK {
+            return None;
+        }
+        let rate = self.bytes as f64 / elapsed.as_secs_f64();
+        if rate < split_below as f64 {
+            return Some(rate);
+        }
+        if elapsed >= RATE_WINDOW {
+            *self = Window::new();
+        }
+        None
+    }
 }
 
 /// Why the parts stopped.
@@ -306,23 +342,12 @@ impl Run<'_> {
         let Some(w) = window.as_mut() else {
             return;
         };
-        w.bytes += bytes;
-        let elapsed = w.since.elapsed();
-        if elapsed < FIRST_LOOK {
-            return;
-        }
-        let rate = w.bytes as f64 / elapsed.as_secs_f64();
-        if rate < self.split_below as f64 {
+        if let Some(rate) = w.slow(bytes, self.split_below) {
             tracing::debug!(address = %self.address, rate, "a slow connection: fetching in parts");
             *window = None;
             let asked = self.first_asked.load(std::sync::atomic::Ordering::Relaxed);
             share_first(&mut lock(&self.slots), asked);
             self.set_phase(Phase::Split);
-        } else if elapsed >= RATE_WINDOW {
-            *w = Window {
-                since: Instant::now(),
-                bytes: 0,
-            };
         }
     }
 
@@ -497,11 +522,7 @@ impl Run<'_> {
     }
 
     fn attempt_of(&self, address: &Url, hop: &Url, error: AttemptError) -> TransferError {
-        TransferError::Attempt(Attempt {
-            address: address.clone(),
-            hop: (hop != address).then(|| hop.clone()),
-            error,
-        })
+        attempt_error(address, hop, error)
     }
 
     /// The source part `i` asks, and the validator it must match (`None`
@@ -720,6 +741,7 @@ impl Fetcher {
             validator,
             policy,
             also,
+            handed,
         } = first;
         let mut sources = vec![address.clone()];
         sources.extend(also);
@@ -745,17 +767,20 @@ impl Fetcher {
             ranges,
         };
         let present = kept.bytes();
-        let (scatter, thread) =
-            scatter::start(file, kept, checkpoints).map_err(|e| local_write(&paths.data, e))?;
+        let slow = handed.is_some();
+        let (scatter, thread) = scatter::start(file, kept, handed, checkpoints)
+            .map_err(|e| local_write(&paths.data, e))?;
         let mut slots = first_slots(&gaps, self.parts);
         // Parts from several sources were asked for, or the server is far:
         // they start at once.
         let far = self.split_below > 0 && answered >= self.far_answer;
-        let spread = sources.len() > 1 || far;
+        let spread = sources.len() > 1 || far || slow;
         if spread {
             share_first(&mut slots, end);
         }
-        if far {
+        if slow {
+            tracing::debug!(%address, parts = slots.len(), from = offset, "a slow connection: fetching the rest in parts");
+        } else if far {
             tracing::debug!(%address, parts = slots.len(), answered_ms = answered.as_millis(), "a far server: fetching in parts at once");
         } else {
             tracing::debug!(%address, parts = slots.len(), "ranges answered: parts when slow");
@@ -779,10 +804,7 @@ impl Fetcher {
             stop: cancel.map_or_else(CancellationToken::new, CancellationToken::child_token),
             policy,
             failure: Mutex::new(None),
-            window: Mutex::new((!spread).then(|| Window {
-                since: Instant::now(),
-                bytes: 0,
-            })),
+            window: Mutex::new((!spread).then(Window::new)),
             split_below: self.split_below,
             phase: watch::channel(if spread { Phase::Split } else { Phase::Probing }).0,
             moved: tokio::sync::Notify::new(),
@@ -1042,8 +1064,9 @@ struct Ended {
     more: bool,
 }
 
-/// A part's reporter: the file's progress comes from [`PartSink`].
-struct Quiet;
+/// A part's reporter: the file's progress comes from [`PartSink`] (or
+/// from the stream that carries on, `carry`).
+pub(super) struct Quiet;
 
 impl Reporter for Quiet {
     fn bytes(&mut self, _total: u64) {}

@@ -91,6 +91,7 @@ pub(super) struct ScatterThread {
 pub(super) fn start(
     file: File,
     kept: Written,
+    hashed: Option<Sha256>,
     checkpoints: Checkpointer,
 ) -> io::Result<(Scatter, ScatterThread)> {
     let (tx, mut rx) = mpsc::channel(SCATTER_CHUNKS);
@@ -99,7 +100,7 @@ pub(super) fn start(
     let thread = std::thread::Builder::new()
         .name("gem-resources-writer".into())
         .spawn(move || {
-            let result = run(file, kept, checkpoints, &mut rx);
+            let result = run(file, kept, hashed, checkpoints, &mut rx);
             if let Err(e) = &result {
                 let _ = failed.set(Failure::of(e));
             }
@@ -190,6 +191,7 @@ struct Writer {
 fn run(
     file: File,
     kept: Written,
+    hashed: Option<Sha256>,
     mut checkpoints: Checkpointer,
     rx: &mut mpsc::Receiver<Msg>,
 ) -> io::Result<()> {
@@ -212,7 +214,17 @@ fn run(
         written: total,
         buf: vec![0u8; REHASH_BUFFER],
     };
-    w.ahead.insert(0, kept.prefix);
+    match hashed {
+        // The prefix was hashed as it was written (one stream before the
+        // parts, `carry`): it is not read back.
+        Some(hasher) => {
+            w.hasher = hasher;
+            w.hashed = kept.prefix;
+        }
+        None => {
+            w.ahead.insert(0, kept.prefix);
+        }
+    }
     for [s, e] in kept.ranges {
         w.remember(s, e);
     }
@@ -380,7 +392,7 @@ mod tests {
         let paths = PartialPaths::new(dir.path(), &"a".repeat(64), body.len() as u64);
         let file = paths.open_data().unwrap();
         let checkpoints = Checkpointer::new(&paths, "https://cdn.test/a", Some("\"v\"".into()));
-        let (scatter, thread) = start(file, Written::default(), checkpoints).unwrap();
+        let (scatter, thread) = start(file, Written::default(), None, checkpoints).unwrap();
         // Three parts, the last first, each in two batches.
         for (s, e) in [
             (2_000_000, 3_000_000),
@@ -417,7 +429,7 @@ mod tests {
             prefix: 500_000,
             ranges: vec![[2_000_000, 2_500_000]],
         };
-        let (scatter, thread) = start(file, written, checkpoints).unwrap();
+        let (scatter, thread) = start(file, written, None, checkpoints).unwrap();
         for (a, b) in [(2_500_000, 3_000_000), (1_000_000, 2_000_000)] {
             let batch = vec![Bytes::copy_from_slice(&body[a..b])];
             scatter.write_at(a as u64, batch).await.unwrap();
@@ -435,7 +447,7 @@ mod tests {
             prefix: meta.durable,
             ranges: meta.ranges,
         };
-        let (scatter, thread) = start(file, written, checkpoints).unwrap();
+        let (scatter, thread) = start(file, written, None, checkpoints).unwrap();
         let batch = vec![Bytes::copy_from_slice(&body[500_000..1_000_000])];
         scatter.write_at(500_000, batch).await.unwrap();
         let finished = scatter.finish().await.unwrap();

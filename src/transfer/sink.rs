@@ -62,6 +62,9 @@ enum Msg {
     Close(oneshot::Sender<()>),
     /// Flush, and answer with the length and digest.
     Finish(oneshot::Sender<io::Result<Finished>>),
+    /// The parts take over: flush and record what is kept, then answer
+    /// with its length and the hash so far.
+    Hand(oneshot::Sender<io::Result<(u64, Sha256)>>),
 }
 
 /// The bytes a finished transfer wrote.
@@ -111,6 +114,11 @@ pub(crate) trait BodySink: Send {
         -> impl std::future::Future<Output = io::Result<bool>> + Send;
     /// Asks for what arrived so far to be flushed and recorded.
     fn checkpoint(&mut self) -> impl std::future::Future<Output = io::Result<()>> + Send;
+    /// Whether the sink wants no more bytes, as its last checkpoint found
+    /// (a first connection found slow while silent, `carry`).
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 impl BodySink for Sink {
@@ -265,6 +273,26 @@ impl Sink {
         }
     }
 
+    /// Ends the stream for the parts to go on (see `carry`): waits until
+    /// what is kept is flushed and recorded, and returns its length and the
+    /// SHA-256 of it so far, so that it is not read back.
+    pub(crate) async fn hand_over(mut self) -> io::Result<(u64, Sha256)> {
+        if let Some(target) = self.unstarted.take() {
+            let (tx, mut rx) = oneshot::channel();
+            self.run_unstarted(target, Msg::Hand(tx)).await?;
+            return rx
+                .try_recv()
+                .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")));
+        }
+        self.flush_batch().await?;
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Hand(tx)).await?;
+        match rx.await {
+            Ok(result) => result,
+            Err(_) => Err(self.error().await),
+        }
+    }
+
     async fn send(&mut self, msg: Msg) -> io::Result<()> {
         self.start();
         let sent = match &self.tx {
@@ -334,6 +362,14 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
                     }
                 }
                 let _ = reply.send(());
+                return Ok(());
+            }
+            Msg::Hand(reply) => {
+                let kept = match writer.take() {
+                    Some(w) => w.keep(len),
+                    None => Ok(()),
+                };
+                let _ = reply.send(kept.map(|()| (len, std::mem::take(&mut hasher))));
                 return Ok(());
             }
             Msg::Finish(reply) => {

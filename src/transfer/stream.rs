@@ -9,7 +9,8 @@ use crate::error::{Attempt, AttemptError};
 use crate::net::response::Response;
 use crate::store::partial::PartialPaths;
 use crate::transfer::body::{
-    announced_mismatch, check_finished, local_write, partial_sink, size_error, Body,
+    announced_mismatch, attempt_error, check_finished, local_write, partial_sink, size_error,
+    until_cancelled, Body,
 };
 use crate::transfer::exchange::{validator, Ask, HeadError};
 use crate::transfer::fetch::{
@@ -143,13 +144,7 @@ impl Fetcher {
             mut parts,
             also,
         } = t;
-        let fail = |hop: &Url, error: AttemptError| {
-            TransferError::Attempt(Attempt {
-                address: address.clone(),
-                hop: (hop != address).then(|| hop.clone()),
-                error,
-            })
-        };
+        let fail = |hop: &Url, error: AttemptError| attempt_error(address, hop, error);
         let cancelled = until_cancelled(cancel);
         tokio::pin!(cancelled);
         // Taken before the first hop is checked: a change from here on is
@@ -191,6 +186,7 @@ impl Fetcher {
         if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
             let large = limit - offset >= PARTS_MIN_BYTES || end < limit;
             if response.status().as_u16() == 206 && large {
+                let far = self.split_below > 0 && answered >= self.far_answer;
                 let first = FirstPart {
                     hop,
                     response,
@@ -202,7 +198,15 @@ impl Fetcher {
                     validator: v.clone(),
                     policy: policy_changes.clone(),
                     also: also.to_vec(),
+                    handed: None,
                 };
+                // A near server, one source and nothing kept beyond the
+                // prefix: one stream that carries on while it is fast.
+                if !far && also.is_empty() && first.ranges.is_empty() {
+                    return self
+                        .carry_on(address, e, paths, first, cancel, reporter)
+                        .await;
+                }
                 return self.parts(address, e, paths, first, cancel, reporter).await;
             }
         }
@@ -298,14 +302,6 @@ async fn after_refused_range(
         let _ = tokio::task::spawn_blocking(move || paths.remove()).await;
     }
     None
-}
-
-/// Resolves when `cancel` fires (never without one).
-async fn until_cancelled(cancel: Option<&CancellationToken>) {
-    match cancel {
-        Some(token) => token.cancelled().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Where an accepted response's body ends (a `206` ends where it was asked

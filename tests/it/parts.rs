@@ -153,10 +153,16 @@ async fn a_first_connection_fast_enough_is_not_split() {
         .unwrap()
         .with_split_below(200_000)
         .with_far_answer(Duration::MAX);
+    let logs = Logs::capture();
     let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
         .await
         .unwrap();
     assert_eq!(std::fs::read(path).unwrap(), body);
+    // Read as one stream that carried on: the parts never started.
+    let text = logs.text();
+    drop(logs);
+    assert!(text.contains("one stream while it is fast"), "{text}");
+    assert!(!text.contains("ranges answered"), "{text}");
     // Its first share, then the rest of the file on the same connection.
     let first = SIZE / 8;
     assert_eq!(
@@ -184,6 +190,63 @@ async fn a_first_connection_fast_enough_is_not_split() {
         "{:?}",
         env.origin.ranges("/g.bin")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_slows_down_hands_over_to_the_parts_where_it_is() {
+    let env = Env::new().await;
+    config(&env, "");
+    let body = bytes(SIZE, 44);
+    let (size, first) = (SIZE as u64, SIZE as u64 / 8);
+    // The first share comes at 16 MB/s; the response to the rest (the only
+    // one covering the middle of the file) at 400 kB/s.
+    let slow_rest = PartsFault::SlowCovering {
+        at: SIZE / 2,
+        count: 1,
+        piece: 16 << 10,
+        pause: Duration::from_millis(40),
+    };
+    env.origin.route("/h.bin", faulty(&body, slow_rest));
+    let r = resource("h", &env.url("origin.test", "/h.bin"), &[], &body);
+    let cfg = env.config();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    let fetcher = Fetcher::new(&cfg)
+        .unwrap()
+        .with_split_below(4_000_000)
+        .with_far_answer(Duration::MAX);
+    let logs = Logs::capture();
+    let path = download(&fetcher, &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    let text = logs.text();
+    drop(logs);
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    // One stream: its first share, then the rest on the same connection,
+    // until the rest turned slow.
+    let ranges = env.origin.ranges("/h.bin");
+    assert_eq!(ranges[0], format!("bytes=0-{}", first - 1), "{ranges:?}");
+    assert_eq!(
+        ranges[1],
+        format!("bytes={first}-{}", size - 1),
+        "{ranges:?}"
+    );
+    // Where the stream stopped, the parts took over: the bytes it wrote
+    // are kept and never asked for again.
+    let from: u64 = text
+        .lines()
+        .find(|l| l.contains("fetching the rest in parts"))
+        .and_then(|l| l.split("from=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no hand-over in the log: {text}"));
+    assert!(from >= first && from < size, "{from}");
+    let later: Vec<(u64, u64)> = ranges[2..].iter().filter_map(|r| asked(r, size)).collect();
+    assert!(later.len() >= 3, "{ranges:?}");
+    assert!(
+        later.iter().all(|&(start, _)| start >= from),
+        "from {from}: {ranges:?}"
+    );
+    assert!(partial_files(&env).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
