@@ -201,6 +201,14 @@ fn run(
         // there to be rewritten should the disk fill before a checkpoint.
         checkpoints.reserve()?;
     }
+    // A prefix whose hash is handed over must be in the file as it was
+    // written: never filled in by the cut below.
+    if hashed.is_some() && file.metadata()?.len() < kept.prefix {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the partial file is shorter than what was written",
+        ));
+    }
     // Bytes past the trusted ones are not trusted: cut them.
     let end = kept.ranges.last().map_or(kept.prefix, |r| r[1]);
     file.set_len(end)?;
@@ -411,6 +419,41 @@ mod tests {
         assert_eq!(finished.len, body.len() as u64);
         assert_eq!(finished.sha256, hex::encode(Sha256::digest(&body)));
         assert_eq!(std::fs::read(&paths.data).unwrap(), body);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handed_hash_of_the_prefix_is_continued_and_a_short_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let body: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let (cut, size) = (700_000, body.len() as u64);
+        let paths = PartialPaths::new(dir.path(), &"c".repeat(64), size);
+        std::fs::write(&paths.data, &body[..cut]).unwrap();
+        let file = paths.open_data().unwrap();
+        let checkpoints = Checkpointer::new(&paths, "https://cdn.test/c", Some("\"v\"".into()));
+        let mut hasher = Sha256::new();
+        hasher.update(&body[..cut]);
+        let prefix = Written::prefix(cut as u64);
+        let (scatter, thread) = start(file, prefix, Some(hasher), checkpoints).unwrap();
+        let rest = vec![Bytes::copy_from_slice(&body[cut..])];
+        scatter.write_at(cut as u64, rest).await.unwrap();
+        let finished = scatter.finish().await.unwrap();
+        drop(scatter);
+        thread.join().await.unwrap();
+        assert_eq!(finished.len, size);
+        assert_eq!(finished.sha256, hex::encode(Sha256::digest(&body)));
+        assert_eq!(std::fs::read(&paths.data).unwrap(), body);
+        // Shorter than the prefix the hash stands for: refused, not filled
+        // in with zeros that the hash would vouch for.
+        let short = PartialPaths::new(dir.path(), &"d".repeat(64), size);
+        std::fs::write(&short.data, &body[..100]).unwrap();
+        let file = short.open_data().unwrap();
+        let checkpoints = Checkpointer::new(&short, "https://cdn.test/d", Some("\"v\"".into()));
+        let prefix = Written::prefix(cut as u64);
+        let (scatter, thread) = start(file, prefix, Some(Sha256::new()), checkpoints).unwrap();
+        assert!(scatter.finish().await.is_err());
+        drop(scatter);
+        assert!(thread.join().await.is_err());
+        assert_eq!(std::fs::metadata(&short.data).unwrap().len(), 100);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
