@@ -713,6 +713,12 @@ pub(super) fn first_share_end(size: u64, parts: usize) -> u64 {
 }
 
 impl Fetcher {
+    /// Whether a server that answered the first request after `answered`
+    /// is far: its file's parts open at once.
+    pub(super) fn is_far(&self, answered: Duration) -> bool {
+        self.split_below > 0 && answered >= self.far_answer
+    }
+
     /// Whether a file of `expected` is fetched in parts when its server
     /// answers ranges.
     pub(super) fn parts_for(&self, expected: Option<Expected<'_>>) -> bool {
@@ -771,9 +777,9 @@ impl Fetcher {
         let (scatter, thread) = scatter::start(file, kept, handed, checkpoints)
             .map_err(|e| local_write(&paths.data, e))?;
         let mut slots = first_slots(&gaps, self.parts);
-        // Parts from several sources were asked for, or the server is far:
-        // they start at once.
-        let far = self.split_below > 0 && answered >= self.far_answer;
+        // Parts from several sources were asked for, the server is far, or
+        // the stream before was found slow: they start at once.
+        let far = self.is_far(answered);
         let spread = sources.len() > 1 || far || slow;
         if spread {
             share_first(&mut slots, end);

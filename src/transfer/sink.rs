@@ -256,37 +256,33 @@ impl Sink {
     /// Ends the transfer (every batch written, no record written after)
     /// and returns the length and digest; the file is flushed as it is
     /// published.
-    pub(crate) async fn finish(mut self) -> io::Result<Finished> {
-        if let Some(target) = self.unstarted.take() {
-            let (tx, mut rx) = oneshot::channel();
-            self.run_unstarted(target, Msg::Finish(tx)).await?;
-            return rx
-                .try_recv()
-                .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")));
-        }
-        self.flush_batch().await?;
-        let (tx, rx) = oneshot::channel();
-        self.send(Msg::Finish(tx)).await?;
-        match rx.await {
-            Ok(result) => result,
-            Err(_) => Err(self.error().await),
-        }
+    pub(crate) async fn finish(self) -> io::Result<Finished> {
+        self.last(Msg::Finish).await
     }
 
     /// Ends the stream for the parts to go on (see `carry`): waits until
     /// what is kept is flushed and recorded, and returns its length and the
     /// SHA-256 of it so far, so that it is not read back.
-    pub(crate) async fn hand_over(mut self) -> io::Result<(u64, Sha256)> {
+    pub(crate) async fn hand_over(self) -> io::Result<(u64, Sha256)> {
+        self.last(Msg::Hand).await
+    }
+
+    /// Sends the writer its last message (every gathered batch before it)
+    /// and waits for its answer.
+    async fn last<T>(
+        mut self,
+        msg: impl FnOnce(oneshot::Sender<io::Result<T>>) -> Msg,
+    ) -> io::Result<T> {
         if let Some(target) = self.unstarted.take() {
             let (tx, mut rx) = oneshot::channel();
-            self.run_unstarted(target, Msg::Hand(tx)).await?;
+            self.run_unstarted(target, msg(tx)).await?;
             return rx
                 .try_recv()
                 .unwrap_or_else(|_| Err(io::Error::other("the writer stopped")));
         }
         self.flush_batch().await?;
         let (tx, rx) = oneshot::channel();
-        self.send(Msg::Hand(tx)).await?;
+        self.send(msg(tx)).await?;
         match rx.await {
             Ok(result) => result,
             Err(_) => Err(self.error().await),

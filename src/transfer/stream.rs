@@ -186,7 +186,7 @@ impl Fetcher {
         if let (true, Some(paths), Some(e), Some(v)) = (parts, paths, expected, &kept_validator) {
             let large = limit - offset >= PARTS_MIN_BYTES || end < limit;
             if response.status().as_u16() == 206 && large {
-                let far = self.split_below > 0 && answered >= self.far_answer;
+                let far = self.is_far(answered);
                 let first = FirstPart {
                     hop,
                     response,
