@@ -21,7 +21,6 @@
 //! `service.json` names. A service that cannot prove it holds the secret
 //! gets nothing more: no manifest, no policy, no question.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -126,7 +125,7 @@ pub(crate) fn default_place(store: &Store) -> Result<crate::platform::local_sock
 /// `service.json` removed first).
 #[derive(Debug)]
 pub struct ServiceLock {
-    _file: File,
+    _file: lockfile::Held,
     /// The store held: `service.json` is removed through its folder's
     /// handle.
     store: Store,

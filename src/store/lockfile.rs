@@ -39,11 +39,34 @@ const FIRST_PAUSE: Duration = Duration::from_millis(2);
 /// Longest pause between two tries.
 const MAX_PAUSE: Duration = Duration::from_millis(100);
 
+/// A lock file held open with its lock taken.
+///
+/// Dropping it releases the lock explicitly before closing the file:
+/// closing alone would leave the lock held while a child process forked
+/// from any thread of this process still has the descriptor (between its
+/// fork and its exec), and another taker a moment later would find it
+/// busy.
+#[derive(Debug)]
+pub(crate) struct Held(File);
+
+impl Held {
+    /// The open lock file.
+    pub(crate) fn file(&self) -> &File {
+        &self.0
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
 /// Takes the exclusive lock of `file` (the lock file `path`) only if nobody
 /// holds it.
-fn try_lock_file(file: File, path: &Path) -> Result<Option<File>> {
+fn try_lock_file(file: File, path: &Path) -> Result<Option<Held>> {
     match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
+        Ok(()) => Ok(Some(Held(file))),
         Err(TryLockError::WouldBlock) => Ok(None),
         Err(TryLockError::Error(e)) => Err(Error::io("cannot lock", path, e)),
     }
@@ -51,32 +74,32 @@ fn try_lock_file(file: File, path: &Path) -> Result<Option<File>> {
 
 /// Takes the exclusive lock on the file `name` (created when missing) of
 /// the folder `dir`, held open, only if nobody holds it.
-pub(crate) fn try_lock_in(dir: &Folder, name: &str) -> Result<Option<File>> {
+pub(crate) fn try_lock_in(dir: &Folder, name: &str) -> Result<Option<Held>> {
     try_lock_file(open_at(dir, name, true)?, &dir.join(name))
 }
 
 /// Waits for the exclusive lock on the file `name` (created when missing)
 /// of the folder `dir`, held open.
-pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<File> {
+pub(crate) async fn lock_in(dir: &Folder, name: &str) -> Result<Held> {
     wait(|| try_lock_in(dir, name)).await
 }
 
 /// Takes the exclusive lock on the file `name` (created when missing) of
 /// the folder `dir`, held open, blocking the thread until it is free: for
 /// locks held only for a short read and write, by synchronous callers.
-pub(crate) fn lock_blocking_in(dir: &Folder, name: &str) -> Result<File> {
+pub(crate) fn lock_blocking_in(dir: &Folder, name: &str) -> Result<Held> {
     let file = open_at(dir, name, true)?;
     file.lock()
         .map_err(|e| Error::io("cannot lock", dir.join(name), e))?;
-    Ok(file)
+    Ok(Held(file))
 }
 
 /// A held keyed lock: released when dropped; its lock file stays for the
 /// next taker.
 #[derive(Debug)]
 pub(crate) struct KeyLock {
-    /// The open lock file; closing it releases the lock.
-    file: File,
+    /// The open lock file, its lock released when dropped.
+    file: Held,
     /// The folder of lock files, held open: the lock file and its
     /// description are reached through it.
     dir: Arc<Folder>,
@@ -97,7 +120,7 @@ impl KeyLock {
                 io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
                 io::Write::write_all(&mut file, bytes)
             };
-            if let Err(e) = write(&self.file) {
+            if let Err(e) = write(self.file.file()) {
                 tracing::debug!(lock = %self.name, "cannot describe the lock holder: {e}");
             }
             return;
@@ -116,7 +139,7 @@ impl Drop for KeyLock {
         if !crate::platform::REMOVE_HELD_LOCKS {
             let _ = self.dir.remove_file(&description_name(&self.name));
         }
-        // Closing `file` releases the lock; the file stays for the next
+        // Dropping `file` releases the lock; the file stays for the next
         // taker (see the module's documentation).
         let _ = &self.file;
     }
@@ -181,13 +204,14 @@ pub(crate) fn try_lock_key(dir: &Arc<Folder>, key: &str) -> Result<Option<KeyLoc
                 name,
             }));
         }
-        let Ok(meta) = file.metadata() else {
+        let Ok(meta) = file.file().metadata() else {
             continue;
         };
         if dir.names_file(&name, &meta) {
             // What an earlier holder said about itself is not this one's.
             if meta.len() > 0 {
-                file.set_len(0)
+                file.file()
+                    .set_len(0)
                     .map_err(|e| Error::io("cannot clear lock file", dir.join(&name), e))?;
             }
             return Ok(Some(KeyLock {
@@ -231,7 +255,11 @@ pub(crate) fn remove_key(dir: &Folder, key: &str) -> bool {
     let Ok(file) = open_at(dir, &name, false) else {
         return false;
     };
-    if file.try_lock().is_err() || !still_named(&file, dir, &name) {
+    if file.try_lock().is_err() {
+        return false;
+    }
+    let file = Held(file);
+    if !still_named(file.file(), dir, &name) {
         return false;
     }
     dir.remove_file(&name).is_ok()
@@ -240,7 +268,10 @@ pub(crate) fn remove_key(dir: &Folder, key: &str) -> bool {
 /// Whether someone holds the lock of the open lock `file`.
 fn held_by_another(file: &File) -> bool {
     match file.try_lock() {
-        Ok(()) => false,
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
         Err(TryLockError::WouldBlock) => true,
         Err(TryLockError::Error(_)) => false,
     }
@@ -285,6 +316,28 @@ mod tests {
         drop(held);
         let again = tokio::time::timeout(Duration::from_secs(5), lock_in(&dir, "x.lock")).await;
         assert!(again.is_ok());
+    }
+
+    /// A child process forked at the wrong moment holds a copy of every
+    /// descriptor until its exec; a copy of the lock file's descriptor
+    /// stands for it here. Dropping a lock must free it all the same.
+    #[test]
+    fn a_dropped_lock_is_free_while_a_copy_of_its_descriptor_lives() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Folder::open_path(tmp.path()).unwrap());
+        let held = try_lock_in(&dir, "x.lock").unwrap().unwrap();
+        let copy = held.file().try_clone().unwrap();
+        drop(held);
+        assert!(try_lock_in(&dir, "x.lock").unwrap().is_some());
+        drop(copy);
+
+        let key = format!("{}.10", "a".repeat(64));
+        let held = try_lock_key(&dir, &key).unwrap().unwrap();
+        let copy = held.file.file().try_clone().unwrap();
+        drop(held);
+        assert!(try_lock_key(&dir, &key).unwrap().is_some());
+        assert!(!is_held(&dir, &key));
+        drop(copy);
     }
 
     #[tokio::test]

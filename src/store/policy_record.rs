@@ -167,7 +167,7 @@ impl Store {
     }
 
     /// Waits for the writers' lock (held for a read and a write).
-    fn lock_policy(&self) -> Result<std::fs::File> {
+    fn lock_policy(&self) -> Result<crate::store::lockfile::Held> {
         crate::store::lockfile::lock_blocking_in(self.locks(), LOCK)
     }
 

@@ -24,7 +24,6 @@
 //! one that reuses an inode within the file system's timestamp granularity.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -318,7 +317,7 @@ struct Stamp {
 /// Held while the registry is being changed; released on drop.
 #[derive(Debug)]
 pub struct RegistryLock {
-    _file: File,
+    _held: crate::store::lockfile::Held,
 }
 
 impl Registry {
@@ -411,7 +410,7 @@ impl Registry {
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
         let file = crate::store::lockfile::lock_in(&self.locks, "registry.lock").await?;
-        Ok(RegistryLock { _file: file })
+        Ok(RegistryLock { _held: file })
     }
 
     /// The registration of `gem`, if installed.
