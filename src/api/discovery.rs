@@ -154,18 +154,32 @@ fn open_run(store: &Store) -> Result<crate::store::folder::Folder> {
     Ok(folder)
 }
 
+/// How long [`hold`] tries again before it says the store is busy: a
+/// client asking [`live`] holds the lock for a moment as it looks.
+const HOLD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Takes the store for a service, or says which process holds it.
+///
+/// A lock found held is tried again for [`HOLD_PATIENCE`]: a client that
+/// checks whether a service listens ([`live`]) takes the free lock for the
+/// moment of its look, and a service starting then must not be refused.
 pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
     let run = open_run(store)?;
-    match lockfile::try_lock_in(&run, "service.lock")? {
-        Some(file) => Ok(ServiceLock {
-            _file: file,
-            store: store.clone(),
-        }),
-        None => Err(Error::Busy {
-            store: store_dir.to_path_buf(),
-            pid: read(store).map_or(0, |f| f.pid),
-        }),
+    let until = std::time::Instant::now() + HOLD_PATIENCE;
+    loop {
+        if let Some(file) = lockfile::try_lock_in(&run, "service.lock")? {
+            return Ok(ServiceLock {
+                _file: file,
+                store: store.clone(),
+            });
+        }
+        if std::time::Instant::now() >= until {
+            return Err(Error::Busy {
+                store: store_dir.to_path_buf(),
+                pid: read(store).map_or(0, |f| f.pid),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
@@ -224,4 +238,32 @@ pub fn info(store: &Store) -> Option<ServiceInfo> {
         socket: f.socket,
         pid: f.pid,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_starting_while_a_client_looks_is_not_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let run = open_run(&store).unwrap();
+        // A client's look: the free lock held for a moment.
+        let look = lockfile::try_lock_in(&run, "service.lock")
+            .unwrap()
+            .unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(look);
+        });
+        let held = hold(&store, dir.path());
+        release.join().unwrap();
+        let held = held.unwrap();
+        // A service that keeps it is still reported.
+        let e = hold(&store, dir.path()).unwrap_err();
+        assert!(matches!(e, Error::Busy { .. }), "{e}");
+        drop(held);
+        hold(&store, dir.path()).unwrap();
+    }
 }
