@@ -156,7 +156,7 @@ fn open_run(store: &Store) -> Result<crate::store::folder::Folder> {
 
 /// How long [`hold`] tries again before it says the store is busy: a
 /// client asking [`live`] holds the lock for a moment as it looks.
-const HOLD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+pub const HOLD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Takes the store for a service, or says which process holds it.
 ///
