@@ -156,11 +156,11 @@ fn open_run(store: &Store) -> Result<crate::store::folder::Folder> {
 
 /// How long [`hold`] tries again before it says the store is busy: a
 /// client asking [`live`] holds the lock for a moment as it looks.
-pub const HOLD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+const HOLD_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Takes the store for a service, or says which process holds it.
 ///
-/// A lock found held is tried again for [`HOLD_PATIENCE`]: a client that
+/// A lock found held is tried again for 100 ms: a client that
 /// checks whether a service listens ([`live`]) takes the free lock for the
 /// moment of its look, and a service starting then must not be refused.
 pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
