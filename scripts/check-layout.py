@@ -76,11 +76,10 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
                 if item and item[0].isalpha():
                     targets.add(item.split("{")[0].rstrip(":"))
         parent = module.rsplit("::", 1)[0] if "::" in module else ""
+        # `super` is the module's parent, for a file (`net/tls.rs`: `net`)
+        # as for a folder's own file (`net/x/mod.rs`, module `net::x`: `net`).
         for m in re.finditer(r"\bsuper((?:::\w+)+)", text):
-            base = parent.rsplit("::", 1)[0] if "::" in parent else ""
-            if module_is_folder(modules[module]):
-                base = parent
-            targets.add((base + m.group(1)).lstrip(":"))
+            targets.add((parent + m.group(1)).lstrip(":"))
         for t in targets:
             dep = longest_module(t, names)
             # A folder's own file (`mod.rs`) may use the parts it is made of;
@@ -89,10 +88,6 @@ def edges(crate_root: str, files: list[str]) -> dict[str, set[str]]:
             if dep and dep != module and not dep.startswith(module + "::"):
                 graph[module].add(dep)
     return graph
-
-
-def module_is_folder(path: str) -> bool:
-    return os.path.basename(path) == "mod.rs"
 
 
 def longest_module(path: str, names: set[str]) -> str | None:

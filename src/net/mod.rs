@@ -2,7 +2,7 @@
 //!
 //! Owns the address rules ([`guard`]), the user's allowlist or blocklist
 //! ([`policy`]), resolution that hands out only vetted addresses
-//! ([`resolve`]), certificate trust (`tls`), proxies and `CONNECT`
+//! ([`resolve`]), certificate trust (`tls`, reading DER with `der`), proxies and `CONNECT`
 //! tunnels ([`proxy`], `tunnel`), one response type for both
 //! (`response`), the parsers of headers a server controls ([`headers`]),
 //! short failure reasons (`reason`), the bandwidth cap ([`throttle`]),
@@ -13,6 +13,7 @@
 //! service.
 
 pub(crate) mod connecting;
+mod der;
 pub mod guard;
 pub mod headers;
 pub(crate) mod hosts;

@@ -12,7 +12,7 @@
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::{CertificateError, Error};
 
-use super::tls::{der_item, TAG_SEQUENCE, TAG_VERSION};
+use super::der::{der_item, TAG_SEQUENCE, TAG_VERSION};
 
 const TAG_BIT_STRING: u8 = 0x03;
 const TAG_OCTET_STRING: u8 = 0x04;

@@ -21,6 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 
+use super::der::{der_item, TAG_INTEGER, TAG_SEQUENCE, TAG_VERSION};
 use crate::error::{Error, Result};
 
 /// The certificates of `[dev] extra_root_certs` (files) and
@@ -125,35 +126,8 @@ fn validity(der: &[u8]) -> Option<Validity> {
     })
 }
 
-const TAG_INTEGER: u8 = 0x02;
-pub(super) const TAG_SEQUENCE: u8 = 0x30;
-pub(super) const TAG_VERSION: u8 = 0xa0;
 const TAG_UTC_TIME: u8 = 0x17;
 const TAG_GENERALIZED_TIME: u8 = 0x18;
-
-/// The DER item with `tag` at the start of `input`: its contents and what
-/// follows it. `None` for another tag or a length that runs past the end.
-pub(super) fn der_item(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (&found, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    if found != tag {
-        return None;
-    }
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || rest.len() < count {
-            return None;
-        }
-        let (digits, rest) = rest.split_at(count);
-        let len = digits
-            .iter()
-            .fold(0usize, |len, &b| len << 8 | usize::from(b));
-        (len, rest)
-    };
-    (rest.len() >= len).then(|| rest.split_at(len))
-}
 
 /// A `UTCTime` (`YYMMDDHHMMSSZ`, years 1950–2049) or `GeneralizedTime`
 /// (`YYYYMMDDHHMMSSZ`) at the start of `input`, and what follows it. An
