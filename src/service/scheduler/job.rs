@@ -81,6 +81,10 @@ pub(super) struct Job {
     /// `download_now`. A job only callers want stops when the last one
     /// leaves.
     pub(super) wanted: Arc<AtomicBool>,
+    /// Held while a caller joins or leaves, or something else comes to
+    /// want the job: a job that its last caller's leaving cancels is never
+    /// joined in between ([`Job::join`]).
+    pub(super) joins: Arc<Mutex<()>>,
 }
 
 /// A caller waiting for a job ([`Scheduler::ensure_for_caller`]). When the
@@ -155,10 +159,27 @@ impl Job {
             .clone()
     }
 
-    /// Cancels the job, saying why (the first reason given wins).
+    /// Joins the job, as a caller (`as_caller`) or as something else that
+    /// wants it; `false`, and nothing joined, once its cancellation has
+    /// begun (its last caller left, the user cancelled it, an uninstall or
+    /// the shutdown stopped it): a dying job is nobody's download any more.
+    pub(super) fn join(&self, as_caller: bool) -> bool {
+        let _joins = self.joins.lock().unwrap_or_else(|p| p.into_inner());
+        if self.cancel.is_cancelled() {
+            return false;
+        }
+        if as_caller {
+            self.callers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.wanted.store(true, Ordering::SeqCst);
+        }
+        true
+    }
+
     /// One caller left: stops the job when it was the last and nobody else
     /// wants it; whether the download goes on.
     pub(super) fn caller_left(&self) -> bool {
+        let _joins = self.joins.lock().unwrap_or_else(|p| p.into_inner());
         let last = self.callers.fetch_sub(1, Ordering::SeqCst) == 1;
         let ended = self.done.borrow().is_some();
         if last && !ended && !self.wanted.load(Ordering::SeqCst) {
@@ -168,6 +189,7 @@ impl Job {
         true
     }
 
+    /// Cancels the job, saying why (the first reason given wins).
     pub(super) fn cancel_because(&self, why: &str) {
         let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert_with(|| why.to_string());

@@ -180,13 +180,16 @@ impl Scheduler {
     ) -> watch::Receiver<Option<JobResult>> {
         let key = job_key(resource);
         let mut jobs = self.jobs();
-        if let Some(job) = jobs.get(&key) {
-            match caller {
-                Some(caller) => {
-                    job.callers.fetch_add(1, Ordering::SeqCst);
-                    caller.job = Some(job.clone());
-                }
-                None => job.wanted.store(true, Ordering::SeqCst),
+        // A job whose cancellation has begun is not joined: the new job
+        // waits for it to end, then continues from the bytes it kept.
+        let (job, dying) = match jobs.get(&key) {
+            Some(job) if job.join(caller.is_some()) => (Some(job), None),
+            Some(job) => (None, Some(job.done.clone())),
+            None => (None, None),
+        };
+        if let Some(job) = job {
+            if let Some(caller) = caller {
+                caller.job = Some(job.clone());
             }
             if urgent {
                 job.urgent.store(true, Ordering::Relaxed);
@@ -242,6 +245,7 @@ impl Scheduler {
             why: Arc::new(Mutex::new(None)),
             callers: Arc::new(AtomicUsize::new(usize::from(caller.is_some()))),
             wanted: Arc::new(AtomicBool::new(caller.is_none())),
+            joins: Arc::new(Mutex::new(())),
         };
         if let Some(caller) = caller {
             caller.job = Some(job.clone());
@@ -251,6 +255,13 @@ impl Scheduler {
         let this = self.clone();
         let (gem, resource) = (gem.to_string(), resource.clone());
         let task = async move {
+            if let Some(mut dying) = dying {
+                tracing::debug!(gem, resource = %resource.id, "waiting for a stopping download of the same file to end");
+                tokio::select! {
+                    _ = dying.wait_for(|r| r.is_some()) => {}
+                    () = job.cancel.cancelled() => {}
+                }
+            }
             let result = this.run(&gem, &resource, &job).await;
             match &result {
                 Err(Error::Cancelled { reason, .. }) => {
