@@ -44,7 +44,7 @@ impl Resources {
     ) -> Result<InstallReport> {
         check_gem_id(gem)?;
         let (this, gem, manifest) = (self.clone(), gem.to_string(), manifest.clone());
-        self.on_runtime(async move { this.install_here(&gem, &manifest, by).await })
+        self.on_runtime_to_end(async move { this.install_here(&gem, &manifest, by).await })
             .await
     }
 
@@ -124,7 +124,7 @@ impl Resources {
     pub async fn uninstall(&self, gem: &str) -> Result<UninstallReport> {
         check_gem_id(gem)?;
         let (this, gem) = (self.clone(), gem.to_string());
-        self.on_runtime(async move { this.uninstall_here(&gem, None).await })
+        self.on_runtime_to_end(async move { this.uninstall_here(&gem, None).await })
             .await
     }
 
@@ -152,7 +152,7 @@ impl Resources {
         check_gem_id(gem)?;
         let (this, gem, by) = (self.clone(), gem.to_string(), by.clone());
         match self
-            .on_runtime(async move { this.uninstall_here(&gem, Some(&by)).await })
+            .on_runtime_to_end(async move { this.uninstall_here(&gem, Some(&by)).await })
             .await
         {
             Ok(report) => Ok(Some(report)),
@@ -258,7 +258,7 @@ impl Resources {
     /// many were queued; does not wait for them.
     pub async fn start(&self) -> Result<usize> {
         let this = self.clone();
-        self.on_runtime(async move { this.start_here().await })
+        self.on_runtime_to_end(async move { this.start_here().await })
             .await
     }
 

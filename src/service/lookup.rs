@@ -54,6 +54,22 @@ impl Resources {
         if let Some(path) = self.find(&resource).await? {
             return Ok(path);
         }
+        // The wait runs as the call's work: dropped with the call.
+        let (this, gem, cancel) = (self.clone(), gem.to_string(), cancel.cloned());
+        self.on_runtime(async move { this.fetch_for_path(&gem, resource, cancel).await })
+            .await
+    }
+
+    /// The download behind [`Resources::path_until`]: joined or started,
+    /// waited for until `cancel` fires, the caller's own name for the
+    /// bytes made.
+    async fn fetch_for_path(
+        &self,
+        gem: &str,
+        resource: Resource,
+        cancel: Option<tokio_util::sync::CancellationToken>,
+    ) -> Result<PathBuf> {
+        let resource_id = resource.id.as_str();
         // A store this user may only read cannot take a download; say so
         // before a lock file fails (the download says it too; here no job
         // is queued for it).
@@ -65,7 +81,7 @@ impl Resources {
         self.follow_policy_record();
         let (mut done, caller) = self.inner.scheduler.ensure_for_caller(gem, &resource);
         let given_up = async {
-            match cancel {
+            match &cancel {
                 Some(token) => token.cancelled().await,
                 None => std::future::pending().await,
             }
@@ -123,10 +139,15 @@ impl Resources {
         if self.inner.store.has(&resource.sha256) {
             return Ok(false);
         }
-        let (this, owner, id) = (self.clone(), gem.to_string(), resource.id.clone());
-        self.on_runtime(async move { this.inner.registry.set_failure(&owner, &id, None).await })
-            .await?;
-        self.inner.scheduler.ensure(gem, &resource, true);
+        let (this, owner) = (self.clone(), gem.to_string());
+        // The record cleared and the download queued go together.
+        self.on_runtime_to_end(async move {
+            let registry = &this.inner.registry;
+            registry.set_failure(&owner, &resource.id, None).await?;
+            this.inner.scheduler.ensure(&owner, &resource, true);
+            Ok(())
+        })
+        .await?;
         Ok(true)
     }
 

@@ -48,20 +48,22 @@ impl Resources {
                         .collect(),
                 });
                 let (doomed, sha256) = (store.clone(), sha.clone());
-                let registry = self.inner.registry.clone();
+                let (registry, this) = (self.inner.registry.clone(), self.clone());
+                // The removal and its event go together: a verify stopped
+                // meanwhile (its caller gone) still says what it removed.
                 let remove = move || {
                     doomed.remove(&sha256)?;
                     registry.forget_served_by(&sha256);
+                    let (gem, resource) = first.unzip();
+                    this.emit(Event::Deleted {
+                        at: SystemTime::now(),
+                        sha256,
+                        gem,
+                        resource,
+                    });
                     Ok(())
                 };
                 self.on_blocking(store.root(), remove).await?;
-                let (gem, resource) = first.unzip();
-                self.emit(Event::Deleted {
-                    at: SystemTime::now(),
-                    sha256: sha.clone(),
-                    gem,
-                    resource,
-                });
                 report.corrupted.push(sha);
             }
         }
