@@ -2,7 +2,8 @@
 //! cancelled one gets the file (continued from the kept bytes), never the
 //! dying download; an `autofill` whose client left, or that
 //! `$/cancelRequest` cancelled while it waited for a connection to its
-//! host, reads nothing more.
+//! host, reads nothing more; a download another process waits for through
+//! the store's lock is continued there when it is cancelled here.
 
 use std::time::Duration;
 
@@ -222,4 +223,73 @@ async fn a_queued_autofill_cancelled_never_reaches_the_origin() {
         "the cancelled autofill reached the origin"
     );
     api.stop().await;
+}
+
+#[tokio::test]
+async fn another_process_waiting_for_a_download_that_is_cancelled_continues_it() {
+    let env = Env::new().await;
+    let (url, body) = slow_file(&env, "/shared.bin", 2_000_000, 97);
+    // Two services on one store, as two processes sharing it: the second
+    // waits for the first's download through the store's lock.
+    let first = gem_resources::Resources::open(&env.config()).unwrap();
+    let second = gem_resources::Resources::open(&env.config()).unwrap();
+    first
+        .install("g", &manifest(json!([entry("f", &url, &body)])))
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let leaving = {
+        let (first, cancel) = (first.clone(), cancel.clone());
+        tokio::spawn(async move { first.path_until("g", "f", Some(&cancel)).await })
+    };
+    wait_until("the first download runs", || {
+        env.origin.served("/shared.bin") > 100_000
+    })
+    .await;
+    let mut events = second.subscribe();
+    let waiting = {
+        let second = second.clone();
+        tokio::spawn(async move { second.path("g", "f").await })
+    };
+    within("the second waits for the first", async {
+        while !matches!(
+            events.recv().await.unwrap(),
+            gem_resources::Event::Waiting { .. }
+        ) {}
+    })
+    .await;
+    cancel.cancel();
+    let left = leaving.await.unwrap().unwrap_err();
+    assert_eq!(left.code(), gem_resources::ErrorCode::Cancelled, "{left}");
+    let path = within("the waiting path", waiting)
+        .await
+        .unwrap()
+        .expect("the waiting process gets the file, not the cancellation");
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert!(
+        resumed(&env, "/shared.bin"),
+        "continued from the kept bytes: {:?}",
+        env.origin.ranges("/shared.bin")
+    );
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_embedded_autofill_whose_future_is_dropped_stops_reading() {
+    let env = Env::new().await;
+    let (url, _) = slow_file(&env, "/dropped.bin", 4_000_000, 98);
+    let service = gem_resources::Resources::open(&env.config()).unwrap();
+    let reading = service.autofill(&url);
+    let gave_up = tokio::time::timeout(Duration::from_millis(500), reading).await;
+    assert!(gave_up.is_err(), "still reading after 500 ms");
+    assert!(
+        env.origin.served("/dropped.bin") > 0,
+        "it had begun reading"
+    );
+    assert!(
+        stops_sending(&env, "/dropped.bin").await,
+        "the transfer stopped with its future"
+    );
+    service.shutdown().await;
 }
