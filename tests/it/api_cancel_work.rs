@@ -133,9 +133,19 @@ async fn path_after_ctrl_c_of_path_gets_the_file_at_once() {
     })
     .await;
     crate::support::api::signal(&child, libc::SIGINT);
-    crate::support::api::exits(&mut child).await;
-    // The same command again, at once.
-    let out = env.run(&["path", "g", "c"]).await;
+    // The same command again the moment the first has exited.
+    let config = env.dir.path().join("config.toml");
+    let out = tokio::task::spawn_blocking(move || {
+        child.0.wait().unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_gem-resources"))
+            .arg("--config")
+            .arg(config)
+            .args(["path", "g", "c"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(std::fs::read(stdout(&out).trim()).unwrap(), body);
     assert!(
