@@ -256,11 +256,12 @@ impl Scheduler {
         let (gem, resource) = (gem.to_string(), resource.clone());
         let task = async move {
             if let Some(mut dying) = dying {
+                // Waited for even when this job is cancelled meanwhile (it
+                // is already stopping): whoever waits for this job to end
+                // (an uninstall about to remove the kept bytes) then knows
+                // that one has ended too.
                 tracing::debug!(gem, resource = %resource.id, "waiting for a stopping download of the same file to end");
-                tokio::select! {
-                    _ = dying.wait_for(|r| r.is_some()) => {}
-                    () = job.cancel.cancelled() => {}
-                }
+                let _ = dying.wait_for(|r| r.is_some()).await;
             }
             let result = this.run(&gem, &resource, &job).await;
             match &result {
