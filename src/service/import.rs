@@ -83,7 +83,7 @@ impl Resources {
     /// `E_RESOURCE_SHUTDOWN` after [`Resources::shutdown`].
     pub async fn import(&self, path: &Path) -> Result<ImportOutcome> {
         let (this, path) = (self.clone(), path.to_path_buf());
-        self.on_runtime(async move { this.import_here(&path).await })
+        self.on_runtime_to_end(async move { this.import_here(&path).await })
             .await
     }
 
