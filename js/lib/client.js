@@ -320,9 +320,10 @@ export class Client extends EventEmitter {
   async subscribe({ gem } = {}) {
     await this.#ready();
     const target = this.#target;
-    // Its own connection, checked as the client's was (a service that does
-    // not prove itself gets nothing more, not even `unsubscribe`).
-    const { connection } = await dial(target, { hello: false });
+    // Its own connection, checked as the client's was, `hello` first (a
+    // service that does not prove itself gets nothing more, not even
+    // `unsubscribe`).
+    const { connection } = await dial(target);
     const sub = new Subscription(connection, target, gem === undefined ? {} : { gem });
     this.subscriptions.add(sub);
     sub.onEnd = () => this.subscriptions.delete(sub);

@@ -89,13 +89,13 @@ export async function targetOf(settings) {
 
 /**
  * A new connection to `target`, checked as every connection is (see
- * `open`, `proveService`): `{connection, hello}`. With `hello: false`, a
- * socket given directly gets no `hello` (a subscription's connection).
+ * `open`, `proveService`): `{connection, hello}`. Every connection, a
+ * subscription's too, sends `hello` first: the service answers nothing
+ * else before it.
  */
-export async function dial(target, { hello = true } = {}) {
+export async function dial(target) {
   const socket = await open(target);
   const connection = new Connection(socket, target.where, () => {}, target.settings.answerTimeoutMs);
-  if (!hello && !target.fromServiceFile) return { connection, hello: null };
   try {
     const answer = target.fromServiceFile
       ? await proveService(connection, target)
