@@ -24,11 +24,13 @@
 // The code lives in lib/, one concern a file: errors.js (the errors),
 // connection.js (framing, requests, cancellation), dial.js (service.json,
 // the socket's checks, the `hello` proof), reconnect.js (the next
-// service), client.js (`connect` and the calls), subscription.js (events).
+// service), client.js (`connect` and the calls), subscription.js (events),
+// service.js (`startService`: an app's own service).
 
 export { Client, GemResources, connect } from './lib/client.js';
 export { ANSWER_TIMEOUT_MS, CANCEL_ANSWER_MS, HELLO_TIMEOUT_MS, MAX_LINE_FROM_SERVICE } from './lib/connection.js';
 export { findService, storeLayout } from './lib/dial.js';
 export { E_RESOURCE_CANCELLED, E_RESOURCE_LAGGED, E_RESOURCE_SERVICE, PROTOCOL, ResourceError } from './lib/errors.js';
-export { RECONNECT_MS } from './lib/reconnect.js';
+export { RECONNECT_MS, TAKE_OVER_JITTER_MS } from './lib/reconnect.js';
+export { E_RESOURCE_BUSY, START_TIMEOUT_MS, startService } from './lib/service.js';
 export { Subscription } from './lib/subscription.js';

@@ -6,13 +6,54 @@ import { EventEmitter } from 'node:events';
 import { ANSWER_TIMEOUT_MS } from './connection.js';
 import { dial } from './dial.js';
 import { E_RESOURCE_CANCELLED, FINAL, LOST, ResourceError, seconds, serviceError, unlessAborted } from './errors.js';
-import { RECONNECT_MS, cutOffError, goneError, lostService, reach } from './reconnect.js';
+import { RECONNECT_MS, SAFE_AGAIN, cutOffError, goneError, lostService, reach } from './reconnect.js';
+import { startService } from './service.js';
 import { Subscription, nextWhenEmpty } from './subscription.js';
 
 /**
+ * How long `connect` with `takeOver` waits for a service by default (ms):
+ * time for the one it starts, or another client's, to listen.
+ */
+const TAKE_OVER_WAIT_MS = 10_000;
+
+/**
+ * `connect`'s `takeOver` as a function that starts a service on `store`
+ * (one start at a time: the client and its subscriptions share it), and
+ * `started`, where it keeps what `startService` resolved with; undefined
+ * without `takeOver`.
+ */
+function takeOverOf(takeOver, store, started) {
+  if (takeOver === undefined || takeOver === false || takeOver === null) return undefined;
+  if (store === undefined) throw new TypeError('connect(): takeOver needs {store}');
+  let start;
+  if (typeof takeOver === 'function') {
+    start = () => takeOver({ store });
+  } else if (takeOver === true || typeof takeOver === 'object') {
+    const options = takeOver === true ? {} : takeOver;
+    start = async () => {
+      const service = await startService({ ...options, store });
+      started.push(service);
+      return service;
+    };
+  } else {
+    throw new TypeError('connect(): takeOver must be true, the options of startService, or a function');
+  }
+  let running = null;
+  return () => {
+    running ??= Promise.resolve()
+      .then(start)
+      .finally(() => {
+        running = null;
+      });
+    return running;
+  };
+}
+
+/**
  * What `connect` was given, checked: `{store}` or `{socket}`,
- * `answerTimeoutMs`, `wait` and `reconnect` (ms), and `name`, how messages
- * name the service ("Notes's resource service" with `appName: 'Notes'`).
+ * `answerTimeoutMs`, `wait` and `reconnect` (ms), `takeOver` (a function
+ * starting a service) and `resend`, and `name`, how messages name the
+ * service ("Notes's resource service" with `appName: 'Notes'`).
  */
 function settingsOf(options) {
   const { store, socket, appName } = options;
@@ -28,11 +69,19 @@ function settingsOf(options) {
   if (appName !== undefined && (typeof appName !== 'string' || appName.trim() === '')) {
     throw new TypeError('connect(): appName must be a non-empty string');
   }
+  const started = [];
+  const takeOver = takeOverOf(options.takeOver, typeof socket === 'string' ? undefined : store, started);
+  if (options.resend !== undefined && typeof options.resend !== 'boolean') {
+    throw new TypeError('connect(): resend must be a boolean');
+  }
   return {
     store: typeof socket === 'string' ? undefined : store,
     socket: typeof socket === 'string' ? socket : undefined,
     answerTimeoutMs: ms('answerTimeoutMs', options.answerTimeoutMs ?? ANSWER_TIMEOUT_MS, true),
-    wait: ms('wait', options.wait ?? 0, false),
+    wait: ms('wait', options.wait ?? (takeOver === undefined ? 0 : TAKE_OVER_WAIT_MS), false),
+    takeOver,
+    started,
+    resend: options.resend ?? takeOver !== undefined,
     reconnect: options.reconnect === false ? 0 : ms('reconnect', options.reconnect ?? RECONNECT_MS, false),
     appName,
     name: appName === undefined ? 'the resource service' : `${appName}'s resource service`,
@@ -58,6 +107,18 @@ function settingsOf(options) {
  * long a client of a store looks for a new service after losing its own;
  * `answerTimeoutMs`; `appName`, the app that runs the service, named in the
  * messages.
+ *
+ * `takeOver` (through `{store}` only) makes the client one of the
+ * instances that keep the store's service running: `true`, the options of
+ * `startService` (`{bin, config, gems, args, env}`; the store is the
+ * client's), or a function `({store}) => Promise` that starts one and
+ * rejects with code E_RESOURCE_BUSY when another holds the store. When
+ * no service listens, at `connect` or after the client lost its own (then
+ * after a random pause of up to TAKE_OVER_JITTER_MS), the client starts
+ * one; when another client won the race (E_RESOURCE_BUSY), it connects to
+ * that one. `wait` is then 10 s unless given. `resend` (default: on with
+ * `takeOver`): calls that change nothing, cut off by the service going
+ * away, are sent again to the next service.
  */
 export async function connect(options = {}) {
   const settings = settingsOf(options);
@@ -81,7 +142,8 @@ export async function connect(options = {}) {
  * next service for `reconnect` ms, checks it as `connect` does, and emits
  * 'reconnected' (`{service, previous}`: the answers to `hello`). Calls made
  * meanwhile wait for it; calls in flight when the service went away reject
- * with E_RESOURCE_SERVICE. When no service came back in time, the calls
+ * with E_RESOURCE_SERVICE, or (`resend`) are sent again when they change
+ * nothing. With `takeOver`, it starts the next service itself. When no service came back in time, the calls
  * waiting reject (E_RESOURCE_SERVICE), and each later call tries once more.
  * A service that still runs and closed the connection itself, or broke the
  * protocol, ends the client; so does `close()`.
@@ -123,6 +185,16 @@ export class Client extends EventEmitter {
     };
     connection.onClose.push((error) => this.#closed(connection, error));
     if (connection.closed) this.#closed(connection, connection.closeError); // gone already
+  }
+
+  /**
+   * What `startService` resolved with for each service this client started
+   * (`takeOver` with options), oldest first: `{child, socket, pid, exited}`.
+   * Each lives until this process ends, or until stopped
+   * (`child.kill('SIGTERM')`).
+   */
+  get startedServices() {
+    return [...this.#settings.started];
   }
 
   /** Whether the client looks for the next service when it loses its own. */
@@ -179,8 +251,11 @@ export class Client extends EventEmitter {
    * Sends one request; its result, or a ResourceError. With `{signal}`,
    * aborting rejects at once with E_RESOURCE_CANCELLED and, for `path` and
    * `autofill`, cancels the call on the service (`$/cancelRequest`).
-   * A call the service went away from rejects with E_RESOURCE_SERVICE; one
-   * made while the client looks for the next service waits for it.
+   * A call the service went away from rejects with E_RESOURCE_SERVICE,
+   * unless it changes nothing (`path`, `status`, `policy`, `hello`,
+   * `autofill`) and the client resends (`resend`, on with `takeOver`): it
+   * is then sent again to the next service. One made while the client
+   * looks for the next service waits for it.
    */
   async request(method, params, { signal, onSettled } = {}) {
     try {
@@ -191,6 +266,8 @@ export class Client extends EventEmitter {
         } catch (e) {
           // Lost before it was sent: it waits for the next service.
           if (e[LOST] && e === connection.closeError && !this.#final) continue;
+          // Cut off, and it changes nothing: sent again to the next service.
+          if (e[LOST] && this.#reconnects() && this.#settings.resend && SAFE_AGAIN.has(method) && !this.#final) continue;
           throw e[LOST] && this.#reconnects() ? cutOffError(this.#settings, method, e) : e;
         }
       }

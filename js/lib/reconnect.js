@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 import { dial, targetOf } from './dial.js';
 import { FINAL, ResourceError, seconds, serviceError } from './errors.js';
+import { E_RESOURCE_BUSY } from './service.js';
 
 /**
  * How long a client of a store looks for a new service after it lost its
@@ -29,7 +30,16 @@ const STILL_RUNS_MS = 200;
  * going away can simply be made again. Any other (`install`, `set_policy`,
  * `cancel`, …) may or may not have been done, and its error says so.
  */
-const SAFE_AGAIN = new Set(['hello', 'status', 'path', 'policy', 'autofill']);
+export const SAFE_AGAIN = new Set(['hello', 'status', 'path', 'policy', 'autofill']);
+
+/**
+ * The longest pause, in ms, of a client with `takeOver` that lost its
+ * service before it looks again and, finding none, starts the next: each
+ * client draws its own pause at random, so that of the instances that lost
+ * the service, one starts the next and the others find it (the store's
+ * lock decides a race: the others are told E_RESOURCE_BUSY, and connect).
+ */
+export const TAKE_OVER_JITTER_MS = 150;
 
 /**
  * A checked connection to the service `settings` name: `{target,
@@ -44,10 +54,18 @@ const SAFE_AGAIN = new Set(['hello', 'status', 'path', 'policy', 'autofill']);
  * closing the connection (`how: 'closed'`), and goes on running for
  * STILL_RUNS_MS, is the end final (FINAL): it closed the connection
  * itself, and no restart is coming.
+ *
+ * With `settings.takeOver` (a function that starts a service on the
+ * store), a try that reaches no service starts one, after a random pause
+ * of up to TAKE_OVER_JITTER_MS when a service was lost; E_RESOURCE_BUSY
+ * (another service holds the store: another client started it, or the
+ * one lost still stops) means looking again; another error of the start
+ * ends the search with it.
  */
 export async function reach(settings, deadline, { lost = null, signal } = {}) {
   const isLost = (target) => lost && target.pid === lost.pid && target.secret === lost.secret;
   let pause = RETRY_FIRST_MS;
+  let jitter = lost !== null && settings.takeOver !== undefined;
   for (;;) {
     let reached;
     try {
@@ -66,6 +84,21 @@ export async function reach(settings, deadline, { lost = null, signal } = {}) {
       reached = { target, ...(await dial(target)) };
     } catch (e) {
       if (e[FINAL] || !(e instanceof ResourceError)) throw e;
+      if (settings.takeOver !== undefined && !signal?.aborted) {
+        if (jitter) {
+          jitter = false;
+          await sleep(Math.random() * TAKE_OVER_JITTER_MS, undefined, { signal }).catch(() => {});
+          continue; // another client may have started it meanwhile
+        }
+        try {
+          await settings.takeOver();
+          pause = RETRY_FIRST_MS;
+          continue; // it listens: reach it
+        } catch (start) {
+          if (start?.code !== E_RESOURCE_BUSY) throw start;
+          // Another service holds the store: reach it once it listens.
+        }
+      }
       const left = deadline - Date.now();
       if (left <= 0 || signal?.aborted) throw e;
       try {
