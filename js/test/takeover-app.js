@@ -1,8 +1,10 @@
 // An app instance for takeover.test.js (not a test itself): run by Node
 // with APP_BIN, APP_STORE, APP_CONFIG and APP_MODE in its environment.
 //   serve: starts the store's service, prints {pid}, and waits.
-//   path:  connects with takeOver, prints {pid} of its service, then waits
-//          for `path APP_GEM APP_ID` and prints {path} (or {error}).
+//   wait:  connects with takeOver, prints {pid, started} (its service's
+//          pid, and those of the services it started), and waits.
+//   path:  the same, then waits for `path APP_GEM APP_ID` and prints
+//          {path, pid} (or {error}).
 
 import { connect, startService } from '../index.js';
 
