@@ -18,6 +18,12 @@ export const HELLO_TIMEOUT_MS: number;
 export const ANSWER_TIMEOUT_MS: number;
 /** How long a client of a store looks for a new service after losing its own, in ms (30 000; `connect`'s `reconnect` changes it). */
 export const RECONNECT_MS: number;
+/** The longest random pause (ms, 150) of a client with `takeOver` that lost its service before it looks again and starts the next. */
+export const TAKE_OVER_JITTER_MS: number;
+/** Another service holds the store: the code `startService` rejects with, `pid` naming the holder. */
+export const E_RESOURCE_BUSY: 'E_RESOURCE_BUSY';
+/** How long `startService` waits for `serve` to listen, in ms (30 000), unless `timeoutMs` says otherwise. */
+export const START_TIMEOUT_MS: number;
 
 /** The library's stable error codes, and this client's own two. */
 export type ErrorCode =
@@ -84,6 +90,10 @@ export class ResourceError extends Error {
   missed?: number;
   /** With `E_RESOURCE_LAGGED`: the service's number of the subscription. */
   subscription?: number;
+  /** With `E_RESOURCE_BUSY` from `startService`: the process that holds the store. */
+  pid?: number;
+  /** From `startService`: the tail of what `serve` said on its standard error. */
+  stderr?: string;
   /** True when the call's own AbortSignal cancelled it (code `E_RESOURCE_CANCELLED`; `cause` is the signal's reason). */
   aborted?: boolean;
   /**
@@ -422,13 +432,18 @@ export interface Reconnected {
  * `'disconnected'`, looks for the next service for `reconnect` ms
  * (checking it as `connect` does), and emits `'reconnected'`. Calls made
  * meanwhile wait for it; a call in flight when the service went away
- * rejects with `E_RESOURCE_SERVICE`.
+ * rejects with `E_RESOURCE_SERVICE`, unless it changes nothing (`path`,
+ * `status`, `policy`, `hello`, `autofill`) and the client resends
+ * (`resend`, on with `takeOver`): it is then sent again to the next
+ * service. With `takeOver`, the client starts the next service itself.
  */
 export class Client {
   /** The socket (or named pipe) it is connected to (the new service's after a restart). */
   readonly socketPath: string;
   /** The answer to `hello` that `connect` checked (with its `proof` through `{store}`); the new service's after a restart. */
   service: Hello | null;
+  /** What `startService` resolved with for each service this client started (`takeOver` with options), oldest first. */
+  readonly startedServices: StartedService[];
   /** The connection to the service was lost; the client looks for the next service. */
   on(event: 'disconnected', listener: (error: ResourceError) => void): this;
   /** A new service took over, checked as `connect` checks one. */
@@ -483,7 +498,66 @@ export interface ConnectOptions {
   reconnect?: number | false;
   /** The app that runs the service, named in messages: "Notes's resource service is not running: start Notes (…)". */
   appName?: string;
+  /**
+   * Through `{store}` only: this client is one of the instances that keep
+   * the store's service running. When no service listens (at `connect`,
+   * or after the client lost its own, then after a random pause of up to
+   * `TAKE_OVER_JITTER_MS`), it starts one: `true` or the options of
+   * `startService` (the store is the client's), or a function that starts
+   * one and rejects with code `E_RESOURCE_BUSY` when another holds the
+   * store. On `E_RESOURCE_BUSY` another instance won: the client connects
+   * to its service. `wait` is then 10 000 ms unless given.
+   */
+  takeOver?: boolean | Omit<StartServiceOptions, 'store'> | ((where: { store: string }) => Promise<unknown>);
+  /**
+   * Whether a call that changes nothing (`path`, `status`, `policy`,
+   * `hello`, `autofill`), cut off by the service going away, is sent again
+   * to the next service (default: true with `takeOver`, else false). Calls
+   * that change the store are never sent again.
+   */
+  resend?: boolean;
 }
+
+export interface StartServiceOptions {
+  /** The program (default `gem-resources`, found on PATH). */
+  bin?: string;
+  /** The store folder (`--store`). */
+  store?: string;
+  /** The configuration file (`--config`). */
+  config?: string;
+  /** A gems folder `serve` keeps installed (`--gems`); none for an app that installs through the API. */
+  gems?: string;
+  /** More arguments of `serve`. */
+  args?: string[];
+  /** Variables added to this process's environment. */
+  env?: Record<string, string>;
+  /** How long to wait for `serve` to listen, in ms (default `START_TIMEOUT_MS`). */
+  timeoutMs?: number;
+  /** Each event `serve` prints after `listening`. */
+  onEvent?: (event: Record<string, unknown>) => void;
+}
+
+export interface StartedService {
+  /** The `serve` process; `child.kill('SIGTERM')` stops it, keeping what it downloaded. */
+  child: import('node:child_process').ChildProcess;
+  /** The socket it listens on. */
+  socket: string;
+  pid: number;
+  /** Its exit. */
+  exited: Promise<{ code: number | null; signal: string | null }>;
+}
+
+/**
+ * Starts `gem-resources serve --json --parent-pid <this pid>
+ * --exit-with-stdin` on a store, its standard input a pipe this process
+ * keeps open: the service stops (keeping what it downloaded) when this
+ * process ends, `kill -9` included. Resolves once it listens; rejects with
+ * `E_RESOURCE_BUSY` (`pid`: the holder) when another service holds the
+ * store, with the service's own code and message (`stderr`: its tail) for
+ * another error, or with `E_RESOURCE_SERVICE` when it could not start or
+ * exited before saying anything (its exit status and stderr's tail).
+ */
+export function startService(options?: StartServiceOptions): Promise<StartedService>;
 
 /**
  * A client of the service of a store (found through its service.json), or

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 
 import { connect, findService, storeLayout, E_RESOURCE_SERVICE } from '../index.js';
-import { Fixture, waitFor, within } from './fixture.js';
+import { FakeService, Fixture, waitFor, within } from './fixture.js';
 
 test('hello answers protocol 1, the store and the pid; service.json is found from the store path alone, and is gone once the service stops', { timeout: 30_000 }, async (t) => {
   const ctx = await Fixture.start(t);
@@ -58,4 +58,27 @@ test('hello answers protocol 1, the store and the pid; service.json is found fro
   const error = await connect({ store: ctx.store }).catch((e) => e);
   assert.equal(error.code, E_RESOURCE_SERVICE);
   assert.ok(error.message.includes(ctx.store), error.message);
+});
+
+test('every connection sends hello first, a subscription\'s own too, through a socket as through a store', { timeout: 30_000 }, async (t) => {
+  const fake = await FakeService.start(t, (req) => {
+    if (req.method === 'hello') return fake.hello(req);
+    if (req.method === 'subscribe') return { subscription: 1, status: [] };
+    return {};
+  });
+  fake.writeServiceFile();
+  for (const options of [{ socket: fake.socket }, { store: fake.store }]) {
+    const from = fake.connections.length;
+    const client = await connect(options);
+    t.after(() => client.close());
+    const sub = await client.subscribe();
+    await client.status();
+    sub.close();
+    const connections = fake.connections.slice(from);
+    assert.equal(connections.length, 2, JSON.stringify(options));
+    for (const conn of connections) {
+      assert.equal(conn.requests[0]?.method, 'hello', `${JSON.stringify(options)}: a connection began with ${conn.lines[0]}`);
+    }
+    assert.ok(connections.some((conn) => conn.requests[1]?.method === 'subscribe'), JSON.stringify(options));
+  }
 });

@@ -174,9 +174,11 @@ pub fn hold(store: &Store, store_dir: &Path) -> Result<ServiceLock> {
             });
         }
         if std::time::Instant::now() >= until {
+            let holder = read(store);
             return Err(Error::Busy {
                 store: store_dir.to_path_buf(),
-                pid: read(store).map_or(0, |f| f.pid),
+                pid: holder.as_ref().map_or(0, |f| f.pid),
+                socket: holder.map(|f| f.socket),
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(5));

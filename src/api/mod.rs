@@ -15,10 +15,13 @@
 //! - [`discovery`]: where a store's service listens (`service.json`), and
 //!   the lock that keeps a second service off the store.
 //! - [`server`]: the server ([`ApiServer`]).
+//! - [`lifetime`]: what ends a service besides a stop: its parent
+//!   process ending ([`lifetime::Parent`]).
 //! - [`client`]: a Rust client ([`Client`]), which the command line uses.
 
 pub mod client;
 pub mod discovery;
+pub mod lifetime;
 pub mod protocol;
 pub mod server;
 

@@ -80,6 +80,11 @@ impl ErrorData {
                     details.insert("reserved_by".into(), json!(gem));
                 }
             }
+            Error::Busy { pid, socket, .. } => {
+                // Who holds the store, for a program to connect to it.
+                details.insert("pid".into(), json!(pid));
+                details.insert("socket".into(), json!(socket));
+            }
             Error::Manifest(m) => {
                 let problems = m
                     .problems

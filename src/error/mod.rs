@@ -388,6 +388,8 @@ pub enum Error {
         store: PathBuf,
         /// The process holding it (0 when it did not say).
         pid: u32,
+        /// The socket (or named pipe) its service listens on, when it said.
+        socket: Option<String>,
     },
     /// A request the API cannot take (`E_RESOURCE_USAGE`).
     #[error("{0}")]

@@ -64,6 +64,9 @@ mod resume_parts;
 mod scale;
 mod serve_folder_example;
 mod serve_ownership;
+// Processes started and killed the Unix way (sh, sleep, SIGKILL).
+#[cfg(unix)]
+mod serve_parent;
 mod serve_reload;
 mod serve_scans;
 mod service_cli;

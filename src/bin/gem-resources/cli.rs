@@ -52,11 +52,20 @@ from this folder, never one installed through the local API, the command line
 or another folder. A folder that holds no manifest at all (a wrong path, an
 unmounted disk) uninstalls nothing: it is said once, and the scans wait.
 
+Without --gems, nothing is scanned: the service keeps what is installed through
+its local API and the command line (an app that installs only through the API).
+
 The configuration file is read again on SIGHUP, and when it changes (once it
 has stopped changing).
 
+An app that starts `serve` names itself with --parent-pid (its process id) and
+may give it a pipe as standard input with --exit-with-stdin: `serve` then stops
+when the app ends, even when it is killed, as it does on SIGTERM (downloads
+stop, their bytes are kept for the next run, exit status 0), saying why.
+
 Example:
-  gem-resources serve --gems ~/.notochord/gems";
+  gem-resources serve --gems ~/.notochord/gems
+  gem-resources serve --json --parent-pid 4242 --exit-with-stdin";
 
 /// What `autofill --help` adds under the options.
 const AUTOFILL_HELP: &str = "\
@@ -241,15 +250,25 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Run the service: keep a gems folder's resources installed until SIGINT/SIGTERM.
+    /// Run the service: the store's local API, and a gems folder's resources kept installed, until SIGINT/SIGTERM.
     #[command(after_long_help = SERVE_HELP)]
     Serve {
-        /// Folder with one sub-folder per installed gem, holding its notochord.json.
+        /// Folder with one sub-folder per installed gem, holding its
+        /// notochord.json. Without it, only what is installed through the
+        /// local API and the command line is kept (nothing is scanned).
         #[arg(long, value_name = "DIR")]
-        gems: PathBuf,
+        gems: Option<PathBuf>,
         /// Seconds between scans of the gems folder.
         #[arg(long, default_value_t = 2.0)]
         interval: f64,
+        /// Stop, as on SIGTERM, within a second of process PID ending (the
+        /// app that started it); refuse to start when it is not running.
+        #[arg(long, value_name = "PID")]
+        parent_pid: Option<u32>,
+        /// Stop, as on SIGTERM, when standard input reaches its end (the
+        /// app that started it closed the pipe, or ended).
+        #[arg(long)]
+        exit_with_stdin: bool,
     },
     /// Print a shell's completion script (bash, zsh, fish, powershell, elvish).
     #[command(

@@ -1,4 +1,9 @@
-//! `serve`: keeps a gems folder's resources installed until SIGINT/SIGTERM.
+//! `serve`: the store's local API, and a gems folder's resources kept
+//! installed, until SIGINT/SIGTERM (or the end of the app that started it:
+//! `--parent-pid`, `--exit-with-stdin`).
+//!
+//! Without a gems folder nothing is scanned: the service keeps what is
+//! installed through its local API and the command line.
 //!
 //! The folder holds one sub-folder per installed gem, named by the gem's id,
 //! with its `notochord.json` (or Gem Studio's `manifest.json`). Every
@@ -11,11 +16,14 @@
 //! system, network mounts included.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use gem_resources::api::lifetime::Parent;
 use gem_resources::manifest::read_manifest_file;
 use gem_resources::registry::valid_gem_id;
 use gem_resources::{parse_manifest, InstalledBy, Resources};
@@ -73,7 +81,7 @@ impl Seen {
 /// What `serve` runs with, said once at start: the configuration file,
 /// the store, the gems folder, the policy, the bandwidth cap and the
 /// concurrency limits.
-fn start_line(config: &gem_resources::Config, gems: &Path) -> String {
+fn start_line(config: &gem_resources::Config, gems: Option<&Path>) -> String {
     let file = config.source.as_ref().map_or_else(
         || "none (defaults)".to_string(),
         |p| p.display().to_string(),
@@ -86,30 +94,116 @@ fn start_line(config: &gem_resources::Config, gems: &Path) -> String {
         || "none".to_string(),
         |n| format!("{}/s", crate::render::bytes(n)),
     );
+    let gems = gems.map_or_else(
+        || "none (what the local API and the command line install)".to_string(),
+        |g| g.display().to_string(),
+    );
     format!(
-        "serving: configuration {file}; store {}; gems {}; policy {policy}; bandwidth cap {cap}; at most {} download(s) at once, {} per host",
+        "serving: configuration {file}; store {}; gems {gems}; policy {policy}; bandwidth cap {cap}; at most {} download(s) at once, {} per host",
         config.store_dir().display(),
-        gems.display(),
         config.service.max_concurrent_downloads,
         config.service.max_per_host,
     )
 }
 
-/// Runs the service until a shutdown signal. Exit status: 0 after
-/// SIGTERM (a service manager's stop), 130 after SIGINT (Ctrl-C), as the
-/// other commands.
+/// What ends `serve` besides a signal: the app that started it.
+#[derive(Debug, Default)]
+pub struct Lifetime {
+    /// `--parent-pid`: the process whose end stops the service.
+    pub parent: Option<Parent>,
+    /// `--exit-with-stdin`: standard input's end stops the service.
+    pub exit_with_stdin: bool,
+}
+
+/// Why `serve` stops.
+enum Why {
+    /// A signal (SIGINT, SIGTERM, …).
+    Signal(crate::platform::Stop),
+    /// `--parent-pid`'s process ended.
+    ParentEnded(u32),
+    /// `--exit-with-stdin`: standard input reached its end.
+    StdinClosed,
+}
+
+/// Resolves at the first of: a stop signal, the parent's end, standard
+/// input's end. The signals are registered now.
+fn stop_reasons(lifetime: Lifetime) -> Pin<Box<dyn Future<Output = Why> + Send>> {
+    let signal = crate::platform::stop_signal();
+    let stdin = lifetime.exit_with_stdin.then(stdin_closed);
+    let parent = lifetime.parent;
+    Box::pin(async move {
+        let parent_ended = async {
+            match &parent {
+                Some(p) => {
+                    p.ended().await;
+                    p.pid()
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let stdin_ended = async {
+            let said = match stdin {
+                Some(rx) => rx.await.is_ok(),
+                None => false,
+            };
+            // A reader that could not start never says the end.
+            if !said {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            stop = signal => Why::Signal(stop),
+            pid = parent_ended => Why::ParentEnded(pid),
+            () = stdin_ended => Why::StdinClosed,
+        }
+    })
+}
+
+/// Says when standard input reaches its end (or cannot be read). Read on
+/// a thread of its own, not the runtime's: a read that never ends must not
+/// hold up the exit.
+fn stdin_closed() -> tokio::sync::oneshot::Receiver<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let reader = move || {
+        use std::io::Read;
+        let mut input = std::io::stdin().lock();
+        let mut buf = [0u8; 512];
+        loop {
+            match input.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(());
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(reader)
+    {
+        tracing::warn!("cannot watch standard input ({e}): --exit-with-stdin has no effect");
+    }
+    rx
+}
+
+/// Runs the service until a shutdown signal, or the end of the app that
+/// started it ([`Lifetime`]). Exit status: 0 after SIGTERM (a service
+/// manager's stop) and after the app's end, 130 after SIGINT (Ctrl-C), as
+/// the other commands.
 pub async fn run(
     service: &Resources,
     config: &gem_resources::Config,
-    gems: &Path,
+    gems: Option<&Path>,
     interval: f64,
+    lifetime: Lifetime,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         interval.is_finite() && interval > 0.0 && interval <= MAX_INTERVAL_SECS,
         "--interval must be a positive number of seconds, at most {MAX_INTERVAL_SECS}"
     );
-    if !gems.is_dir() {
+    if let Some(gems) = gems.filter(|g| !g.is_dir()) {
         return Err(gem_resources::Error::NotFound(format!(
             "gems folder {} does not exist (or is not a folder)",
             gems.display()
@@ -118,7 +212,7 @@ pub async fn run(
     }
     // Registered before the service starts, so a signal during the start
     // is not lost (nor kills the process before its downloads stop).
-    let mut signal = crate::platform::stop_signal();
+    let mut signal = stop_reasons(lifetime);
     let mut hangup = crate::platform::hangup_signal();
     // The command line that started `serve` (it parsed once already):
     // its overrides hold over every reload of the file.
@@ -147,21 +241,11 @@ pub async fn run(
         Some(warning) => tracing::warn!(queued, "started; {warning}"),
         None => tracing::info!(queued, "started"),
     }
-    let mut seen = Seen::new(gems);
+    let mut seen = gems.map(|gems| (gems, Seen::new(gems)));
     let mut forced = false;
     let stop = loop {
-        match scan(service, gems, &mut seen).await {
-            Ok(()) => seen.said_failure = None,
-            Err(e) => {
-                let text = format!("{e:#}");
-                if seen.said_failure.as_ref() != Some(&text) {
-                    tracing::warn!(
-                        "scan of {} failed: {text}; uninstalling nothing until it can be read",
-                        gems.display()
-                    );
-                    seen.said_failure = Some(text);
-                }
-            }
+        if let Some((gems, seen)) = &mut seen {
+            scan_once(service, gems, seen).await;
         }
         // One look at the configuration per round; after SIGHUP, one that
         // applies what it finds at once. A slow file system never holds up
@@ -176,6 +260,11 @@ pub async fn run(
             stop = &mut signal => break stop,
         };
     };
+    match stop {
+        Why::ParentEnded(pid) => tracing::info!("stopping: parent process {pid} ended"),
+        Why::StdinClosed => tracing::info!("stopping: standard input closed"),
+        Why::Signal(_) => {}
+    }
     tracing::info!("stopping: cancelling downloads");
     let unfinished = crate::interrupt::unfinished(service, None);
     crate::progress::clear_all();
@@ -187,9 +276,28 @@ pub async fn run(
         crate::interrupt::report(service.store(), &unfinished);
     }
     Ok(match stop {
-        crate::platform::Stop::Interrupt => ExitCode::from(crate::interrupt::INTERRUPTED),
-        crate::platform::Stop::Terminate => ExitCode::SUCCESS,
+        Why::Signal(crate::platform::Stop::Interrupt) => {
+            ExitCode::from(crate::interrupt::INTERRUPTED)
+        }
+        _ => ExitCode::SUCCESS,
     })
+}
+
+/// One scan of the gems folder; a failure is said once until it changes.
+async fn scan_once(service: &Resources, gems: &Path, seen: &mut Seen) {
+    match scan(service, gems, seen).await {
+        Ok(()) => seen.said_failure = None,
+        Err(e) => {
+            let text = format!("{e:#}");
+            if seen.said_failure.as_ref() != Some(&text) {
+                tracing::warn!(
+                    "scan of {} failed: {text}; uninstalling nothing until it can be read",
+                    gems.display()
+                );
+                seen.said_failure = Some(text);
+            }
+        }
+    }
 }
 
 /// One scan: installs what is new or changed in the folder, and

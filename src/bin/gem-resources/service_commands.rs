@@ -74,6 +74,17 @@ pub async fn run(
         }
         return Err(no_store(config).into());
     }
+    // A parent already gone starts no service (nor opens the store).
+    let parent = match &command {
+        Command::Serve {
+            parent_pid: Some(pid),
+            ..
+        } => Some(
+            gem_resources::api::lifetime::Parent::watch(*pid)
+                .map_err(|e| anyhow::anyhow!("--parent-pid {pid}: {e}"))?,
+        ),
+        _ => None,
+    };
     let service = Resources::open(config)?;
     match command {
         Command::Install {
@@ -93,8 +104,17 @@ pub async fn run(
         }
         Command::Sync => sync(&service, json).await,
         Command::Verify { repair } => verify(&service, repair, json).await,
-        Command::Serve { gems, interval } => {
-            crate::serve::run(&service, config, &gems, interval, json).await
+        Command::Serve {
+            gems,
+            interval,
+            exit_with_stdin,
+            ..
+        } => {
+            let lifetime = crate::serve::Lifetime {
+                parent,
+                exit_with_stdin,
+            };
+            crate::serve::run(&service, config, gems.as_deref(), interval, lifetime, json).await
         }
         other => anyhow::bail!("unexpected command {other:?}"),
     }
