@@ -152,6 +152,20 @@ export function request(port, pathname, { headers = {}, method = 'GET' } = {}) {
 }
 
 /**
+ * Opens a link of the relay (its one-time token) as a browser would:
+ * the `Cookie` header its answer sets (`name=value`). Fails unless the
+ * answer is a redirect to the same path without the token.
+ */
+export async function signIn(relay, link) {
+  const url = new URL(link);
+  const r = await request(relay.port, `${url.pathname}${url.search}`, { headers: { host: url.host } });
+  if (r.status !== 302) throw new Error(`the link answered ${r.status}: ${r.body}`);
+  const setCookie = r.headers['set-cookie']?.[0];
+  if (!setCookie) throw new Error('the link set no cookie');
+  return setCookie.split(';')[0];
+}
+
+/**
  * Reads an event stream of the relay: `{next(pred) → the next message
  * matching, messages, close()}`; each message `{event, data}`.
  */
