@@ -402,7 +402,7 @@ export class GemResourcesPage extends HTMLElement {
         model.installed === false
           ? 'This gem is not installed: it has no files.'
           : c.error && model.installed === null
-            ? 'The files show once the service is back.'
+            ? `The files show once ${this.appName ?? 'the service'} is back.`
             : 'Loading…';
       if (!empty) {
         this._tbody.append(el('tr', { class: 'empty', role: 'row' }, el('td', { colspan: COLUMNS.length, role: 'cell' }, text)));

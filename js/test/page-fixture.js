@@ -347,8 +347,10 @@ export class Chromium {
   }
 
   /** A new tab of `width` × `height` CSS pixels: a Page. */
-  async newPage({ width = 800, height = 600 } = {}) {
-    const { targetId } = await this.send('Target.createTarget', { url: 'about:blank' });
+  async newPage({ width = 800, height = 600, isolated = false } = {}) {
+    // Isolated: a browser context of its own (its own cookies), as another user's browser.
+    const context = isolated ? await this.send('Target.createBrowserContext') : null;
+    const { targetId } = await this.send('Target.createTarget', { url: 'about:blank', ...(context ? { browserContextId: context.browserContextId } : {}) });
     const { sessionId } = await this.send('Target.attachToTarget', { targetId, flatten: true });
     const page = new Page(this, sessionId);
     await page.send('Runtime.enable');
