@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
+import { connect } from '../index.js';
 import { MAX_STREAMS, MAX_STREAMS_PER_CLIENT, startRelay } from '../page/relay.js';
 
 import { Fixture, waitFor, within } from './fixture.js';
@@ -181,4 +182,25 @@ test('a real service killed: the relay’s stream says lost within 2 s; while it
   const again = await eventStream(relay.port, '/feed/notes/events', { host, cookie });
   t.after(() => again.close());
   await again.next((m) => m.event === 'status');
+});
+
+test('after the client’s reconnect window has passed, the relay tries the service again by itself and feeds once it is back', { timeout: 90_000 }, async (t) => {
+  const ctx = await Fixture.start(t);
+  const file = ctx.origin.add('model.onnx', { size: 1 * MiB });
+  await ctx.installGem('notes', [ctx.resource(file, { id: 'ocr' })]);
+  const client = await connect({ store: ctx.store, reconnect: 300 });
+  t.after(() => client.close());
+  const relay = await startRelay({ source: client, gem: 'notes' });
+  t.after(() => relay.close());
+  const host = `127.0.0.1:${relay.port}`;
+  const cookie = await signIn(relay, relay.pageUrl);
+  ctx.service.child.kill('SIGKILL');
+  await ctx.service.exited;
+  await waitFor('the outage', () => relay.outage !== null);
+  // Well past the client's window: no call of a page is needed to look again.
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  assert.equal((await request(relay.port, '/feed/notes/status', { headers: { host, cookie } })).status, 503);
+  await ctx.startService();
+  await waitFor('the relay to see the service back', () => relay.outage === null, { timeout: 20_000 });
+  assert.equal((await request(relay.port, '/feed/notes/status', { headers: { host, cookie } })).status, 200);
 });
