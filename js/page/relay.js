@@ -480,6 +480,7 @@ async function main(argv) {
       const status = await client.status().catch(() => ({ gems: [] }));
       gems = status.gems.map((g) => g.gem);
     }
+    if (gems.length === 0) console.log('no gem is installed yet: press Enter for links once one is');
     for (const g of gems) console.log(`gem page of ${g}: ${relay.newPageUrl(g)}`);
     console.log('each link opens once (then a cookie of the browser lets it in); press Enter for new links');
   };
