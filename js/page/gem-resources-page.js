@@ -200,6 +200,8 @@ td.when { white-space: nowrap; }
 td.state { min-width: 14em; }
 td.state .text { display: block; overflow-wrap: anywhere; }
 td.state .headline { font-weight: 600; }
+td.state details.hashes { font-size: .8em; color: var(--grp-muted); }
+td.state details.hashes code { display: block; overflow-wrap: anywhere; }
 td.state .codes { display: block; font-size: .8em; color: var(--grp-muted); overflow-wrap: anywhere; }
 td.state .mark { font-weight: 700; margin-inline-end: .3em; }
 tr[data-state="present"] .mark, tr[data-state="present"] .headline { color: var(--grp-ok); }
@@ -383,7 +385,10 @@ export class GemResourcesPage extends HTMLElement {
         this._drawn.set(row.id, drawn);
       }
       if (drawn.row !== row) {
-        if (drawn.row && drawn.row.state !== row.state) announce.push(`${row.description ?? row.label}: ${row.text}`);
+        if (drawn.row && drawn.row.state !== row.state) {
+          const text = row.state === 'failed' && row.error ? `Failed: ${headlineOf(row.error)}` : row.text;
+          announce.push(`${row.description ?? row.label}: ${text}`);
+        }
         this._fill(drawn.tr, row, drawn.row);
         drawn.row = row;
       }
@@ -519,15 +524,30 @@ export class GemResourcesPage extends HTMLElement {
     const mark = el('span', { class: 'mark', 'aria-hidden': 'true' }, MARKS[row.state] ?? '');
     if (row.state === 'failed' && row.error) {
       const codes = row.error.code !== row.error.primaryCause ? `${row.error.code}, caused by ${row.error.primaryCause}` : row.error.primaryCause;
+      const hashes = [...new Set(String(row.error.detail ?? '').match(HASH) ?? [])];
+      const detail = String(row.error.detail ?? '').replace(HASH, (h) => `${h.slice(0, 12)}…`);
       body.replaceChildren(
-        el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${row.error.headline}`), row.error.detail ? ` — ${row.error.detail}.` : '.'),
+        el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${headlineOf(row.error)}`), detail ? ` — ${detail}.` : '.'),
         ' ',
+        ...(hashes.length > 0 ? [el('details', { class: 'hashes' }, el('summary', {}, 'Full SHA-256'), ...hashes.map((h) => el('code', {}, h)))] : []),
         el('span', { class: 'codes' }, `Code: ${codes}`),
       );
     } else {
       body.replaceChildren(el('span', { class: 'text' }, mark, row.text));
     }
   }
+}
+
+/** A SHA-256 in a message: shown by its first 12 digits, the whole in a <details>. */
+const HASH = /\b[0-9a-f]{64}\b/g;
+
+/** The headline of a failed row: an HTTP status in words (404 is not a 500), else the model's. */
+function headlineOf(error) {
+  const status = error.primaryCause === 'E_RESOURCE_HTTP' ? /HTTP status (\d{3})/.exec(`${error.detail} ${error.message}`)?.[1] : null;
+  if (status === '404' || status === '410') return 'Not found on the server';
+  if (status === '429') return 'The server is busy (too many requests)';
+  if (status?.startsWith('5')) return 'The server had an error';
+  return error.headline;
 }
 
 function setText(node, text) {
