@@ -372,6 +372,12 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
     }
     const lostMessage = (code, message) => `event: lost\ndata: ${JSON.stringify({ code, message, app })}\n\n`;
     stream.lose = (why) => {
+      if (!res.headersSent) {
+        // Still waiting for the service: answered as a page opened now is.
+        close();
+        failFeed(res, 503, why.code, why.message);
+        return;
+      }
       send(lostMessage(why.code, why.message));
       close();
     };

@@ -5,6 +5,7 @@
 // 503 with the reason; when it is back the feeds work again.
 
 import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
 import { test } from 'node:test';
 
 import { connect } from '../index.js';
@@ -203,4 +204,21 @@ test('after the client’s reconnect window has passed, the relay tries the serv
   await ctx.startService();
   await waitFor('the relay to see the service back', () => relay.outage === null, { timeout: 20_000 });
   assert.equal((await request(relay.port, '/feed/notes/status', { headers: { host, cookie } })).status, 200);
+});
+
+test('a stream still waiting for the service when it goes away is answered 503 with the reason, not left hanging', { timeout: 20_000 }, async (t) => {
+  const events = new EventEmitter();
+  const source = new FakeSource({ status: fakeStatus() });
+  source.on = events.on.bind(events);
+  source.off = events.off.bind(events);
+  const relay = await startRelay({ source, gem: 'notes', appName: 'Notes' });
+  t.after(() => relay.close());
+  const host = `127.0.0.1:${relay.port}`;
+  const cookie = await signIn(relay, relay.pageUrl);
+  const pending = request(relay.port, '/feed/notes/events', { headers: { host, cookie } });
+  await within(5000, source.nextSubscription(), 'the relay’s subscription');
+  events.emit('disconnected', Object.assign(new Error('the service went away'), { code: 'E_RESOURCE_SERVICE' }));
+  const r = await within(2000, pending, 'the answer to the waiting stream');
+  assert.equal(r.status, 503);
+  assert.deepEqual(JSON.parse(r.body), { code: 'E_RESOURCE_SERVICE', message: 'the service went away', app: 'Notes' });
 });
