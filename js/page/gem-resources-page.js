@@ -15,7 +15,10 @@
 // written out in words (colour only repeats it). When the element is
 // narrower than 600 px the cells stack, so the page reads at 320 px.
 
-import { formatBytes, watchGem } from '../model.js';
+import { formatBytes, stateText, watchGem } from '../model.js';
+
+/** How long a download shows `--` for its time left after it starts or resumes (ms). */
+export const ETA_AFTER_MS = 5000;
 
 /** The `source` of the relay (relay.js) at `base` (its URL, e.g. `http://127.0.0.1:PORT/`; relative to the page). */
 export class RelaySource {
@@ -377,20 +380,31 @@ export class GemResourcesPage extends HTMLElement {
     const rows = model.rows;
     const seen = new Set();
     const announce = [];
+    let held = false;
     rows.forEach((row, index) => {
       seen.add(row.id);
       let drawn = this._drawn.get(row.id);
       if (!drawn) {
-        drawn = { tr: this._newRow(row), row: null };
+        drawn = { tr: this._newRow(row), row: null, model: null, since: null };
         this._drawn.set(row.id, drawn);
       }
-      if (drawn.row !== row) {
-        if (drawn.row && drawn.row.state !== row.state) {
-          const text = row.state === 'failed' && row.error ? `Failed: ${headlineOf(row.error)}` : row.text;
-          announce.push(`${row.description ?? row.label}: ${text}`);
+      if (drawn.model !== row || drawn.held) {
+        // A download's time left shows once it has had a few seconds of
+        // rate: the first estimates after a start or a resume are guesses.
+        const earlier = drawn.model;
+        // (A download already under way when the page opened is not held.)
+        if (row.state !== 'downloading') drawn.since = null;
+        else if (earlier && (earlier.state !== 'downloading' || (row.bytes ?? 0) < (earlier.bytes ?? 0))) drawn.since = Date.now();
+        drawn.model = row;
+        drawn.held = row.state === 'downloading' && typeof row.etaSecs === 'number' && drawn.since !== null && Date.now() - drawn.since < ETA_AFTER_MS;
+        const shown = drawn.held ? { ...row, text: `${stateText({ ...row, etaSecs: null })}, time left: --` } : row;
+        if (drawn.held) held = true;
+        if (drawn.row && drawn.row.state !== shown.state) {
+          const text = shown.state === 'failed' && shown.error ? `Failed: ${headlineOf(shown.error)}` : shown.text;
+          announce.push(`${shown.description ?? shown.label}: ${text}`);
         }
-        this._fill(drawn.tr, row, drawn.row);
-        drawn.row = row;
+        this._fill(drawn.tr, shown, drawn.row);
+        drawn.row = shown;
       }
       if (this._tbody.children[index] !== drawn.tr) this._tbody.insertBefore(drawn.tr, this._tbody.children[index] ?? null);
     });
@@ -418,6 +432,13 @@ export class GemResourcesPage extends HTMLElement {
       empty.remove();
     }
     this._summary.textContent = summaryOf(model);
+    // A time left held back shows without waiting for the next event.
+    if (held && !this._heldTimer) {
+      this._heldTimer = setTimeout(() => {
+        this._heldTimer = null;
+        this._schedule();
+      }, 1000);
+    }
     if (announce.length > 0) this._live.textContent = announce.join('. ');
   }
 
