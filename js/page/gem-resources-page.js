@@ -353,8 +353,32 @@ export class GemResourcesPage extends HTMLElement {
       return;
     }
     this._clear();
-    this._watch = watchGem(source, gem, () => this._schedule());
+    this._watch = watchGem(this._peeking(source, gem), gem, () => this._schedule());
     this._draw();
+  }
+
+  /**
+   * `source` as watchGem sees it, the gem's `name` taken from each status
+   * that has one on the way (the heading says it rather than the id).
+   */
+  _peeking(source, gem) {
+    const note = (status) => {
+      const list = Array.isArray(status) ? status : (status?.gems ?? (status ? [status] : []));
+      const name = list.find((g) => g && g.gem === gem)?.name;
+      if (typeof name === 'string' && name.trim() !== '') setText(this._heading, `Files of ${name}`);
+      return status;
+    };
+    const peeking = Object.create(source);
+    peeking.status = (g) => Promise.resolve(source.status(g)).then(note);
+    peeking.subscribe = async (options) => {
+      const sub = await source.subscribe(options);
+      note(sub?.status);
+      return sub;
+    };
+    if (typeof source.on === 'function') peeking.on = source.on.bind(source);
+    if (typeof source.off === 'function') peeking.off = source.off.bind(source);
+    if (typeof source.removeListener === 'function') peeking.removeListener = source.removeListener.bind(source);
+    return peeking;
   }
 
   _clear() {

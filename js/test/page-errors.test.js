@@ -1,4 +1,5 @@
-// The gem page's failed rows in headless Chromium: a 404 reads "not found
+// The gem page in headless Chromium: the heading says the gem's `name`
+// where its status has one; the failed rows: a 404 reads "not found
 // on the server" and a 500 "the server had an error" (distinct words); a
 // SHA-256 mismatch shows short hashes, the full ones on demand.
 
@@ -26,11 +27,11 @@ const ROWS = [
 /** A source whose status holds the failed rows, and whose subscription stays quiet. */
 const source = {
   async status() {
-    return { gems: [{ gem: 'notes', resources: ROWS }] };
+    return { gems: [{ gem: 'notes', name: 'Page Demo', resources: ROWS }] };
   },
   async subscribe() {
     const sub = {
-      status: [{ gem: 'notes', resources: ROWS }],
+      status: [{ gem: 'notes', name: 'Page Demo', resources: ROWS }],
       next: () => new Promise(() => {}),
       close() {},
       [Symbol.asyncIterator]() {
@@ -52,7 +53,7 @@ const READ = `[...document.querySelector('gem-resources-page').shadowRoot.queryS
   };
 })`;
 
-test('failed rows: 404 and 500 in distinct words; a SHA-256 mismatch in short hashes, the full ones on demand', { timeout: 60_000 }, async (t) => {
+test('the heading says the gem’s name; failed rows: 404 and 500 in distinct words; a SHA-256 mismatch in short hashes, the full ones on demand', { timeout: 60_000 }, async (t) => {
   const chromium = findChromium();
   if (!chromium) {
     const message = 'Chromium is missing: the failed rows were NOT tested in a browser (apt-get install chromium, or CHROMIUM=/path)';
@@ -67,6 +68,7 @@ test('failed rows: 404 and 500 in distinct words; a SHA-256 mismatch in short ha
   await page.goto(relay.pageUrl);
   const rows = await page.waitFor('the failed rows', `(() => { const r = ${READ}; return r.length === 3 && r; })()`);
   const byId = Object.fromEntries(rows.map((r) => [r.id, r]));
+  assert.equal(await page.evaluate(`document.querySelector('gem-resources-page').shadowRoot.querySelector('h2').textContent`), 'Files of Page Demo', 'the gem’s name, where its status has one');
   assert.equal(byId.gone.headline, 'Failed: Not found on the server');
   assert.equal(byId.broken.headline, 'Failed: The server had an error');
   assert.notEqual(byId.gone.headline, byId.broken.headline);
