@@ -2,6 +2,8 @@
 // where its status has one; the failed rows: a 404 reads "not found
 // on the server" and a 500 "the server had an error" (distinct words); a
 // SHA-256 mismatch shows short hashes, the full ones on demand.
+// GEM_PAGE_ERRORS_SHOT=file.png (360 px) and GEM_PAGE_ERRORS_SHOT_WIDE=file.png
+// (1000 px) save screenshots.
 
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -78,6 +80,11 @@ test('the heading says the gem’s name; failed rows: 404 and 500 in distinct wo
   assert.equal(byId.gone.hashes, null);
   for (const r of rows) assert.doesNotMatch(r.cell, /null|undefined/, r.id);
   assert.equal(byId.gone.cell, '✕Failed: Not found on the server — HTTP status 404 Not Found. Code: E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_HTTP');
+  if (process.env.GEM_PAGE_ERRORS_SHOT_WIDE) {
+    await page.resize(1000, 600);
+    await page.screenshot(path.resolve(process.env.GEM_PAGE_ERRORS_SHOT_WIDE), { height: await page.evaluate(`Math.ceil(document.querySelector('gem-resources-page').getBoundingClientRect().bottom + 16)`) });
+    await page.resize(360, 800);
+  }
   if (process.env.GEM_PAGE_ERRORS_SHOT) {
     await page.screenshot(path.resolve(process.env.GEM_PAGE_ERRORS_SHOT), { height: await page.evaluate(`Math.ceil(document.querySelector('gem-resources-page').getBoundingClientRect().bottom + 16)`) });
   }
