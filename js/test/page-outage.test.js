@@ -99,9 +99,11 @@ test('the gem page says within 2 s, in the app’s name, that the service is awa
 
   // The service is back: both pages come back by themselves.
   await ctx.startService();
+  const restarted = Date.now();
   for (const [what, p] of [['the first page', page], ['the page opened meanwhile', other]]) {
     const back = await p.waitFor(`${what} back`, `(() => { const v = ${READ}; return !v.outage && v.rows.length === 2 && v; })()`, { timeout: 40_000 });
     assert.deepEqual(back.rows, ['ocr', 'dict']);
+    t.diagnostic(`${what} was back ${Date.now() - restarted} ms after the service listened again`);
   }
   const logs = [...page.logs, ...other.logs].filter((l) => /exception/i.test(l));
   assert.deepEqual(logs, [], 'the pages threw');
