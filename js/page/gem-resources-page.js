@@ -15,36 +15,60 @@
 // written out in words (colour only repeats it). When the element is
 // narrower than 600 px the cells stack, so the page reads at 320 px.
 
-import { formatBytes, watchGem } from '../model.js';
+import { formatBytes, stateText, watchGem } from '../model.js';
 
-/** The `source` of the relay (relay.js) at `base` (its URL ending in the token, e.g. `http://127.0.0.1:PORT/TOKEN/`). */
+/** How long a download shows `--` for its time left after it starts or resumes (ms). */
+export const ETA_AFTER_MS = 5000;
+
+/** The `source` of the relay (relay.js) at `base` (its URL, e.g. `http://127.0.0.1:PORT/`; relative to the page). */
 export class RelaySource {
   constructor(base) {
     const url = new URL(base, globalThis.document?.baseURI);
     if (!url.pathname.endsWith('/')) url.pathname += '/';
     this.base = url;
+    /** The app's name, as the relay gives it (null until it did, or when it has none). */
+    this.appName = null;
   }
 
   feed(gem, what) {
     return new URL(`feed/${encodeURIComponent(gem)}/${what}`, this.base);
   }
 
+  /** A fetch of the relay: its response, or an E_RESOURCE_SERVICE error saying why not (the relay's own reason for a refusal). */
+  async fetch(url, signal) {
+    let response;
+    try {
+      response = await fetch(url, { cache: 'no-store', credentials: 'same-origin', signal });
+    } catch (e) {
+      throw relayError(`the relay at ${this.base.origin} did not answer (${e?.message ?? e})`);
+    }
+    if (response.ok) return response;
+    let reason = null;
+    try {
+      reason = JSON.parse(await response.text());
+    } catch {
+      // not the relay's JSON
+    }
+    if (reason && typeof reason.app === 'string') this.appName = reason.app;
+    throw relayError(reason?.message ?? `the relay answered ${response.status}`, reason?.code, response.status);
+  }
+
   /** `{gems: [GemStatus]}` of `gem`. */
   async status(gem) {
-    const response = await fetch(this.feed(gem, 'status'), { cache: 'no-store', credentials: 'same-origin' });
-    if (!response.ok) throw relayError(`the relay answered ${response.status} to status`);
-    return response.json();
+    return (await this.fetch(this.feed(gem, 'status'))).json();
   }
 
   /**
    * A subscription like the client's: resolves once the relay sent the
    * status (`status`), then yields the events; a status sent again (the
    * relay subscribed again after `lagged`) comes as `{event: 'resubscribed'}`.
-   * Throws E_RESOURCE_SERVICE when the feed is lost.
+   * Rejects, or throws, E_RESOURCE_SERVICE with the relay's reason when the
+   * feed is refused (the service is away: 503) or lost.
    */
-  subscribe({ gem }) {
+  async subscribe({ gem }) {
+    const controller = new AbortController();
+    const response = await this.fetch(this.feed(gem, 'events'), controller.signal);
     return new Promise((resolve, reject) => {
-      const source = new EventSource(this.feed(gem, 'events'));
       const queue = [];
       const waiters = [];
       let done = false;
@@ -60,7 +84,7 @@ export class RelaySource {
         if (done) return;
         done = true;
         failure = error;
-        source.close();
+        controller.abort();
         if (!subscription) reject(error ?? relayError('the feed closed'));
         while (waiters.length > 0) {
           const waiter = waiters.shift();
@@ -68,51 +92,75 @@ export class RelaySource {
           else waiter.resolve({ value: undefined, done: true });
         }
       };
-      source.addEventListener('status', (m) => {
-        const status = JSON.parse(m.data);
-        if (!subscription) {
-          subscription = {
-            status,
-            next() {
-              if (queue.length > 0) return Promise.resolve({ value: queue.shift(), done: false });
-              if (done) return failure ? Promise.reject(failure) : Promise.resolve({ value: undefined, done: true });
-              return new Promise((res, rej) => waiters.push({ resolve: res, reject: rej }));
-            },
-            return() {
-              end(null);
-              return Promise.resolve({ value: undefined, done: true });
-            },
-            close() {
-              end(null);
-            },
-            [Symbol.asyncIterator]() {
-              return this;
-            },
-          };
-          resolve(subscription);
+      const onMessage = (event, data) => {
+        if (event === 'relay') {
+          this.appName = typeof data.app === 'string' ? data.app : null;
+        } else if (event === 'status') {
+          if (!subscription) {
+            subscription = {
+              status: data,
+              next() {
+                if (queue.length > 0) return Promise.resolve({ value: queue.shift(), done: false });
+                if (done) return failure ? Promise.reject(failure) : Promise.resolve({ value: undefined, done: true });
+                return new Promise((res, rej) => waiters.push({ resolve: res, reject: rej }));
+              },
+              return() {
+                end(null);
+                return Promise.resolve({ value: undefined, done: true });
+              },
+              close() {
+                end(null);
+              },
+              [Symbol.asyncIterator]() {
+                return this;
+              },
+            };
+            resolve(subscription);
+          } else {
+            push({ event: 'resubscribed', at: new Date().toISOString(), reason: 'the relay subscribed again', status: data });
+          }
+        } else if (event === 'lost') {
+          if (typeof data.app === 'string') this.appName = data.app;
+          end(relayError(data.message ?? 'the relay lost the service', data.code));
         } else {
-          push({ event: 'resubscribed', at: new Date().toISOString(), reason: 'the relay subscribed again', status });
+          push(data);
         }
-      });
-      source.addEventListener('message', (m) => push(JSON.parse(m.data)));
-      source.addEventListener('lost', (m) => {
-        let data = {};
-        try {
-          data = JSON.parse(m.data);
-        } catch {
-          // keep the default
+      };
+      // Server-Sent Events read by hand (not EventSource, which would
+      // reconnect by itself and miss events meanwhile, and cannot read why
+      // a feed was refused): watchGem subscribes again and redraws.
+      (async () => {
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = '';
+        for (;;) {
+          const { value, done: over } = await reader.read();
+          if (over) break;
+          buffer += value.replace(/\r\n?/g, '\n');
+          let cut;
+          while ((cut = buffer.indexOf('\n\n')) >= 0) {
+            const block = buffer.slice(0, cut);
+            buffer = buffer.slice(cut + 2);
+            let event = 'message';
+            const data = [];
+            for (const line of block.split('\n')) {
+              if (line.startsWith(':')) continue;
+              const colon = line.indexOf(':');
+              const field = colon < 0 ? line : line.slice(0, colon);
+              const text = colon < 0 ? '' : line.slice(colon + 1).replace(/^ /, '');
+              if (field === 'event') event = text;
+              else if (field === 'data') data.push(text);
+            }
+            if (data.length > 0) onMessage(event, JSON.parse(data.join('\n')));
+          }
         }
-        end(relayError(data.message ?? 'the relay lost the service', data.code));
-      });
-      // EventSource would reconnect by itself and miss events meanwhile:
-      // end here, and let watchGem subscribe again and redraw.
-      source.addEventListener('error', () => end(relayError('the feed from the relay was lost')));
+        end(relayError('the relay closed the feed'));
+      })().catch((e) => end(done ? null : relayError(`the feed from the relay was lost (${e?.message ?? e})`)));
     });
   }
 }
 
-function relayError(message, code = 'E_RESOURCE_SERVICE') {
-  return Object.assign(new Error(message), { code });
+function relayError(message, code = 'E_RESOURCE_SERVICE', status) {
+  return Object.assign(new Error(message), { code, ...(status ? { status } : {}) });
 }
 
 const CSS = `
@@ -134,9 +182,14 @@ const CSS = `
   :host { --grp-ok: #3fb950; --grp-busy: #58a6ff; --grp-bad: #f85149; --grp-idle: #8b949e; }
 }
 h2 { font-size: 1.15em; margin: 0 0 .25em; }
-.summary, .notice { margin: 0 0 .5em; color: var(--grp-muted); }
-.notice:empty { display: none; }
-.notice[data-kind="lost"] { color: var(--grp-bad); }
+.summary, .notice p { margin: 0 0 .5em; color: var(--grp-muted); }
+.notice:empty, .notice > :empty { display: none; }
+.outage { margin: 0 0 .75em; padding: .5em .75em; border: 1px solid var(--grp-bad); border-inline-start-width: 4px; border-radius: 6px; }
+.outage p { margin: 0; color: var(--grp-fg); }
+.outage strong { color: var(--grp-bad); }
+.outage details { margin-top: .35em; font-size: .85em; color: var(--grp-muted); }
+.outage summary { cursor: pointer; }
+.outage details p { margin: .25em 0 0; color: var(--grp-muted); overflow-wrap: anywhere; }
 .sr { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
 table { width: 100%; border-collapse: collapse; }
 caption { text-align: start; }
@@ -150,6 +203,8 @@ td.when { white-space: nowrap; }
 td.state { min-width: 14em; }
 td.state .text { display: block; overflow-wrap: anywhere; }
 td.state .headline { font-weight: 600; }
+td.state details.hashes { font-size: .8em; color: var(--grp-muted); }
+td.state details.hashes code { display: block; overflow-wrap: anywhere; }
 td.state .codes { display: block; font-size: .8em; color: var(--grp-muted); overflow-wrap: anywhere; }
 td.state .mark { font-weight: 700; margin-inline-end: .3em; }
 tr[data-state="present"] .mark, tr[data-state="present"] .headline { color: var(--grp-ok); }
@@ -205,7 +260,7 @@ function el(tag, attrs = {}, ...children) {
 
 export class GemResourcesPage extends HTMLElement {
   static get observedAttributes() {
-    return ['gem', 'relay'];
+    return ['gem', 'relay', 'app-name'];
   }
 
   constructor() {
@@ -224,7 +279,9 @@ export class GemResourcesPage extends HTMLElement {
     }
     this._heading = el('h2', { id: 'heading' });
     this._summary = el('p', { class: 'summary' });
-    this._notice = el('p', { class: 'notice' });
+    this._outage = el('div', { class: 'outage', role: 'status' });
+    this._policy = el('p', { class: 'policy' });
+    this._notice = el('div', { class: 'notice' }, this._outage, this._policy);
     this._live = el('div', { class: 'sr', 'aria-live': 'polite' });
     this._tbody = el('tbody', { role: 'rowgroup' });
     const head = el('tr', { role: 'row' }, ...COLUMNS.map(([, name]) => el('th', { scope: 'col', role: 'columnheader' }, name)));
@@ -286,16 +343,42 @@ export class GemResourcesPage extends HTMLElement {
     const gem = this.getAttribute('gem');
     const relay = this.getAttribute('relay');
     const source = this._source ?? (relay ? new RelaySource(relay) : null);
+    this._activeSource = source;
     this._heading.textContent = gem ? `Files of ${gem}` : 'Files';
     if (!gem || !source) {
       this._clear();
       this._summary.textContent = '';
-      this._notice.textContent = !gem ? 'No gem given (the gem attribute).' : 'No feed: set the source property or the relay attribute.';
+      this._outage.replaceChildren();
+      this._policy.textContent = !gem ? 'No gem given (the gem attribute).' : 'No feed: set the source property or the relay attribute.';
       return;
     }
     this._clear();
-    this._watch = watchGem(source, gem, () => this._schedule());
+    this._watch = watchGem(this._peeking(source, gem), gem, () => this._schedule());
     this._draw();
+  }
+
+  /**
+   * `source` as watchGem sees it, the gem's `name` taken from each status
+   * that has one on the way (the heading says it rather than the id).
+   */
+  _peeking(source, gem) {
+    const note = (status) => {
+      const list = Array.isArray(status) ? status : (status?.gems ?? (status ? [status] : []));
+      const name = list.find((g) => g && g.gem === gem)?.name;
+      if (typeof name === 'string' && name.trim() !== '') setText(this._heading, `Files of ${name}`);
+      return status;
+    };
+    const peeking = Object.create(source);
+    peeking.status = (g) => Promise.resolve(source.status(g)).then(note);
+    peeking.subscribe = async (options) => {
+      const sub = await source.subscribe(options);
+      note(sub?.status);
+      return sub;
+    };
+    if (typeof source.on === 'function') peeking.on = source.on.bind(source);
+    if (typeof source.off === 'function') peeking.off = source.off.bind(source);
+    if (typeof source.removeListener === 'function') peeking.removeListener = source.removeListener.bind(source);
+    return peeking;
   }
 
   _clear() {
@@ -321,17 +404,31 @@ export class GemResourcesPage extends HTMLElement {
     const rows = model.rows;
     const seen = new Set();
     const announce = [];
+    let held = false;
     rows.forEach((row, index) => {
       seen.add(row.id);
       let drawn = this._drawn.get(row.id);
       if (!drawn) {
-        drawn = { tr: this._newRow(row), row: null };
+        drawn = { tr: this._newRow(row), row: null, model: null, since: null };
         this._drawn.set(row.id, drawn);
       }
-      if (drawn.row !== row) {
-        if (drawn.row && drawn.row.state !== row.state) announce.push(`${row.description ?? row.label}: ${row.text}`);
-        this._fill(drawn.tr, row, drawn.row);
-        drawn.row = row;
+      if (drawn.model !== row || drawn.held) {
+        // A download's time left shows once it has had a few seconds of
+        // rate: the first estimates after a start or a resume are guesses.
+        const earlier = drawn.model;
+        // (A download already under way when the page opened is not held.)
+        if (row.state !== 'downloading') drawn.since = null;
+        else if (earlier && (earlier.state !== 'downloading' || (row.bytes ?? 0) < (earlier.bytes ?? 0))) drawn.since = Date.now();
+        drawn.model = row;
+        drawn.held = row.state === 'downloading' && typeof row.etaSecs === 'number' && drawn.since !== null && Date.now() - drawn.since < ETA_AFTER_MS;
+        const shown = drawn.held ? { ...row, text: `${stateText({ ...row, etaSecs: null })}, time left: --` } : row;
+        if (drawn.held) held = true;
+        if (drawn.row && drawn.row.state !== shown.state) {
+          const text = shown.state === 'failed' && shown.error ? `Failed: ${headlineOf(shown.error)}` : shown.text;
+          announce.push(`${shown.description ?? shown.label}: ${text}`);
+        }
+        this._fill(drawn.tr, shown, drawn.row);
+        drawn.row = shown;
       }
       if (this._tbody.children[index] !== drawn.tr) this._tbody.insertBefore(drawn.tr, this._tbody.children[index] ?? null);
     });
@@ -343,37 +440,74 @@ export class GemResourcesPage extends HTMLElement {
     }
     const empty = this._tbody.querySelector('tr.empty');
     if (rows.length === 0) {
+      const c = model.connection;
+      const text =
+        model.installed === false
+          ? 'This gem is not installed: it has no files.'
+          : c.error && model.installed === null
+            ? `The files show once ${this.appName ?? 'the service'} is back.`
+            : 'Loading…';
       if (!empty) {
-        const text = model.installed === false ? 'This gem is not installed: it has no files.' : 'Loading…';
         this._tbody.append(el('tr', { class: 'empty', role: 'row' }, el('td', { colspan: COLUMNS.length, role: 'cell' }, text)));
       } else {
-        empty.firstChild.textContent = model.installed === false ? 'This gem is not installed: it has no files.' : 'Loading…';
+        setText(empty.firstChild, text);
       }
     } else if (empty) {
       empty.remove();
     }
     this._summary.textContent = summaryOf(model);
+    // A time left held back shows without waiting for the next event.
+    if (held && !this._heldTimer) {
+      this._heldTimer = setTimeout(() => {
+        this._heldTimer = null;
+        this._schedule();
+      }, 1000);
+    }
     if (announce.length > 0) this._live.textContent = announce.join('. ');
+  }
+
+  /** The app's name: the `app-name` attribute, else the one the source gives (the relay's `appName`), else null. */
+  get appName() {
+    return this.getAttribute('app-name') || this._activeSource?.appName || null;
   }
 
   _drawNotice(model) {
     const c = model.connection;
-    let kind = '';
-    const parts = [];
-    if (c.state === 'connecting' && !c.error) parts.push('Connecting to the service…');
-    else if (c.state === 'lost' || (c.state === 'connecting' && c.error)) {
-      kind = 'lost';
-      parts.push(`The connection to the service was lost (${c.error?.message ?? 'no reason given'}); trying again. The rows may be out of date.`);
+    const lost = c.state === 'lost' || (c.state === 'connecting' && c.error);
+    this._notice.dataset.kind = lost ? 'lost' : '';
+    if (lost) {
+      // In words for the app's user; what a developer needs, folded away.
+      const app = this.appName;
+      const headline = app ? `Lost contact with ${app}` : 'Lost contact with the download service';
+      const text = `: the rows may be out of date. This page updates by itself once ${app ? `${app} is` : 'it is'} back.`;
+      const key = `${headline}${text}|${c.error?.message}|${c.error?.code}`;
+      if (this._outage.dataset.key !== key) {
+        this._outage.dataset.key = key;
+        const since = this._outageSince ?? (this._outageSince = new Date());
+        this._outage.replaceChildren(
+          el('p', {}, el('strong', {}, headline), text),
+          el(
+            'details',
+            {},
+            el('summary', {}, 'Details'),
+            el('p', { class: 'reason' }, c.error?.message ?? 'no reason given'),
+            el('p', { class: 'code' }, `Code: ${c.error?.code ?? 'E_RESOURCE_SERVICE'}. Since ${since.toLocaleTimeString()}.`),
+          ),
+        );
+      }
+    } else if (this._outage.firstChild) {
+      this._outageSince = null;
+      delete this._outage.dataset.key;
+      this._outage.replaceChildren();
     }
+    let text = c.state === 'connecting' && !c.error ? 'Connecting to the service…' : '';
     if (model.policy) {
       const at = model.policy.at ? ` at ${new Date(model.policy.at).toLocaleTimeString()}` : '';
       const n = model.policy.hosts;
       const list = model.policy.mode === 'allowlist' ? `only ${n} permitted host pattern${n === 1 ? '' : 's'}` : `${n} blocked host pattern${n === 1 ? '' : 's'}`;
-      parts.push(`The network policy changed${at}: ${model.policy.mode}, ${list}.`);
+      text = `${text} The network policy changed${at}: ${model.policy.mode}, ${list}.`.trim();
     }
-    this._notice.dataset.kind = kind;
-    const text = parts.join(' ');
-    if (this._notice.textContent !== text) this._notice.textContent = text;
+    if (this._policy.textContent !== text) this._policy.textContent = text;
   }
 
   _newRow(row) {
@@ -435,15 +569,30 @@ export class GemResourcesPage extends HTMLElement {
     const mark = el('span', { class: 'mark', 'aria-hidden': 'true' }, MARKS[row.state] ?? '');
     if (row.state === 'failed' && row.error) {
       const codes = row.error.code !== row.error.primaryCause ? `${row.error.code}, caused by ${row.error.primaryCause}` : row.error.primaryCause;
+      const hashes = [...new Set(String(row.error.detail ?? '').match(HASH) ?? [])];
+      const detail = String(row.error.detail ?? '').replace(HASH, (h) => `${h.slice(0, 12)}…`);
       body.replaceChildren(
-        el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${row.error.headline}`), row.error.detail ? ` — ${row.error.detail}.` : '.'),
+        el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${headlineOf(row.error)}`), detail ? ` — ${detail}.` : '.'),
         ' ',
+        ...(hashes.length > 0 ? [el('details', { class: 'hashes' }, el('summary', {}, 'Full SHA-256'), ...hashes.map((h) => el('code', {}, h)))] : []),
         el('span', { class: 'codes' }, `Code: ${codes}`),
       );
     } else {
       body.replaceChildren(el('span', { class: 'text' }, mark, row.text));
     }
   }
+}
+
+/** A SHA-256 in a message: shown by its first 12 digits, the whole in a <details>. */
+const HASH = /\b[0-9a-f]{64}\b/g;
+
+/** The headline of a failed row: an HTTP status in words (404 is not a 500), else the model's. */
+function headlineOf(error) {
+  const status = error.primaryCause === 'E_RESOURCE_HTTP' ? /HTTP status (\d{3})/.exec(`${error.detail} ${error.message}`)?.[1] : null;
+  if (status === '404' || status === '410') return 'Not found on the server';
+  if (status === '429') return 'The server is busy (too many requests)';
+  if (status?.startsWith('5')) return 'The server had an error';
+  return error.headline;
 }
 
 function setText(node, text) {

@@ -1,28 +1,35 @@
 #!/usr/bin/env node
 // An example relay for a plain browser page, which has no Unix socket: it
-// serves the gem page and a read-only feed of one gem (its status, and the
-// events of a subscription as Server-Sent Events) on loopback, to a browser
-// on this machine that holds its random token. Node, no dependencies.
+// serves the gem page and a read-only feed of one or several gems (their
+// status, and the events of a subscription as Server-Sent Events) on
+// loopback, to a browser on this machine that opened one of its links.
+// Node, no dependencies.
 //
-//   node js/page/relay.js --store ~/.local/share/gem-resources --gem notes
-//   → open http://127.0.0.1:PORT/TOKEN/page/index.html?gem=notes
+//   node js/page/relay.js --store ~/.local/share/gem-resources --gem notes --app-name Notes
+//   → open http://127.0.0.1:PORT/page/index.html?gem=notes&token=TOKEN
+//
+// A link's token is good once: the first request with it gets an
+// HttpOnly, SameSite=Strict cookie and a redirect to the same path without
+// the token; later requests need the cookie. A used token is refused (403).
 //
 // What it serves, and nothing else (GET and HEAD only):
-//   /TOKEN/page/index.html, /TOKEN/page/gem-resources-page.js, /TOKEN/model.js
-//   /TOKEN/feed/GEM/status   the gem's status: {"gems": [GemStatus]}
-//   /TOKEN/feed/GEM/events   text/event-stream: `event: status` (the
-//                            subscription's [GemStatus…]), then each event
-//                            as a `message`; after `lagged` it subscribes
-//                            again and sends `status` again; `event: lost`
-//                            ({code, message}) and the end when the
-//                            service is lost.
+//   /page/index.html, /page/gem-resources-page.js, /model.js
+//   /feed/GEM/status   the gem's status: {"gems": [GemStatus]}
+//   /feed/GEM/events   text/event-stream: `event: relay` ({app}), `event:
+//                      status` (the subscription's [GemStatus…]), then each
+//                      event as a `message`; after `lagged` it subscribes
+//                      again and sends `status` again; `event: lost`
+//                      ({code, message, app}) and the end when the service
+//                      is lost.
+// While the service is away, both feeds answer 503 at once with
+// {code, message, app}; the relay tries the service again every second.
 // Every request must name 127.0.0.1:PORT or localhost:PORT in `Host` (no
 // DNS rebinding), come from the same origin or none (`Origin`,
-// `Sec-Fetch-Site`), and start its path with the token: else 403. Any
-// other path is 404. No path, install, policy or any call that changes
-// the store: a page through the relay can only watch.
+// `Sec-Fetch-Site`), and carry the cookie (or a link's unused token):
+// else 403. Any other path is 404. No path, install, policy or any call
+// that changes the store: a page through the relay can only watch.
 //
-// Use it from code: `const relay = await startRelay({source: client, gem})`
+// Use it from code: `const relay = await startRelay({source: client, gems, appName})`
 // (any `source` with the client's `status(gem)` and `subscribe({gem})`).
 
 import crypto from 'node:crypto';
@@ -33,7 +40,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
-/** The files served, by their path after the token. */
+/** The files served, by their path. */
 const FILES = new Map([
   ['page/index.html', { file: path.join(here, 'index.html'), type: 'text/html; charset=utf-8' }],
   ['page/gem-resources-page.js', { file: path.join(here, 'gem-resources-page.js'), type: 'text/javascript; charset=utf-8' }],
@@ -41,11 +48,17 @@ const FILES = new Map([
 ]);
 
 /** At most this many event streams at once (each is a subscription of the service). */
-const MAX_STREAMS = 16;
+export const MAX_STREAMS = 16;
+/** At most this many event streams of one client (one browser's cookie) at once. */
+export const MAX_STREAMS_PER_CLIENT = 4;
 /** An event stream whose browser stops reading with this much unsent is ended (the page subscribes again and redraws). */
 const MAX_UNSENT = 4 * 1024 * 1024;
 /** How often a quiet event stream gets a comment line, so that nothing between closes it as idle (ms). */
 const KEEPALIVE_MS = 15_000;
+/** How often the relay tries the service again while it is away (ms). */
+const PROBE_MS = 1000;
+/** The code of a lost service (the client's). */
+const SERVICE = 'E_RESOURCE_SERVICE';
 
 /**
  * JSON for the page: without the store's local paths (a file's `path`,
@@ -63,6 +76,10 @@ function sha256(text) {
   return crypto.createHash('sha256').update(text).digest();
 }
 
+function secret() {
+  return crypto.randomBytes(24).toString('hex');
+}
+
 /** The hashes of index.html's inline scripts, for its Content-Security-Policy. */
 function inlineScriptHashes(html) {
   const hashes = [];
@@ -72,21 +89,53 @@ function inlineScriptHashes(html) {
   return hashes;
 }
 
+/** A gem id the relay feeds when it serves any gem: 1 to 128 characters, no control character nor `/`. */
+function plausibleGem(gem) {
+  return typeof gem === 'string' && gem.length >= 1 && gem.length <= 128 && !/[\u0000-\u001f\u007f/]/.test(gem);
+}
+
+/** The value of cookie `name` in a `Cookie` header, or null. */
+function cookieOf(header, name) {
+  for (const part of String(header ?? '').split(';')) {
+    const eq = part.indexOf('=');
+    if (eq > 0 && part.slice(0, eq).trim() === name) return part.slice(eq + 1).trim();
+  }
+  return null;
+}
+
 /**
  * Starts the relay. `source`: the client (or anything with `status(gem)`
- * and `subscribe({gem})`); `gem`: the one gem it feeds. Listens on
- * 127.0.0.1 at `port` (0: a random free one) with a random token (or
- * `token`). Resolves to `{url, pageUrl, port, token, close()}`: `url` is
- * the base a page's `relay` attribute takes, `pageUrl` the page to open.
+ * and `subscribe({gem})`; a client's 'disconnected' and 'reconnected' are
+ * listened to); `gems`: the gems it feeds (or `gem`, one; neither: any
+ * gem); `appName`: the app's name, which the page says when the service is
+ * away. Listens on 127.0.0.1 at `port` (0: a random free one). Resolves to
+ * `{url, pageUrl, port, token, newPageUrl(gem), close()}`: `pageUrl` opens
+ * the first gem's page once (its `token`); `newPageUrl(gem)` makes another
+ * link, good once too.
  */
-export async function startRelay({ source, gem, port = 0, token = crypto.randomBytes(24).toString('hex') } = {}) {
+export async function startRelay({ source, gem, gems, appName, port = 0, token = secret() } = {}) {
   if (!source || typeof source.subscribe !== 'function' || typeof source.status !== 'function') {
     throw new TypeError('startRelay needs a source with status(gem) and subscribe({gem})');
   }
-  if (typeof gem !== 'string' || gem === '') throw new TypeError('startRelay needs a gem');
+  let list = gems ?? (gem === undefined ? null : [gem]);
+  if (list !== null) {
+    if (!Array.isArray(list) || list.length === 0 || !list.every((g) => typeof g === 'string' && g !== '')) {
+      throw new TypeError('startRelay needs gems: a list of gem ids (or none, for any gem)');
+    }
+    list = [...new Set(list)];
+  }
+  if (appName !== undefined && (typeof appName !== 'string' || appName.trim() === '')) throw new TypeError('startRelay: appName must be a non-empty string');
+  const app = appName ?? null;
   if (!/^[A-Za-z0-9_-]{16,}$/.test(token)) throw new TypeError('the token must be at least 16 letters, digits, - or _');
-  const tokenHash = sha256(token);
+  /** Each link's token (by its hash): whether it was used. */
+  const tokens = new Map([[sha256(token).toString('hex'), { used: false }]]);
+  /** Each client (a browser's cookie, by its hash): its event streams. */
+  const clients = new Map();
   const streams = new Set();
+  /** The service is away: `{code, message, since}`, or null. */
+  let outage = null;
+  let probing = null;
+  let probeTimer = null;
   // A request without Host is refused by handle() (403), not by Node (400).
   const server = http.createServer({ requireHostHeader: false }, (req, res) => handle(req, res).catch((e) => fail(res, 500, `relay error: ${e.message}`)));
   server.on('clientError', (_e, socket) => socket.destroy());
@@ -96,13 +145,57 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
   });
   const bound = server.address().port;
   const hosts = new Set([`127.0.0.1:${bound}`, `localhost:${bound}`]);
+  // Cookies are kept per host, not per port: the port names this relay's.
+  const cookieName = `gem_relay_${bound}`;
+
+  const emitter = typeof source.on === 'function' && typeof (source.off ?? source.removeListener) === 'function';
+  const onDisconnected = (error) => serviceLost(error);
+  const onReconnected = () => serviceBack();
+  if (emitter) {
+    source.on('disconnected', onDisconnected);
+    source.on('reconnected', onReconnected);
+  }
+
+  /** The service went away: every stream is told at once and ended; feeds answer 503 until it is back. */
+  function serviceLost(error) {
+    const message = String(error?.message ?? error ?? 'the service went away');
+    if (outage) {
+      outage.message = message;
+    } else {
+      outage = { code: SERVICE, message, since: new Date().toISOString() };
+      for (const stream of [...streams]) stream.lose(outage);
+    }
+    if (!probeTimer) {
+      probeTimer = setInterval(probe, PROBE_MS);
+      probeTimer.unref?.();
+    }
+  }
+
+  function serviceBack() {
+    outage = null;
+    clearInterval(probeTimer);
+    probeTimer = null;
+  }
+
+  /** Asks the service something small; back when it answers. */
+  function probe() {
+    if (probing || !outage) return;
+    const ask = typeof source.hello === 'function' ? () => source.hello() : () => source.status(list?.[0]);
+    probing = Promise.resolve()
+      .then(ask)
+      .then(serviceBack, (e) => {
+        if (outage && e?.message) outage.message = e.message;
+      })
+      .finally(() => {
+        probing = null;
+      });
+  }
 
   function headers(type, extra = {}) {
     return {
       'content-type': type,
       'cache-control': 'no-store',
       'x-content-type-options': 'nosniff',
-      // The token is in every path: never send it elsewhere.
       'referrer-policy': 'no-referrer',
       'cross-origin-resource-policy': 'same-origin',
       'x-frame-options': 'DENY',
@@ -118,8 +211,25 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
     res.writeHead(status, headers('text/plain; charset=utf-8')).end(`${message}\n`);
   }
 
-  function tokenMatches(candidate) {
-    return crypto.timingSafeEqual(sha256(candidate), tokenHash);
+  /** A refused feed: JSON a page reads (`{code, message, app}`). */
+  function failFeed(res, status, code, message, extra = {}) {
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    res.writeHead(status, headers('application/json', extra)).end(JSON.stringify({ code, message, app }));
+  }
+
+  /** A new link's token, good once. */
+  function mint() {
+    const fresh = secret();
+    tokens.set(sha256(fresh).toString('hex'), { used: false });
+    return fresh;
+  }
+
+  function pageUrlOf(gemId, withToken) {
+    const query = gemId === undefined ? '' : `gem=${encodeURIComponent(gemId)}&`;
+    return `http://127.0.0.1:${bound}/page/index.html?${query}token=${withToken}`;
   }
 
   async function handle(req, res) {
@@ -133,18 +243,40 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
       res.setHeader('allow', 'GET, HEAD');
       return fail(res, 405, 'read-only: GET and HEAD only');
     }
-    let pathname;
+    let url;
     try {
-      pathname = new URL(req.url, `http://${host}`).pathname;
+      url = new URL(req.url, `http://${host}`);
     } catch {
       return fail(res, 404, 'not found');
     }
-    const slash = pathname.indexOf('/', 1);
-    const first = slash < 0 ? pathname.slice(1) : pathname.slice(1, slash);
-    if (!tokenMatches(first)) return fail(res, 403, 'the token is missing or wrong');
-    const rest = slash < 0 ? '' : pathname.slice(slash + 1);
-    if (rest === '' || rest === 'page/') {
-      res.writeHead(302, headers('text/plain; charset=utf-8', { location: `/${first}/page/index.html?gem=${encodeURIComponent(gem)}` }));
+    const cookie = cookieOf(req.headers.cookie, cookieName);
+    const clientKey = cookie ? sha256(cookie).toString('hex') : null;
+    let client = clientKey ? clients.get(clientKey) : undefined;
+    const linkToken = url.searchParams.get('token');
+    if (linkToken !== null) {
+      // A link: its token is exchanged for a cookie, once.
+      const entry = tokens.get(sha256(linkToken).toString('hex'));
+      url.searchParams.delete('token');
+      const location = `${url.pathname}${url.search}`;
+      if (entry && !entry.used) {
+        entry.used = true;
+        if (!client) {
+          const fresh = crypto.randomBytes(32).toString('hex');
+          client = { streams: new Set() };
+          clients.set(sha256(fresh).toString('hex'), client);
+          res.setHeader('set-cookie', `${cookieName}=${fresh}; Path=/; HttpOnly; SameSite=Strict`);
+        }
+      } else if (!client) {
+        return fail(res, 403, entry ? 'this link was used already: each link of the relay opens once; ask the app for a new one' : 'the token is wrong');
+      }
+      res.writeHead(302, headers('text/plain; charset=utf-8', { location }));
+      return res.end();
+    }
+    if (!client) return fail(res, 403, 'no cookie of this relay: open the page through a link the app gave');
+    const rest = url.pathname.slice(1);
+    if (rest === '' || rest === 'page' || rest === 'page/') {
+      const query = list ? `?gem=${encodeURIComponent(list[0])}` : '';
+      res.writeHead(302, headers('text/plain; charset=utf-8', { location: `/page/index.html${query}` }));
       return res.end();
     }
     const file = FILES.get(rest);
@@ -156,20 +288,25 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
     } catch {
       feedGem = null;
     }
-    if (!feed || feedGem !== gem) return fail(res, 404, 'not found');
+    if (!feed || !(list ? list.includes(feedGem) : plausibleGem(feedGem))) return fail(res, 404, 'not found');
+    if (outage) {
+      probe();
+      return failFeed(res, 503, outage.code, outage.message, { 'retry-after': '1' });
+    }
     if (feed[2] === 'status') {
       let status;
       try {
-        status = await source.status(gem);
+        status = await source.status(feedGem);
       } catch (e) {
-        return fail(res, 503, `the service did not answer: ${e.message}`);
+        if ((e?.code ?? SERVICE) === SERVICE) serviceLost(e);
+        return failFeed(res, 503, e?.code ?? SERVICE, `the service did not answer: ${e?.message ?? e}`);
       }
-      const gems = Array.isArray(status) ? status : (status.gems ?? []);
-      const body = forPage({ gems: gems.filter((g) => g.gem === gem) });
+      const gemsOf = Array.isArray(status) ? status : (status.gems ?? []);
+      const body = forPage({ gems: gemsOf.filter((g) => g.gem === feedGem) });
       res.writeHead(200, headers('application/json'));
       return res.end(req.method === 'HEAD' ? undefined : body);
     }
-    return events(req, res);
+    return events(req, res, feedGem, client);
   }
 
   function serveFile(req, res, { file, type }) {
@@ -193,28 +330,38 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
     body = null;
   }
 
-  async function events(req, res) {
-    if (streams.size >= MAX_STREAMS) return fail(res, 503, 'too many event streams');
-    res.writeHead(200, headers('text/event-stream; charset=utf-8', { connection: 'keep-alive' }));
-    if (req.method === 'HEAD') return res.end();
-    const stream = { res, sub: null, closed: false };
+  async function events(req, res, feedGem, client) {
+    if (req.method === 'HEAD') {
+      res.writeHead(200, headers('text/event-stream; charset=utf-8'));
+      return res.end();
+    }
+    if (client.streams.size >= MAX_STREAMS_PER_CLIENT) {
+      return failFeed(res, 429, 'E_RESOURCE_BUSY', `this browser holds ${MAX_STREAMS_PER_CLIENT} event streams of the relay already: close a page of it`, { 'retry-after': '5' });
+    }
+    if (streams.size >= MAX_STREAMS) {
+      return failFeed(res, 503, 'E_RESOURCE_BUSY', `the relay serves ${MAX_STREAMS} event streams already`, { 'retry-after': '5' });
+    }
+    const stream = { res, sub: null, closed: false, client, lose: null };
+    // Counted before the service answers, so that slow answers cannot pass the caps.
     streams.add(stream);
-    const keepalive = setInterval(() => send(': keep-alive\n\n'), KEEPALIVE_MS);
+    client.streams.add(stream);
+    let keepalive = null;
     const close = () => {
       if (stream.closed) return;
       stream.closed = true;
       clearInterval(keepalive);
       streams.delete(stream);
+      client.streams.delete(stream);
       try {
         stream.sub?.close();
       } catch {
         // closed already
       }
-      res.end();
+      if (res.headersSent) res.end();
     };
     res.on('close', close);
     function send(text) {
-      if (stream.closed) return;
+      if (stream.closed || !res.headersSent) return;
       if (res.writableLength > MAX_UNSENT) {
         // The page stopped reading: end; it subscribes again and redraws.
         close();
@@ -223,11 +370,27 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
       }
       res.write(text);
     }
+    const lostMessage = (code, message) => `event: lost\ndata: ${JSON.stringify({ code, message, app })}\n\n`;
+    stream.lose = (why) => {
+      if (!res.headersSent) {
+        // Still waiting for the service: answered as a page opened now is.
+        close();
+        failFeed(res, 503, why.code, why.message);
+        return;
+      }
+      send(lostMessage(why.code, why.message));
+      close();
+    };
     try {
       for (;;) {
-        const sub = await source.subscribe({ gem });
+        const sub = await source.subscribe({ gem: feedGem });
         stream.sub = sub;
         if (stream.closed) return sub.close();
+        if (!res.headersSent) {
+          res.writeHead(200, headers('text/event-stream; charset=utf-8', { connection: 'keep-alive' }));
+          keepalive = setInterval(() => send(': keep-alive\n\n'), KEEPALIVE_MS);
+          send(`event: relay\ndata: ${JSON.stringify({ app, gem: feedGem })}\n\n`);
+        }
         send(`event: status\ndata: ${forPage(sub.status ?? [])}\n\n`);
         try {
           for await (const event of sub) {
@@ -240,21 +403,40 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
           // Fell behind: subscribe again, and send the new status.
         }
       }
-      send(`event: lost\ndata: ${JSON.stringify({ code: 'E_RESOURCE_SERVICE', message: 'the subscription ended' })}\n\n`);
+      send(lostMessage(SERVICE, 'the subscription ended'));
     } catch (e) {
-      send(`event: lost\ndata: ${JSON.stringify({ code: e?.code ?? 'E_RESOURCE_SERVICE', message: String(e?.message ?? e) })}\n\n`);
+      const code = e?.code ?? SERVICE;
+      if (code === SERVICE && !stream.closed) serviceLost(e);
+      if (!res.headersSent) {
+        close();
+        return failFeed(res, 503, code, outage?.message ?? String(e?.message ?? e));
+      }
+      send(lostMessage(code, String(e?.message ?? e)));
     }
     close();
   }
 
-  const base = `http://127.0.0.1:${bound}/${token}/`;
   return {
-    url: base,
-    pageUrl: `${base}page/index.html?gem=${encodeURIComponent(gem)}`,
+    url: `http://127.0.0.1:${bound}/`,
+    pageUrl: pageUrlOf(list?.[0], token),
     port: bound,
     token,
     server,
+    /** A new link to the page of `gem` (default: the first), whose token is good once. */
+    newPageUrl(gemId = list?.[0]) {
+      return pageUrlOf(gemId, mint());
+    },
+    /** The outage the relay is in (`{code, message, since}`), or null. */
+    get outage() {
+      return outage;
+    },
     async close() {
+      if (emitter) {
+        const off = (source.off ?? source.removeListener).bind(source);
+        off('disconnected', onDisconnected);
+        off('reconnected', onReconnected);
+      }
+      clearInterval(probeTimer);
       for (const stream of [...streams]) {
         stream.res.destroy();
       }
@@ -265,33 +447,51 @@ export async function startRelay({ source, gem, port = 0, token = crypto.randomB
 }
 
 function usage() {
-  return 'usage: node relay.js --store DIR --gem GEM [--port N]\n  serves the gem page of GEM on 127.0.0.1, fed by the service of the store DIR';
+  return [
+    'usage: node relay.js --store DIR [--gem GEM]... [--app-name NAME] [--port N]',
+    '  serves the gem page of each GEM (without --gem: of any installed gem) on 127.0.0.1,',
+    '  fed by the service of the store DIR; NAME is the app the page names when the service is away',
+  ].join('\n');
 }
 
 async function main(argv) {
-  const args = {};
+  const args = { gem: [] };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--help' || a === '-h') {
       console.log(usage());
       return;
     }
-    if (!['--store', '--gem', '--port'].includes(a) || argv[i + 1] === undefined) {
+    if (!['--store', '--gem', '--port', '--app-name'].includes(a) || argv[i + 1] === undefined) {
       console.error(usage());
       process.exitCode = 2;
       return;
     }
-    args[a.slice(2)] = argv[++i];
+    const value = argv[++i];
+    if (a === '--gem') args.gem.push(value);
+    else args[a.slice(2)] = value;
   }
-  if (!args.store || !args.gem) {
+  if (!args.store) {
     console.error(usage());
     process.exitCode = 2;
     return;
   }
+  const appName = args['app-name'];
   const { connect } = await import('../index.js');
-  const client = await connect({ store: args.store });
-  const relay = await startRelay({ source: client, gem: args.gem, port: Number(args.port ?? 0) });
-  console.log(`gem page of ${args.gem}: ${relay.pageUrl}`);
+  const client = await connect({ store: args.store, ...(appName ? { appName } : {}) });
+  const relay = await startRelay({ source: client, gems: args.gem.length > 0 ? args.gem : undefined, appName, port: Number(args.port ?? 0) });
+  const links = async () => {
+    let gems = args.gem;
+    if (gems.length === 0) {
+      const status = await client.status().catch(() => ({ gems: [] }));
+      gems = status.gems.map((g) => g.gem);
+    }
+    if (gems.length === 0) console.log('no gem is installed yet: press Enter for links once one is');
+    for (const g of gems) console.log(`gem page of ${g}: ${relay.newPageUrl(g)}`);
+    console.log('each link opens once (then a cookie of the browser lets it in); press Enter for new links');
+  };
+  await links();
+  if (process.stdin.isTTY) process.stdin.on('data', () => links());
   const stop = async () => {
     await relay.close();
     client.close();

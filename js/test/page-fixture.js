@@ -152,6 +152,20 @@ export function request(port, pathname, { headers = {}, method = 'GET' } = {}) {
 }
 
 /**
+ * Opens a link of the relay (its one-time token) as a browser would:
+ * the `Cookie` header its answer sets (`name=value`). Fails unless the
+ * answer is a redirect to the same path without the token.
+ */
+export async function signIn(relay, link) {
+  const url = new URL(link);
+  const r = await request(relay.port, `${url.pathname}${url.search}`, { headers: { host: url.host } });
+  if (r.status !== 302) throw new Error(`the link answered ${r.status}: ${r.body}`);
+  const setCookie = r.headers['set-cookie']?.[0];
+  if (!setCookie) throw new Error('the link set no cookie');
+  return setCookie.split(';')[0];
+}
+
+/**
  * Reads an event stream of the relay: `{next(pred) → the next message
  * matching, messages, close()}`; each message `{event, data}`.
  */
@@ -333,8 +347,10 @@ export class Chromium {
   }
 
   /** A new tab of `width` × `height` CSS pixels: a Page. */
-  async newPage({ width = 800, height = 600 } = {}) {
-    const { targetId } = await this.send('Target.createTarget', { url: 'about:blank' });
+  async newPage({ width = 800, height = 600, isolated = false } = {}) {
+    // Isolated: a browser context of its own (its own cookies), as another user's browser.
+    const context = isolated ? await this.send('Target.createBrowserContext') : null;
+    const { targetId } = await this.send('Target.createTarget', { url: 'about:blank', ...(context ? { browserContextId: context.browserContextId } : {}) });
     const { sessionId } = await this.send('Target.attachToTarget', { targetId, flatten: true });
     const page = new Page(this, sessionId);
     await page.send('Runtime.enable');

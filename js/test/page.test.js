@@ -14,7 +14,7 @@ import { test } from 'node:test';
 import { startRelay } from '../page/relay.js';
 
 import { Fixture, waitFor, within } from './fixture.js';
-import { Chromium, FakeSource, eventStream, findChromium, request, statusRow } from './page-fixture.js';
+import { Chromium, FakeSource, eventStream, findChromium, request, signIn, statusRow } from './page-fixture.js';
 
 const MiB = 1024 * 1024;
 
@@ -22,7 +22,8 @@ async function fakeRelay(t, source = new FakeSource({ status: fakeStatus() })) {
   const relay = await startRelay({ source, gem: 'notes' });
   t.after(() => relay.close());
   const host = `127.0.0.1:${relay.port}`;
-  return { relay, source, host, port: relay.port, base: `/${relay.token}/` };
+  const cookie = await signIn(relay, relay.pageUrl);
+  return { relay, source, host, port: relay.port, base: '/', cookie };
 }
 
 function fakeStatus() {
@@ -39,11 +40,11 @@ function fakeStatus() {
 }
 
 test('the relay serves its page and the feed of its gem to its own origin with the token', { timeout: 20_000 }, async (t) => {
-  const { host, port, base, relay } = await fakeRelay(t);
+  const { host, port, base, relay, cookie } = await fakeRelay(t);
   assert.match(relay.token, /^[0-9a-f]{48}$/);
-  assert.equal(relay.pageUrl, `http://127.0.0.1:${port}${base}page/index.html?gem=notes`);
+  assert.equal(relay.pageUrl, `http://127.0.0.1:${port}/page/index.html?gem=notes&token=${relay.token}`);
 
-  const page = await request(port, `${base}page/index.html?gem=notes`, { headers: { host } });
+  const page = await request(port, `${base}page/index.html?gem=notes`, { headers: { host, cookie } });
   assert.equal(page.status, 200);
   assert.match(page.headers['content-type'], /^text\/html/);
   assert.match(page.body, /<gem-resources-page/);
@@ -51,42 +52,48 @@ test('the relay serves its page and the feed of its gem to its own origin with t
   assert.match(page.headers['content-security-policy'], /script-src 'self' 'sha256-[A-Za-z0-9+/=]+'/);
   assert.match(page.headers['content-security-policy'], /connect-src 'self'/);
   for (const file of ['page/gem-resources-page.js', 'model.js']) {
-    const r = await request(port, `${base}${file}`, { headers: { host: `localhost:${port}`, origin: `http://localhost:${port}`, 'sec-fetch-site': 'same-origin' } });
+    const r = await request(port, `${base}${file}`, { headers: { host: `localhost:${port}`, origin: `http://localhost:${port}`, 'sec-fetch-site': 'same-origin', cookie } });
     assert.equal(r.status, 200, file);
     assert.match(r.headers['content-type'], /^text\/javascript/, file);
   }
-  assert.equal((await request(port, base, { headers: { host } })).status, 302);
+  assert.equal((await request(port, base, { headers: { host, cookie } })).status, 302);
 
   // The status of its gem only, without the service's socket or the store's path.
-  const status = await request(port, `${base}feed/notes/status`, { headers: { host } });
+  const status = await request(port, `${base}feed/notes/status`, { headers: { host, cookie } });
   assert.equal(status.status, 200);
   const body = JSON.parse(status.body);
   assert.deepEqual(Object.keys(body), ['gems']);
   assert.deepEqual(body.gems.map((g) => g.gem), ['notes']);
 });
 
-test('the relay refuses a wrong token, a wrong Host and a foreign Origin (403), any other path (404), and every method but GET', { timeout: 20_000 }, async (t) => {
-  const { host, port, base, relay } = await fakeRelay(t);
+test('the relay refuses no cookie, a wrong token, a wrong Host and a foreign Origin (403), any other path (404), and every method but GET', { timeout: 20_000 }, async (t) => {
+  const { host: h, port, base, relay, cookie } = await fakeRelay(t);
+  const host = h;
   const good = `${base}page/index.html`;
-  const wrongToken = relay.token.replace(/^./, (c) => (c === 'a' ? 'b' : 'a'));
+  const fresh = new URL(relay.newPageUrl()).searchParams.get('token');
+  const wrongToken = fresh.replace(/^./, (c) => (c === 'a' ? 'b' : 'a'));
   const refused = [
-    ['no token', '/page/index.html', { host }],
-    ['the root', '/', { host }],
-    ['a wrong token', `/${wrongToken}/page/index.html`, { host }],
-    ['a token cut short', `/${relay.token.slice(0, -1)}/page/index.html`, { host }],
-    ['the token in the query', `/page/index.html?token=${relay.token}`, { host }],
-    ['a foreign Host', good, { host: `evil.test:${port}` }],
-    ['a rebinding name', good, { host: `127.0.0.1.nip.io:${port}` }],
-    ['another port', good, { host: `127.0.0.1:${port + 1}` }],
-    ['no port', good, { host: '127.0.0.1' }],
-    ['no Host', good, {}],
-    ['a foreign Origin', good, { host, origin: 'http://evil.test' }],
-    ['an Origin of the other loopback name', good, { host, origin: `http://localhost:${port}` }],
-    ['an https Origin', good, { host, origin: `https://127.0.0.1:${port}` }],
-    ['the null Origin', good, { host, origin: 'null' }],
-    ['a cross-site fetch', good, { host, 'sec-fetch-site': 'cross-site' }],
-    ['a same-site fetch', `${base}feed/notes/status`, { host, 'sec-fetch-site': 'same-site' }],
-    ['the feed from a foreign Origin', `${base}feed/notes/events`, { host, origin: 'http://evil.test' }],
+    ['no cookie', '/page/index.html', { host }],
+    ['the root without a cookie', '/', { host }],
+    ['the feed without a cookie', '/feed/notes/status', { host }],
+    ['another relay’s cookie name', '/page/index.html', { host, cookie: cookie.replace(/^gem_relay_\d+/, `gem_relay_${port + 1}`) }],
+    ['a wrong cookie', '/page/index.html', { host, cookie: cookie.replace(/=./, (c) => (c === '=a' ? '=b' : '=a')) }],
+    ['a wrong token', `/page/index.html?token=${wrongToken}`, { host }],
+    ['a token cut short', `/page/index.html?token=${fresh.slice(0, -1)}`, { host }],
+    ['the token in the path', `/${fresh}/page/index.html`, { host }],
+    ['a foreign Host', `/page/index.html?token=${fresh}`, { host: `evil.test:${port}` }],
+    ['a foreign Host with the cookie', good, { host: `evil.test:${port}`, cookie }],
+    ['a rebinding name', good, { cookie, host: `127.0.0.1.nip.io:${port}` }],
+    ['another port', good, { cookie, host: `127.0.0.1:${port + 1}` }],
+    ['no port', good, { cookie, host: '127.0.0.1' }],
+    ['no Host', good, { cookie }],
+    ['a foreign Origin', good, { cookie, host, origin: 'http://evil.test' }],
+    ['an Origin of the other loopback name', good, { cookie, host, origin: `http://localhost:${port}` }],
+    ['an https Origin', good, { cookie, host, origin: `https://127.0.0.1:${port}` }],
+    ['the null Origin', good, { cookie, host, origin: 'null' }],
+    ['a cross-site fetch', good, { cookie, host, 'sec-fetch-site': 'cross-site' }],
+    ['a same-site fetch', `${base}feed/notes/status`, { cookie, host, 'sec-fetch-site': 'same-site' }],
+    ['the feed from a foreign Origin', `${base}feed/notes/events`, { cookie, host, origin: 'http://evil.test' }],
   ];
   for (const [what, pathname, headers] of refused) {
     const r = await request(port, pathname, { headers });
@@ -95,23 +102,25 @@ test('the relay refuses a wrong token, a wrong Host and a foreign Origin (403), 
   }
   const missing = ['page/relay.js', 'page/README.md', 'index.js', 'model.d.ts', 'package.json', 'test/fixture.js', 'feed/letters/status', 'feed/letters/events', 'feed/notes/path', 'feed/notes/install', 'feed/notes/policy', 'feed/notes', 'page/%2e%2e/index.js', 'page/..%2findex.js', 'page/index.html/'];
   for (const rest of missing) {
-    const r = await request(port, `${base}${rest}`, { headers: { host } });
+    const r = await request(port, `${base}${rest}`, { headers: { host, cookie } });
     assert.equal(r.status, 404, `${rest}: ${r.status} ${r.body}`);
   }
   for (const method of ['POST', 'PUT', 'DELETE', 'OPTIONS', 'PATCH']) {
-    const r = await request(port, `${base}feed/notes/status`, { method, headers: { host } });
+    const r = await request(port, `${base}feed/notes/status`, { method, headers: { host, cookie } });
     assert.equal(r.status, 405, `${method}: ${r.status}`);
   }
 });
 
 test('the relay’s event stream: the status, the events, the status again after lagged, then lost', { timeout: 20_000 }, async (t) => {
-  const { host, port, base, source } = await fakeRelay(t);
-  const stream = await eventStream(port, `${base}feed/notes/events`, { host, 'sec-fetch-site': 'same-origin' });
-  t.after(() => stream.close());
-  assert.match(stream.headers['content-type'], /^text\/event-stream/);
+  const { host, port, base, source, cookie } = await fakeRelay(t);
+  const opening = eventStream(port, `${base}feed/notes/events`, { host, 'sec-fetch-site': 'same-origin', cookie });
   const first = await within(5000, source.nextSubscription(), 'the relay’s subscription');
   assert.deepEqual(first.options, { gem: 'notes' });
   first.open([{ gem: 'notes', resources: [statusRow({ id: 'model' })] }]);
+  const stream = await opening;
+  t.after(() => stream.close());
+  assert.match(stream.headers['content-type'], /^text\/event-stream/);
+  assert.deepEqual(await stream.next(), { event: 'relay', data: { app: null, gem: 'notes' } });
   const status = await stream.next();
   assert.equal(status.event, 'status');
   assert.equal(status.data[0].resources[0].id, 'model');
@@ -129,7 +138,7 @@ test('the relay’s event stream: the status, the events, the status again after
 
   second.fail(Object.assign(new Error('the connection closed'), { code: 'E_RESOURCE_SERVICE' }));
   const lost = await stream.next();
-  assert.deepEqual(lost, { event: 'lost', data: { code: 'E_RESOURCE_SERVICE', message: 'the connection closed' } });
+  assert.deepEqual(lost, { event: 'lost', data: { code: 'E_RESOURCE_SERVICE', message: 'the connection closed', app: null } });
   await waitFor('the stream to end', () => stream.ended);
 });
 
