@@ -7,6 +7,7 @@ mod support;
 mod address_guard;
 #[cfg(unix)]
 mod api_cancel;
+#[cfg(unix)]
 mod api_cancel_work;
 #[cfg(unix)]
 mod api_server;
