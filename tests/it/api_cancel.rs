@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 use crate::support::api::{Line, Listening};
 use crate::support::*;
 
-/// A resumable file of `size` bytes sent at 16 KiB every 50 ms.
-fn slow_file(env: &Env, path: &str, size: usize, seed: u8) -> (url::Url, Vec<u8>) {
+/// A resumable file of `size` bytes sent at 16 KiB every 50 ms (the
+/// cancellation tests of `api_cancel_work` use it too).
+pub(crate) fn slow_file(env: &Env, path: &str, size: usize, seed: u8) -> (url::Url, Vec<u8>) {
     let body = bytes(size, seed);
     env.origin.route(
         path,

@@ -14,22 +14,7 @@ use serde_json::{json, Value};
 use crate::support::api::{Line, Listening};
 use crate::support::*;
 
-/// A resumable file of `size` bytes sent at 16 KiB every 50 ms.
-fn slow_file(env: &Env, path: &str, size: usize, seed: u8) -> (url::Url, Vec<u8>) {
-    let body = bytes(size, seed);
-    env.origin.route(
-        path,
-        Behaviour::Ranged {
-            body: body.clone(),
-            etag: "\"w1\"".into(),
-            ignore_range: false,
-            cut_at: None,
-            hold: false,
-            pace: Some((16_384, Duration::from_millis(50))),
-        },
-    );
-    (env.url("origin.test", path), body)
-}
+use crate::api_cancel::slow_file;
 
 /// Writes a config whose hosts take `per_host` connections at once.
 fn per_host(env: &Env, per_host: usize) {
