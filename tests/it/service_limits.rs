@@ -266,7 +266,7 @@ async fn a_client_that_never_reads_is_closed_and_holds_bounded_memory() {
     // whose answers it never reads.
     let mut stream = UnixStream::connect(&socket).await.unwrap();
     let huge_id = "d".repeat(512 << 10);
-    let mut requests = Vec::new();
+    let mut requests = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"hello\"}\n".to_vec();
     for n in 0..40 {
         let id = if n % 2 == 0 { json!(huge_id) } else { json!(n) };
         let request = json!({ "jsonrpc": "2.0", "id": id, "method": "status" });

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::connection::Connection;
+use super::connection::{Connection, Held};
 use super::dispatch::dispatch_call;
+use super::order::Turn;
 use super::Shared;
 use crate::api::protocol::{self, answer, Request, RpcError};
 
@@ -16,16 +17,24 @@ pub(super) const MAX_BATCH: usize = protocol::MAX_IN_FLIGHT;
 /// answers go out together, as one array, once all are done; notifications
 /// get none, and a batch of notifications gets nothing. An empty batch, or
 /// one of more than [`MAX_BATCH`], gets one `-32600`.
-pub(super) async fn answer_batch(batch: Vec<Value>, conn: &Arc<Connection>, shared: &Arc<Shared>) {
+pub(super) async fn answer_batch(
+    batch: Vec<Value>,
+    turns: Vec<Option<Turn>>,
+    held: Held,
+    conn: &Arc<Connection>,
+    shared: &Arc<Shared>,
+) {
     if batch.is_empty() || batch.len() > MAX_BATCH {
         let error = RpcError::usage(
             protocol::INVALID_REQUEST,
             format!("a batch holds 1 to {MAX_BATCH} requests"),
         );
-        conn.send(&answer(Value::Null, Err(error))).await;
+        conn.send_answer(&answer(Value::Null, Err(error)), held)
+            .await;
         return;
     }
-    let answers = batch.into_iter().map(|item| async move {
+    // Its calls that change the store wait for their turns, in its order.
+    let answers = batch.into_iter().zip(turns).map(|(item, turn)| async move {
         match request_of(item) {
             Ok(request) if request.method == "subscribe" => request.id.map(|id| {
                 let error = RpcError::usage(
@@ -36,7 +45,7 @@ pub(super) async fn answer_batch(batch: Vec<Value>, conn: &Arc<Connection>, shar
             }),
             Ok(request) => {
                 let id = request.id.clone();
-                let outcome = dispatch_call(request, conn, shared).await;
+                let outcome = dispatch_call(request, turn, conn, shared).await;
                 id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
             }
             Err((id, error)) => Some(answer(id, Err(error))),
@@ -48,7 +57,7 @@ pub(super) async fn answer_batch(batch: Vec<Value>, conn: &Arc<Connection>, shar
         .flatten()
         .collect();
     if !answers.is_empty() {
-        conn.send(&Value::Array(answers)).await;
+        conn.send_answer(&Value::Array(answers), held).await;
     }
 }
 

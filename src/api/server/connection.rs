@@ -1,7 +1,7 @@
 //! One client's connection: its lines, its queue and its limits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{answer_batch, request_of};
 use super::dispatch::dispatch_call;
+use super::order::{self, Turn};
+use super::peers::{PeerId, Seat};
 use super::{Activity, Shared};
 use crate::api::protocol::{self, answer, RpcError};
 use crate::platform::local_socket::Duplex;
@@ -30,10 +32,23 @@ pub(super) struct Connection {
     /// end) can cancel, by their id's JSON text.
     pub(super) calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
     pub(super) next_call: AtomicU64,
+    /// Its place among its process's connections (the process's requests
+    /// in flight).
+    pub(super) seat: Seat,
+    /// Whether its first call, `hello`, was read.
+    greeted: AtomicBool,
+    /// The turns of its calls that change the store.
+    changes: order::Line,
 }
 
-/// A line waiting to be written, and its share of the queue's bytes.
-pub(super) type Queued = (String, OwnedSemaphorePermit);
+/// A line waiting to be written, its share of the queue's bytes, and the
+/// permits of the requests it answers: all are released once it is
+/// written to the socket.
+pub(super) type Queued = (String, OwnedSemaphorePermit, Held);
+
+/// The permits of the requests an answer is for (the connection's and its
+/// process's requests in flight).
+pub(super) type Held = Vec<OwnedSemaphorePermit>;
 
 impl Connection {
     /// The client is gone: its subscriptions end, and the calls in flight,
@@ -58,7 +73,17 @@ impl Connection {
         self.send_line(line(message)).await;
     }
 
+    /// [`Connection::send`] of the answer to requests whose permits are
+    /// `held`: they are released once it is written.
+    pub(super) async fn send_answer(&self, message: &Value, held: Held) {
+        self.send_line_holding(line(message), held).await;
+    }
+
     pub(super) async fn send_line(&self, text: String) {
+        self.send_line_holding(text, Vec::new()).await;
+    }
+
+    async fn send_line_holding(&self, text: String, held: Held) {
         let wait = self
             .out_bytes
             .clone()
@@ -71,7 +96,7 @@ impl Connection {
             return;
         };
         tokio::select! {
-            _ = self.out.send((text, permit)) => {}
+            _ = self.out.send((text, permit, held)) => {}
             () = self.closed.cancelled() => {}
         }
     }
@@ -85,7 +110,7 @@ impl Connection {
         else {
             return false;
         };
-        self.out.try_send((text, permit)).is_ok()
+        self.out.try_send((text, permit, Vec::new())).is_ok()
     }
 }
 
@@ -101,12 +126,14 @@ pub(super) fn line(message: &Value) -> String {
     text
 }
 
-pub(super) async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared>) {
+pub(super) async fn serve_connection(stream: Box<dyn Duplex>, peer: PeerId, shared: Arc<Shared>) {
     let (read, write) = tokio::io::split(stream);
     let (out, queue) = mpsc::channel::<Queued>(protocol::CONNECTION_QUEUE);
     let activity = Arc::new(Activity {
         last: Mutex::new(Instant::now()),
         busy: AtomicUsize::new(0),
+        subscribed: AtomicUsize::new(0),
+        peer,
         close: CancellationToken::new(),
     });
     let number = shared.next_connection.fetch_add(1, Ordering::Relaxed);
@@ -125,6 +152,9 @@ pub(super) async fn serve_connection(stream: Box<dyn Duplex>, shared: Arc<Shared
         activity,
         calls: Mutex::default(),
         next_call: AtomicU64::new(1),
+        seat: shared.peers.seat(peer),
+        greeted: AtomicBool::new(false),
+        changes: order::Line::default(),
     });
     let writer = tokio::spawn(write_queue(write, queue, conn.closed.clone()));
     let mut reader = BufReader::new(read);
@@ -192,7 +222,7 @@ pub(super) async fn write_queue(
             next = queue.recv() => next,
             () = closed.cancelled() => None,
         };
-        let Some((text, _share)) = next else {
+        let Some((text, _share, _held)) = next else {
             break;
         };
         let wrote =
@@ -319,33 +349,81 @@ pub(super) async fn handle_line(
         }
     };
     drop(bytes);
-    // One task per request (or batch): a long `path` never holds up a
-    // `hello`.
-    let Ok(permit) = conn.in_flight.clone().acquire_owned().await else {
+    if !conn.greeted.load(Ordering::SeqCst) {
+        if value.get("method").and_then(Value::as_str) != Some("hello") {
+            return refuse_before_hello(&value, conn).await;
+        }
+        conn.greeted.store(true, Ordering::SeqCst);
+    }
+    // A batch counts as its number of requests, against the connection
+    // and against its process, from now until its answer is written.
+    let count = match &value {
+        Value::Array(batch) => batch.len().clamp(1, protocol::MAX_IN_FLIGHT),
+        _ => 1,
+    } as u32;
+    let Ok(mine) = conn.in_flight.clone().acquire_many_owned(count).await else {
         return;
     };
+    let mut held = vec![mine];
+    // `hello` is never kept waiting by the process's other connections.
+    if value.get("method").and_then(Value::as_str) != Some("hello") {
+        let peer = tokio::select! {
+            permit = conn.seat.peer.clone().acquire_many_owned(count) => permit.ok(),
+            () = conn.closed.cancelled() => None,
+        };
+        let Some(peer) = peer else {
+            return;
+        };
+        held.push(peer);
+    }
+    // Calls that change the store take their turns now, in the order read.
+    let turns: Vec<Option<Turn>> = match &value {
+        Value::Array(batch) => batch
+            .iter()
+            .map(|item| order::changes(item).then(|| conn.changes.next()))
+            .collect(),
+        single => vec![order::changes(single).then(|| conn.changes.next())],
+    };
+    // One task per request (or batch): a long `path` never holds up a
+    // `hello`.
     let working = conn.activity.working();
     let (conn, shared) = (conn.clone(), shared.clone());
     tokio::spawn(async move {
         match value {
-            Value::Array(batch) => answer_batch(batch, &conn, &shared).await,
+            Value::Array(batch) => answer_batch(batch, turns, held, &conn, &shared).await,
             single => {
+                let turn = turns.into_iter().next().flatten();
                 let answered = match request_of(single) {
                     Ok(request) => {
                         let id = request.id.clone();
-                        let outcome = dispatch_call(request, &conn, &shared).await;
+                        let outcome = dispatch_call(request, turn, &conn, &shared).await;
                         id.zip(outcome).map(|(id, outcome)| answer(id, outcome))
                     }
                     Err((id, error)) => Some(answer(id, Err(error))),
                 };
                 if let Some(message) = answered {
-                    conn.send(&message).await;
+                    conn.send_answer(&message, held).await;
                 }
             }
         }
         // The request's bytes count until its answer is queued.
         drop(share);
         drop(working);
-        drop(permit);
     });
+}
+
+/// The answer to a first call other than `hello` (nothing to a
+/// notification).
+async fn refuse_before_hello(value: &Value, conn: &Connection) {
+    let id = match value {
+        Value::Array(_) => Some(Value::Null),
+        one => one.get("id").cloned().filter(super::batch::valid_id),
+    };
+    if let Some(id) = id {
+        let error = RpcError::usage(
+            protocol::INVALID_REQUEST,
+            "hello must be a connection's first call: send {\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"hello\"} alone, then the others (see PROTOCOL.md)",
+        );
+        conn.send(&answer(id, Err(error))).await;
+    }
 }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::valid_id;
 use super::connection::{line, Connection};
+use super::order::Turn;
 use super::subscriptions::subscribe;
 use super::Shared;
 use crate::api::discovery;
@@ -58,9 +59,15 @@ pub(super) const CANCELLABLE: [&str; 2] = ["path", "autofill"];
 /// id, so that `$/cancelRequest` (or the connection's end) cancels it.
 pub(super) async fn dispatch_call(
     request: Request,
+    mut turn: Option<Turn>,
     conn: &Arc<Connection>,
     shared: &Arc<Shared>,
 ) -> Option<std::result::Result<Value, RpcError>> {
+    // A call that changes the store starts once the one before it (on this
+    // connection) has been applied; its turn ends when it has been.
+    if let Some(turn) = turn.as_mut() {
+        turn.wait().await;
+    }
     let key = request
         .id
         .as_ref()

@@ -20,6 +20,8 @@
 mod batch;
 mod connection;
 mod dispatch;
+mod order;
+mod peers;
 mod subscriptions;
 
 use std::collections::HashMap;
@@ -128,6 +130,7 @@ impl Resources {
             request_bytes: Arc::new(Semaphore::new(protocol::REQUEST_BYTES)),
             open: Mutex::default(),
             next_connection: AtomicU64::new(1),
+            peers: Arc::default(),
             stop: stop.clone(),
         });
         let task = self.handle().spawn(accept_loop(listener, shared, lock));
@@ -155,6 +158,8 @@ struct Shared {
     /// Every open connection, to find the one idle the longest.
     open: Mutex<HashMap<u64, Arc<Activity>>>,
     next_connection: AtomicU64,
+    /// What each client process holds, and every subscription.
+    peers: Arc<peers::Peers>,
     stop: CancellationToken,
 }
 
@@ -178,6 +183,10 @@ struct Activity {
     last: Mutex<Instant>,
     /// Requests in flight and subscriptions held.
     busy: AtomicUsize,
+    /// Subscriptions held (part of `busy`).
+    subscribed: AtomicUsize,
+    /// The client process.
+    peer: peers::PeerId,
     /// Closes it.
     close: CancellationToken,
 }
@@ -192,6 +201,35 @@ impl Activity {
         self.busy.fetch_add(1, Ordering::SeqCst);
         Working(self.clone())
     }
+
+    /// Counts one subscription until the guard is dropped.
+    fn subscribed(self: &Arc<Self>) -> Subscribed {
+        self.subscribed.fetch_add(1, Ordering::SeqCst);
+        Subscribed(self.working())
+    }
+
+    /// How readily it is closed to make room: 0 when it does nothing, 1
+    /// when it only holds subscriptions (it is told by its end and may
+    /// subscribe again), 2 when a request is in flight.
+    fn rank(&self) -> u8 {
+        let busy = self.busy.load(Ordering::SeqCst);
+        if busy == 0 {
+            0
+        } else if busy == self.subscribed.load(Ordering::SeqCst) {
+            1
+        } else {
+            2
+        }
+    }
+}
+
+/// A subscription held.
+struct Subscribed(Working);
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        (self.0).0.subscribed.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A request in flight or a subscription held.
@@ -205,14 +243,17 @@ impl Drop for Working {
 }
 
 impl Shared {
-    /// Closes the connection idle the longest (nothing in flight, no
-    /// subscription); false when every connection is working.
-    fn close_idlest(&self) -> bool {
+    /// Closes the connection (of `peer`, or of anyone with `None`) idle
+    /// the longest, or, when none is idle, the one that only holds
+    /// subscriptions and has the longest; false when every connection has
+    /// a request in flight.
+    fn close_idlest(&self, peer: Option<peers::PeerId>) -> bool {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let idlest = open
             .values()
-            .filter(|a| a.busy.load(Ordering::SeqCst) == 0 && !a.close.is_cancelled())
-            .min_by_key(|a| *a.last.lock().unwrap_or_else(|p| p.into_inner()));
+            .filter(|a| peer.is_none_or(|p| a.peer == p))
+            .filter(|a| a.rank() < 2 && !a.close.is_cancelled())
+            .min_by_key(|a| (a.rank(), *a.last.lock().unwrap_or_else(|p| p.into_inner())));
         match idlest {
             Some(activity) => {
                 activity.close.cancel();
@@ -222,13 +263,20 @@ impl Shared {
         }
     }
 
-    /// A permit for one more connection: at the cap, the connection idle
-    /// the longest is closed to make room; `None` when none is idle.
-    async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    /// A permit for one more connection of `peer`: at its cap
+    /// ([`protocol::MAX_CONNECTIONS_PER_PEER`]) the peer's connection idle
+    /// the longest is closed to make room, and at the service's cap
+    /// anyone's; `None` when none can make room.
+    async fn admit(&self, peer: peers::PeerId) -> Option<OwnedSemaphorePermit> {
+        if self.peers.connections_of(peer) >= protocol::MAX_CONNECTIONS_PER_PEER
+            && !self.close_idlest(Some(peer))
+        {
+            return None;
+        }
         if let Ok(permit) = self.connections.clone().try_acquire_owned() {
             return Some(permit);
         }
-        if !self.close_idlest() {
+        if !self.close_idlest(None) {
             return None;
         }
         let wait = self.connections.clone().acquire_owned();
@@ -257,16 +305,18 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, lock: ServiceLock)
             tracing::warn!("the local API refused a client of another user");
             continue;
         }
-        let Some(permit) = shared.admit().await else {
+        let peer = local_socket::peer_pid(&stream);
+        let Some(permit) = shared.admit(peer).await else {
             tracing::warn!(
-                "the local API refused a client: {} connections are open, none of them idle",
-                shared.cap
+                "the local API refused a client: {} connections are open (at most {} per process), none of them idle",
+                shared.cap,
+                protocol::MAX_CONNECTIONS_PER_PEER
             );
             continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            serve_connection(stream.into_duplex(), shared).await;
+            serve_connection(stream.into_duplex(), peer, shared).await;
             drop(permit);
         });
     }

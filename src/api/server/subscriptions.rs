@@ -47,6 +47,10 @@ pub(super) async fn subscribe(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(number, token.clone());
+    // Counted against the process and the service: the oldest past either
+    // cap ends with `lagged`.
+    let evict = CancellationToken::new();
+    let ticket = shared.peers.subscribe(conn.activity.peer, evict.clone());
     // The answer goes out before the first event.
     if let Some(id) = id {
         let result = ok(Ok(Subscribed {
@@ -55,10 +59,11 @@ pub(super) async fn subscribe(
         }));
         conn.send(&answer(id, result)).await;
     }
-    let working = conn.activity.working();
+    let working = conn.activity.subscribed();
     let conn = conn.clone();
     tokio::spawn(async move {
-        forward(events, gem, number, conn, token).await;
+        forward(events, gem, number, conn, token, evict).await;
+        drop(ticket);
         drop(working);
     });
     None
@@ -72,6 +77,7 @@ pub(super) async fn forward(
     number: u64,
     conn: Arc<Connection>,
     token: CancellationToken,
+    evict: CancellationToken,
 ) {
     let lagged = |missed: u64| {
         line(&notification(
@@ -83,6 +89,12 @@ pub(super) async fn forward(
         let next = tokio::select! {
             next = events.recv() => next,
             () = token.cancelled() => return,
+            () = evict.cancelled() => {
+                // A newer subscription took its place: the client is told,
+                // as when it falls behind.
+                send_or_close(&conn, lagged(0)).await;
+                break;
+            }
             () = conn.closed.cancelled() => return,
         };
         let event = match next {
