@@ -8,6 +8,8 @@ mod address_guard;
 #[cfg(unix)]
 mod api_cancel;
 #[cfg(unix)]
+mod api_fairness;
+#[cfg(unix)]
 mod api_server;
 #[cfg(unix)]
 mod api_soak;
