@@ -361,7 +361,12 @@ pub(super) async fn handle_line(
         Value::Array(batch) => batch.len().clamp(1, protocol::MAX_IN_FLIGHT),
         _ => 1,
     } as u32;
-    let Ok(mine) = conn.in_flight.clone().acquire_many_owned(count).await else {
+    // A client that left gets nothing more built for it.
+    let mine = tokio::select! {
+        permit = conn.in_flight.clone().acquire_many_owned(count) => permit.ok(),
+        () = conn.closed.cancelled() => None,
+    };
+    let Some(mine) = mine.filter(|_| !conn.closed.is_cancelled()) else {
         return;
     };
     let mut held = vec![mine];
