@@ -5,7 +5,15 @@
 //! queue, and one task per request in flight. Events reach a subscriber
 //! through that queue without waiting: a client whose queue is full loses
 //! its subscription (a `lagged` notification says so), so a slow or stuck
-//! client never holds up a download or another client.
+//! client never holds up a download or another client. `hello` is a
+//! connection's first call, and its calls that change the store apply in
+//! the order they were read (`order`).
+//!
+//! - `connection`: a connection's lines, its queue and its limits.
+//! - `dispatch`: the methods.
+//! - `batch`: batches and the reading of one request.
+//! - `subscriptions`: events forwarded to a subscriber.
+//! - `peers`: what each client process holds, and every subscription.
 //!
 //! No client can exhaust the service for the others: every limit is
 //! counted in bytes and time as well as in messages (see the constants of
@@ -15,7 +23,15 @@
 //! [`protocol::FIRST_LINE_DEADLINE`], and a client that does not read
 //! [`protocol::WRITE_DEADLINE`]; request lines of all connections together
 //! hold at most [`protocol::REQUEST_BYTES`], and a connection's queue at
-//! most [`protocol::CONNECTION_QUEUE_BYTES`].
+//! most [`protocol::CONNECTION_QUEUE_BYTES`]. What a client asked for and
+//! has not read counts against it before its answer is built: a
+//! connection has [`protocol::MAX_IN_FLIGHT`] requests in flight until
+//! their answers are written (a batch counts as its requests), and a
+//! client process (by its pid) [`protocol::MAX_IN_FLIGHT_PER_PEER`],
+//! [`protocol::MAX_CONNECTIONS_PER_PEER`] and
+//! [`protocol::MAX_SUBSCRIPTIONS_PER_PEER`]; the service holds
+//! [`protocol::MAX_SUBSCRIPTIONS_TOTAL`] subscriptions, the oldest making
+//! room.
 
 mod batch;
 mod connection;
