@@ -18,6 +18,12 @@ test('a malformed line gets -32700 and the connection goes on; a line over 1 MiB
   assert.equal(parse.error.code, -32700, JSON.stringify(parse));
   assert.equal(parse.id, null);
   assert.equal(parse.error.data?.code, 'E_RESOURCE_USAGE', JSON.stringify(parse));
+  // hello comes first: a method before it is an invalid request.
+  await bad.send({ jsonrpc: '2.0', id: 7, method: 'status', params: {} });
+  const early = await bad.waitFor((m) => m.id === 7);
+  assert.equal(early.error.code, -32600, JSON.stringify(early));
+  await bad.send(hello(8));
+  assert.equal((await bad.waitFor((m) => m.id === 8)).result.protocol, 1);
   await bad.send({ jsonrpc: '2.0', id: 'not-a-request' });
   const invalid = await bad.waitFor((m) => m.error && m.error.code !== -32700);
   assert.equal(invalid.error.code, -32600, JSON.stringify(invalid));
@@ -69,6 +75,8 @@ test('a subscriber that never reads holds up no download and no other client, an
 
   // A bare subscriber that stops reading once subscribed.
   const stuck = await ctx.raw();
+  await stuck.send(hello(0));
+  await stuck.waitFor((m) => m.id === 0);
   await stuck.send({ jsonrpc: '2.0', id: 1, method: 'subscribe', params: {} });
   const subscribed = await stuck.waitFor((m) => m.id === 1);
   const number = subscribed.result.subscription;

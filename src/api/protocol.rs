@@ -31,8 +31,24 @@ pub const MAX_CONNECTIONS: usize = 2048;
 /// when the cap of connections comes from the process's limit.
 pub const RESERVED_DESCRIPTORS: u64 = 512;
 
-/// Subscriptions one connection may hold at once.
+/// Connections one client process (by its pid: `SO_PEERCRED` on Linux,
+/// `LOCAL_PEERPID` on macOS, the pipe's client process on Windows) may
+/// hold at once. At the cap, that process's connection idle the longest
+/// is closed to make room (else the one that only holds subscriptions the
+/// longest); when every one has a request in flight, the new one is
+/// closed at once. Other processes always get in.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 256;
+
+/// Subscriptions one connection may hold at once; one more is refused.
 pub const MAX_SUBSCRIPTIONS: usize = 16;
+
+/// Subscriptions one client process may hold over all its connections:
+/// one more ends that process's oldest with a `lagged` notification.
+pub const MAX_SUBSCRIPTIONS_PER_PEER: usize = 256;
+
+/// Subscriptions the service holds for all its clients together: one
+/// more ends the oldest with a `lagged` notification.
+pub const MAX_SUBSCRIPTIONS_TOTAL: usize = 1024;
 
 /// Messages queued for one connection before its subscriptions are
 /// dropped with a `lagged` notification.
@@ -42,8 +58,16 @@ pub const CONNECTION_QUEUE: usize = 1024;
 /// dropped with `lagged`, and answers wait for the client to read.
 pub const CONNECTION_QUEUE_BYTES: usize = 8 << 20;
 
-/// Requests of one connection answered at once; more wait for a turn.
+/// Requests of one connection in flight at once, counted from when the
+/// line is read until the answer is written to the socket (not merely
+/// built): a batch counts as its number of requests. More wait (and the
+/// connection reads no further line) until the client reads its answers,
+/// so a client that does not read holds at most this many answers.
 pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Requests of one client process in flight at once over all its
+/// connections, counted as [`MAX_IN_FLIGHT`] is; `hello` is not counted.
+pub const MAX_IN_FLIGHT_PER_PEER: usize = 256;
 
 /// Bytes of request lines that all connections together may hold at once,
 /// from their first byte until their answer is queued: a connection past

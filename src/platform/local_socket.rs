@@ -73,6 +73,14 @@ mod unix {
         client.0.peer_cred().is_ok_and(|cred| cred.uid() == me)
     }
 
+    /// The process at the other end of an accepted client
+    /// (`SO_PEERCRED` on Linux, `LOCAL_PEERPID` on macOS), when the
+    /// platform says.
+    pub(crate) fn peer_pid(client: &Accepted) -> Option<u32> {
+        let pid = client.0.peer_cred().ok()?.pid()?;
+        u32::try_from(pid).ok()
+    }
+
     /// A listening socket; its file (and a folder made for it) is removed
     /// when dropped.
     pub(crate) struct Listener {
@@ -268,6 +276,22 @@ mod windows {
     /// remote client: every client that connected is this user.
     pub(crate) fn peer_is_me(_client: &Accepted) -> bool {
         true
+    }
+
+    /// The process at the other end of an accepted client
+    /// (`GetNamedPipeClientProcessId`).
+    pub(crate) fn peer_pid(client: &Accepted) -> Option<u32> {
+        use std::os::windows::io::AsRawHandle;
+        let mut pid = 0u32;
+        // SAFETY: the handle is the connected pipe's, open while `client`
+        // lives, and `pid` is a valid place for the answer.
+        let done = unsafe {
+            windows_sys::Win32::System::Pipes::GetNamedPipeClientProcessId(
+                client.0.as_raw_handle() as _,
+                &mut pid,
+            )
+        };
+        (done != 0).then_some(pid)
     }
 
     /// A named pipe accepting clients, one instance at a time.

@@ -17,7 +17,7 @@ use crate::support::*;
 
 /// `serve` on `env`'s store and its gems folder, scanning every 0.2 s,
 /// with at most `nofile` open files (soft and hard).
-fn serve_limited(env: &Env, nofile: u64) -> Spawned {
+pub(crate) fn serve_limited(env: &Env, nofile: u64) -> Spawned {
     let gems = env.dir.path().join("gems");
     std::fs::create_dir_all(&gems).unwrap();
     let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
@@ -53,7 +53,7 @@ fn serve_limited(env: &Env, nofile: u64) -> Spawned {
 }
 
 /// [`serve_limited`], once it listens: the process, its pid and socket.
-async fn listening_limited(env: &Env, nofile: u64) -> (Spawned, u32, String) {
+pub(crate) async fn listening_limited(env: &Env, nofile: u64) -> (Spawned, u32, String) {
     let serve = serve_limited(env, nofile);
     let pid = serve.0.id();
     let socket = service_file(&env.store_dir(), pid).await.socket;
@@ -61,7 +61,7 @@ async fn listening_limited(env: &Env, nofile: u64) -> (Spawned, u32, String) {
 }
 
 /// A raw connection that said `hello` and was answered.
-async fn said_hello(socket: &str) -> UnixStream {
+pub(crate) async fn said_hello(socket: &str) -> UnixStream {
     let mut stream = UnixStream::connect(socket).await.unwrap();
     stream
         .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\n")
@@ -77,7 +77,7 @@ async fn said_hello(socket: &str) -> UnixStream {
 }
 
 /// Whether the server closed `stream` (reads to the end within `wait`).
-async fn closed_within(stream: &mut UnixStream, wait: Duration) -> bool {
+pub(crate) async fn closed_within(stream: &mut UnixStream, wait: Duration) -> bool {
     let mut buf = vec![0u8; 64 * 1024];
     let end = Instant::now() + wait;
     loop {
@@ -150,7 +150,7 @@ async fn idle_connections_past_the_cap_make_room_and_the_service_keeps_scanning(
     signal_and_wait(&mut serve).await;
 }
 
-async fn signal_and_wait(serve: &mut Spawned) {
+pub(crate) async fn signal_and_wait(serve: &mut Spawned) {
     crate::support::api::signal(serve, libc::SIGTERM);
     crate::support::api::exits(serve).await;
 }
@@ -266,7 +266,7 @@ async fn a_client_that_never_reads_is_closed_and_holds_bounded_memory() {
     // whose answers it never reads.
     let mut stream = UnixStream::connect(&socket).await.unwrap();
     let huge_id = "d".repeat(512 << 10);
-    let mut requests = Vec::new();
+    let mut requests = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"hello\"}\n".to_vec();
     for n in 0..40 {
         let id = if n % 2 == 0 { json!(huge_id) } else { json!(n) };
         let request = json!({ "jsonrpc": "2.0", "id": id, "method": "status" });

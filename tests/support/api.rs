@@ -59,8 +59,15 @@ pub struct Line {
 }
 
 impl Line {
-    /// Connects to `socket`.
+    /// Connects to `socket` and says `hello`, a connection's first call.
     pub async fn connect(socket: &str) -> Line {
+        let mut line = Line::connect_silent(socket).await;
+        line.result("hello", json!({})).await;
+        line
+    }
+
+    /// Connects to `socket` and sends nothing.
+    pub async fn connect_silent(socket: &str) -> Line {
         let stream = UnixStream::connect(socket).await.unwrap();
         let (read, writer) = stream.into_split();
         Line {
