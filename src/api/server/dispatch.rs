@@ -4,15 +4,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::batch::valid_id;
 use super::connection::{line, Connection};
 use super::order::Turn;
+use super::request::{ok, params, required, valid_id};
 use super::subscriptions::subscribe;
 use super::Shared;
 use crate::api::discovery;
@@ -25,30 +23,18 @@ use crate::error::{Error, Result};
 use crate::net::policy::Policy;
 use crate::service::Resources;
 
-pub(super) fn params<T: DeserializeOwned + Default>(
-    params: Option<Value>,
-) -> std::result::Result<T, RpcError> {
-    match params {
-        None | Some(Value::Null) => Ok(T::default()),
-        Some(v) => serde_json::from_value(v).map_err(bad_params),
-    }
-}
-
-pub(super) fn required<T: DeserializeOwned>(
-    params: Option<Value>,
-) -> std::result::Result<T, RpcError> {
-    serde_json::from_value(params.unwrap_or(Value::Null)).map_err(bad_params)
-}
-
-pub(super) fn bad_params(e: serde_json::Error) -> RpcError {
-    RpcError::usage(protocol::INVALID_PARAMS, format!("invalid params: {e}"))
-}
-
-pub(super) fn ok<T: Serialize>(result: Result<T>) -> std::result::Result<Value, RpcError> {
-    match result {
-        Ok(value) => serde_json::to_value(value)
-            .map_err(|e| RpcError::of(&Error::Invalid(format!("cannot write the answer: {e}")))),
-        Err(e) => Err(RpcError::of(&e)),
+/// The answer to an `autofill` cancelled before its end.
+fn cancelled_autofill() -> RpcError {
+    let message = "the call was cancelled; nothing was kept";
+    RpcError {
+        code: protocol::REQUEST_CANCELLED,
+        message: message.into(),
+        data: Some(crate::api::protocol::ErrorData {
+            code: crate::ErrorCode::Cancelled,
+            primary_cause: crate::ErrorCode::Cancelled,
+            message: message.into(),
+            details: serde_json::Map::new(),
+        }),
     }
 }
 
@@ -244,17 +230,9 @@ pub(super) async fn dispatch(
         },
         "autofill" => match params::<AutofillParams>(p) {
             Ok(a) => tokio::select! {
+                biased;
+                () = cancel.cancelled() => Err(cancelled_autofill()),
                 outcome = autofill(service, a) => outcome,
-                () = cancel.cancelled() => Err(RpcError {
-                    code: protocol::REQUEST_CANCELLED,
-                    message: "the call was cancelled; nothing was kept".into(),
-                    data: Some(crate::api::protocol::ErrorData {
-                        code: crate::ErrorCode::Cancelled,
-                        primary_cause: crate::ErrorCode::Cancelled,
-                        message: "the call was cancelled; nothing was kept".into(),
-                        details: serde_json::Map::new(),
-                    }),
-                }),
             },
             Err(e) => Err(e),
         },

@@ -9,11 +9,15 @@
 //! connection's first call, and its calls that change the store apply in
 //! the order they were read (`order`).
 //!
-//! - `connection`: a connection's lines, its queue and its limits.
-//! - `dispatch`: the methods.
-//! - `batch`: batches and the reading of one request.
-//! - `subscriptions`: events forwarded to a subscriber.
+//! The parts, each using only those listed before it:
+//! - `connection`: a connection's state and its queue of lines to write.
+//! - `order`: the turns of the calls that change the store.
 //! - `peers`: what each client process holds, and every subscription.
+//! - `request`: whether a line's value is a request, and its params.
+//! - `subscriptions`: events forwarded to a subscriber.
+//! - `dispatch`: the methods.
+//! - `batch`: a batch's requests and their one answer.
+//! - `session`: a connection's reading of lines within their limits.
 //!
 //! No client can exhaust the service for the others: every limit is
 //! counted in bytes and time as well as in messages (see the constants of
@@ -38,6 +42,8 @@ mod connection;
 mod dispatch;
 mod order;
 mod peers;
+mod request;
+mod session;
 mod subscriptions;
 
 use std::collections::HashMap;
@@ -55,7 +61,7 @@ use crate::error::{Error, Result};
 use crate::platform::local_socket::{self, Listener};
 use crate::service::Resources;
 
-use connection::serve_connection;
+use session::serve_connection;
 
 /// A running local API; [`ApiServer::stop`] ends it.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{line, Connection};
-use super::dispatch::ok;
+use super::request::ok;
 use super::Shared;
 use crate::api::protocol::{self, answer, notification, RpcError, Subscribed};
 
