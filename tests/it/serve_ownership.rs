@@ -186,3 +186,51 @@ async fn uninstall_of_a_gem_serve_keeps_from_its_folder_says_it_comes_back_and_i
     let by = owners(&env).await;
     assert_eq!(by["g"]["kind"], "folder");
 }
+
+#[tokio::test]
+async fn a_folder_holding_a_gem_the_api_installed_is_said_once_and_never_takes_it() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(3500, 96);
+    let url = env.serve("/app.bin", &body);
+    let resources = json!([required_entry("a", &url, &body)]);
+    let gems = write_gem_folder(&env, "g", json!([]));
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.05", &log);
+    wait_until("the folder's gem is installed", || {
+        log_text(&log).contains("installed gem=\"g\"")
+    })
+    .await;
+    // The app installs its gem through the local API.
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let client = gem_resources::api::Client::for_store(&store)
+        .await
+        .expect("serve listens");
+    let manifest = env.write_manifest("app.json", resources.clone());
+    client.install("app", &manifest).await.unwrap();
+    wait_until("the app's file is stored", || {
+        stored_files(&env, &body).len() == 1
+    })
+    .await;
+    // The same manifest shows up in the gems folder (a checkout, a sync).
+    write_gem_folder(&env, "app", resources);
+    let folder = gems.join("app");
+    let said = format!(
+        "leaving {} alone: the gem is kept by the local API",
+        folder.display()
+    );
+    wait_until("the folder is said", || log_text(&log).contains(&said)).await;
+    scans_later(&gems, &log, 3).await;
+    let by = owners(&env).await;
+    assert_eq!(by["app"], json!({ "kind": "api" }));
+    // The folder goes: the app's gem stays.
+    std::fs::remove_dir_all(&folder).unwrap();
+    scans_later(&gems, &log, 3).await;
+    let text = log_text(&log);
+    assert_eq!(text.matches(&said).count(), 1, "{text}");
+    assert!(!text.contains("installed gem=\"app\""), "{text}");
+    assert!(!text.contains("missing from the gems folder"), "{text}");
+    assert!(registration(&env, "app").exists());
+    assert_eq!(owners(&env).await["app"], json!({ "kind": "api" }));
+    assert_eq!(stored_files(&env, &body).len(), 1);
+}
