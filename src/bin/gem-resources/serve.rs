@@ -298,6 +298,15 @@ async fn install_from(
         }
     };
     match service.install_by(gem, &manifest, seen.owner.clone()).await {
+        // Taken by someone else since the listing (checked again under
+        // the registry lock): theirs, and left alone.
+        Ok(report) if report.installed_by.as_ref() != Some(&seen.owner) => {
+            if let Some(owner) = &report.installed_by {
+                say_kept_by_other(gems, gem, owner, seen);
+            }
+        }
+        // The same: the next scan says whose it is.
+        Err(e) if e.code() == gem_resources::ErrorCode::Owner => {}
         Ok(report) => {
             seen.manifests.insert(gem.to_string(), (digest, true));
             tracing::info!(
