@@ -48,6 +48,7 @@ export type ErrorCode =
   | 'E_RESOURCE_BUSY'
   | 'E_RESOURCE_USAGE'
   | 'E_RESOURCE_SERVICE'
+  | 'E_RESOURCE_OWNER'
   | 'E_RESOURCE_LAGGED'
   | (string & {});
 

@@ -724,16 +724,18 @@ export class Fixture {
   }
 
   /**
-   * Installs `gem` with these resources: its manifest in the gems folder
-   * (where `serve` keeps it installed) and through the API. The install report.
+   * Installs `gem` with these resources through the API, which keeps it,
+   * then writes its manifest in the gems folder too (which `serve` leaves
+   * alone while the API keeps the gem). The install report.
    */
   async installGem(gem, resources, client) {
     const manifest = this.manifest(gem, resources);
+    const c = client ?? (await this.connect());
+    const report = await c.install(gem, manifest);
     const folder = path.join(this.gems, gem);
     fs.mkdirSync(folder, { recursive: true, mode: 0o700 });
     fs.writeFileSync(path.join(folder, 'notochord.json'), JSON.stringify(manifest, null, 2));
-    const c = client ?? (await this.connect());
-    return c.install(gem, manifest);
+    return report;
   }
 
   /** Runs the command line (`--config`, `--store` given): `{code, signal, stdout, stderr, json}`. */

@@ -327,6 +327,12 @@ pub struct InstallParams {
     /// client can never claim a gems folder: only `serve` records those.
     #[serde(default)]
     pub installed_by: Option<String>,
+    /// Take the gem over from whoever keeps it (`installed_by` becomes
+    /// this caller's even when another installer keeps it). Without it,
+    /// an unchanged manifest of someone else's gem leaves it theirs, and
+    /// a changed one is refused with `E_RESOURCE_OWNER`.
+    #[serde(default)]
+    pub take_over: bool,
 }
 
 /// `autofill`'s params: a url, or a manifest.

@@ -79,6 +79,10 @@ pub enum ErrorCode {
     /// be reached, or its answer could not be read.
     #[serde(rename = "E_RESOURCE_SERVICE")]
     Service,
+    /// `E_RESOURCE_OWNER`: the gem is kept by another installer, and
+    /// installing this manifest would take it from them; nothing changed.
+    #[serde(rename = "E_RESOURCE_OWNER")]
+    Owner,
 }
 
 /// Every code, in the order of [`ErrorCode`]'s variants.
@@ -104,6 +108,7 @@ pub const CODES: &[ErrorCode] = &[
     ErrorCode::Usage,
     ErrorCode::Busy,
     ErrorCode::Service,
+    ErrorCode::Owner,
 ];
 
 impl ErrorCode {
@@ -131,6 +136,7 @@ impl ErrorCode {
             ErrorCode::Usage => "E_RESOURCE_USAGE",
             ErrorCode::Busy => "E_RESOURCE_BUSY",
             ErrorCode::Service => "E_RESOURCE_SERVICE",
+            ErrorCode::Owner => "E_RESOURCE_OWNER",
         }
     }
 

@@ -394,6 +394,23 @@ pub enum Error {
     /// A request the API cannot take (`E_RESOURCE_USAGE`).
     #[error("{0}")]
     Usage(String),
+    /// The gem is kept by another installer, and installing this manifest
+    /// would change it and take it from them (`E_RESOURCE_OWNER`). Nothing
+    /// changed. A manifest like theirs installs, and leaves the gem theirs;
+    /// a take-over ([`crate::Resources::install_taking_over`], the command
+    /// line's `install --take-over`, the local API's `take_over: true`)
+    /// makes it the caller's.
+    #[error(
+        "gem {gem:?} is kept by {owner}, and this manifest differs from theirs: installing it would take the gem from them; change it where they keep it{}, or take the gem over (`install --take-over`; the local API's `take_over: true`)",
+        if owner.starts_with("serve's gems folder ") { " (its folder in the gems folder)" } else { "" }
+    )]
+    Owned {
+        /// The gem.
+        gem: String,
+        /// Who keeps it, for people (`serve's gems folder /srv/gems`, `the
+        /// local API`).
+        owner: String,
+    },
 }
 
 impl From<Attempt> for Error {
@@ -460,6 +477,7 @@ impl Error {
             Error::Service { .. } => ErrorCode::Service,
             Error::Busy { .. } => ErrorCode::Busy,
             Error::Usage(_) => ErrorCode::Usage,
+            Error::Owned { .. } => ErrorCode::Owner,
         }
     }
 

@@ -28,24 +28,58 @@ impl Resources {
     /// before the events of what it causes.
     ///
     /// The registration records [`InstalledBy::Library`] as who installed
-    /// it; [`Resources::install_by`] names another installer.
+    /// it; [`Resources::install_by`] names another installer, and says what
+    /// happens to a gem someone else keeps.
     pub async fn install(&self, gem: &str, manifest: &Manifest) -> Result<InstallReport> {
         self.install_by(gem, manifest, InstalledBy::Library).await
     }
 
-    /// [`Resources::install`], recording `by` as who installed the gem (the
-    /// last install or upgrade wins). `serve` uninstalls only the gems its
-    /// own folder installed; [`GemStatus::installed_by`] shows it.
+    /// [`Resources::install`], by `by`. A gem changes hands only when its
+    /// installer asks for it ([`Resources::install_taking_over`]):
+    ///
+    /// - a new gem, one `by` keeps, or one registered before owners were
+    ///   recorded becomes (or stays) `by`'s;
+    /// - a gem someone else keeps stays theirs: the same resources as
+    ///   theirs change nothing ([`InstallReport::installed_by`] names
+    ///   them), others are refused with [`Error::Owned`]
+    ///   (`E_RESOURCE_OWNER`) and nothing changes.
+    ///
+    /// `serve` uninstalls only the gems its own folder keeps;
+    /// [`GemStatus::installed_by`] shows who keeps each gem.
     pub async fn install_by(
         &self,
         gem: &str,
         manifest: &Manifest,
         by: InstalledBy,
     ) -> Result<InstallReport> {
+        self.install_owned(gem, manifest, by, false).await
+    }
+
+    /// [`Resources::install_by`] that takes the gem from whoever keeps it:
+    /// it becomes `by`'s, whatever the manifest, and
+    /// [`InstallReport::taken_from`] names the earlier owner.
+    pub async fn install_taking_over(
+        &self,
+        gem: &str,
+        manifest: &Manifest,
+        by: InstalledBy,
+    ) -> Result<InstallReport> {
+        self.install_owned(gem, manifest, by, true).await
+    }
+
+    async fn install_owned(
+        &self,
+        gem: &str,
+        manifest: &Manifest,
+        by: InstalledBy,
+        take_over: bool,
+    ) -> Result<InstallReport> {
         check_gem_id(gem)?;
         let (this, gem, manifest) = (self.clone(), gem.to_string(), manifest.clone());
-        self.on_runtime_to_end(async move { this.install_here(&gem, &manifest, by).await })
-            .await
+        self.on_runtime_to_end(
+            async move { this.install_here(&gem, &manifest, by, take_over).await },
+        )
+        .await
     }
 
     async fn install_here(
@@ -53,6 +87,7 @@ impl Resources {
         gem: &str,
         manifest: &Manifest,
         by: InstalledBy,
+        take_over: bool,
     ) -> Result<InstallReport> {
         let inner = &self.inner;
         let store = inner.store.clone();
@@ -61,10 +96,29 @@ impl Resources {
             .await?;
         let lock = inner.registry.lock().await?;
         let old = inner.registry.get(gem)?;
+        let unchanged = old
+            .as_ref()
+            .is_some_and(|o| o.resources == manifest.resources);
+        // Decided under the registry lock: whoever keeps the gem now.
+        let other = old
+            .as_ref()
+            .and_then(|o| o.installed_by.clone())
+            .filter(|owner| *owner != by);
+        let (owner, taken_from) = match other {
+            Some(other) if take_over => (by, Some(other)),
+            Some(other) if unchanged => (other, None),
+            Some(other) => {
+                return Err(Error::Owned {
+                    gem: gem.to_string(),
+                    owner: other.describe(),
+                })
+            }
+            None => (by, None),
+        };
         let registration = Registration {
             gem: gem.to_string(),
             resources: manifest.resources.clone(),
-            installed_by: Some(by),
+            installed_by: Some(owner.clone()),
         };
         let registry = inner.registry.clone();
         self.on_blocking(inner.store.root(), move || registry.put(&registration))
@@ -85,15 +139,14 @@ impl Resources {
         };
         let (deleted, _) = self.delete_unclaimed(gem, dropped).await?;
         drop(lock);
-        let unchanged = old
-            .as_ref()
-            .is_some_and(|o| o.resources == manifest.resources);
         let mut report = InstallReport {
             gem: gem.to_string(),
             upgrade: old.is_some() && !unchanged,
             unchanged,
             resources: manifest.resources.len(),
             deleted,
+            installed_by: Some(owner),
+            taken_from,
             ..InstallReport::default()
         };
         for resource in &manifest.resources {

@@ -28,6 +28,15 @@ pub struct InstallReport {
     pub queued: usize,
     /// SHA-256s of files deleted because no installed gem declares them now.
     pub deleted: Vec<String>,
+    /// Who keeps the gem after this install: the caller, or whoever kept
+    /// it already when it was someone else's and the manifest unchanged
+    /// (see [`Resources::install_by`]).
+    #[serde(default)]
+    pub installed_by: Option<InstalledBy>,
+    /// Whom this install took the gem from: set by a take-over
+    /// ([`Resources::install_taking_over`]) of a gem someone else kept.
+    #[serde(default)]
+    pub taken_from: Option<InstalledBy>,
 }
 
 /// What [`Resources::set_policy_counted`] did.
@@ -166,8 +175,9 @@ pub struct ResourceStatus {
 pub struct GemStatus {
     /// The gem.
     pub gem: String,
-    /// Who installed it (the last install or upgrade); `null` for a gem
-    /// registered before this was kept.
+    /// Who keeps it: its first installer, until a take-over
+    /// ([`Resources::install_taking_over`]); `null` for a gem registered
+    /// before this was kept.
     #[serde(default)]
     pub installed_by: Option<InstalledBy>,
     /// Its resources in manifest order.

@@ -44,15 +44,18 @@ pub struct Registration {
     pub gem: String,
     /// Its resources, as validated at install.
     pub resources: Vec<Resource>,
-    /// Who installed it (the last install or upgrade). `None` in records
-    /// written before this was kept: such a gem is never uninstalled by a
-    /// scan of `serve` until a scan has seen its manifest in its folder.
+    /// Who keeps it: who installed it first, until someone took it over
+    /// (see `Resources::install_by`). `None` in records written before
+    /// this was kept: such a gem is the next installer's, and is never
+    /// uninstalled by a scan of `serve` until a scan has seen its manifest
+    /// in its folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installed_by: Option<InstalledBy>,
 }
 
-/// Who installed a gem, kept in its registration. `serve --gems DIR`
-/// uninstalls only gems that it installed from `DIR` itself.
+/// Who installed a gem and keeps it, in its registration. `serve --gems
+/// DIR` uninstalls only gems that it installed from `DIR` itself, and
+/// leaves alone a folder whose gem someone else keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]

@@ -167,3 +167,46 @@ async fn fetch_of_an_unknown_id_lists_the_ids_the_manifest_has() {
         )
     );
 }
+
+#[tokio::test]
+async fn install_of_a_programs_gem_keeps_it_theirs_unless_taken_over() {
+    let env = Env::new().await;
+    let body = bytes(100, 53);
+    let url = env.serve("/a.bin", &body);
+    let resources = json!([entry("a", &url, &body)]);
+    // A program installs its gem with the library.
+    let service = env.resources();
+    service
+        .install("app", &manifest(resources.clone()))
+        .await
+        .unwrap();
+    service.shutdown().await;
+    let manifest = env.write_manifest("m.json", resources);
+    let m = manifest.to_str().unwrap();
+    let out = env.run(&["--json", "install", "app", m]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["report"]["unchanged"], true, "{doc}");
+    assert_eq!(
+        doc["report"]["installed_by"],
+        json!({ "kind": "library" }),
+        "{doc}"
+    );
+    assert_eq!(doc["report"]["taken_from"], Value::Null, "{doc}");
+    let out = env.run(&["install", "--take-over", "app", m]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "app is unchanged; now kept by the command line (was a program using the library)"
+        ),
+        "{err}"
+    );
+    let out = env.run(&["status", "--json"]).await;
+    let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        doc["gems"][0]["installed_by"],
+        json!({ "kind": "cli" }),
+        "{doc}"
+    );
+}

@@ -151,3 +151,47 @@ async fn a_gem_folder_of_another_user_cannot_have_serve_read_a_root_only_file() 
     );
     assert!(!text.contains("serve: installed gem=\"hers\""), "{text}");
 }
+
+#[tokio::test]
+async fn a_folder_whose_manifest_names_another_gem_is_said_once_and_not_installed() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let gems = env.dir.path().join("gems");
+    // Renamed, or put in the wrong folder: the folder's name is the gem id.
+    std::fs::create_dir_all(gems.join("named")).unwrap();
+    std::fs::write(
+        gems.join("named/notochord.json"),
+        r#"{"id": "other", "resources": []}"#,
+    )
+    .unwrap();
+    // A manifest naming its own folder's gem installs.
+    std::fs::create_dir_all(gems.join("same")).unwrap();
+    std::fs::write(
+        gems.join("same/notochord.json"),
+        r#"{"id": "same", "resources": []}"#,
+    )
+    .unwrap();
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.05", &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let said = format!(
+        "{} declares the gem id other, not named (its folder's name); not installed",
+        gems.join("named/notochord.json").display()
+    );
+    wait_until("the folder's gem is installed", || {
+        text().contains("installed gem=\"same\"")
+    })
+    .await;
+    scans_later(&gems, &log, 3).await;
+    let text = text();
+    let out = env.run(&["status", "--json"]).await;
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let installed: Vec<&str> = doc["gems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["gem"].as_str().unwrap())
+        .collect();
+    assert_eq!(installed, ["same", "tick"], "{text}");
+    assert_eq!(text.matches(&said).count(), 1, "{text}");
+}

@@ -186,3 +186,121 @@ async fn uninstall_of_a_gem_serve_keeps_from_its_folder_says_it_comes_back_and_i
     let by = owners(&env).await;
     assert_eq!(by["g"]["kind"], "folder");
 }
+
+#[tokio::test]
+async fn a_folder_holding_a_gem_the_api_installed_is_said_once_and_never_takes_it() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let body = bytes(3500, 96);
+    let url = env.serve("/app.bin", &body);
+    let resources = json!([required_entry("a", &url, &body)]);
+    let gems = write_gem_folder(&env, "g", json!([]));
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.05", &log);
+    wait_until("the folder's gem is installed", || {
+        log_text(&log).contains("installed gem=\"g\"")
+    })
+    .await;
+    // The app installs its gem through the local API.
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let client = gem_resources::api::Client::for_store(&store)
+        .await
+        .expect("serve listens");
+    let manifest = env.write_manifest("app.json", resources.clone());
+    client.install("app", &manifest).await.unwrap();
+    wait_until("the app's file is stored", || {
+        stored_files(&env, &body).len() == 1
+    })
+    .await;
+    // The same manifest shows up in the gems folder (a checkout, a sync).
+    write_gem_folder(&env, "app", resources);
+    let folder = gems.join("app");
+    let said = format!(
+        "leaving {} alone: the gem is kept by the local API",
+        folder.display()
+    );
+    wait_until("the folder is said", || log_text(&log).contains(&said)).await;
+    scans_later(&gems, &log, 3).await;
+    let by = owners(&env).await;
+    assert_eq!(by["app"], json!({ "kind": "api" }));
+    // The folder goes: the app's gem stays.
+    std::fs::remove_dir_all(&folder).unwrap();
+    scans_later(&gems, &log, 3).await;
+    let text = log_text(&log);
+    assert_eq!(text.matches(&said).count(), 1, "{text}");
+    assert!(!text.contains("installed gem=\"app\""), "{text}");
+    assert!(!text.contains("missing from the gems folder"), "{text}");
+    assert!(registration(&env, "app").exists());
+    assert_eq!(owners(&env).await["app"], json!({ "kind": "api" }));
+    assert_eq!(stored_files(&env, &body).len(), 1);
+}
+
+#[tokio::test]
+async fn install_of_a_gem_a_gems_folder_keeps_leaves_it_the_folders_until_taken_over() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let (body, other) = (bytes(3600, 97), bytes(3700, 98));
+    let url = env.serve("/f.bin", &body);
+    let other_url = env.serve("/o.bin", &other);
+    let gems = write_gem_folder(&env, "g", json!([required_entry("f", &url, &body)]));
+    let folder = std::fs::canonicalize(&gems).unwrap();
+    let kept_by_folder = json!({ "kind": "folder", "path": folder.to_str().unwrap() });
+    let log = env.dir.path().join("serve.log");
+    let _serve = spawn_serve(&env, &gems, "0.05", &log);
+    wait_until("the gem is stored", || stored_files(&env, &body).len() == 1).await;
+    // The same manifest, through the running service: the folder keeps it.
+    let manifest = gems.join("g/notochord.json");
+    let m = manifest.to_str().unwrap();
+    let out = env.run(&["install", "g", m]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "g is unchanged; kept by serve's gems folder {} (`install --take-over` makes it the command line's)",
+            folder.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(owners(&env).await["g"], kept_by_folder);
+    // Another manifest would take it from the folder: refused, naming the
+    // option; nothing changes.
+    let changed = env.write_manifest(
+        "changed.json",
+        json!([required_entry("o", &other_url, &other)]),
+    );
+    let out = env.run(&["install", "g", changed.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("E_RESOURCE_OWNER: gem \"g\" is kept by serve's gems folder"),
+        "{err}"
+    );
+    assert!(err.contains("--take-over"), "{err}");
+    assert_eq!(owners(&env).await["g"], kept_by_folder);
+    assert!(stored_files(&env, &other).is_empty());
+    // Taken over, and said.
+    let out = env.run(&["install", "--take-over", "g", m]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "g is unchanged; now kept by the command line (was serve's gems folder {})",
+            folder.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(owners(&env).await["g"], json!({ "kind": "cli" }));
+    // From then on the folder leaves it alone: removing it uninstalls
+    // nothing.
+    let said = format!(
+        "leaving {} alone: the gem is kept by the command line",
+        gems.join("g").display()
+    );
+    wait_until("serve says it", || log_text(&log).contains(&said)).await;
+    std::fs::remove_dir_all(gems.join("g")).unwrap();
+    scans_later(&gems, &log, 3).await;
+    let text = log_text(&log);
+    assert_eq!(text.matches(&said).count(), 1, "{text}");
+    assert!(registration(&env, "g").exists(), "{text}");
+    assert_eq!(stored_files(&env, &body).len(), 1);
+}

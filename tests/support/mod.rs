@@ -407,6 +407,27 @@ pub fn write_gem_folder(env: &Env, gem: &str, resources: serde_json::Value) -> P
     gems
 }
 
+/// Waits for `scans` more scans of `serve --gems gems` (its log `log`):
+/// each round rewrites the gem `tick`'s manifest in `gems` and waits for
+/// the scan that installs it to say so.
+pub async fn scans_later(gems: &Path, log: &Path, scans: usize) {
+    let ticks = || {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("installed gem=\"tick\"")
+            .count()
+    };
+    for round in 0..scans {
+        let lines = ticks();
+        let tick = gems.join("tick");
+        std::fs::create_dir_all(&tick).unwrap();
+        // Other bytes each round (JSON allows trailing white space).
+        let doc = format!("{{\"resources\": []}}{}", " ".repeat(round + 1));
+        std::fs::write(tick.join("notochord.json"), doc).unwrap();
+        wait_until("a later scan", || ticks() > lines).await;
+    }
+}
+
 /// Log lines of the library, captured on the current thread for as long as
 /// the guard lives (debug level). Tests on tokio's default current-thread
 /// runtime see every task's lines.

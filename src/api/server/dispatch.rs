@@ -210,7 +210,8 @@ pub(super) async fn dispatch(
                 gem,
                 manifest,
                 installed_by,
-            }) => ok(install(service, &gem, &manifest, installed_by.as_deref()).await),
+                take_over,
+            }) => ok(install(service, &gem, &manifest, installed_by.as_deref(), take_over).await),
             Err(e) => Err(e),
         },
         "uninstall" => match required::<ResourceGem>(p) {
@@ -331,6 +332,7 @@ pub(super) async fn install(
     gem: &str,
     manifest: &Value,
     by: Option<&str>,
+    take_over: bool,
 ) -> Result<crate::InstallReport> {
     let by = match by {
         None | Some("api") => crate::InstalledBy::Api,
@@ -345,7 +347,11 @@ pub(super) async fn install(
     let bytes = serde_json::to_vec(manifest)
         .map_err(|e| Error::Invalid(format!("the manifest cannot be read: {e}")))?;
     let manifest = crate::manifest::parse_manifest(&bytes)?;
-    service.install_by(gem, &manifest, by).await
+    if take_over {
+        service.install_taking_over(gem, &manifest, by).await
+    } else {
+        service.install_by(gem, &manifest, by).await
+    }
 }
 
 pub(super) async fn uninstall(service: &Resources, gem: &str) -> Result<UninstallResult> {

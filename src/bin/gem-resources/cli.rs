@@ -200,6 +200,12 @@ pub enum Command {
         /// Return once registered, without waiting for the required downloads.
         #[arg(long)]
         no_wait: bool,
+        /// Take the gem over from whoever keeps it (`serve`'s gems folder,
+        /// a client of the local API, a program): it becomes the command
+        /// line's. Without it, someone else's gem stays theirs: the same
+        /// manifest as theirs changes nothing, another is refused.
+        #[arg(long)]
+        take_over: bool,
     },
     /// Remove a gem and the files no other gem declares.
     #[command(after_long_help = "Example:\n  gem-resources uninstall my-gem")]

@@ -69,9 +69,10 @@ pub async fn run(
                 args,
                 as_gem,
                 no_wait,
+                take_over,
             } => {
                 let (gem, manifest) = crate::context::install_target(&args, as_gem.as_deref())?;
-                install(client, &gem, &manifest, no_wait, json).await
+                install(client, &gem, &manifest, no_wait, take_over, json).await
             }
             Command::Uninstall { gem } => {
                 let store = crate::context::store_folder(config);
@@ -161,6 +162,7 @@ async fn install(
     gem: &str,
     manifest: &std::path::Path,
     no_wait: bool,
+    take_over: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     // Checked here as in process, so the errors name the file.
@@ -188,7 +190,7 @@ async fn install(
     let report: InstallReport = client
         .call(
             "install",
-            json!({ "gem": gem, "manifest": value, "installed_by": "cli" }),
+            json!({ "gem": gem, "manifest": value, "installed_by": "cli", "take_over": take_over }),
         )
         .await?;
     if no_wait {

@@ -78,14 +78,29 @@ pub fn report_json(report: &InstallReport) -> serde_json::Value {
     serde_json::to_value(report).unwrap_or_default()
 }
 
-/// `installed g`, `upgraded g` or `g is unchanged`.
+/// `installed g`, `upgraded g` or `g is unchanged`, and who keeps the gem
+/// when that is news: someone else (`g is unchanged; kept by serve's gems
+/// folder /srv/gems …`), or the command line since this install took it
+/// over (`…; now kept by the command line (was …)`).
 pub fn headline(report: &InstallReport) -> String {
-    if report.unchanged {
+    let what = if report.unchanged {
         format!("{} is unchanged", report.gem)
     } else if report.upgrade {
         format!("upgraded {}", report.gem)
     } else {
         format!("installed {}", report.gem)
+    };
+    match (&report.taken_from, &report.installed_by) {
+        (Some(was), Some(now)) => format!(
+            "{what}; now kept by {} (was {})",
+            now.describe(),
+            was.describe()
+        ),
+        (None, Some(owner)) if *owner != gem_resources::InstalledBy::Cli => format!(
+            "{what}; kept by {} (`install --take-over` makes it the command line's)",
+            owner.describe()
+        ),
+        _ => what,
     }
 }
 

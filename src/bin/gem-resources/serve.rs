@@ -10,10 +10,13 @@
 //! `interval` seconds the folder is scanned: a new or changed manifest is an
 //! install or upgrade, a removed sub-folder an uninstall of a gem this
 //! folder installed (every registration records who installed it; a gem
-//! from anywhere else is never uninstalled by a scan). A manifest that
-//! fails validation is reported and the gem keeps its previous version (a
-//! failed upgrade changes nothing). Polling works the same on every file
-//! system, network mounts included.
+//! from anywhere else is never uninstalled by a scan). A folder whose gem
+//! someone else keeps (the local API, the command line, a program, another
+//! gems folder), or whose manifest declares another gem `id` than the
+//! folder's name, is said once and left alone. A manifest that fails
+//! validation is reported and the gem keeps its previous version (a failed
+//! upgrade changes nothing). Polling works the same on every file system,
+//! network mounts included.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -24,9 +27,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gem_resources::api::lifetime::Parent;
-use gem_resources::manifest::read_manifest_file;
+use gem_resources::manifest::{parse_json, read_manifest_file, validate};
 use gem_resources::registry::valid_gem_id;
-use gem_resources::{parse_manifest, InstalledBy, Resources};
+use gem_resources::{InstalledBy, Resources};
 use sha2::{Digest, Sha256};
 
 use crate::reload::{Overrides, Reloader};
@@ -58,6 +61,9 @@ struct Seen {
     missing: BTreeMap<String, u32>,
     /// Folders ignored at the last scan, with why (each is logged once).
     ignored: BTreeMap<String, String>,
+    /// Gems of the folder that someone else keeps, with who: each is left
+    /// alone, and said once until its owner changes.
+    others: BTreeMap<String, InstalledBy>,
     /// Whether the folder holding no manifest, while gems it installed are
     /// registered, has been said (it is said once, until a manifest shows).
     said_empty: bool,
@@ -72,6 +78,7 @@ impl Seen {
             manifests: BTreeMap::new(),
             missing: BTreeMap::new(),
             ignored: BTreeMap::new(),
+            others: BTreeMap::new(),
             said_empty: false,
             said_failure: None,
         }
@@ -303,8 +310,10 @@ async fn scan_once(service: &Resources, gems: &Path, seen: &mut Seen) {
 /// One scan: installs what is new or changed in the folder, and
 /// uninstalls what the folder installed and no longer holds. A gem that
 /// anyone else installed (the local API, the command line, a program using
-/// the library, another gems folder, or an earlier version that did not
-/// record who) is never uninstalled by a scan.
+/// the library, another gems folder) is left alone, its folder said once;
+/// one that an earlier version registered without saying who is the
+/// folder's once a scan installs its manifest. No gem anyone else keeps is
+/// ever uninstalled by a scan.
 async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Result<()> {
     let (present, ignored) = manifests(gems)?;
     for (name, why) in &ignored {
@@ -315,57 +324,120 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
     }
     seen.ignored = ignored;
     let installed_before = service.installed_by()?;
-    let keeping = |gem: &str| {
-        if installed_before.contains_key(gem) {
-            "keeping the installed version"
-        } else {
-            "not installed"
-        }
-    };
+    seen.others.retain(|gem, _| present.contains_key(gem));
     for (gem, path) in &present {
-        let bytes = match read_gem_manifest(gems, path) {
-            Ok(b) => b,
-            Err(why) => {
-                // Remembered like a rejected manifest, so an unchanged
-                // problem is reported once and the installed version kept.
-                let digest: [u8; 32] = Sha256::digest(&why).into();
-                if seen.manifests.insert(gem.clone(), (digest, false)) != Some((digest, false)) {
-                    tracing::error!(gem, "{why}; {}", keeping(gem));
-                }
+        // Someone else's gem is theirs, whatever this folder holds.
+        match installed_before.get(gem) {
+            Some(Some(owner)) if *owner != seen.owner => {
+                say_kept_by_other(gems, gem, owner, seen);
                 continue;
             }
-        };
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        match seen.manifests.get(gem) {
-            // Installed from this manifest, and still installed (by this
-            // folder, or by whoever installed it since).
-            Some(&(d, true)) if d == digest && installed_before.contains_key(gem) => continue,
-            // Rejected as it is: said once.
-            Some(&(d, false)) if d == digest => continue,
-            _ => {}
-        }
-        match parse_manifest(&bytes) {
-            Ok(manifest) => match service.install_by(gem, &manifest, seen.owner.clone()).await {
-                Ok(report) => {
-                    seen.manifests.insert(gem.clone(), (digest, true));
-                    tracing::info!(
-                        gem,
-                        upgrade = report.upgrade,
-                        queued = report.queued,
-                        "installed"
-                    )
-                }
-                // Not remembered: the next scan tries again.
-                Err(e) => tracing::error!(gem, "install failed: {}", error_text(&e)),
-            },
-            Err(e) => {
-                // Remembered, so an unchanged invalid manifest is reported
-                // once; a fixed one is installed at the next scan.
-                seen.manifests.insert(gem.clone(), (digest, false));
-                tracing::error!(gem, "{} rejected; {}:\n{e}", path.display(), keeping(gem))
+            installed => {
+                seen.others.remove(gem);
+                install_from(service, gem, path, gems, installed.is_some(), seen).await;
             }
         }
     }
+    uninstall_gone(service, gems, &present, seen).await
+}
+
+/// Installs `gem` from its manifest at `path` when it is new or changed
+/// since the last scan, or said once why not (`installed`: whether a
+/// version of it is registered, which it then keeps).
+async fn install_from(
+    service: &Resources,
+    gem: &str,
+    path: &Path,
+    gems: &Path,
+    installed: bool,
+    seen: &mut Seen,
+) {
+    let keeping = if installed {
+        "keeping the installed version"
+    } else {
+        "not installed"
+    };
+    let bytes = match read_gem_manifest(gems, path) {
+        Ok(b) => b,
+        Err(why) => {
+            // Remembered like a rejected manifest, so an unchanged problem
+            // is reported once and the installed version kept.
+            let digest: [u8; 32] = Sha256::digest(&why).into();
+            if seen.manifests.insert(gem.to_string(), (digest, false)) != Some((digest, false)) {
+                tracing::error!(gem, "{why}; {keeping}");
+            }
+            return;
+        }
+    };
+    let digest: [u8; 32] = Sha256::digest(&bytes).into();
+    match seen.manifests.get(gem) {
+        // Installed from this manifest, and still installed (by this
+        // folder: a gem someone else took is left alone before this).
+        Some(&(d, true)) if d == digest && installed => return,
+        // Rejected as it is: said once.
+        Some(&(d, false)) if d == digest => return,
+        _ => {}
+    }
+    let shown = crate::text::field(&path.display().to_string()).into_owned();
+    let manifest = match parse_json(&bytes).and_then(|value| {
+        let declared = value.get("id").and_then(serde_json::Value::as_str);
+        Ok((declared.map(str::to_string), validate(&value)?))
+    }) {
+        // The folder's name is the gem's id: a manifest naming another gem
+        // is a copy put in the wrong folder, or a renamed folder.
+        Ok((Some(declared), _)) if declared != gem => {
+            seen.manifests.insert(gem.to_string(), (digest, false));
+            tracing::error!(
+                gem,
+                "{shown} declares the gem id {}, not {} (its folder's name); {keeping}: name its folder {}, or change its `id`",
+                crate::text::field(&declared),
+                crate::text::field(gem),
+                crate::text::field(&declared),
+            );
+            return;
+        }
+        Ok((_, manifest)) => manifest,
+        Err(e) => {
+            // Remembered, so an unchanged invalid manifest is reported
+            // once; a fixed one is installed at the next scan.
+            seen.manifests.insert(gem.to_string(), (digest, false));
+            tracing::error!(gem, "{shown} rejected; {keeping}:\n{e}");
+            return;
+        }
+    };
+    match service.install_by(gem, &manifest, seen.owner.clone()).await {
+        // Taken by someone else since the listing (checked again under
+        // the registry lock): theirs, and left alone.
+        Ok(report) if report.installed_by.as_ref() != Some(&seen.owner) => {
+            if let Some(owner) = &report.installed_by {
+                say_kept_by_other(gems, gem, owner, seen);
+            }
+        }
+        // The same: the next scan says whose it is.
+        Err(e) if e.code() == gem_resources::ErrorCode::Owner => {}
+        Ok(report) => {
+            seen.manifests.insert(gem.to_string(), (digest, true));
+            tracing::info!(
+                gem,
+                upgrade = report.upgrade,
+                queued = report.queued,
+                "installed"
+            )
+        }
+        // Not remembered: the next scan tries again.
+        Err(e) => tracing::error!(gem, "install failed: {}", error_text(&e)),
+    }
+}
+
+/// Uninstalls the gems this folder installed and no longer holds (after
+/// [`MISSING_SCANS_TO_UNINSTALL`] scans in a row), unless the folder holds
+/// no manifest at all.
+async fn uninstall_gone(
+    service: &Resources,
+    gems: &Path,
+    present: &BTreeMap<String, PathBuf>,
+    seen: &mut Seen,
+) -> anyhow::Result<()> {
     // The gems this folder installed (as the registry says now: an install
     // by anyone else since makes a gem theirs) that it no longer holds.
     let gone: Vec<String> = service
@@ -414,6 +486,22 @@ async fn scan(service: &Resources, gems: &Path, seen: &mut Seen) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// Says once (until its owner changes) that `gem`, which the gems folder
+/// holds, is kept by `owner`, and is left alone.
+fn say_kept_by_other(gems: &Path, gem: &str, owner: &InstalledBy, seen: &mut Seen) {
+    if seen.others.get(gem) == Some(owner) {
+        return;
+    }
+    let folder = gems.join(gem).display().to_string();
+    tracing::warn!(
+        gem,
+        "leaving {} alone: the gem is kept by {}, not by this gems folder (it stays theirs, and removing the folder uninstalls nothing; once they uninstall it, this folder installs it)",
+        crate::text::field(&folder),
+        owner.describe()
+    );
+    seen.others.insert(gem.to_string(), owner.clone());
 }
 
 /// The manifest at `path`, read where it really is: a symbolic link (the

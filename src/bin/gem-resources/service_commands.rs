@@ -91,9 +91,10 @@ pub async fn run(
             args,
             as_gem,
             no_wait,
+            take_over,
         } => {
             let (gem, manifest) = crate::context::install_target(&args, as_gem.as_deref())?;
-            install(&service, &gem, &manifest, no_wait, json).await
+            install(&service, &gem, &manifest, no_wait, take_over, json).await
         }
         Command::Uninstall { gem } => uninstall(&service, &gem, json).await,
         Command::Path { gem, resource } => path(&service, &gem, &resource, json).await,
@@ -267,6 +268,7 @@ async fn install(
     gem: &str,
     manifest: &std::path::Path,
     no_wait: bool,
+    take_over: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let (manifest, declared) = crate::context::read_manifest_declaring(manifest)?;
@@ -279,9 +281,12 @@ async fn install(
     }
     let mut interrupted = interrupt::signal();
     let watcher = (!no_wait).then(|| crate::watch::spawn(service, json, Output::Stderr));
-    let report = service
-        .install_by(gem, &manifest, gem_resources::InstalledBy::Cli)
-        .await?;
+    let by = gem_resources::InstalledBy::Cli;
+    let report = if take_over {
+        service.install_taking_over(gem, &manifest, by).await?
+    } else {
+        service.install_by(gem, &manifest, by).await?
+    };
     if no_wait {
         // This process ends now: stop what it queued, cleanly, so that
         // nothing is half-written and no failure is recorded. `serve` or
