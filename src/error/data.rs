@@ -89,7 +89,10 @@ impl ErrorData {
                 let problems = m
                     .problems
                     .iter()
-                    .map(|p| json!({ "path": p.path, "message": p.message }))
+                    .map(|p| match &m.file {
+                        Some(file) => json!({ "file": file, "path": p.path, "message": p.message }),
+                        None => json!({ "path": p.path, "message": p.message }),
+                    })
                     .collect();
                 details.insert("problems".into(), problems);
             }

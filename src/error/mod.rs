@@ -447,7 +447,7 @@ fn list_problems(manifest: &ManifestError) -> String {
     manifest
         .problems
         .iter()
-        .map(|p| format!("{}: {}", p.path, p.message))
+        .map(|p| format!("{}: {}", p.place(manifest.file.as_deref()), p.message))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -646,12 +646,10 @@ mod tests {
             retry_after: None,
             body: None,
         });
-        let manifest = ManifestError {
-            problems: vec![crate::manifest::Problem {
-                path: "manifest.resources[0].url".to_string(),
-                message: "must start with https://".to_string(),
-            }],
-        };
+        let manifest = ManifestError::new(vec![crate::manifest::Problem {
+            path: "manifest.resources[0].url".to_string(),
+            message: "must start with https://".to_string(),
+        }]);
         let errors = [
             Error::Manifest(manifest),
             Error::from(gone.clone()),

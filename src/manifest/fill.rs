@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::{parse_json, validate, ManifestError, Resource};
+use super::{parse_json, validate_unfilled, ManifestError, Resource};
 
 /// A placeholder digest, valid by the rules, for a missing `sha256`.
 const PLACEHOLDER_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -51,7 +51,7 @@ pub fn parse_unfilled(bytes: &[u8]) -> Result<Vec<Unfilled>, ManifestError> {
             lacks.push((size, sha256));
         }
     }
-    let manifest = validate(&value)?;
+    let manifest = validate_unfilled(&value)?;
     Ok(manifest
         .resources
         .into_iter()

@@ -130,13 +130,31 @@ impl fmt::Display for Problem {
     }
 }
 
+impl Problem {
+    /// Where the problem is, said with the file that holds the manifest
+    /// when it came from one: `notochord.json: manifest.resources[0].url`,
+    /// and `notochord.json` alone for the manifest as a whole.
+    pub fn place(&self, file: Option<&str>) -> String {
+        match (file, self.path.as_str()) {
+            (None, path) => path.to_string(),
+            (Some(file), "manifest") => file.to_string(),
+            (Some(file), path) => format!("{file}: {path}"),
+        }
+    }
+}
+
 /// All problems of a rejected manifest. Display = one line per problem, each
-/// "E_PERM_INVALID: {path}: {message}", joined by '\n'.
+/// "E_PERM_INVALID: {file}: {path}: {message}" (without the file when the
+/// manifest came from none), joined by '\n'.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", render_problems(.problems))]
+#[error("{}", render_problems(self))]
 pub struct ManifestError {
     /// Every problem found, in report order.
     pub problems: Vec<Problem>,
+    /// The file the manifest was read from, as its reader names it, when
+    /// it came from one: messages name it before each problem's place, and
+    /// the JSON documents give it apart from the place (`file`, `path`).
+    pub file: Option<String>,
 }
 
 impl ManifestError {
@@ -145,22 +163,35 @@ impl ManifestError {
         CODE
     }
 
+    /// An error holding `problems`, of no file yet.
+    pub fn new(problems: Vec<Problem>) -> Self {
+        ManifestError {
+            problems,
+            file: None,
+        }
+    }
+
+    /// The same problems, of the manifest read from `file`.
+    pub fn in_file(mut self, file: impl Into<String>) -> Self {
+        self.file = Some(file.into());
+        self
+    }
+
     /// An error holding the single problem `message` at `path`.
     fn single(path: &str, message: String) -> Self {
-        ManifestError {
-            problems: vec![Problem {
-                path: path.to_string(),
-                message,
-            }],
-        }
+        ManifestError::new(vec![Problem {
+            path: path.to_string(),
+            message,
+        }])
     }
 }
 
-/// Joins the problems into one line each.
-fn render_problems(problems: &[Problem]) -> String {
-    problems
+/// One line per problem.
+fn render_problems(error: &ManifestError) -> String {
+    error
+        .problems
         .iter()
-        .map(Problem::to_string)
+        .map(|p| format!("{CODE}: {}: {}", p.place(error.file.as_deref()), p.message))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -178,7 +209,19 @@ pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
             "not a regular file",
         ))
     };
-    let metadata = std::fs::metadata(path).map_err(io)?;
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(io(match manifest_named_like(path) {
+                Some(near) => std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no such file; did you mean {}?", near.display()),
+                ),
+                None => e,
+            }))
+        }
+        Err(e) => return Err(io(e)),
+    };
     if metadata.is_dir() {
         // A gem's folder given for its manifest.
         let inside = ["notochord.json", "manifest.json"]
@@ -201,6 +244,21 @@ pub fn read_manifest_file(path: &Path) -> crate::Result<Vec<u8>> {
         return Err(ManifestError::single("manifest", too_large(metadata.len())).into());
     }
     read_regular_file(path, MAX_MANIFEST_BYTES as u64).map_err(io)
+}
+
+/// The manifest beside a file name that does not exist, when the name
+/// reads as a misspelt `notochord.json` or `manifest.json` (at most two
+/// edits, in any case) and that file is there.
+fn manifest_named_like(path: &Path) -> Option<std::path::PathBuf> {
+    let name = path.file_name()?.to_str()?.to_lowercase();
+    if name.chars().count() > 64 {
+        return None;
+    }
+    ["notochord.json", "manifest.json"]
+        .iter()
+        .filter(|known| strsim::damerau_levenshtein(&name, known) <= 2)
+        .map(|known| path.with_file_name(known))
+        .find(|candidate| candidate.is_file())
 }
 
 /// Reads at most `cap + 1` bytes of the regular file at `path` (one byte
@@ -287,13 +345,27 @@ fn json_hint(bytes: &[u8], error: &serde_json::Error) -> &'static str {
 
 /// Validates an already-parsed JSON value.
 pub fn validate(value: &Value) -> Result<Manifest, ManifestError> {
+    validate_with(value, Report::default())
+}
+
+/// Validates a manifest whose `size` and `sha256` are about to be
+/// replaced by auto-fill: a declared size of 0 beside another file's hash
+/// is what auto-fill repairs, so it is no problem here.
+pub(crate) fn validate_unfilled(value: &Value) -> Result<Manifest, ManifestError> {
+    let report = Report {
+        to_be_filled: true,
+        ..Report::default()
+    };
+    validate_with(value, report)
+}
+
+fn validate_with(value: &Value, mut report: Report) -> Result<Manifest, ManifestError> {
     let Some(object) = value.as_object() else {
         return Err(ManifestError::single(
             "manifest",
             format!("must be a JSON object, got {}", type_name(value)),
         ));
     };
-    let mut report = Report::default();
     let resources = match object.get("resources") {
         None => {
             top_level::check_missing_resources(object, &mut report);
@@ -311,9 +383,7 @@ pub fn validate(value: &Value) -> Result<Manifest, ManifestError> {
     if report.problems.is_empty() {
         Ok(Manifest { resources })
     } else {
-        Err(ManifestError {
-            problems: report.problems,
-        })
+        Err(ManifestError::new(report.problems))
     }
 }
 
@@ -386,6 +456,8 @@ pub fn parse_https_url(text: &str) -> Result<Url, String> {
 struct Report {
     /// The problems found so far, in report order.
     problems: Vec<Problem>,
+    /// Whether sizes and hashes are about to be filled in (auto-fill).
+    to_be_filled: bool,
 }
 
 impl Report {
@@ -452,6 +524,9 @@ fn check_entry(
     );
     let sha256 = check_sha256(object.get("sha256"), &format!("{path}.sha256"), report);
     let size = check_size(object.get("size"), &format!("{path}.size"), report);
+    if let (Some(0), Some(sha256), false) = (size, sha256.as_deref(), report.to_be_filled) {
+        check_empty_file(sha256, &format!("{path}.size"), report);
+    }
     let required = check_required(object.get("required"), &format!("{path}.required"), report);
     let description = check_description(
         object.get("description"),
@@ -678,6 +753,22 @@ fn check_size(value: Option<&Value>, path: &str, report: &mut Report) -> Option<
     };
     report.add(path, format!("must be a non-negative integer, got {shown}"));
     None
+}
+
+/// The SHA-256 of no bytes at all.
+pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// A `size` of 0 promises the empty file, whose SHA-256 is known: any other
+/// hash can never be met, and every download of it would fail.
+fn check_empty_file(sha256: &str, path: &str, report: &mut Report) {
+    if sha256 != EMPTY_SHA256 {
+        report.add(
+            path,
+            format!(
+                "is 0, but sha256 is not the empty file's ({EMPTY_SHA256}): no download can ever match both"
+            ),
+        );
+    }
 }
 
 /// Checks the optional `required` flag (default false).
@@ -1790,18 +1881,16 @@ mod tests {
 
     #[test]
     fn display_joins_lines() {
-        let error = ManifestError {
-            problems: vec![
-                Problem {
-                    path: "manifest.a".to_string(),
-                    message: "x".to_string(),
-                },
-                Problem {
-                    path: "manifest.b".to_string(),
-                    message: "y".to_string(),
-                },
-            ],
-        };
+        let error = ManifestError::new(vec![
+            Problem {
+                path: "manifest.a".to_string(),
+                message: "x".to_string(),
+            },
+            Problem {
+                path: "manifest.b".to_string(),
+                message: "y".to_string(),
+            },
+        ]);
         assert_eq!(
             error.to_string(),
             "E_PERM_INVALID: manifest.a: x\nE_PERM_INVALID: manifest.b: y"

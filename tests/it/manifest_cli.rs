@@ -117,7 +117,7 @@ async fn a_valid_manifest_is_accepted() {
                 "url": "https://cdn.example.com/models/ocr-v3.onnx",
                 "mirrors": ["https://mirror.example.org/ocr-v3.onnx"],
                 "sha256": HASH,
-                "size": 0,
+                "size": 1,
                 "required": true,
                 "description": "OCR model",
             }
@@ -130,7 +130,12 @@ async fn a_valid_manifest_is_accepted() {
         "{}",
         stdout(&out)
     );
-    assert_eq!(stderr(&out), "");
+    // It declares no gem id: `install FILE` would refuse it, and check says so.
+    let file = path.display().to_string();
+    assert_eq!(
+        stderr(&out),
+        format!("note: {file}: declares no gem id (\"id\"): `install {file}` refuses it; add one, or install it as `install GEM {file}`\n")
+    );
 }
 
 #[tokio::test]
@@ -410,7 +415,8 @@ async fn a_misspelt_resources_is_a_problem_and_a_manifest_without_any_is_said() 
     let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["ok"], true, "{doc}");
-    assert_eq!(doc["notes"][1]["path"], file.to_string(), "{doc}");
+    assert_eq!(doc["notes"][1]["path"], "manifest", "{doc}");
+    assert_eq!(doc["notes"][1]["file"], path.display().to_string(), "{doc}");
     assert_eq!(
         doc["notes"][1]["message"],
         "has no `resources`: it declares no files"
@@ -474,10 +480,14 @@ async fn check_json_output_lists_the_resources() {
     let out = env.run(&["--json", "check", path.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let file = path.display().to_string();
+    let note = format!("declares no gem id (\"id\"): `install {file}` refuses it; add one, or install it as `install GEM {file}`");
     assert_eq!(
         v,
         json!({
             "ok": true,
+            "file": file,
+            "notes": [{ "file": file, "path": "manifest", "message": note }],
             "resources": [
                 { "id": "a", "url": "https://cdn.example.com/a.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": [] },
                 { "id": "b", "url": "https://cdn.example.com/b.bin", "size": 10, "sha256": HASH, "required": false, "mirrors": ["https://m.example.com/b", "https://n.example.com/b"] },
@@ -503,8 +513,8 @@ async fn check_json_output_lists_every_problem() {
     assert_eq!(
         v["problems"],
         json!([
-            { "path": format!("{}: manifest.resources[0].url", path.display()), "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
-            { "path": format!("{}: manifest.resources[1].size", path.display()), "message": "must be a non-negative integer, got -3" },
+            { "file": path.display().to_string(), "path": "manifest.resources[0].url", "code": "E_PERM_INVALID", "message": "must start with https://, got \"http://cdn.example.com/a.bin\"" },
+            { "file": path.display().to_string(), "path": "manifest.resources[1].size", "code": "E_PERM_INVALID", "message": "must be a non-negative integer, got -3" },
         ])
     );
 }
@@ -703,9 +713,18 @@ async fn check_refuses_addresses_every_machine_refuses_and_says_when_dev_lets_on
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["ok"], false, "{doc}");
     assert_eq!(doc["code"], "E_RESOURCE_ADDRESS", "{doc}");
-    let problem = doc["problems"][0]["path"].as_str().unwrap();
+    assert_eq!(
+        doc["problems"][0]["path"], "manifest.resources[0].url",
+        "{doc}"
+    );
     assert!(
-        problem.ends_with("manifest.json: manifest.resources[0].url"),
+        doc["problems"][0]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("manifest.json")),
+        "{doc}"
+    );
+    assert_eq!(
+        doc["problems"][0]["address"], "https://printer.local/l.bin",
         "{doc}"
     );
     // The policy configured here refuses a host: said too.
@@ -724,4 +743,74 @@ fn local_only() -> Value {
     let mut r = valid("l");
     r["url"] = json!("https://printer.local/l.bin");
     r
+}
+
+#[tokio::test]
+async fn check_says_what_install_will_say() {
+    let env = Env::new().await;
+    // A gem id that install refuses is a problem of check too.
+    let path = env.dir.path().join("notochord.json");
+    let doc = json!({ "id": "My Gem", "resources": [valid("a")] });
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let (code, lines) = check_file(&env, &path).await;
+    assert_eq!(code, Some(1), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("E_RESOURCE_GEM_ID: manifest.id: ")),
+        "{lines:?}"
+    );
+    let out = env.run(&["install", path.to_str().unwrap()]).await;
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "install took the gem id check refused"
+    );
+
+    // Address rules are said beside the structure's problems, not after them.
+    let (code, lines) = check(
+        &env,
+        json!([
+            entry_with("a", "url", json!("https://localhost/a.bin")),
+            entry_with("b", "size", json!(-3)),
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "E_RESOURCE_ADDRESS: manifest.resources[0].url: https://localhost/a.bin: "
+        )),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("E_PERM_INVALID: manifest.resources[1].size: ")),
+        "{lines:?}"
+    );
+
+    // A size of 0 promises the empty file: another hash can never match.
+    let (code, lines) = check(&env, json!([entry_with("a", "size", json!(0))])).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "E_PERM_INVALID: manifest.resources[0].size: is 0, but sha256 is not the empty file's"
+        ) && l.contains("autofill --manifest")),
+        "{lines:?}"
+    );
+    let empty = json!({ "id": "a", "url": "https://cdn.example.com/a.bin", "size": 0,
+        "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" });
+    let (code, lines) = check(&env, json!([empty])).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+
+    // A misspelt manifest name: the file meant is named.
+    let typo = env.dir.path().join("notochrd.json");
+    let out = env.run(&["check", typo.to_str().unwrap()]).await;
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains(&format!("did you mean {}?", path.display())),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -67,19 +67,24 @@ pub fn in_file(error: Error, path: &Path) -> Error {
         return error;
     };
     let mut advised = false;
+    let file = crate::platform::shell_word(&path.display().to_string());
     for problem in &mut manifest.problems {
         let missing_value = problem.message == "is required"
             && (problem.path.ends_with(".size") || problem.path.ends_with(".sha256"));
         if missing_value && !advised {
             advised = true;
             problem.message = format!(
-                "is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {} --write`)",
-                crate::platform::shell_word(&path.display().to_string())
+                "is required (to fill in every missing size and sha256: `gem-resources autofill --manifest {file} --write`)"
             );
         }
-        problem.path = place(&problem.path, path);
+        // A size of 0 with another file's hash: both are to be read again.
+        if problem.path.ends_with(".size") && problem.message.starts_with("is 0, but sha256") {
+            problem.message.push_str(&format!(
+                " (to fill in the true size and sha256: `gem-resources autofill --manifest {file} --all --write`)"
+            ));
+        }
     }
-    Error::Manifest(manifest)
+    Error::Manifest(manifest.in_file(path.display().to_string()))
 }
 
 /// A problem's or a remark's place in the file at `path`: the file's name,
