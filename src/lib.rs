@@ -28,7 +28,8 @@
 //!   [`import`], and the [`blocking`] calls for code without an executor.
 //! - [`api`]: the local API, one service for every process: the protocol's
 //!   messages, defined once, the server ([`Resources::listen`]), where a
-//!   store's service listens, and a Rust client.
+//!   store's service listens, a Rust client, and the election of one
+//!   service among an app's instances ([`Resources::open_or_follow`]).
 //! - [`time`]: RFC 3339 timestamps.
 //! - `platform`: every call that differs between operating systems
 //!   (modes and owners, links, free space, directory fsync, write-back,
@@ -87,7 +88,12 @@
 //!    processes (JavaScript tools, a web-view page, the command line) on
 //!    the store's local socket (see [`api`] and `PROTOCOL.md`); they then
 //!    share this service's policy, events and downloads. Stop it with
-//!    [`api::ApiServer::stop`] before quitting.
+//!    [`api::ApiServer::stop`] before quitting. **An app that runs in
+//!    several windows or processes** makes one call in each instead,
+//!    [`Resources::open_or_follow`]: one instance runs the service, the
+//!    others are its clients, and when it quits or is killed one of them
+//!    takes over, a waiting `path` sent again to it (see
+//!    [`api::election`] and `examples/app_instance.rs`).
 //! 8. **Quit.** [`Resources::shutdown`] stops downloads, keeping their
 //!    resumable bytes for the next run, waits for them, and ends every
 //!    event subscription (`Closed`, after the events still buffered);

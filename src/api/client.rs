@@ -61,6 +61,19 @@ pub struct Client {
     notifications: Mutex<Option<mpsc::UnboundedReceiver<Value>>>,
     /// Reads the answers and notifications; holds the socket's read half.
     reader: tokio::task::AbortHandle,
+    /// Cancelled once the connection has closed (its reader ended).
+    closed: tokio_util::sync::CancellationToken,
+}
+
+/// How a call ended, as [`Client::request`] tells it: answered, or cut
+/// off by the connection's end.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The service answered: its result, or its error as it sent it.
+    Answered(std::result::Result<Value, RpcError>),
+    /// The connection was lost before the answer came (or before the
+    /// request could be sent): the service went away, or closed it.
+    Lost(String),
 }
 
 /// A dropped client closes its connection: the reader holds the socket's
@@ -192,8 +205,14 @@ impl Client {
         let (read, write) = tokio::io::split(stream);
         let pending: Pending = Arc::default();
         let (events, notifications) = mpsc::unbounded_channel();
-        let reader =
-            tokio::spawn(read_loop(BufReader::new(read), pending.clone(), events)).abort_handle();
+        let closed = tokio_util::sync::CancellationToken::new();
+        let reading = read_loop(BufReader::new(read), pending.clone(), events);
+        let done = closed.clone();
+        let reader = tokio::spawn(async move {
+            reading.await;
+            done.cancel();
+        })
+        .abort_handle();
         Ok(Client {
             socket: socket.to_string(),
             writer: tokio::sync::Mutex::new(write),
@@ -201,12 +220,59 @@ impl Client {
             next_id: AtomicU64::new(1),
             notifications: Mutex::new(Some(notifications)),
             reader,
+            closed,
         })
     }
 
     /// The socket it is connected to.
     pub fn socket(&self) -> &str {
         &self.socket
+    }
+
+    /// Resolves once the connection has closed: the service went away
+    /// (it stopped, or its process ended however it ended) or closed it.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await;
+    }
+
+    /// Whether the connection has closed ([`Client::closed`]).
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Sends `method` and waits for its answer as the service sent it
+    /// ([`Reply::Answered`]) or for the connection's end
+    /// ([`Reply::Lost`]); `Err` only when no answer came within the
+    /// method's [`ANSWER_TIMEOUT`] while the connection stayed open.
+    pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Reply> {
+        let (id, rx) = match self.send(method, params).await {
+            Ok(sent) => sent,
+            Err(e) => return Ok(Reply::Lost(e.to_string())),
+        };
+        let limit = answer_timeout(method);
+        let answered = match limit {
+            None => Ok(rx.await),
+            Some(limit) => tokio::time::timeout(limit, rx).await,
+        };
+        match answered {
+            Ok(Ok(outcome)) => Ok(Reply::Answered(outcome)),
+            Ok(Err(_)) => Ok(Reply::Lost(format!(
+                "the connection closed before {method} was answered"
+            ))),
+            Err(_) => {
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                Err(Error::Service {
+                    socket: self.socket.clone(),
+                    reason: format!(
+                        "no answer to {method} within {} s",
+                        limit.map_or(0, |l| l.as_secs())
+                    ),
+                })
+            }
+        }
     }
 
     /// Calls `method` with `params` and reads its result as `T`; the

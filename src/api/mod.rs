@@ -18,14 +18,20 @@
 //! - [`lifetime`]: what ends a service besides a stop: its parent
 //!   process ending ([`lifetime::Parent`]).
 //! - [`client`]: a Rust client ([`Client`]), which the command line uses.
+//! - [`election`]: one service per store among an app's instances
+//!   ([`Resources::open_or_follow`], [`Member`]): the one that takes the
+//!   store's lock serves, the others follow, and one takes over when it
+//!   goes.
 
 pub mod client;
 pub mod discovery;
+pub mod election;
 pub mod lifetime;
 pub mod protocol;
 pub mod server;
 
 pub use client::Client;
+pub use election::{Member, Role};
 pub use server::ApiServer;
 
 use crate::api::protocol::StatusResult;

@@ -381,6 +381,20 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A call that changes the store was cut off: the service went away
+    /// before it answered, so whether it was applied is not known
+    /// (`E_RESOURCE_SERVICE`). It is not sent again on its own (see
+    /// [`crate::api::election`]); read the state once the next service
+    /// runs, and call again if need be.
+    #[error("the service at {socket} went away before it answered `{method}` ({reason}); whether it was done is not known: check once the next service runs, and try again if need be")]
+    CutOff {
+        /// The socket of the service that went away.
+        socket: String,
+        /// The call cut off.
+        method: String,
+        /// How it was lost.
+        reason: String,
+    },
     /// Another service already holds the store (`E_RESOURCE_BUSY`).
     #[error("another service (process {pid}) already holds the store {}; stop it first, or use it through its socket", store.display())]
     Busy {
@@ -474,7 +488,7 @@ impl Error {
             Error::NoRuntime => ErrorCode::Runtime,
             Error::BlockingInRuntime { .. } => ErrorCode::Runtime,
             Error::Remote(data) => data.code,
-            Error::Service { .. } => ErrorCode::Service,
+            Error::Service { .. } | Error::CutOff { .. } => ErrorCode::Service,
             Error::Busy { .. } => ErrorCode::Busy,
             Error::Usage(_) => ErrorCode::Usage,
             Error::Owned { .. } => ErrorCode::Owner,

@@ -32,6 +32,9 @@ mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
 mod crash_order;
+// App instances started as processes and killed with SIGKILL.
+#[cfg(unix)]
+mod election;
 mod embed_config;
 mod embed_controls;
 mod embed_errors;
