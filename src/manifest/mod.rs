@@ -1756,7 +1756,12 @@ mod tests {
 
     #[test]
     fn size_forms() {
-        assert_eq!(one_resource(entry_with("size", json!(0))).size, 0);
+        let empty = json!({ "id": "a", "url": "https://h/a", "sha256": EMPTY_SHA256, "size": 0 });
+        assert_eq!(one_resource(empty).size, 0);
+        // A size of 0 with another file's hash can never be met.
+        assert!(entry_line(entry_with("size", json!(0))).starts_with(
+            "E_PERM_INVALID: manifest.resources[0].size: is 0, but sha256 is not the empty file's"
+        ));
         let max: Value = serde_json::from_str("18446744073709551615").unwrap();
         assert_eq!(one_resource(entry_with("size", max)).size, u64::MAX);
         let cases = [
