@@ -15,6 +15,7 @@ mod api_server;
 mod api_soak;
 mod autofill;
 mod autofill_manifest;
+mod cache;
 #[cfg(unix)]
 mod cli_bars;
 mod cli_basics;
