@@ -16,6 +16,7 @@ mod api_soak;
 mod autofill;
 mod autofill_manifest;
 mod cache;
+mod cache_registry;
 #[cfg(unix)]
 mod cli_bars;
 mod cli_basics;

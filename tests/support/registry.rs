@@ -517,3 +517,24 @@ fn certificates() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'stati
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
     (ca_cert.pem(), vec![leaf_cert.der().clone()], key)
 }
+
+/// A throwaway CA (PEM) and a leaf for [`REGISTRY_NAMES`] with its key
+/// (PEM), for a registry run as a separate program.
+pub fn certificate_files() -> (String, String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let names: Vec<String> = REGISTRY_NAMES.iter().map(|s| s.to_string()).collect();
+    let mut leaf = CertificateParams::new(names).unwrap();
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    (ca_cert.pem(), leaf_cert.pem(), leaf_key.serialize_pem())
+}
