@@ -491,3 +491,50 @@ fn the_cache_section_is_checked_as_the_file_is_read() {
         assert!(gem_resources::Config::parse(bad).is_err(), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn the_users_policy_applies_to_the_cache_host() {
+    let registry = Registry::start("127.0.0.2", Access::Anonymous).await;
+    let env = Env::new().await;
+    let section = format!(
+        "oci = \"{}\"\nallow_internal = true\n",
+        registry.oci("registry.test", "gems/cache")
+    );
+    env.write_cache_config(registry.ca_pem(), &section);
+    // Only origin.test is allowed: the registry is never contacted.
+    let config = env.dir.path().join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[network]\n",
+        "[network]\nmode = \"allowlist\"\nhosts = [\"origin.test\"]\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let body = bytes(4_000, 14);
+    registry.put_blob(&body);
+    env.serve("/pol.bin", &body);
+    let out = fetch(&env, &[("/pol.bin", &body)], false).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(registry.connections(), 0, "{:?}", registry.requests());
+    assert_eq!(env.origin.hits("/pol.bin"), 1);
+}
+
+#[tokio::test]
+async fn status_says_a_file_came_from_the_cache() {
+    let registry = Registry::start("127.0.0.2", Access::Anonymous).await;
+    let env = cached_env(&registry, "").await;
+    let body = bytes(8_000, 15);
+    registry.put_blob(&body);
+    let url = env.url("origin.test", "/st.bin");
+    let mut e = entry("st", &url, &body);
+    e["required"] = serde_json::Value::Bool(true);
+    let manifest = env.write_manifest("notochord.json", serde_json::json!([e]));
+    let out = env
+        .run(&["--no-service", "install", "g", manifest.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = env.run(&["--json", "--no-service", "status"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&status).trim()).unwrap();
+    let row = &doc["gems"][0]["resources"][0];
+    assert_eq!(row["state"], "present", "{doc}");
+    assert_eq!(row["served_by"], "cache", "{doc}");
+    assert_eq!(env.origin.total_hits(), 0);
+}
