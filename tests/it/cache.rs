@@ -538,3 +538,41 @@ async fn status_says_a_file_came_from_the_cache() {
     assert_eq!(row["served_by"], "cache", "{doc}");
     assert_eq!(env.origin.total_hits(), 0);
 }
+
+#[tokio::test]
+async fn cache_push_seeds_the_registry_from_the_store() {
+    let registry = Registry::start("127.0.0.2", Access::Anonymous).await;
+    let env = cached_env(&registry, "").await;
+    let body = bytes(40_000, 16);
+    env.serve("/seed.bin", &body);
+    let out = fetch(&env, &[("/seed.bin", &body)], false).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !registry.has_blob(&sha256_hex(&body)),
+        "push = false uploads nothing"
+    );
+    let out = env.run(&["cache", "push"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("1 uploaded, 0 already in the cache, 0 failed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(registry.has_blob(&sha256_hex(&body)));
+    let out = env.run(&["--json", "cache", "push"]).await;
+    let doc: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(doc["present"], 1, "{doc}");
+    assert_eq!(doc["ok"], true, "{doc}");
+    // Uploads refused: said per file, exit 1.
+    registry.set_faults(Faults {
+        refuse_uploads: true,
+        ..Faults::default()
+    });
+    let other = bytes(1_000, 17);
+    env.serve("/seed2.bin", &other);
+    let out = fetch(&env, &[("/seed2.bin", &other)], false).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run(&["cache", "push"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("failed:"), "{}", stderr(&out));
+}
