@@ -33,9 +33,11 @@ use crate::net::proxy::ProxyConfig;
 use crate::net::NetSettings;
 use crate::transfer::retry::RetryPolicy;
 
+mod cache;
 mod dev;
 mod keys;
 mod rate;
+pub use cache::CacheConfig;
 pub use dev::DevConfig;
 /// Address ranges, as `[dev] allow_addresses` holds them.
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -58,6 +60,10 @@ pub struct Config {
     /// Scheduling limits of the background service.
     #[serde(default)]
     pub service: ServiceConfig,
+    /// An organisation's OCI registry, asked for every file first
+    /// (docs/cache.md). Empty: no cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
     /// Development and test exemptions. Empty in production.
     #[serde(default)]
     pub dev: DevConfig,
@@ -417,6 +423,12 @@ impl Config {
         })
     }
 
+    /// The `[cache]` registry's settings, its password read from the
+    /// variable or file named; `None` when no cache is configured.
+    pub fn cache_settings(&self) -> Result<Option<crate::cache::CacheSettings>> {
+        self.cache.settings()
+    }
+
     /// The network policy described by `[network]`.
     pub fn policy(&self) -> Result<Policy> {
         Policy::new(self.network.mode, &self.network.hosts)
@@ -513,12 +525,16 @@ impl Config {
         }
         Policy::new(self.network.mode, &self.network.hosts)
             .map_err(|e| format!("network.hosts: {e}"))?;
+        self.cache.check()?;
         self.dev.check()
     }
 
     fn resolve_paths(&mut self, base: &Path) {
         if let Some(store) = &self.store {
             self.store = Some(normalise(&base.join(store)));
+        }
+        if let Some(file) = &self.cache.password_file {
+            self.cache.password_file = Some(normalise(&base.join(file)));
         }
         for cert in &mut self.dev.extra_root_certs {
             *cert = normalise(&base.join(&*cert));

@@ -168,6 +168,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod api;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod manifest;

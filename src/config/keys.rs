@@ -6,7 +6,7 @@
 /// The tables and their keys; `None` is the top level. A unit test holds
 /// these to what the types accept.
 pub const TABLES: &[(Option<&str>, &[&str])] = &[
-    (None, &["store", "network", "service", "dev"]),
+    (None, &["store", "network", "service", "cache", "dev"]),
     (
         Some("network"),
         &[
@@ -34,6 +34,20 @@ pub const TABLES: &[(Option<&str>, &[&str])] = &[
             "max_concurrent_downloads",
             "max_per_host",
             "retry_failed_after",
+        ],
+    ),
+    (
+        Some("cache"),
+        &[
+            "oci",
+            "push",
+            "username",
+            "password_env",
+            "password_file",
+            "allow_internal",
+            "timeout_secs",
+            "breaker_secs",
+            "push_max_bytes_per_sec",
         ],
     ),
     (

@@ -272,6 +272,16 @@ pub(crate) fn normalise_host(name: &str) -> String {
     name.to_ascii_lowercase()
 }
 
+/// A host as [`AddressGuard::with_internal_hosts`] compares it: an IP
+/// literal in its canonical text, a name normalised.
+fn host_key(host: &str) -> String {
+    match parse_name(host) {
+        NameKind::Ip(ip) => ip.to_canonical().to_string(),
+        NameKind::Domain(name) => name,
+        NameKind::Malformed => normalise_host(host),
+    }
+}
+
 /// The by-name rule on a name already normalised by [`normalise_host`].
 fn classify_domain(name: &str) -> Option<&'static str> {
     LOCAL_SUFFIXES.iter().find_map(|&(suffix, reason)| {
@@ -341,6 +351,11 @@ pub fn classify_name(name: &str) -> Option<&'static str> {
 pub struct AddressGuard {
     exempt: Vec<IpNet>,
     exempt_names: Vec<String>,
+    /// Hosts (names or IP literals, normalised) that may be on a local or
+    /// internal-network address, by name and by every address they
+    /// resolve to: only the `[cache]` section names them, and only for
+    /// the cache's own requests.
+    internal_hosts: Vec<String>,
 }
 
 impl AddressGuard {
@@ -356,7 +371,24 @@ impl AddressGuard {
         Self {
             exempt: ranges,
             exempt_names: names.iter().map(|n| normalise_host(n)).collect(),
+            internal_hosts: Vec::new(),
         }
+    }
+
+    /// The same guard letting `hosts` (names or IP literals) be on a local
+    /// or internal-network address: the host itself and every address its
+    /// name resolves to pass. Any other host, a redirect target included,
+    /// is judged as before.
+    pub fn with_internal_hosts(mut self, hosts: &[String]) -> Self {
+        self.internal_hosts = hosts.iter().map(|h| host_key(h)).collect();
+        self
+    }
+
+    /// Whether `host` (a name, or an IP literal in any spelling a URL
+    /// takes) is one of the hosts [`AddressGuard::with_internal_hosts`]
+    /// names.
+    pub fn is_internal_host(&self, host: &str) -> bool {
+        !self.internal_hosts.is_empty() && self.internal_hosts.contains(&host_key(host))
     }
 
     fn is_exempt(&self, ip: IpAddr) -> bool {
@@ -381,6 +413,9 @@ impl AddressGuard {
     /// Checks a parsed URL host: a domain gets the by-name rule (unless its
     /// name is exempt), an IPv4 or IPv6 literal gets [`AddressGuard::check_ip`].
     pub fn check_host(&self, host: &Host<&str>) -> Result<(), Blocked> {
+        if !self.internal_hosts.is_empty() && self.is_internal_host(&host.to_string()) {
+            return Ok(());
+        }
         match *host {
             Host::Domain(name) => self.check_name(name),
             Host::Ipv4(v4) => self.check_ip(IpAddr::V4(v4)),
@@ -677,6 +712,19 @@ mod tests {
         assert!(guard.check_ip(ip("::1")).is_err());
         // Ranges do not exempt names.
         assert!(check_url(&guard, "https://localhost/").is_err());
+    }
+
+    #[test]
+    fn internal_hosts_pass_only_themselves() {
+        let guard = AddressGuard::new()
+            .with_internal_hosts(&["Registry.Corp.Internal.".into(), "10.0.0.5".into()]);
+        assert_eq!(check_url(&guard, "https://registry.corp.internal/"), Ok(()));
+        assert_eq!(check_url(&guard, "https://10.0.0.5/"), Ok(()));
+        assert_eq!(check_url(&guard, "https://[::ffff:10.0.0.5]/"), Ok(()));
+        assert!(check_url(&guard, "https://blobs.corp.internal/").is_err());
+        assert!(check_url(&guard, "https://10.0.0.6/").is_err());
+        assert!(guard.is_internal_host("REGISTRY.corp.internal"));
+        assert!(!AddressGuard::new().is_internal_host("registry.corp.internal"));
     }
 
     #[test]

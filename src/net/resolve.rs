@@ -170,6 +170,19 @@ impl GuardedResolver {
         }
     }
 
+    /// The same resolver (fixed answers, system lookup, policy) judging
+    /// answers with `guard`.
+    pub(crate) fn with_guard(&self, guard: AddressGuard) -> GuardedResolver {
+        GuardedResolver {
+            inner: Arc::new(Inner {
+                guard,
+                fixed: self.inner.fixed.clone(),
+                system: self.inner.system.clone(),
+                policy: self.inner.policy.clone(),
+            }),
+        }
+    }
+
     /// The guard in use.
     pub fn guard(&self) -> &AddressGuard {
         &self.inner.guard
@@ -185,10 +198,12 @@ impl GuardedResolver {
     /// [`AttemptError::Network`] when the lookup failed.
     pub async fn lookup(&self, name: &str) -> Result<Vec<IpAddr>, AttemptError> {
         let key = normalise_host(name);
+        // A host the `[cache]` section names as internal: every answer.
+        let internal = self.inner.guard.is_internal_host(&key);
         let answers = match self.inner.fixed.get(&key) {
             Some(ips) => ips.clone(),
             None => {
-                if let Some(reason) = crate::net::guard::classify_name(&key) {
+                if let (Some(reason), false) = (crate::net::guard::classify_name(&key), internal) {
                     return Err(AttemptError::Address(Blocked {
                         address: key,
                         reason: reason.to_string(),
@@ -200,6 +215,10 @@ impl GuardedResolver {
         let mut allowed = Vec::new();
         let mut first_refusal = None;
         for ip in answers {
+            if internal {
+                allowed.push(ip);
+                continue;
+            }
             match self.inner.guard.check_ip(ip) {
                 Ok(()) => allowed.push(ip),
                 Err(blocked) => {

@@ -198,7 +198,7 @@ impl Resources {
         let store = Store::open(dir)?;
         let registry = Registry::new(&store);
         let events = Events::new(buffer);
-        let fetcher = Fetcher::new(config)?;
+        let fetcher = Fetcher::new(config)?.with_cache(config.cache_settings()?)?;
         // The store's last policy holds when it is newer than the
         // configuration file (see `store::policy_record`).
         let policy = policy_record::effective(

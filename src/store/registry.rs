@@ -149,6 +149,10 @@ type ServedRecord = crate::store::stamps::Served;
 /// What [`Registry::served_by`] says of a file imported from this machine.
 pub const SERVED_BY_IMPORT: &str = "import";
 
+/// What [`Registry::served_by`] says of a file that came from the
+/// `[cache]` registry.
+pub const SERVED_BY_CACHE: &str = "cache";
+
 /// The longest `served/<sha256>.json` read back.
 const MAX_SERVED_BYTES: u64 = 16 << 10;
 

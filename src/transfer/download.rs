@@ -46,7 +46,7 @@ use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::manifest::Resource;
 use crate::store::lanes::{Holder, LaneLock};
 use crate::store::partial::PartialPaths;
-use crate::store::registry::Registry;
+use crate::store::registry::{Registry, SERVED_BY_CACHE};
 use crate::store::Store;
 use crate::transfer::fetch::{Control, Expected, Fetcher, Output, Reporter, Resume, TransferError};
 use crate::transfer::parts::PARTS_MIN_BYTES;
@@ -193,6 +193,7 @@ pub(crate) async fn download_for(
         cancel: Some(&stop),
     };
     let outcome = job.run_watched(store, &stop, progress).await;
+    let from_cache = matches!(&outcome, Ok(served) if served == SERVED_BY_CACHE);
     let finish = {
         let (store, sha256, size) = (store.clone(), resource.sha256.clone(), resource.size);
         // The lock goes with the work: it is released when the file is
@@ -229,7 +230,13 @@ pub(crate) async fn download_for(
             result
         }
     };
-    crate::store::off_runtime(store.root(), finish).await
+    let result = crate::store::off_runtime(store.root(), finish).await;
+    if let (Ok(path), false) = (&result, from_cache) {
+        // Verified from its own addresses: the cache may have it too
+        // (`[cache] push`), uploaded in the background.
+        fetcher.offer_to_cache(&resource.sha256, resource.size, path);
+    }
+    result
 }
 
 /// What [`take_lane`] ends with.
@@ -362,12 +369,12 @@ fn cancelled(resource: &Resource) -> Error {
 }
 
 /// One download over the address list, with a lane of the file held.
-struct Job<'a> {
-    fetcher: &'a Fetcher,
-    resource: &'a Resource,
-    paths: &'a PartialPaths,
-    retry: RetryPolicy,
-    cancel: Option<&'a CancellationToken>,
+pub(super) struct Job<'a> {
+    pub(super) fetcher: &'a Fetcher,
+    pub(super) resource: &'a Resource,
+    pub(super) paths: &'a PartialPaths,
+    pub(super) retry: RetryPolicy,
+    pub(super) cancel: Option<&'a CancellationToken>,
 }
 
 impl Job<'_> {
@@ -378,7 +385,7 @@ impl Job<'_> {
         store: &Store,
         stop: &CancellationToken,
         progress: &mut dyn Reporter,
-    ) -> Result<Url> {
+    ) -> Result<String> {
         let outcome = {
             let run = self.run(progress);
             tokio::pin!(run);
@@ -399,12 +406,24 @@ impl Job<'_> {
 
     /// Leaves verified bytes in the partial file and returns the address
     /// that served them (the url when its parts also came from the
-    /// mirrors), or fails with every address's last reason.
-    async fn run(&self, progress: &mut dyn Reporter) -> Result<Url> {
+    /// mirrors; [`SERVED_BY_CACHE`] from the `[cache]` registry), or fails
+    /// with every address's last reason.
+    async fn run(&self, progress: &mut dyn Reporter) -> Result<String> {
         let mut attempts: Vec<Attempt> = Vec::new();
+        match self.try_cache(progress).await {
+            Ok(true) => return Ok(SERVED_BY_CACHE.to_string()),
+            Ok(false) => {}
+            Err(TransferError::Local(e)) => {
+                return Err(local_failure(e, self.resource, &self.resource.url))
+            }
+            Err(TransferError::Cancelled) => return Err(cancelled(self.resource)),
+            // Said and logged by `try_cache`; the file's own addresses
+            // follow.
+            Err(TransferError::Attempt(_)) => {}
+        }
         if self.spreads() {
             match self.spread(progress).await {
-                Ok(()) => return Ok(self.resource.url.clone()),
+                Ok(()) => return Ok(self.resource.url.to_string()),
                 Err(TransferError::Attempt(a)) => {
                     // No part of it is trusted: one source at a time, in
                     // the manifest's order, so a source that sends wrong
@@ -421,7 +440,7 @@ impl Job<'_> {
         let addresses: Vec<&Url> = self.resource.addresses().collect();
         for (index, address) in addresses.iter().copied().enumerate() {
             match self.address(address, progress).await {
-                Ok(()) => return Ok(address.clone()),
+                Ok(()) => return Ok(address.to_string()),
                 Err(TransferError::Attempt(a)) if index + 1 < addresses.len() => {
                     // The reporter says it (a warning, an event); the log
                     // keeps it for debugging.
@@ -479,7 +498,7 @@ impl Job<'_> {
 
     /// Tries one address until it succeeds or [`RetryPolicy::decide`] says
     /// to move on.
-    async fn address(
+    pub(super) async fn address(
         &self,
         address: &Url,
         progress: &mut dyn Reporter,

@@ -200,6 +200,15 @@ impl Fetcher {
                     reason: format!("cannot build the request: {e}"),
                 })?;
         request.headers_mut().extend(request_headers(ask));
+        if let Some(value) = self
+            .authorize
+            .as_ref()
+            .and_then(|c| c.authorization_for(url))
+        {
+            request
+                .headers_mut()
+                .insert(reqwest::header::AUTHORIZATION, value);
+        }
         let check = || self.check_policy(url);
         let mut response = self
             .tunnels
@@ -225,10 +234,20 @@ impl Fetcher {
         };
         let authority = authority(url);
         let lease = self.pool.client(&authority, answers.as_deref())?;
+        let mut headers = request_headers(ask);
+        // A cache's fetcher: the registry's own hops only, never a
+        // redirect target such as its blob storage.
+        if let Some(value) = self
+            .authorize
+            .as_ref()
+            .and_then(|c| c.authorization_for(url))
+        {
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let response = lease
             .client
             .get(url.clone())
-            .headers(request_headers(ask))
+            .headers(headers)
             .send()
             .await
             .map_err(|e| request_error(&e))?;

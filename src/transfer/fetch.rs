@@ -194,6 +194,15 @@ pub(crate) struct Control<'a> {
     pub reporter: &'a mut dyn Reporter,
 }
 
+/// The `[cache]` registry and the fetcher its blobs come through
+/// (`transfer::cached`).
+pub(crate) struct CacheRoute {
+    /// The registry.
+    pub(crate) cache: Arc<crate::cache::Cache>,
+    /// Its fetcher: its own guard, connections and timeouts.
+    pub(crate) fetcher: Fetcher,
+}
+
 /// Downloads over HTTPS under the scheme, policy and address rules.
 #[derive(Clone)]
 pub struct Fetcher {
@@ -239,6 +248,12 @@ pub struct Fetcher {
     /// A first request answered this long or more after it was sent is
     /// from a far server: its file is split at once.
     pub(super) far_answer: Duration,
+    /// The `[cache]` registry, asked for every file first, and the fetcher
+    /// its blobs come through (`None`: no cache).
+    pub(super) cache: Option<Arc<CacheRoute>>,
+    /// A cache's own fetcher: the registry whose hops get its
+    /// `Authorization` (and no other hop).
+    pub(super) authorize: Option<Arc<crate::cache::Cache>>,
 }
 
 /// How a transfer of an address would connect (see [`Fetcher::route`]).
@@ -323,6 +338,8 @@ impl Fetcher {
             spread: settings.spread_over_mirrors,
             split_below: SPLIT_BELOW_BYTES_PER_SEC,
             far_answer: FAR_ANSWER,
+            cache: None,
+            authorize: None,
         })
     }
 
@@ -406,6 +423,9 @@ impl Fetcher {
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
         self.pool.drop_connections();
+        if let Some(route) = &self.cache {
+            route.fetcher.pool.drop_connections();
+        }
         self.policy_version.send_modify(|v| *v += 1);
     }
 

@@ -11,6 +11,7 @@
 
 pub mod autofill;
 mod body;
+mod cached;
 mod carry;
 pub mod download;
 mod exchange;

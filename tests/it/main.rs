@@ -17,6 +17,8 @@ mod api_server;
 mod api_soak;
 mod autofill;
 mod autofill_manifest;
+mod cache;
+mod cache_registry;
 #[cfg(unix)]
 mod cli_bars;
 mod cli_basics;

@@ -9,6 +9,7 @@ pub mod api;
 pub mod files;
 pub mod origin;
 pub mod proxy;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -93,6 +94,29 @@ impl Env {
         let text = format!(
             "store = \"store\"\n[network]\nconnect_timeout_secs = 5\n{stall}{retries}{network}\n{}\n{extra}\n",
             Env::dev_section()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Writes `config.toml` for the `[cache]` tests: the test defaults,
+    /// `registry.test`, `auth.test` and `blobs.test` resolving to
+    /// 127.0.0.2, 127.0.0.2 and 127.0.0.3 (which no `[dev]` range
+    /// exempts: only `[cache] allow_internal` does), `registry_ca` trusted
+    /// besides the origin's CA, and `cache` as the `[cache]` section.
+    pub fn write_cache_config(&self, registry_ca: &str, cache: &str) -> PathBuf {
+        std::fs::write(self.dir.path().join("registry-ca.pem"), registry_ca).unwrap();
+        let mut resolve: Vec<String> = TEST_HOSTS
+            .iter()
+            .map(|h| format!("\"{h}\" = [\"127.0.0.1\"]"))
+            .collect();
+        resolve.push("\"registry.test\" = [\"127.0.0.2\"]".into());
+        resolve.push("\"auth.test\" = [\"127.0.0.2\"]".into());
+        resolve.push("\"blobs.test\" = [\"127.0.0.3\"]".into());
+        let path = self.dir.path().join("config.toml");
+        let text = format!(
+            "store = \"store\"\n[network]\nconnect_timeout_secs = 5\nstall_timeout_secs = 30\nretries = 0\n[cache]\n{cache}\n[dev]\nextra_root_certs = [\"ca.pem\", \"registry-ca.pem\"]\nresolve = {{ {} }}\nallow_addresses = [\"127.0.0.1/32\"]\n",
+            resolve.join(", ")
         );
         std::fs::write(&path, text).unwrap();
         path

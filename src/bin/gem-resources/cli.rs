@@ -138,6 +138,18 @@ pub struct Args {
     pub command: Command,
 }
 
+/// What `cache --help` adds.
+const CACHE_HELP: &str = "The registry is the configuration's [cache] section (docs/cache.md).\n\nExit status: 0 when the check passes (reach, read, and write when push = true) or every file was pushed; 1 otherwise, or when no cache is configured.\n\nExample:\n  gem-resources cache check\n  gem-resources cache push";
+
+/// `cache` subcommands.
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum CacheAction {
+    /// Say whether the configuration reaches the registry, can read from it and can write to it, with the reason when not.
+    Check,
+    /// Upload every stored file the registry does not have.
+    Push,
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -275,6 +287,13 @@ pub enum Command {
         /// app that started it closed the pipe, or ended).
         #[arg(long)]
         exit_with_stdin: bool,
+    },
+    /// Check the `[cache]` registry, or fill it from the store.
+    #[command(after_long_help = CACHE_HELP)]
+    Cache {
+        /// What to do with it.
+        #[command(subcommand)]
+        action: CacheAction,
     },
     /// Print a shell's completion script (bash, zsh, fish, powershell, elvish).
     #[command(

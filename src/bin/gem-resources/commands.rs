@@ -73,6 +73,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
         Command::Fetch { manifest, ids } => fetch(&config, &manifest, &ids, json).await,
         Command::Import { files } => crate::import::run(&config, &files, json).await,
         Command::Gc { dry_run } => crate::gc::run(&config, dry_run, json).await,
+        Command::Cache { action } => crate::cache::run(&config, action, json).await,
         other => crate::service_commands::run(&config, other, json, args.no_service).await,
     }
 }

@@ -148,7 +148,7 @@ pub fn warn_dev(config: &Config) {
 /// store applies to it too, within a quarter of a second: transfers in
 /// flight to a host it refuses stop.
 pub fn fetcher(config: &Config) -> Result<Fetcher, Error> {
-    let fetcher = Fetcher::new(config)?;
+    let fetcher = Fetcher::new(config)?.with_cache(config.cache_settings()?)?;
     fetcher.set_policy(config.effective_policy()?);
     let (following, config) = (fetcher.clone(), config.clone());
     let store_dir = config.store_dir();

@@ -9,6 +9,7 @@
 #![warn(clippy::too_many_lines)]
 
 mod autofill;
+mod cache;
 mod check;
 mod cli;
 mod commands;
