@@ -17,7 +17,7 @@
 //!
 //! The transfer of a blob itself goes through the same engine as any file
 //! ([`crate::transfer::download`]); this wing hands it the address, the
-//! `Authorization` of the registry's own hops ([`Cache::authorization_for`])
+//! `Authorization` of the registry's own hops (`Cache::authorization_for`)
 //! and says whether to ask at all ([`Cache::probe`]).
 //!
 //! Uses [`crate::net`] and [`crate::error`]; knows nothing of the store or
