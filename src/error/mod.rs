@@ -215,8 +215,9 @@ pub enum Error {
     Attempt(Box<Attempt>),
     /// Every address of a resource failed.
     #[error(
-        "resource {resource:?}: every address failed{}",
-        list_attempts(attempts)
+        "resource {resource:?}: every address failed{}{}",
+        list_attempts(attempts),
+        declared_advice(attempts)
     )]
     Unavailable {
         /// The resource id.
@@ -468,6 +469,47 @@ fn list_problems(manifest: &ManifestError) -> String {
 
 fn list_attempts(attempts: &[Attempt]) -> String {
     attempts.iter().map(|a| format!("\n  - {a}")).collect()
+}
+
+/// Where the manifest's file goes in the advice of an
+/// [`Error::Unavailable`] whose addresses all served the same other bytes
+/// than declared: a caller that knows the file (the command line's
+/// `install`) puts its name in its place.
+pub const MANIFEST_FILE: &str = "<manifest file>";
+
+/// Whether every one of `attempts` refused the bytes for the values the
+/// manifest declares, and every address served the same other bytes (the
+/// same SHA-256, or the same size): the manifest's values are what is
+/// wrong, not an address.
+pub fn declared_values_wrong(attempts: &[Attempt]) -> bool {
+    let Some(first) = attempts.first() else {
+        return false;
+    };
+    attempts.iter().all(|a| match (&first.error, &a.error) {
+        (AttemptError::Sha256 { actual: x, .. }, AttemptError::Sha256 { actual: y, .. }) => x == y,
+        (AttemptError::Size { detail: x, .. }, AttemptError::Size { detail: y, .. }) => x == y,
+        _ => false,
+    })
+}
+
+/// The line that says how to correct the manifest, when
+/// [`declared_values_wrong`].
+fn declared_advice(attempts: &[Attempt]) -> String {
+    if !declared_values_wrong(attempts) {
+        return String::new();
+    }
+    let what = match attempts.first().map(|a| &a.error) {
+        Some(AttemptError::Size { .. }) => "size",
+        _ => "sha256",
+    };
+    let which = if attempts.len() == 1 {
+        format!("its address serves a file whose {what} is not the manifest's")
+    } else {
+        format!("every address serves the same file, whose {what} is not the manifest's")
+    };
+    format!(
+        "\n  {which} (a wrong value, or the file changed): `gem-resources autofill --manifest {MANIFEST_FILE} --all --write` writes the size and sha256 it serves into the manifest"
+    )
 }
 
 impl Error {

@@ -110,6 +110,9 @@ pub struct AddressReport {
     /// The code of that problem (`E_RESOURCE_SHA256`, `E_RESOURCE_HTTP`, …).
     #[serde(default)]
     pub code: Option<ErrorCode>,
+    /// The HTTP status, when the problem is one (`404`: no file there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
 }
 
 /// The name of the address at `index` of a resource's addresses.
@@ -173,6 +176,7 @@ fn compare(
                 problem: None,
                 hop: None,
                 code: None,
+                status: None,
             };
             match outcome {
                 Ok(read) => {
@@ -197,6 +201,9 @@ fn compare(
                         .filter(|hop| *hop != &a.address)
                         .map(Url::to_string);
                     report.code = Some(a.code());
+                    if let AttemptError::Http { status, .. } = &a.error {
+                        report.status = Some(*status);
+                    }
                 }
                 Err(e) => {
                     report.problem = Some(e.to_string());
@@ -339,7 +346,14 @@ impl Resources {
                     Ok(done) => done,
                     Err(e) => (Err(e), Vec::new()),
                 };
-                let outcome = outcome.and_then(|f| agrees(&entry, f));
+                let outcome = outcome.and_then(|f| {
+                    let changed = Changed::of(&entry, &f);
+                    if all && !changed.is_empty() {
+                        // The service's log keeps what the caller replaces.
+                        tracing::warn!(resource = %entry.resource.id, address = %f.address, "{changed}: the manifest's values are replaced");
+                    }
+                    agrees(&entry, f, all)
+                });
                 (entry, outcome, checked)
             }
         };
@@ -389,43 +403,84 @@ impl Resources {
     }
 }
 
+/// The declared values of an entry that differ from what was read: each
+/// as (declared, read). A value the entry lacks is never a change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Changed {
+    /// The declared size and the size read, when they differ.
+    pub size: Option<(u64, u64)>,
+    /// The declared SHA-256 and the one read, when they differ.
+    pub sha256: Option<(String, String)>,
+}
+
+impl Changed {
+    /// What `entry` declares that differs from `filled`.
+    pub fn of(entry: &Unfilled, filled: &Filled) -> Changed {
+        Changed::between(entry, filled.transfer.size, &filled.transfer.sha256)
+    }
+
+    /// What `entry` declares that differs from `size` and `sha256`.
+    pub fn between(entry: &Unfilled, size: u64, sha256: &str) -> Changed {
+        let declared = &entry.resource;
+        Changed {
+            size: (!entry.lacks_size && size != declared.size).then_some((declared.size, size)),
+            sha256: (!entry.lacks_sha256 && sha256 != declared.sha256)
+                .then(|| (declared.sha256.clone(), sha256.to_string())),
+        }
+    }
+
+    /// Whether nothing differs.
+    pub fn is_empty(&self) -> bool {
+        self.size.is_none() && self.sha256.is_none()
+    }
+}
+
+/// `size 5 → 7, sha256 0000… → b43f…` (the digests cut to 12 digits).
+impl std::fmt::Display for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some((old, new)) = &self.size {
+            parts.push(format!("size {old} → {new}"));
+        }
+        if let Some((old, new)) = &self.sha256 {
+            parts.push(format!("sha256 {} → {}", short(old), short(new)));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// The first 12 digits of a SHA-256 and `…`.
+pub fn short(sha256: &str) -> String {
+    match sha256.get(..12) {
+        Some(head) if head.len() < sha256.len() => format!("{head}…"),
+        _ => sha256.to_string(),
+    }
+}
+
 /// A value already declared must match what was read (only the missing
-/// one is filled), as in a download: otherwise the entry is not filled.
-/// When nothing lacks (every resource asked for), the values read replace
-/// the declared ones, with a warning.
-pub fn agrees(entry: &Unfilled, filled: Filled) -> Result<Filled> {
-    compare_declared(entry, filled, true)
-}
-
-/// [`agrees`] for a check of a manifest: a declared value that differs
-/// from what was read is a failure, never replaced.
-pub fn agrees_exactly(entry: &Unfilled, filled: Filled) -> Result<Filled> {
-    compare_declared(entry, filled, false)
-}
-
-/// Compares what was read with what `entry` declares; with `replace`, an
-/// entry that declares both values has them replaced (with a warning).
-fn compare_declared(entry: &Unfilled, filled: Filled, replace: bool) -> Result<Filled> {
-    let (got, declared) = (&filled.transfer, &entry.resource);
-    let error = if !entry.lacks_sha256 && got.sha256 != declared.sha256 {
-        AttemptError::Sha256 {
-            expected: declared.sha256.clone(),
-            actual: got.sha256.clone(),
-        }
-    } else if !entry.lacks_size && got.size != declared.size {
-        AttemptError::Size {
-            expected: declared.size,
-            detail: format!("got {} bytes", got.size),
-        }
-    } else {
-        return Ok(filled);
-    };
-    if replace && !entry.lacks_any() {
-        tracing::warn!(resource = %declared.id, address = %filled.address, "{error}; the manifest's values are replaced");
+/// one is filled), as in a download: otherwise the entry is not filled,
+/// and the error says how to correct the manifest. With `replace` (every
+/// resource asked for, `--all`), the values read replace the declared
+/// ones instead.
+pub fn agrees(entry: &Unfilled, filled: Filled, replace: bool) -> Result<Filled> {
+    let changed = Changed::of(entry, &filled);
+    if replace || changed.is_empty() {
         return Ok(filled);
     }
+    let error = match (&changed.sha256, &changed.size) {
+        (Some((expected, actual)), _) => AttemptError::Sha256 {
+            expected: expected.clone(),
+            actual: actual.clone(),
+        },
+        (None, Some((expected, actual))) => AttemptError::Size {
+            expected: *expected,
+            detail: format!("got {actual} bytes"),
+        },
+        (None, None) => return Ok(filled),
+    };
     Err(Error::Unavailable {
-        resource: declared.id.clone(),
+        resource: entry.resource.id.clone(),
         attempts: vec![Attempt {
             address: filled.address,
             hop: None,

@@ -64,7 +64,7 @@ async fn write_replaces_the_file_and_the_result_checks() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "");
     assert!(
-        stderr(&out).contains("filled 1 resource(s)"),
+        stderr(&out).contains("1 filled, 0 updated"),
         "{}",
         stderr(&out)
     );
@@ -518,105 +518,221 @@ async fn a_stalled_first_entry_holds_no_other_entry_back() {
     }
 }
 
+/// The first 12 digits of a SHA-256 and `…`, as the lines show it.
+fn short(sha256: &str) -> String {
+    format!("{}…", &sha256[..12])
+}
+
 #[tokio::test]
-async fn a_replaced_value_is_a_plain_warning_line_not_a_log_record() {
+async fn all_lists_each_change_old_to_new_and_a_wrong_value_without_it_is_a_problem() {
     let env = Env::new().await;
     let a = bytes(100, 15);
     let b = bytes(7, 16);
     let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
-    let text = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(b"old"));
+    let old = sha256_hex(b"old");
+    // b declares size 5 and another file's SHA-256.
+    let text = manifest_text(url_a.as_str(), url_b.as_str(), &old);
     let path = write(&env, &text);
+    let p = path.to_str().unwrap();
     let out = env
-        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--all"])
+        .run(&["autofill", "--manifest", p, "--all", "--write"])
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
-    let line = err
-        .lines()
-        .find(|l| l.contains("the manifest's values are replaced"))
-        .unwrap_or_else(|| panic!("no line says the values were replaced: {err}"));
-    assert!(line.starts_with("warning: "), "{line}");
+    let lines: Vec<&str> = err.lines().collect();
     assert!(
-        !line.contains("WARN") && !line.contains("gem_resources::"),
-        "{line}"
+        lines.contains(&format!("Filling a: size 100, sha256 {}", short(&sha256_hex(&a))).as_str()),
+        "{err}"
     );
-    // With RUST_LOG, the log record as it was (time, level, module).
-    let out = crate::support::run_bin_env(
-        vec![
-            "--config".into(),
-            env.dir.path().join("config.toml").display().to_string(),
-            "autofill".into(),
-            "--manifest".into(),
-            path.display().to_string(),
-            "--all".into(),
-        ],
-        &[("RUST_LOG", "gem_resources=warn")],
-    )
-    .await;
     assert!(
-        stderr(&out).contains(" WARN gem_resources::"),
+        lines.contains(
+            &format!(
+                "Updating b: size 5 → 7, sha256 {} → {}",
+                short(&old),
+                short(&sha256_hex(&b))
+            )
+            .as_str()
+        ),
+        "{err}"
+    );
+    assert!(
+        lines.contains(&format!("wrote {p}: 1 filled, 1 updated").as_str()),
+        "{err}"
+    );
+    // The log record stays the service's: no log line here.
+    assert!(
+        !err.contains("WARN") && !err.contains("gem_resources::"),
+        "{err}"
+    );
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(written["resources"][1]["size"], 7, "{written}");
+    // As JSON: the values replaced.
+    std::fs::write(&path, &text).unwrap();
+    let out = env
+        .run(&["--json", "autofill", "--manifest", p, "--all"])
+        .await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["resources"][1]["replaced"],
+        json!({ "size": 5, "sha256": old }),
+        "{v}"
+    );
+    assert!(v["resources"][0].get("replaced").is_none(), "{v}");
+
+    // Without --all, a declared value that differs is a problem, with the
+    // command that replaces it; nothing of it is written.
+    let c = env.serve("/c.bin", b"12345");
+    let path = env.write_manifest(
+        "partial.json",
+        json!([{ "id": "c", "url": c.as_str(), "sha256": old }]),
+    );
+    let before = std::fs::read_to_string(&path).unwrap();
+    let p = path.to_str().unwrap();
+    let out = env.run(&["autofill", "--manifest", p, "--write"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "wrong: c: {c} serves sha256 {}; the manifest says sha256 {}",
+            short(&sha256_hex(b"12345")),
+            short(&old)
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "`gem-resources autofill --manifest {p} --all --write` replaces them"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("filled 0"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+
+    // Every value declared: nothing is read, and it says how to compare.
+    let path = env.write_manifest(
+        "full.json",
+        json!([{ "id": "c", "url": c.as_str(), "sha256": old, "size": 5 }]),
+    );
+    let out = env
+        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--write"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to fill") && stderr(&out).contains("--check"),
         "{}",
         stderr(&out)
     );
 }
 
 #[tokio::test]
-async fn check_reads_every_resource_and_fails_on_a_declared_value_that_differs_writing_nothing() {
+async fn check_gives_one_verdict_per_resource_and_nothing_else_on_stdout() {
     let env = Env::new().await;
     let a = bytes(100, 25);
     let b = bytes(7, 26);
-    let (url_a, url_b) = (env.serve("/a.bin", &a), env.serve("/b.bin", &b));
-    // Both declared in full; b's SHA-256 is another file's.
-    let wrong = manifest_text(url_a.as_str(), url_b.as_str(), &sha256_hex(b"old"));
-    let mut doc: Value = serde_json::from_str(&wrong).unwrap();
-    doc["resources"][0]["size"] = json!(a.len());
-    doc["resources"][0]["sha256"] = json!(sha256_hex(&a));
-    doc["resources"][1]["size"] = json!(b.len());
-    let wrong = serde_json::to_string_pretty(&doc).unwrap();
-    let path = write(&env, &wrong);
-    let out = env
-        .run(&["autofill", "--manifest", path.to_str().unwrap(), "--check"])
-        .await;
+    let c = bytes(9, 27);
+    let (url_a, url_b, url_c) = (
+        env.serve("/a.bin", &a),
+        env.serve("/b.bin", &b),
+        env.serve("/c.bin", &c),
+    );
+    env.origin.route("/gone.bin", Behaviour::Status(404));
+    let gone = env.url("origin.test", "/gone.bin");
+    let other = env.serve("/other/a.bin", &bytes(100, 28));
+    let other = env.url("mirror.test", other.path());
+    let old = sha256_hex(b"old");
+    let doc = json!([
+        // Right at its url; its mirror serves another file.
+        { "id": "a", "url": url_a.as_str(), "mirrors": [other.as_str()], "size": 100, "sha256": sha256_hex(&a) },
+        { "id": "b", "url": url_b.as_str(), "size": 7, "sha256": old },
+        { "id": "c", "url": url_c.as_str(), "size": 5, "sha256": sha256_hex(&c) },
+        { "id": "d", "url": gone.as_str(), "size": 5, "sha256": old },
+        { "id": "e", "url": url_a.as_str(), "size": 100, "sha256": sha256_hex(&a) },
+    ]);
+    let path = env.write_manifest("notochord.json", doc);
+    let before = std::fs::read_to_string(&path).unwrap();
+    let p = path.to_str().unwrap();
+    let out = env.run(&["autofill", "--manifest", p, "--check"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let expected = [
+        format!(
+            "badsha  a: mirror 1 serves sha256 {}, the manifest says {} ({other})",
+            short(&sha256_hex(&bytes(100, 28))),
+            short(&sha256_hex(&a))
+        ),
+        format!(
+            "badsha  b: the url serves sha256 {}, the manifest says {} ({url_b})",
+            short(&sha256_hex(&b)),
+            short(&old)
+        ),
+        format!(
+            "badsize c: the url serves 9 bytes (sha256 {}), the manifest says 5 (sha256 {}) ({url_c})",
+            short(&sha256_hex(&c)),
+            short(&sha256_hex(&c))
+        ),
+        format!("nofile  d: the url answers HTTP status 404 Not Found ({gone})"),
+        "ok      e".to_string(),
+    ];
+    assert_eq!(stdout(&out), expected.join("\n") + "\n");
     let err = stderr(&out);
-    assert!(err.contains("E_RESOURCE_SHA256"), "{err}");
-    assert!(!err.contains("values are replaced"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "`gem-resources autofill --manifest {p} --all --write`"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("4 of 5 resource(s) wrong"), "{err}");
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
-        wrong,
+        before,
         "nothing written"
     );
-    // As JSON: ok false, the resource named with its code.
+
+    // As JSON: a document per resource with a stable code.
     let out = env
-        .run(&[
-            "--json",
-            "autofill",
-            "--manifest",
-            path.to_str().unwrap(),
-            "--check",
-        ])
+        .run(&["--json", "autofill", "--manifest", p, "--check"])
         .await;
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], false, "{v}");
-    // The right values: the check passes.
-    doc["resources"][1]["sha256"] = json!(sha256_hex(&b));
-    let right = serde_json::to_string_pretty(&doc).unwrap();
-    std::fs::write(&path, &right).unwrap();
+    assert!(v.get("manifest").is_none(), "{v}");
+    let r = &v["resources"];
+    let codes: Vec<(&str, &str, &str)> = (0..5)
+        .map(|i| {
+            (
+                r[i]["id"].as_str().unwrap(),
+                r[i]["verdict"].as_str().unwrap(),
+                r[i]["code"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            ("a", "badsha", "E_RESOURCE_SHA256"),
+            ("b", "badsha", "E_RESOURCE_SHA256"),
+            ("c", "badsize", "E_RESOURCE_SIZE"),
+            ("d", "nofile", "E_RESOURCE_HTTP"),
+            ("e", "ok", "-"),
+        ],
+        "{v}"
+    );
+    assert_eq!(r[1]["address"], url_b.as_str(), "{v}");
+    assert_eq!(r[1]["addresses"][0]["sha256"], sha256_hex(&b), "{v}");
+    assert_eq!(r[1]["declared"]["sha256"], old, "{v}");
+    assert_eq!(r[0]["addresses"][0]["verdict"], "ok", "{v}");
+    assert_eq!(r[4]["ok"], true, "{v}");
+
+    // The right values: every verdict ok, exit 0.
+    let doc = json!([{ "id": "e", "url": url_a.as_str(), "size": 100, "sha256": sha256_hex(&a) }]);
+    let path = env.write_manifest("right.json", doc);
     let out = env
         .run(&["autofill", "--manifest", path.to_str().unwrap(), "--check"])
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), right);
+    assert_eq!(stdout(&out), "ok      e\n");
     // It goes with --manifest alone, never with --write.
     let out = env
-        .run(&[
-            "autofill",
-            "--manifest",
-            path.to_str().unwrap(),
-            "--check",
-            "--write",
-        ])
+        .run(&["autofill", "--manifest", p, "--check", "--write"])
         .await;
     assert_eq!(out.status.code(), Some(2));
 }

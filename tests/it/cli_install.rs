@@ -210,3 +210,68 @@ async fn install_of_a_programs_gem_keeps_it_theirs_unless_taken_over() {
         "{doc}"
     );
 }
+
+#[tokio::test]
+async fn a_wrong_declared_sha256_or_size_says_the_command_that_corrects_the_manifest() {
+    let env = Env::new().await;
+    let body = bytes(300, 53);
+    let url = env.serve("/a.bin", &body);
+    let mirror = env.serve("/mirror/a.bin", &body);
+    let mirror = env.url("mirror.test", mirror.path());
+    let wrong = sha256_hex(b"another file");
+    let manifest = env.dir.path().join("wrong.json");
+    let doc = json!({ "id": "sample", "resources": [
+        { "id": "a", "url": url.as_str(), "mirrors": [mirror.as_str()], "sha256": wrong, "size": 300, "required": true },
+    ]});
+    std::fs::write(&manifest, doc.to_string()).unwrap();
+    let m = manifest.to_str().unwrap();
+    let out = env.run(&["install", m]).await;
+    let err = stderr(&out);
+    assert!(err.contains("E_RESOURCE_UNAVAILABLE: "), "{err}");
+    assert!(
+        err.contains("every address serves the same file, whose sha256 is not the manifest's")
+            && err.contains(&format!(
+                "`gem-resources autofill --manifest {m} --all --write`"
+            )),
+        "{err}"
+    );
+    // The status row says it too, in the generic form (no file is known).
+    let v: Value =
+        serde_json::from_slice(&env.run(&["--json", "status", "sample"]).await.stdout).unwrap();
+    let row = &v["gems"][0]["resources"][0];
+    assert_eq!(row["code"], "E_RESOURCE_UNAVAILABLE", "{v}");
+    assert!(
+        row["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("autofill --manifest <manifest file> --all --write"),
+        "{v}"
+    );
+
+    // A wrong size: the same advice, for the size.
+    let manifest = env.dir.path().join("size.json");
+    let doc = json!({ "id": "sized", "resources": [
+        { "id": "a", "url": url.as_str(), "sha256": sha256_hex(&body), "size": 200, "required": true },
+    ]});
+    std::fs::write(&manifest, doc.to_string()).unwrap();
+    let m = manifest.to_str().unwrap();
+    let err = stderr(&env.run(&["install", m]).await);
+    assert!(
+        err.contains("whose size is not the manifest's")
+            && err.contains(&format!("autofill --manifest {m} --all --write")),
+        "{err}"
+    );
+
+    // One address with other bytes, one without the file: no such advice,
+    // the addresses are what is wrong.
+    env.origin.route("/gone/a.bin", Behaviour::Status(404));
+    let gone = env.url("mirror.test", "/gone/a.bin");
+    let manifest = env.dir.path().join("mixed.json");
+    let doc = json!({ "id": "mixed", "resources": [
+        { "id": "a", "url": url.as_str(), "mirrors": [gone.as_str()], "sha256": wrong, "size": 300, "required": true },
+    ]});
+    std::fs::write(&manifest, doc.to_string()).unwrap();
+    let err = stderr(&env.run(&["install", manifest.to_str().unwrap()]).await);
+    assert!(err.contains("E_RESOURCE_UNAVAILABLE: "), "{err}");
+    assert!(!err.contains("autofill"), "{err}");
+}

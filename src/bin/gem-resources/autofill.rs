@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use gem_resources::manifest::fill::{fill_text, parse_unfilled, Fill, Unfilled};
 use gem_resources::service::autofill::{
-    agrees, agrees_exactly, check_every_address, AddressReport,
+    agrees, check_every_address, short, AddressReport, Changed,
 };
 use gem_resources::transfer::autofill::{autofill_addresses, Filled};
 use gem_resources::{Config, Error, Fetcher};
@@ -19,6 +19,8 @@ use url::Url;
 use crate::context::FAILED;
 use crate::progress::{Bar, Reporting};
 use crate::render::{self, print_json};
+
+mod check;
 
 /// What `autofill` was asked.
 pub struct Request<'a> {
@@ -207,9 +209,21 @@ fn file_label(url: &Url) -> String {
         .unwrap_or_else(|| url.host_str().unwrap_or_default().to_string())
 }
 
-/// The outcome for one resource, and how each of its addresses answered
+/// What was read of one resource, and how each of its addresses answered
 /// (empty with `--url-only`).
-type Outcome = (Unfilled, Result<Filled, Error>, Vec<AddressReport>);
+type Read = (Unfilled, Result<Filled, Error>, Vec<AddressReport>);
+
+/// The outcome for one resource.
+struct Outcome {
+    entry: Unfilled,
+    /// The values to write, or why there are none.
+    outcome: Result<Filled, Error>,
+    /// How each of its addresses answered (empty with `--url-only`).
+    checked: Vec<AddressReport>,
+    /// What it declares that differs from what was read: replaced with
+    /// `--all`, a problem without.
+    changed: Changed,
+}
 
 async fn manifest(
     config: &Config,
@@ -217,6 +231,7 @@ async fn manifest(
     request: &Request<'_>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    render::manifest_file(path);
     let in_file = |e: Error| crate::context::in_file(e, path);
     let bytes = crate::context::read_manifest_bytes(path)?;
     let entries = parse_unfilled(&bytes).map_err(|e| in_file(e.into()))?;
@@ -247,13 +262,6 @@ async fn manifest(
                 };
                 check_every_address(&id, &addresses, one_address).await
             };
-            let outcome = outcome.and_then(|filled| {
-                if request.check {
-                    agrees_exactly(&entry, filled)
-                } else {
-                    agrees(&entry, filled)
-                }
-            });
             (entry, outcome, checked)
         }
     };
@@ -261,6 +269,10 @@ async fn manifest(
     // A slot takes the next entry as soon as its own ends; the outcomes
     // come back in the manifest's order.
     let all = crate::context::unordered(selected.into_iter().map(one), parallel);
+    let all = async {
+        let reads: Vec<Read> = all.await;
+        reads
+    };
     tokio::pin!(all);
     let mut interrupted = crate::interrupt::signal();
     let outcomes = tokio::select! {
@@ -270,9 +282,27 @@ async fn manifest(
             return Ok(interrupted_exit());
         }
     };
-    let fills = gem_resources::service::autofill::fills_of(
-        outcomes.iter().map(|(entry, outcome, _)| (entry, outcome)),
-    );
+    if request.check {
+        return Ok(check::report(path, &outcomes, json));
+    }
+    let outcomes: Vec<Outcome> = outcomes
+        .into_iter()
+        .map(|(entry, read, checked)| {
+            let changed = read
+                .as_ref()
+                .map(|filled| Changed::of(&entry, filled))
+                .unwrap_or_default();
+            let outcome = read.and_then(|filled| agrees(&entry, filled, request.all));
+            Outcome {
+                entry,
+                outcome,
+                checked,
+                changed,
+            }
+        })
+        .collect();
+    let fills =
+        gem_resources::service::autofill::fills_of(outcomes.iter().map(|o| (&o.entry, &o.outcome)));
     let filled_text =
         fill_text(&text, &fills).context("the manifest changed its shape while it was read")?;
     if request.write && !fills.is_empty() {
@@ -288,32 +318,36 @@ async fn manifest(
 
 /// Prints what was filled, what failed and how each address answered;
 /// true when something failed or an address disagreed.
-fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bool) -> bool {
+fn report(path: &Path, outcomes: &[Outcome], text: &str, write: bool, json: bool) -> bool {
     let failed = outcomes
         .iter()
-        .any(|(_, o, checked)| o.is_err() || checked.iter().any(|a| !a.ok));
+        .any(|o| o.outcome.is_err() || o.checked.iter().any(|a| !a.ok));
+    let written = write && outcomes.iter().any(|o| o.outcome.is_ok());
     if json {
         let resources: Vec<serde_json::Value> = outcomes
             .iter()
-            .map(|(entry, outcome, checked)| {
-                let mut value = match outcome {
+            .map(|o| {
+                let mut value = match &o.outcome {
                     // The verdict, as the local API gives it.
                     Ok(filled) => json!({
-                        "id": entry.resource.id,
+                        "id": o.entry.resource.id,
                         "size": filled.transfer.size,
                         "sha256": filled.transfer.sha256,
                         "served_by": filled.address.as_str(),
-                        "ok": checked.iter().all(|a| a.ok),
-                        "disagreeing": checked.iter().filter(|a| !a.ok).map(|a| a.role.as_str()).collect::<Vec<_>>(),
+                        "ok": o.checked.iter().all(|a| a.ok),
+                        "disagreeing": o.checked.iter().filter(|a| !a.ok).map(|a| a.role.as_str()).collect::<Vec<_>>(),
                     }),
                     Err(e) => {
                         let mut value = render::error_json(e);
-                        value["id"] = json!(entry.resource.id);
+                        value["id"] = json!(o.entry.resource.id);
                         value
                     }
                 };
-                if !checked.is_empty() {
-                    value["addresses"] = json!(checked);
+                if let Some(replaced) = replaced_json(o) {
+                    value["replaced"] = replaced;
+                }
+                if !o.checked.is_empty() {
+                    value["addresses"] = json!(o.checked);
                 }
                 value
             })
@@ -322,34 +356,138 @@ fn report(path: &Path, outcomes: &[Outcome], text: &str, written: bool, json: bo
         print_json(&json!({
             "ok": !failed,
             "file": path,
-            "written": written && outcomes.iter().any(|(_, o, _)| o.is_ok()),
+            "written": written,
             "resources": resources,
             "manifest": manifest,
         }));
         return failed;
     }
-    for (entry, outcome, checked) in outcomes {
-        address_lines(&entry.resource.id, checked);
-        if let Err(e) = outcome {
-            crate::errln!(
-                "not filled: {}: {}",
-                entry.resource.id,
-                render::error_text(e)
-            );
+    let mut wrong = 0;
+    for o in outcomes {
+        let id = &o.entry.resource.id;
+        address_lines(id, &o.checked);
+        match &o.outcome {
+            Ok(filled) => change_line(
+                &o.entry,
+                filled.transfer.size,
+                &filled.transfer.sha256,
+                &o.changed,
+            ),
+            Err(_) if !o.changed.is_empty() => {
+                wrong += 1;
+                crate::errln!("wrong: {id}: {}", wrong_values(o));
+            }
+            Err(e) => crate::errln!(
+                "not filled: {id}: {}",
+                render::with_manifest_file(&render::error_text(e))
+            ),
         }
     }
-    let filled = outcomes.iter().filter(|(_, o, _)| o.is_ok()).count();
+    let file = crate::platform::shell_word(&path.display().to_string());
+    if wrong > 0 {
+        crate::errln!(
+            "error: {wrong} resource(s) declare values their addresses do not serve; `gem-resources autofill --manifest {file} --all --write` replaces them"
+        );
+    }
+    if outcomes.is_empty() {
+        crate::errln!(
+            "nothing to fill: every resource has size and sha256 (`gem-resources autofill --manifest {file} --check` compares them with what the addresses serve; --all --write replaces them)"
+        );
+    }
     if written {
-        crate::errln!("filled {filled} resource(s) in {}", path.display());
-    } else {
+        let changes = outcomes
+            .iter()
+            .filter(|o| o.outcome.is_ok())
+            .map(|o| (&o.entry, o.changed.is_empty()));
+        wrote_line(path, changes);
+    } else if !write {
         crate::render::write_out_exact(format_args!("{}", text.trim_end_matches('\n')));
-        if outcomes.is_empty() {
-            crate::errln!(
-                "nothing to fill: every resource has size and sha256 (--all reads them all again)"
-            );
-        }
     }
     failed
+}
+
+/// `wrote FILE: 1 filled, 1 updated, 2 unchanged`, from each resource
+/// written and whether its declared values stayed.
+fn wrote_line<'a>(path: &Path, written: impl Iterator<Item = (&'a Unfilled, bool)>) {
+    let (mut filled, mut updated, mut unchanged) = (0, 0, 0);
+    for (entry, same) in written {
+        match (same, entry.lacks_any()) {
+            (false, _) => updated += 1,
+            (true, true) => filled += 1,
+            (true, false) => unchanged += 1,
+        }
+    }
+    let mut parts = vec![format!("{filled} filled"), format!("{updated} updated")];
+    if unchanged > 0 {
+        parts.push(format!("{unchanged} unchanged"));
+    }
+    crate::errln!("wrote {}: {}", path.display(), parts.join(", "));
+}
+
+/// The values a resource declared, when `--all` replaced them.
+fn replaced_json(o: &Outcome) -> Option<serde_json::Value> {
+    if o.outcome.is_err() || o.changed.is_empty() {
+        return None;
+    }
+    let (size, sha256) = (&o.entry.resource.size, &o.entry.resource.sha256);
+    Some(json!({
+        "size": (!o.entry.lacks_size).then_some(size),
+        "sha256": (!o.entry.lacks_sha256).then_some(sha256),
+    }))
+}
+
+/// `Filling a: size 3000, sha256 b43f…` for values a resource lacked,
+/// `Updating b: size 5 → 7, sha256 0000… → b43f…` for values `--all`
+/// replaced (as `cargo update` lists versions); nothing for a resource
+/// whose values stay.
+fn change_line(entry: &Unfilled, size: u64, sha256: &str, changed: &Changed) {
+    let id = &entry.resource.id;
+    if !changed.is_empty() {
+        let mut parts = vec![changed.to_string()];
+        if entry.lacks_size {
+            parts.push(format!("size {size}"));
+        }
+        if entry.lacks_sha256 {
+            parts.push(format!("sha256 {}", short(sha256)));
+        }
+        crate::errln!("Updating {id}: {}", parts.join(", "));
+    } else if entry.lacks_any() {
+        let mut parts = Vec::new();
+        if entry.lacks_size {
+            parts.push(format!("size {size}"));
+        }
+        if entry.lacks_sha256 {
+            parts.push(format!("sha256 {}", short(sha256)));
+        }
+        crate::errln!("Filling {id}: {}", parts.join(", "));
+    }
+}
+
+/// What a resource declares that its address does not serve:
+/// `https://…/b.bin serves size 7, sha256 b43f…; the manifest says size 5, sha256 0000…`.
+fn wrong_values(o: &Outcome) -> String {
+    let mut served = Vec::new();
+    let mut declared = Vec::new();
+    if let Some((old, new)) = &o.changed.size {
+        served.push(format!("size {new}"));
+        declared.push(format!("size {old}"));
+    }
+    if let Some((old, new)) = &o.changed.sha256 {
+        served.push(format!("sha256 {}", short(new)));
+        declared.push(format!("sha256 {}", short(old)));
+    }
+    let address = match &o.outcome {
+        Err(Error::Unavailable { attempts, .. }) => attempts
+            .first()
+            .map(|a| crate::text::elide_query(a.address.as_str()).into_owned())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    format!(
+        "{address} serves {}; the manifest says {}",
+        served.join(", "),
+        declared.join(", ")
+    )
 }
 
 /// How each address of a resource with mirrors answered, one line each on
@@ -426,6 +564,7 @@ async fn remote(
         print_one(&given, &filled, json);
         return Ok(ExitCode::SUCCESS);
     };
+    render::manifest_file(path);
     let in_file = |e: Error| crate::context::in_file(e, path);
     let bytes = crate::context::read_manifest_bytes(path)?;
     let entries = parse_unfilled(&bytes).map_err(|e| in_file(e.into()))?;
@@ -473,9 +612,24 @@ async fn remote(
             "manifest": report.manifest,
         }));
     } else {
+        let entry_of = |id: &str| entries.iter().find(|e| e.resource.id == id);
+        let mut written = Vec::new();
         for r in &report.resources {
             match r {
-                FilledResource::Filled { id, addresses, .. } => address_lines(id, addresses),
+                FilledResource::Filled {
+                    id,
+                    addresses,
+                    size,
+                    sha256,
+                    ..
+                } => {
+                    address_lines(id, addresses);
+                    if let Some(entry) = entry_of(id) {
+                        let changed = Changed::between(entry, *size, sha256);
+                        change_line(entry, *size, sha256, &changed);
+                        written.push((entry, changed.is_empty()));
+                    }
+                }
                 FilledResource::Failed {
                     id,
                     addresses,
@@ -483,14 +637,23 @@ async fn remote(
                     ..
                 } => {
                     address_lines(id, addresses);
-                    crate::errln!("not filled: {id}: {}: {}", error.code, error.message);
+                    crate::errln!(
+                        "not filled: {id}: {}",
+                        render::failure_text(error.code, &error.message)
+                    );
                 }
                 _ => {}
             }
         }
-        if request.write {
-            crate::errln!("filled {} resource(s) in {}", fills.len(), path.display());
-        } else {
+        if report.resources.is_empty() {
+            let file = crate::platform::shell_word(&path.display().to_string());
+            crate::errln!(
+                "nothing to fill: every resource has size and sha256 (`gem-resources autofill --manifest {file} --check` compares them with what the addresses serve; --all --write replaces them)"
+            );
+        }
+        if request.write && !fills.is_empty() {
+            wrote_line(path, written.into_iter());
+        } else if !request.write {
             crate::render::write_out_exact(format_args!("{}", filled_text.trim_end_matches('\n')));
         }
     }

@@ -97,10 +97,30 @@ pub fn error_text(e: &Error) -> String {
     }
 }
 
+/// The manifest file this command read, as a shell word, once known.
+static MANIFEST_FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Says which manifest file this command reads (`install FILE`): a
+/// failure's advice that names the manifest's file names this one.
+pub fn manifest_file(path: &std::path::Path) {
+    let _ = MANIFEST_FILE.set(crate::platform::shell_word(&path.display().to_string()));
+}
+
+/// `message` with the manifest's file named where the library's advice
+/// leaves its place ([`gem_resources::error::MANIFEST_FILE`]), when known.
+pub fn with_manifest_file(message: &str) -> std::borrow::Cow<'_, str> {
+    use gem_resources::error::MANIFEST_FILE as PLACE;
+    match MANIFEST_FILE.get() {
+        Some(file) if message.contains(PLACE) => message.replace(PLACE, file).into(),
+        _ => message.into(),
+    }
+}
+
 /// A failure reported with its code apart (an `Event::Failed`, a failure
-/// record), as the command line prints it: `CODE: message`.
+/// record), as the command line prints it: `CODE: message`, the manifest's
+/// file named in its advice when known.
 pub fn failure_text(code: ErrorCode, message: &str) -> String {
-    format!("{code}: {message}")
+    format!("{code}: {}", with_manifest_file(message))
 }
 
 /// An error as JSON: code, primary cause, message and what else it knows

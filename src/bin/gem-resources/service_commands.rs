@@ -271,6 +271,7 @@ async fn install(
     take_over: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    crate::render::manifest_file(manifest);
     let (manifest, declared) = crate::context::read_manifest_declaring(manifest)?;
     if let Some(declared) = declared.filter(|d| d != gem && !crate::progress::quiet()) {
         crate::errln!(
