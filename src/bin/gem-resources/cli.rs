@@ -74,17 +74,25 @@ addresses, your network policy, at most 5 redirects, transient failures
 retried ([network] retries), then the mirrors in order. A value the resource
 already has must match what was read.
 
-With --manifest, the manifest is printed with the values filled in, its keys
-and layout kept; --write writes it back instead. A resource that cannot be
-read is named with its reason, the others are still filled (exit status 1).
-The url and every mirror of each resource are read in full: the values come
-from the first that answers, and each address is reported (`mirror 2: HTTP
-status 404`, `mirror 1: SHA-256 differs from the url's`; exit status 1 when
-one disagrees). --url-only reads only until an address answers.
+With --manifest, the resources that lack size or sha256 are read (every one
+with --all) and the manifest is printed with the values filled in, its keys
+and layout kept; --write writes it back instead. With --all each replaced
+value is listed old → new (`Updating b: size 5 → 7`). Without --all, a
+declared value that differs from what was read is a problem, named with the
+command that replaces it (exit status 1). A resource that cannot be read is
+named with its reason, the others are still filled (exit status 1). The url
+and every mirror of each resource are read in full: the values come from the
+first that answers, and each address is reported (`mirror 2: HTTP status
+404`, `mirror 1: SHA-256 differs from the url's`; exit status 1 when one
+disagrees). --url-only reads only until an address answers.
+
+--check reads every resource and keeps nothing: one verdict per resource on
+stdout (ok, badsha, badsize, nofile, failed), exit status 1 unless all are ok.
 
 Example:
   gem-resources autofill https://cdn.example.com/models/ocr-v3.onnx
-  gem-resources autofill --manifest notochord.json --write";
+  gem-resources autofill --manifest notochord.json --write
+  gem-resources autofill --manifest notochord.json --check";
 
 /// What `gc --help` adds under the options.
 const GC_HELP: &str = "\
