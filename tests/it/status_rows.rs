@@ -62,7 +62,7 @@ async fn a_failed_required_file_says_when_it_is_tried_again_and_a_lazy_one_does_
     let row = &service.status(Some("g")).unwrap()[0].resources[0];
     assert!(matches!(row.state, ResourceState::Failed { .. }), "{row:?}");
     assert_eq!(
-        row.next_try.map(|t| gem_resources::time::to_rfc3339(t)),
+        row.next_try.map(gem_resources::time::to_rfc3339),
         Some(gem_resources::time::to_rfc3339(due))
     );
     let json = serde_json::to_value(row).unwrap();
