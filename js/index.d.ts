@@ -188,11 +188,15 @@ export interface ResourceStatus {
   at?: string;
   /** Bytes of an interrupted download kept for resuming. */
   partial_bytes?: number;
+  /** On a failed required file: when the service tries it again by itself (RFC 3339). */
+  next_try?: string;
   [key: string]: unknown;
 }
 
 export interface GemStatus {
   gem: string;
+  /** The manifest's `name`, when it has one. */
+  name?: string;
   resources: ResourceStatus[];
 }
 
@@ -338,7 +342,7 @@ export type Event =
   | ({ event: 'fell_back'; from: string; hop: string | null; to: string; code: ErrorCode; reason: string } & OfFile)
   | ({ event: 'waiting'; on?: string } & OfFile)
   | ({ event: 'verified'; path: string; served_by: string } & OfFile)
-  | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string } & OfFile)
+  | ({ event: 'failed'; code: ErrorCode; primary_cause: ErrorCode; message: string; next_try?: string | null } & OfFile)
   | ({ event: 'cancelled'; reason: string } & OfFile)
   | ({ event: 'deleted' } & OfFile);
 

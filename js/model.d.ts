@@ -51,6 +51,10 @@ export interface Row {
   rate: number | null;
   /** The service's time left (`eta_secs`), or null when it cannot be told. */
   etaSecs: number | null;
+  /** When the download started or resumed here (ms since the epoch); its time left reads `--` for ETA_AFTER_MS. Null for one under way when the status was read. */
+  since: number | null;
+  /** A failed required file: when the service tries it again by itself (RFC 3339, `next_try`). */
+  nextTry: string | null;
   /** The address being tried. */
   address: string | null;
   /** When waiting: the gem whose download of the same file it waits for. */
@@ -123,6 +127,12 @@ export interface GemSource {
   off?(event: 'disconnected' | 'reconnected', listener: (arg: unknown) => void): unknown;
   subscribe(options: { gem: string }): Promise<AsyncIterable<Event | Resubscribed> & { status?: GemStatus[]; close?(): void }>;
   status?(gem: string): Promise<Status | GemStatus[] | GemStatus>;
+  /** The page's buttons call these when present (the client's methods), or as `actions` allows. */
+  retry?(gem: string, id: string): Promise<unknown>;
+  downloadNow?(gem: string, id: string): Promise<unknown>;
+  cancel?(gem: string, id: string): Promise<unknown>;
+  /** The actions allowed (a relay's source: none unless the app enabled them). */
+  actions?: ('retry' | 'downloadNow' | 'cancel')[];
 }
 
 export interface Watch {
@@ -150,7 +160,15 @@ export function watchGem(
 ): Watch;
 
 export function describeError(error: { code?: ErrorCode; primary_cause?: ErrorCode; message?: string; attempts?: { code: ErrorCode; reason: string }[] }): RowError;
-export function stateText(row: Omit<Row, 'text'>): string;
+export function stateText(row: Omit<Row, 'text'>, now?: number): string;
+/** How long a download's time left reads `--` after it starts or resumes (ms). */
+export const ETA_AFTER_MS: number;
+/** Whether a row's time left still reads `--` at `now` (ms). */
+export function etaHeld(row: Omit<Row, 'text'>, now?: number): boolean;
+/** `at 07:38`, `tomorrow at 07:38`, `on 2026-12-08 at 07:38` (local time). */
+export function formatClock(iso: string, now?: Date): string;
+/** `34.0 MiB of 200.0 MiB kept; tries again at 07:38`, or ''. */
+export function afterFailure(row: Omit<Row, 'text'>, now?: Date): string;
 export function formatBytes(n: number): string;
 export function formatRate(bytesPerSec: number): string;
 export function formatDuration(secs: number): string;

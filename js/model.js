@@ -56,6 +56,44 @@ const CAUSES = {
   E_RESOURCE_NOT_FOUND: 'Not found',
 };
 
+/**
+ * How long a download's time left reads `--` after it starts or resumes
+ * (ms): the first estimates of a rate are guesses (ollama and aria2c show
+ * `--` until they have a rate, too).
+ */
+export const ETA_AFTER_MS = 5000;
+
+/**
+ * A time of day in words, as `tries again at 07:38` says it: `07:38` today
+ * (local time, 24 hours), `tomorrow at 07:38`, else `on 2026-12-06 at 07:38`.
+ */
+export function formatClock(iso, now = new Date()) {
+  const when = new Date(iso);
+  if (Number.isNaN(when.getTime())) return '';
+  const pad = (n) => String(n).padStart(2, '0');
+  const clock = `${pad(when.getHours())}:${pad(when.getMinutes())}`;
+  const day = (d) => `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
+  const tomorrow = new Date(now);
+  tomorrow.setDate(tomorrow.getDate() + 1);
+  if (day(when) === day(now)) return `at ${clock}`;
+  if (day(when) === day(tomorrow)) return `tomorrow at ${clock}`;
+  return `on ${day(when)} at ${clock}`;
+}
+
+/**
+ * What a failed row keeps and when it is tried again, in words:
+ * `34.0 MiB of 200.0 MiB kept; tries again at 07:38`, or '' for neither.
+ */
+export function afterFailure(row, now = new Date()) {
+  const parts = [];
+  if (row.partialBytes) parts.push(`${formatBytes(row.partialBytes)}${row.size ? ` of ${formatBytes(row.size)}` : ''} kept`);
+  if (row.nextTry) {
+    const when = formatClock(row.nextTry, now);
+    if (when) parts.push(`tries again ${when}`);
+  }
+  return parts.join('; ');
+}
+
 /** `1.5 MiB`: binary units, one decimal, as the command line writes them. */
 export function formatBytes(n) {
   if (typeof n !== 'number' || !Number.isFinite(n)) return '';
@@ -85,6 +123,16 @@ export function formatDuration(secs) {
   return m ? `${h} h ${m} min` : `${h} h`;
 }
 
+/** The headline of an HTTP refusal by its status: a 404 is not a 500. */
+function httpHeadline(cause, text) {
+  if (cause !== 'E_RESOURCE_HTTP') return null;
+  const status = /HTTP status (\d{3})/.exec(text)?.[1];
+  if (status === '404' || status === '410') return 'Not found on the server';
+  if (status === '429') return 'The server is busy (too many requests)';
+  if (status?.startsWith('5')) return 'The server had an error';
+  return null;
+}
+
 /**
  * An error of a row (a `failed` event, or a failed status row) in words:
  * `{code, primaryCause, message, policy, headline, detail, text}`. `detail`
@@ -112,14 +160,27 @@ export function describeError({ code, primary_cause: primaryCause, message, atte
   const unique = [...new Set(reasons.filter(Boolean))];
   const firstLine = typeof message === 'string' ? message.split('\n')[0] : '';
   const detail = unique.length > 0 ? unique.join('; ') : firstLine;
-  const headline = CAUSES[cause] ?? 'The download failed';
+  const headline = httpHeadline(cause, `${detail} ${message ?? ''}`) ?? CAUSES[cause] ?? 'The download failed';
   const codes = code && code !== cause ? `${code}, caused by ${cause}` : cause;
   const text = `${headline}${detail ? `: ${detail}` : ''} (${codes})`;
   return { code: code ?? cause, primaryCause: cause, message: message ?? '', policy, headline, detail, text };
 }
 
-/** The state of a row in words: what a screen reader says and what the page shows. */
-export function stateText(row) {
+/**
+ * Whether a downloading row's time left still reads `--` at `now` (ms): it
+ * started or resumed less than ETA_AFTER_MS ago (`since`). A download
+ * already under way when the status was read is not held.
+ */
+export function etaHeld(row, now = Date.now()) {
+  return row.state === 'downloading' && typeof row.since === 'number' && now - row.since < ETA_AFTER_MS;
+}
+
+/**
+ * The state of a row in words: what a screen reader says and what the page
+ * shows. A download's time left reads `--` until a rate is known and for
+ * ETA_AFTER_MS after a start or resume (at `now`, ms).
+ */
+export function stateText(row, now = Date.now()) {
   const of = row.size ? ` of ${formatBytes(row.size)}` : '';
   switch (row.state) {
     case 'present':
@@ -140,18 +201,20 @@ export function stateText(row) {
       if (row.retry) {
         const wait = row.retry.waitMs ? ` in ${formatDuration(row.retry.waitMs / 1000)}` : '';
         parts.push(`retrying (attempt ${row.retry.attempt} of ${row.retry.of})${wait}: ${row.retry.reason}`);
-      } else if (typeof row.rate === 'number') {
-        if (row.rate === 0) parts.push('stalled');
-        else parts.push(`${formatRate(row.rate)}`);
-        if (typeof row.etaSecs === 'number') parts.push(`about ${formatDuration(row.etaSecs)} left`);
+      } else if (row.rate === 0) {
+        parts.push('stalled');
       } else {
-        parts.push('starting');
+        if (typeof row.rate === 'number') parts.push(`${formatRate(row.rate)}`);
+        if (typeof row.etaSecs === 'number' && !etaHeld(row, now)) parts.push(`about ${formatDuration(row.etaSecs)} left`);
+        else parts.push('time left: --');
       }
       if (row.fellBack) parts.push(`switched to ${hostOf(row.fellBack.to) || 'another address'} after: ${row.fellBack.reason}`);
       return parts.join(', ');
     }
-    case 'failed':
-      return row.error ? `Failed. ${row.error.text}` : 'Failed';
+    case 'failed': {
+      const after = afterFailure(row);
+      return `${row.error ? `Failed. ${row.error.text}` : 'Failed'}${after ? `. ${after[0].toUpperCase()}${after.slice(1)}` : ''}`;
+    }
     case 'missing':
     default: {
       const kept = row.partialBytes ? `; ${formatBytes(row.partialBytes)}${of} kept for later` : '';
@@ -190,6 +253,8 @@ function rowFromStatus(r) {
     partialBytes: typeof r.partial_bytes === 'number' ? r.partial_bytes : null,
     rate: null,
     etaSecs: null,
+    since: null,
+    nextTry: typeof r.next_try === 'string' ? r.next_try : null,
     address: null,
     on: null,
     retry: null,
@@ -410,19 +475,24 @@ function deletedRow(row, event) {
 function nextRow(row, e) {
   const at = e.at ?? row.at;
   const size = typeof e.size === 'number' ? e.size : row.size;
-  const live = { size, at, error: null, cancelled: null, path: null, servedBy: null };
+  const live = { size, at, error: null, cancelled: null, path: null, servedBy: null, nextTry: null };
+  // When the download started or resumed here (a progress of a row that was
+  // not downloading, or whose bytes went down, is a start): its time left
+  // reads `--` for ETA_AFTER_MS.
+  const since = (bytes) => (row.state === 'downloading' && (bytes ?? 0) >= (row.bytes ?? 0) ? row.since : Date.now());
   switch (e.event) {
     case 'queued':
       return finish({ ...row, ...live, state: 'queued', bytes: null, rate: null, etaSecs: null, retry: null, fellBack: null, on: null, address: null });
     case 'started':
-      return finish({ ...row, ...live, state: 'downloading', bytes: row.state === 'downloading' ? row.bytes : 0, rate: null, etaSecs: null, retry: null, on: null, address: e.address ?? null });
+      return finish({ ...row, ...live, state: 'downloading', since: row.state === 'downloading' ? row.since : Date.now(), bytes: row.state === 'downloading' ? row.bytes : 0, rate: null, etaSecs: null, retry: null, on: null, address: e.address ?? null });
     case 'resumed':
-      return finish({ ...row, ...live, state: 'downloading', bytes: e.offset ?? row.bytes ?? 0, partialBytes: null, rate: null, etaSecs: null, retry: null, on: null, address: e.address ?? row.address });
+      return finish({ ...row, ...live, state: 'downloading', since: Date.now(), bytes: e.offset ?? row.bytes ?? 0, partialBytes: null, rate: null, etaSecs: null, retry: null, on: null, address: e.address ?? row.address });
     case 'progress':
       return finish({
         ...row,
         ...live,
         state: 'downloading',
+        since: since(e.bytes),
         bytes: e.bytes,
         partialBytes: null,
         rate: typeof e.bytes_per_sec === 'number' ? e.bytes_per_sec : null,
@@ -476,6 +546,7 @@ function nextRow(row, e) {
         ...live,
         state: 'failed',
         partialBytes: row.state === 'downloading' && row.bytes ? row.bytes : row.partialBytes,
+        nextTry: typeof e.next_try === 'string' ? e.next_try : null,
         bytes: null,
         rate: null,
         etaSecs: null,

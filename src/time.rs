@@ -150,6 +150,29 @@ pub mod rfc3339 {
     }
 }
 
+/// Serde for an `Option<SystemTime>` field as RFC 3339 text (`null` for
+/// `None`), read as [`rfc3339`] reads.
+pub mod rfc3339_opt {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `time` as RFC 3339, or `null`.
+    pub fn serialize<S: Serializer>(time: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match time {
+            Some(time) => super::rfc3339::serialize(time, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads RFC 3339 text (or seconds since the Unix epoch), or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrap(#[serde(with = "super::rfc3339")] SystemTime);
+        Ok(Option::<Wrap>::deserialize(d)?.map(|w| w.0))
+    }
+}
+
 /// Serde for a [`SystemTime`] field written as RFC 3339 with
 /// milliseconds ([`to_rfc3339_millis`]): the `at` of every event.
 pub mod rfc3339_millis {

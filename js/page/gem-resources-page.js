@@ -15,10 +15,16 @@
 // written out in words (colour only repeats it). When the element is
 // narrower than 600 px the cells stack, so the page reads at 320 px.
 
-import { formatBytes, stateText, watchGem } from '../model.js';
+import { ETA_AFTER_MS, afterFailure, etaHeld, formatBytes, stateText, watchGem } from '../model.js';
 
-/** How long a download shows `--` for its time left after it starts or resumes (ms). */
-export const ETA_AFTER_MS = 5000;
+/** How long a download shows `--` for its time left after it starts or resumes (ms): the model's rule. */
+export { ETA_AFTER_MS };
+
+/** The actions a row can offer, in the source's words (the client's method names). */
+export const ACTIONS = ['retry', 'downloadNow', 'cancel'];
+
+/** The relay's path of each action. */
+const ACTION_PATHS = { retry: 'retry', downloadNow: 'download-now', cancel: 'cancel' };
 
 /** The `source` of the relay (relay.js) at `base` (its URL, e.g. `http://127.0.0.1:PORT/`; relative to the page). */
 export class RelaySource {
@@ -28,6 +34,39 @@ export class RelaySource {
     this.base = url;
     /** The app's name, as the relay gives it (null until it did, or when it has none). */
     this.appName = null;
+    /** The actions the relay allows (its `actions` option): none until it said. */
+    this.actions = [];
+  }
+
+  /** Asks the relay for `action` (one of ACTIONS) on `gem`'s `id`; the relay refuses unless the app enabled it. */
+  async act(action, gem, id) {
+    const url = new URL(`act/${encodeURIComponent(gem)}/${encodeURIComponent(id)}/${ACTION_PATHS[action]}`, this.base);
+    let response;
+    try {
+      response = await fetch(url, { method: 'POST', cache: 'no-store', credentials: 'same-origin' });
+    } catch (e) {
+      throw relayError(`the relay at ${this.base.origin} did not answer (${e?.message ?? e})`);
+    }
+    let body = null;
+    try {
+      body = JSON.parse(await response.text());
+    } catch {
+      // not the relay's JSON
+    }
+    if (!response.ok) throw relayError(body?.message ?? `the relay answered ${response.status}`, body?.code, response.status);
+    return body;
+  }
+
+  retry(gem, id) {
+    return this.act('retry', gem, id);
+  }
+
+  downloadNow(gem, id) {
+    return this.act('downloadNow', gem, id);
+  }
+
+  cancel(gem, id) {
+    return this.act('cancel', gem, id);
   }
 
   feed(gem, what) {
@@ -95,6 +134,7 @@ export class RelaySource {
       const onMessage = (event, data) => {
         if (event === 'relay') {
           this.appName = typeof data.app === 'string' ? data.app : null;
+          this.actions = Array.isArray(data.actions) ? data.actions.filter((a) => ACTIONS.includes(a)) : [];
         } else if (event === 'status') {
           if (!subscription) {
             subscription = {
@@ -214,6 +254,13 @@ tr[data-state="failed"] td.state { border-inline-start: 3px solid var(--grp-bad)
 tr[data-state="present"] td.state { border-inline-start: 3px solid var(--grp-ok); }
 tr[data-state="downloading"] td.state { border-inline-start: 3px solid var(--grp-busy); }
 tr[data-state="queued"] .mark, tr[data-state="missing"] .mark, tr[data-state="waiting"] .mark { color: var(--grp-idle); }
+td.state .after { display: block; }
+td.state .actions { display: flex; flex-wrap: wrap; gap: .4em; margin-top: .3em; }
+td.state .actions:empty { display: none; }
+td.state .actions button { font: inherit; font-size: .85em; padding: .15em .7em; border-radius: 6px; border: 1px solid var(--grp-line); background: Canvas; color: var(--grp-fg); cursor: pointer; }
+td.state .actions button[data-action="retry"], td.state .actions button[data-action="downloadNow"] { border-color: var(--grp-busy); color: var(--grp-busy); }
+td.state .actions button:disabled { opacity: .6; cursor: progress; }
+td.state .action-error { display: block; font-size: .85em; color: var(--grp-bad); }
 progress { display: block; width: 100%; height: .8em; margin: .15em 0 .25em; accent-color: var(--grp-busy); }
 .empty td { color: var(--grp-muted); }
 @container (max-width: 600px) {
@@ -260,7 +307,7 @@ function el(tag, attrs = {}, ...children) {
 
 export class GemResourcesPage extends HTMLElement {
   static get observedAttributes() {
-    return ['gem', 'relay', 'app-name'];
+    return ['gem', 'relay', 'app-name', 'actions'];
   }
 
   constructor() {
@@ -268,6 +315,7 @@ export class GemResourcesPage extends HTMLElement {
     this._source = null;
     this._watch = null;
     this._drawn = new Map(); // id → {tr, row}
+    this._actionErrors = new Map(); // id → what the last action said
     this._pending = false;
     const root = this.attachShadow({ mode: 'open' });
     if (root.adoptedStyleSheets !== undefined && typeof CSSStyleSheet === 'function' && 'replaceSync' in CSSStyleSheet.prototype) {
@@ -409,19 +457,15 @@ export class GemResourcesPage extends HTMLElement {
       seen.add(row.id);
       let drawn = this._drawn.get(row.id);
       if (!drawn) {
-        drawn = { tr: this._newRow(row), row: null, model: null, since: null };
+        drawn = { tr: this._newRow(row), row: null, model: null };
         this._drawn.set(row.id, drawn);
       }
       if (drawn.model !== row || drawn.held) {
-        // A download's time left shows once it has had a few seconds of
-        // rate: the first estimates after a start or a resume are guesses.
-        const earlier = drawn.model;
-        // (A download already under way when the page opened is not held.)
-        if (row.state !== 'downloading') drawn.since = null;
-        else if (earlier && (earlier.state !== 'downloading' || (row.bytes ?? 0) < (earlier.bytes ?? 0))) drawn.since = Date.now();
+        // A download's time left reads `--` for its first seconds after a
+        // start or a resume (the model's rule): redrawn until it shows.
         drawn.model = row;
-        drawn.held = row.state === 'downloading' && typeof row.etaSecs === 'number' && drawn.since !== null && Date.now() - drawn.since < ETA_AFTER_MS;
-        const shown = drawn.held ? { ...row, text: `${stateText({ ...row, etaSecs: null })}, time left: --` } : row;
+        drawn.held = etaHeld(row);
+        const shown = row.state === 'downloading' ? { ...row, text: stateText(row) } : row;
         if (drawn.held) held = true;
         if (drawn.row && drawn.row.state !== shown.state) {
           const text = shown.state === 'failed' && shown.error ? `Failed: ${headlineOf(shown.error)}` : shown.text;
@@ -430,6 +474,7 @@ export class GemResourcesPage extends HTMLElement {
         this._fill(drawn.tr, shown, drawn.row);
         drawn.row = shown;
       }
+      this._fillActions(drawn.tr.querySelector('td.state'), row);
       if (this._tbody.children[index] !== drawn.tr) this._tbody.insertBefore(drawn.tr, this._tbody.children[index] ?? null);
     });
     for (const [id, drawn] of this._drawn) {
@@ -565,7 +610,7 @@ export class GemResourcesPage extends HTMLElement {
       body = el('span', { class: 'body' });
       cell.append(body);
     }
-    if (before && before.text === row.text && before.state === row.state) return;
+    if (before && before.text === row.text && before.state === row.state && afterFailure(before) === afterFailure(row)) return;
     const mark = el('span', { class: 'mark', 'aria-hidden': 'true' }, MARKS[row.state] ?? '');
     if (row.state === 'failed' && row.error) {
       const codes = row.error.code !== row.error.primaryCause ? `${row.error.code}, caused by ${row.error.primaryCause}` : row.error.primaryCause;
@@ -574,6 +619,7 @@ export class GemResourcesPage extends HTMLElement {
       body.replaceChildren(
         el('span', { class: 'text' }, mark, el('span', { class: 'headline' }, `Failed: ${headlineOf(row.error)}`), detail ? ` — ${detail}.` : '.'),
         ' ',
+        ...(afterFailure(row) ? [el('span', { class: 'after' }, `${capital(afterFailure(row))}.`), ' '] : []),
         ...(hashes.length > 0 ? [el('details', { class: 'hashes' }, el('summary', {}, 'Full SHA-256'), ...hashes.map((h) => el('code', {}, h)))] : []),
         el('span', { class: 'codes' }, `Code: ${codes}`),
       );
@@ -581,17 +627,106 @@ export class GemResourcesPage extends HTMLElement {
       body.replaceChildren(el('span', { class: 'text' }, mark, row.text));
     }
   }
+  /**
+   * Whether the element offers `action` (one of ACTIONS): `actions="none"`
+   * offers none; `actions="event"` offers each and only dispatches its
+   * event (the app acts); else what the source allows: its `actions` list
+   * when it has one (a relay says which it allows, none unless the app
+   * enabled them), else the methods it has (the client's `retry(gem, id)`,
+   * `downloadNow(gem, id)`, `cancel(gem, id)`).
+   */
+  allows(action) {
+    const mode = this.getAttribute('actions');
+    if (mode === 'none') return false;
+    if (mode === 'event') return true;
+    const source = this._activeSource;
+    if (!source) return false;
+    if (Array.isArray(source.actions)) return source.actions.includes(action) && typeof source[action] === 'function';
+    return typeof source[action] === 'function';
+  }
+
+  _fillActions(cell, row) {
+    if (!cell) return;
+    let box = cell.querySelector('.actions');
+    if (!box) {
+      box = el('span', { class: 'actions' });
+      cell.append(box);
+    }
+    const offered = actionsOf(row).filter(([action]) => this.allows(action));
+    const error = this._actionErrors.get(row.id) ?? '';
+    const key = `${row.state}|${offered.map(([a]) => a).join()}|${error}`;
+    if (box.dataset.key === key) return;
+    box.dataset.key = key;
+    const label = row.description ?? row.label;
+    box.replaceChildren(
+      ...offered.map(([action, text]) => {
+        const button = el('button', { type: 'button', 'data-action': action, 'aria-label': `${text}: ${label}` }, text);
+        button.addEventListener('click', () => this._act(action, row.id, button));
+        return button;
+      }),
+    );
+    let said = cell.querySelector('.action-error');
+    if (error) {
+      if (!said) {
+        said = el('span', { class: 'action-error', role: 'alert' });
+        cell.append(said);
+      }
+      setText(said, error);
+    } else if (said) {
+      said.remove();
+    }
+  }
+
+  /**
+   * A button was pressed: a cancelable, bubbling `gem-resources-action`
+   * event ({gem, resource, action}) first; unless the app called
+   * preventDefault() (it acts itself), the source's method is called.
+   */
+  async _act(action, id, button) {
+    const gem = this.getAttribute('gem');
+    const event = new CustomEvent('gem-resources-action', { detail: { gem, resource: id, action }, bubbles: true, composed: true, cancelable: true });
+    if (!this.dispatchEvent(event)) return;
+    const source = this._activeSource;
+    if (this.getAttribute('actions') === 'event' || typeof source?.[action] !== 'function') return;
+    button.disabled = true;
+    this._actionErrors.delete(id);
+    try {
+      await source[action](gem, id);
+    } catch (e) {
+      const what = { retry: 'Retry', downloadNow: 'Download now', cancel: 'Cancel' }[action];
+      this._actionErrors.set(id, `${what} did not go through: ${e?.message ?? e}`);
+    } finally {
+      button.disabled = false;
+      this._schedule();
+    }
+  }
+}
+
+/** What a row in `state` can be asked: [action, the button's words]. */
+function actionsOf(row) {
+  switch (row.state) {
+    case 'failed':
+      return [['retry', 'Retry']];
+    case 'missing':
+      return [['downloadNow', 'Download now']];
+    case 'queued':
+    case 'waiting':
+    case 'downloading':
+      return [['cancel', 'Cancel']];
+    default:
+      return [];
+  }
+}
+
+function capital(text) {
+  return text ? `${text[0].toUpperCase()}${text.slice(1)}` : text;
 }
 
 /** A SHA-256 in a message: shown by its first 12 digits, the whole in a <details>. */
 const HASH = /\b[0-9a-f]{64}\b/g;
 
-/** The headline of a failed row: an HTTP status in words (404 is not a 500), else the model's. */
+/** The headline of a failed row: the model's (an HTTP status in words: a 404 is not a 500). */
 function headlineOf(error) {
-  const status = error.primaryCause === 'E_RESOURCE_HTTP' ? /HTTP status (\d{3})/.exec(`${error.detail} ${error.message}`)?.[1] : null;
-  if (status === '404' || status === '410') return 'Not found on the server';
-  if (status === '429') return 'The server is busy (too many requests)';
-  if (status?.startsWith('5')) return 'The server had an error';
   return error.headline;
 }
 

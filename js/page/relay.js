@@ -15,7 +15,7 @@
 // What it serves, and nothing else (GET and HEAD only):
 //   /page/index.html, /page/gem-resources-page.js, /model.js
 //   /feed/GEM/status   the gem's status: {"gems": [GemStatus]}
-//   /feed/GEM/events   text/event-stream: `event: relay` ({app}), `event:
+//   /feed/GEM/events   text/event-stream: `event: relay` ({app, gem, actions}), `event:
 //                      status` (the subscription's [GemStatus…]), then each
 //                      event as a `message`; after `lagged` it subscribes
 //                      again and sends `status` again; `event: lost`
@@ -27,10 +27,21 @@
 // DNS rebinding), come from the same origin or none (`Origin`,
 // `Sec-Fetch-Site`), and carry the cookie (or a link's unused token):
 // else 403. Any other path is 404. No path, install, policy or any call
-// that changes the store: a page through the relay can only watch.
+// that changes the store: by default a page through the relay can only
+// watch, and a POST is refused (405).
 //
-// Use it from code: `const relay = await startRelay({source: client, gems, appName})`
-// (any `source` with the client's `status(gem)` and `subscribe({gem})`).
+// Only when the app enables them (`actions: true`, or a list of
+// 'retry', 'downloadNow', 'cancel'; `--actions` on the command line), the
+// page's buttons may ask for them:
+//   POST /act/GEM/ID/retry | download-now | cancel   → {"changed": bool}
+// guarded as the reads are (Host, the cookie), and more: the request must
+// carry `Origin` naming the relay itself (a browser sends it with every
+// POST) and no `Sec-Fetch-Site` but same-origin. The `relay` event of the
+// feed says which actions are allowed (`actions`).
+//
+// Use it from code: `const relay = await startRelay({source: client, gems, appName, actions})`
+// (any `source` with the client's `status(gem)` and `subscribe({gem})`, and
+// `retry(gem, id)`, `downloadNow(gem, id)`, `cancel(gem, id)` for actions).
 
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -45,6 +56,13 @@ const FILES = new Map([
   ['page/index.html', { file: path.join(here, 'index.html'), type: 'text/html; charset=utf-8' }],
   ['page/gem-resources-page.js', { file: path.join(here, 'gem-resources-page.js'), type: 'text/javascript; charset=utf-8' }],
   ['model.js', { file: path.join(here, '..', 'model.js'), type: 'text/javascript; charset=utf-8' }],
+]);
+
+/** The actions an app may enable, by their path under /act/GEM/ID/. */
+const ACTIONS = new Map([
+  ['retry', 'retry'],
+  ['download-now', 'downloadNow'],
+  ['cancel', 'cancel'],
 ]);
 
 /** At most this many event streams at once (each is a subscription of the service). */
@@ -111,9 +129,12 @@ function cookieOf(header, name) {
  * away. Listens on 127.0.0.1 at `port` (0: a random free one). Resolves to
  * `{url, pageUrl, port, token, newPageUrl(gem), close()}`: `pageUrl` opens
  * the first gem's page once (its `token`); `newPageUrl(gem)` makes another
- * link, good once too.
+ * link, good once too. `actions`: false (the default: read-only), true
+ * (retry, download now and cancel) or a list of 'retry', 'downloadNow',
+ * 'cancel': the POSTs the page's buttons may make, each calling the
+ * source's method of that name with (gem, id).
  */
-export async function startRelay({ source, gem, gems, appName, port = 0, token = secret() } = {}) {
+export async function startRelay({ source, gem, gems, appName, actions = false, port = 0, token = secret() } = {}) {
   if (!source || typeof source.subscribe !== 'function' || typeof source.status !== 'function') {
     throw new TypeError('startRelay needs a source with status(gem) and subscribe({gem})');
   }
@@ -125,6 +146,14 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
     list = [...new Set(list)];
   }
   if (appName !== undefined && (typeof appName !== 'string' || appName.trim() === '')) throw new TypeError('startRelay: appName must be a non-empty string');
+  const known = [...ACTIONS.values()];
+  const allowed = actions === true ? known : actions === false || actions === undefined || actions === null ? [] : actions;
+  if (!Array.isArray(allowed) || !allowed.every((a) => known.includes(a))) {
+    throw new TypeError(`startRelay: actions must be true, false or a list of ${known.join(', ')}`);
+  }
+  for (const a of allowed) {
+    if (typeof source[a] !== 'function') throw new TypeError(`startRelay: actions include ${a}, which the source has no method for`);
+  }
   const app = appName ?? null;
   if (!/^[A-Za-z0-9_-]{16,}$/.test(token)) throw new TypeError('the token must be at least 16 letters, digits, - or _');
   /** Each link's token (by its hash): whether it was used. */
@@ -239,9 +268,14 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
     if (origin !== undefined && origin !== `http://${host}`) return fail(res, 403, 'foreign Origin: this relay answers only its own pages');
     const site = req.headers['sec-fetch-site'];
     if (site !== undefined && site !== 'same-origin' && site !== 'none') return fail(res, 403, 'cross-site request refused');
-    if (req.method !== 'GET' && req.method !== 'HEAD') {
+    const posting = req.method === 'POST' && allowed.length > 0;
+    if (req.method !== 'GET' && req.method !== 'HEAD' && !posting) {
       res.setHeader('allow', 'GET, HEAD');
-      return fail(res, 405, 'read-only: GET and HEAD only');
+      return fail(res, 405, 'read-only: GET and HEAD only (the app has not enabled the page\'s actions)');
+    }
+    // A POST must say where it comes from: the relay's own page.
+    if (posting && (origin !== `http://${host}` || (site !== undefined && site !== 'same-origin'))) {
+      return fail(res, 403, 'an action must come from the relay\'s own page (Origin)');
     }
     let url;
     try {
@@ -274,6 +308,7 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
     }
     if (!client) return fail(res, 403, 'no cookie of this relay: open the page through a link the app gave');
     const rest = url.pathname.slice(1);
+    if (posting) return act(req, res, rest);
     if (rest === '' || rest === 'page' || rest === 'page/') {
       const query = list ? `?gem=${encodeURIComponent(list[0])}` : '';
       res.writeHead(302, headers('text/plain; charset=utf-8', { location: `/page/index.html${query}` }));
@@ -307,6 +342,42 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
       return res.end(req.method === 'HEAD' ? undefined : body);
     }
     return events(req, res, feedGem, client);
+  }
+
+  /** POST /act/GEM/ID/ACTION: the source's method, when the app allowed it. */
+  async function act(req, res, rest) {
+    req.resume(); // no body is read
+    const m = /^act\/([^/]+)\/([^/]+)\/([a-z-]+)$/.exec(rest);
+    let actGem = null;
+    let id = null;
+    try {
+      actGem = m ? decodeURIComponent(m[1]) : null;
+      id = m ? decodeURIComponent(m[2]) : null;
+    } catch {
+      actGem = null;
+    }
+    if (!m || !(list ? list.includes(actGem) : plausibleGem(actGem)) || !id) return fail(res, 404, 'not found');
+    const method = ACTIONS.get(m[3]);
+    if (!method) return fail(res, 404, 'not found');
+    if (!allowed.includes(method)) {
+      res.setHeader('allow', 'GET, HEAD');
+      return fail(res, 405, `the app has not enabled ${method} on this page`);
+    }
+    if (outage) {
+      probe();
+      return failFeed(res, 503, outage.code, outage.message, { 'retry-after': '1' });
+    }
+    let answer;
+    try {
+      answer = await source[method](actGem, id);
+    } catch (e) {
+      const code = e?.code ?? SERVICE;
+      if (code === SERVICE) serviceLost(e);
+      const status = code === SERVICE ? 503 : code === 'E_RESOURCE_NOT_FOUND' ? 404 : 409;
+      return failFeed(res, status, code, String(e?.message ?? e));
+    }
+    res.writeHead(200, headers('application/json'));
+    return res.end(JSON.stringify({ changed: Boolean(answer?.changed ?? answer) }));
   }
 
   function serveFile(req, res, { file, type }) {
@@ -389,7 +460,7 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
         if (!res.headersSent) {
           res.writeHead(200, headers('text/event-stream; charset=utf-8', { connection: 'keep-alive' }));
           keepalive = setInterval(() => send(': keep-alive\n\n'), KEEPALIVE_MS);
-          send(`event: relay\ndata: ${JSON.stringify({ app, gem: feedGem })}\n\n`);
+          send(`event: relay\ndata: ${JSON.stringify({ app, gem: feedGem, actions: allowed })}\n\n`);
         }
         send(`event: status\ndata: ${forPage(sub.status ?? [])}\n\n`);
         try {
@@ -448,9 +519,10 @@ export async function startRelay({ source, gem, gems, appName, port = 0, token =
 
 function usage() {
   return [
-    'usage: node relay.js --store DIR [--gem GEM]... [--app-name NAME] [--port N]',
+    'usage: node relay.js --store DIR [--gem GEM]... [--app-name NAME] [--port N] [--actions]',
     '  serves the gem page of each GEM (without --gem: of any installed gem) on 127.0.0.1,',
-    '  fed by the service of the store DIR; NAME is the app the page names when the service is away',
+    '  fed by the service of the store DIR; NAME is the app the page names when the service is away;',
+    '  --actions lets the page retry, download now and cancel (else it only watches)',
   ].join('\n');
 }
 
@@ -461,6 +533,10 @@ async function main(argv) {
     if (a === '--help' || a === '-h') {
       console.log(usage());
       return;
+    }
+    if (a === '--actions') {
+      args.actions = true;
+      continue;
     }
     if (!['--store', '--gem', '--port', '--app-name'].includes(a) || argv[i + 1] === undefined) {
       console.error(usage());
@@ -479,7 +555,7 @@ async function main(argv) {
   const appName = args['app-name'];
   const { connect } = await import('../index.js');
   const client = await connect({ store: args.store, ...(appName ? { appName } : {}) });
-  const relay = await startRelay({ source: client, gems: args.gem.length > 0 ? args.gem : undefined, appName, port: Number(args.port ?? 0) });
+  const relay = await startRelay({ source: client, gems: args.gem.length > 0 ? args.gem : undefined, appName, actions: Boolean(args.actions), port: Number(args.port ?? 0) });
   const links = async () => {
     let gems = args.gem;
     if (gems.length === 0) {

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import { test } from 'node:test';
 
-import { GemPageModel, describeError, formatBytes, formatDuration, watchGem } from '../model.js';
+import { ETA_AFTER_MS, GemPageModel, describeError, formatBytes, formatClock, formatDuration, stateText, watchGem } from '../model.js';
 
 import { Fixture, waitFor, within } from './fixture.js';
 import { FakeSource, statusRow } from './page-fixture.js';
@@ -59,14 +59,17 @@ test('a download from queued to verified: bytes, the service rate and time left,
   model.apply(file('started', { size: 3 * 1024 * 1024, address: 'https://cdn.test:8443/model.bin' }));
   assert.equal(model.row('model').state, 'downloading');
   assert.equal(model.row('model').bytes, 0);
-  assert.match(model.row('model').text, /starting/);
+  assert.equal(model.row('model').text, 'Downloading: 0 B of 3.0 MiB (0%), time left: --', 'no rate yet: no time left');
   model.apply(file('progress', { bytes: 1024 * 1024, size: 3 * 1024 * 1024, address: 'https://cdn.test:8443/model.bin', bytes_per_sec: 1000, eta_secs: 2097 }));
   let row = model.row('model');
   assert.equal(row.bytes, 1024 * 1024);
   assert.equal(row.rate, 1000, 'the rate is the event’s bytes_per_sec, whatever the bytes did');
   assert.equal(row.etaSecs, 2097);
   assert.equal(row.fraction, 1 / 3);
-  assert.equal(row.text, 'Downloading: 1.0 MiB of 3.0 MiB (33%), 1000 B/s, about 35 min left');
+  // Just started: the first estimate is a guess, and reads `--`; the
+  // service's estimate once the download has run ETA_AFTER_MS.
+  assert.equal(row.text, 'Downloading: 1.0 MiB of 3.0 MiB (33%), 1000 B/s, time left: --');
+  assert.equal(stateText(row, row.since + ETA_AFTER_MS), 'Downloading: 1.0 MiB of 3.0 MiB (33%), 1000 B/s, about 35 min left');
   assert.equal(row.host, 'cdn.test');
   model.apply(file('progress', { bytes: 2 * 1024 * 1024, size: 3 * 1024 * 1024, address: 'https://cdn.test:8443/model.bin', bytes_per_sec: 0, eta_secs: null }));
   row = model.row('model');
@@ -99,7 +102,7 @@ test('a policy block is stated in words, from the event and from a status row; p
   assert.equal(row.error.detail, 'host cdn.test is not permitted by the network policy (blocklist mode)');
   assert.equal(
     row.text,
-    'Failed. Blocked by the network policy: host cdn.test is not permitted by the network policy (blocklist mode) (E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_POLICY)',
+    'Failed. Blocked by the network policy: host cdn.test is not permitted by the network policy (blocklist mode) (E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_POLICY). 4.0 KiB of 3.0 MiB kept',
   );
 
   // The same from a status row, with its attempts.
@@ -130,7 +133,10 @@ test('other failures: the reason of each address, the codes', () => {
     message: 'resource "a": every address failed\n  - E_RESOURCE_HTTP: https://cdn.test/a: HTTP status 404\n  - E_RESOURCE_NETWORK: https://mirror.test/a: connection refused',
   });
   assert.equal(e.policy, false);
-  assert.equal(e.text, 'The server refused the download: HTTP status 404; connection refused (E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_HTTP)');
+  assert.equal(e.text, 'Not found on the server: HTTP status 404; connection refused (E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_HTTP)');
+  const http = (status) => describeError({ code: 'E_RESOURCE_UNAVAILABLE', primary_cause: 'E_RESOURCE_HTTP', message: `resource "a": every address failed\n  - E_RESOURCE_HTTP: https://cdn.test/a: HTTP status ${status}` }).headline;
+  assert.equal(http(500), 'The server had an error');
+  assert.equal(http(403), 'The server refused the download');
   assert.equal(describeError({ code: 'E_RESOURCE_DISK_SPACE', primary_cause: 'E_RESOURCE_DISK_SPACE', message: 'no space left' }).text, 'Not enough disk space: no space left (E_RESOURCE_DISK_SPACE)');
   assert.equal(formatBytes(0), '0 B');
   assert.equal(formatBytes(1536), '1.5 KiB');
@@ -359,4 +365,32 @@ test('a status row between two tries reads as a download that is retrying, and w
   assert.equal(a.state, 'downloading');
   assert.equal(a.bytes, 1024 * 1024);
   assert.match(a.text, /retrying \(attempt 3 of 6\): connection refused/);
+});
+
+test('a failed row says what it kept and when the service tries it again, from the event and from a status row', () => {
+  const model = new GemPageModel('notes');
+  model.reset(notes());
+  model.apply(file('progress', { bytes: 34 * 1024 * 1024, size: 200 * 1024 * 1024, address: 'https://cdn.test:8443/model.bin', bytes_per_sec: 4096, eta_secs: 700 }));
+  const soon = new Date(Date.now() + 10 * 60 * 1000);
+  soon.setSeconds(0, 0);
+  const next = soon.toISOString();
+  model.apply(file('failed', { code: 'E_RESOURCE_UNAVAILABLE', primary_cause: 'E_RESOURCE_POLICY', message: POLICY_MESSAGE, next_try: next }));
+  const row = model.row('model');
+  assert.equal(row.nextTry, next);
+  assert.equal(row.partialBytes, 34 * 1024 * 1024);
+  const clock = formatClock(next);
+  assert.match(clock, /^(at|tomorrow at) \d\d:\d\d$/);
+  assert.ok(row.text.endsWith(`. 34.0 MiB of 200.0 MiB kept; tries again ${clock}`), row.text);
+  // The same from a status row.
+  const fromStatus = new GemPageModel('notes');
+  fromStatus.reset(notes([statusRow({ id: 'model', sha256: SHA_A, size: 200 * 1024 * 1024, state: 'failed', code: 'E_RESOURCE_UNAVAILABLE', primary_cause: 'E_RESOURCE_POLICY', message: POLICY_MESSAGE, partial_bytes: 34 * 1024 * 1024, next_try: next })]));
+  assert.equal(fromStatus.row('model').text, row.text);
+  // Queued again: no next try any more.
+  model.apply(file('queued', { size: 200 * 1024 * 1024 }));
+  assert.equal(model.row('model').nextTry, null);
+  // A clock another day says which.
+  const now = new Date(2026, 11, 5, 23, 50);
+  assert.equal(formatClock(new Date(2026, 11, 5, 23, 59).toISOString(), now), 'at 23:59');
+  assert.equal(formatClock(new Date(2026, 11, 6, 0, 9).toISOString(), now), 'tomorrow at 00:09');
+  assert.equal(formatClock(new Date(2026, 11, 8, 7, 38).toISOString(), now), 'on 2026-12-08 at 07:38');
 });

@@ -149,7 +149,7 @@ test('a real service killed: the relay’s stream says lost within 2 s; while it
   const cookie = await signIn(relay, relay.pageUrl);
   const stream = await eventStream(relay.port, '/feed/notes/events', { host, cookie });
   t.after(() => stream.close());
-  assert.deepEqual((await stream.next()).data, { app: 'Notes', gem: 'notes' });
+  assert.deepEqual((await stream.next()).data, { app: 'Notes', gem: 'notes', actions: [] }, 'read-only unless the app enables actions');
   await stream.next((m) => m.event === 'status');
 
   const killed = Date.now();

@@ -59,6 +59,20 @@ const KNOWN_KEYS: [&str; 7] = [
 pub struct Manifest {
     /// The declared resources, in manifest order.
     pub resources: Vec<Resource>,
+    /// The gem's `name` (`"Sample OCR"`), for the pages that show the gem:
+    /// a string with something other than spaces, trimmed, at most
+    /// [`MAX_NAME_CHARS`] characters; anything else is no name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The longest gem `name` kept, in characters (a longer one is cut).
+pub const MAX_NAME_CHARS: usize = 200;
+
+/// The gem's `name` from a manifest's top level, if it has a usable one.
+fn name_of(object: &serde_json::Map<String, Value>) -> Option<String> {
+    let name = object.get("name")?.as_str()?.trim();
+    (!name.is_empty()).then(|| name.chars().take(MAX_NAME_CHARS).collect())
 }
 
 /// One validated resource entry of a manifest.
@@ -381,7 +395,10 @@ fn validate_with(value: &Value, mut report: Report) -> Result<Manifest, Manifest
         }
     };
     if report.problems.is_empty() {
-        Ok(Manifest { resources })
+        Ok(Manifest {
+            resources,
+            name: name_of(object),
+        })
     } else {
         Err(ManifestError::new(report.problems))
     }

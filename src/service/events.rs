@@ -268,6 +268,13 @@ pub enum Event {
         primary_cause: ErrorCode,
         /// The full message, with the reason for each address.
         message: String,
+        /// When the service tries this file again by itself: a required
+        /// file is queued again `service.retry_failed_after` after a
+        /// failure, the wait doubling (RFC 3339 in JSON); `null` when
+        /// nothing will (a file downloaded on first use, the retry turned
+        /// off).
+        #[serde(default, with = "crate::time::rfc3339_opt")]
+        next_try: Option<SystemTime>,
     },
     /// The download stopped before it finished: [`crate::Resources::cancel`],
     /// an uninstall or upgrade that dropped the file, or shutdown. Bytes
@@ -574,6 +581,7 @@ mod tests {
             sha256: sha.clone(),
             state: crate::service::ResourceState::Missing,
             partial_bytes: None,
+            next_try: None,
         };
         let installed = Event::Installed {
             at: at(),

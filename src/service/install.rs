@@ -117,6 +117,7 @@ impl Resources {
         };
         let registration = Registration {
             gem: gem.to_string(),
+            name: manifest.name.clone(),
             resources: manifest.resources.clone(),
             installed_by: Some(owner.clone()),
         };

@@ -167,6 +167,16 @@ pub struct ResourceStatus {
     /// range), never the partial file's length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_bytes: Option<u64>,
+    /// When the service tries a failed required file again by itself
+    /// (`service.retry_failed_after` after the failure, the wait
+    /// doubling): RFC 3339 in JSON, only on a `failed` row whose try is
+    /// planned.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::time::rfc3339_opt"
+    )]
+    pub next_try: Option<std::time::SystemTime>,
 }
 
 /// One gem in [`Resources::status`].
@@ -175,6 +185,10 @@ pub struct ResourceStatus {
 pub struct GemStatus {
     /// The gem.
     pub gem: String,
+    /// The gem's `name` as its manifest gives it, for a heading; absent
+    /// when the manifest has none (show `gem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Who keeps it: its first installer, until a take-over
     /// ([`Resources::install_taking_over`]); `null` for a gem registered
     /// before this was kept.

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +42,11 @@ struct Pending {
     failures: u32,
     /// Stops the timer that waits for the next try.
     timer: CancellationToken,
+    /// When the next try is due, while its timer waits (the status row's
+    /// `next_try`).
+    due: Option<SystemTime>,
+    /// The wait of a timer not started yet (see [`Retries::arm`]).
+    unarmed: Option<Duration>,
 }
 
 impl Retries {
@@ -56,11 +61,40 @@ impl Retries {
         let entry = pending.entry(key.to_string()).or_insert_with(|| Pending {
             failures: 0,
             timer: CancellationToken::new(),
+            due: None,
+            unarmed: None,
         });
         entry.timer.cancel();
         entry.failures = entry.failures.saturating_add(1);
         entry.timer = CancellationToken::new();
+        entry.due = None;
+        entry.unarmed = None;
         (entry.failures, entry.timer.clone())
+    }
+
+    /// Notes that the next try of `key` is due after `wait` (from now),
+    /// for a timer started by [`Retries::arm`]; returns when that is.
+    pub(crate) fn plan(&self, key: &str, wait: Duration) -> Option<SystemTime> {
+        let mut pending = self.pending();
+        let entry = pending.get_mut(key)?;
+        let due = SystemTime::now().checked_add(wait)?;
+        entry.due = Some(due);
+        entry.unarmed = Some(wait);
+        Some(due)
+    }
+
+    /// The wait and the timer token of the planned try of `key`, once: the
+    /// caller starts that timer.
+    pub(crate) fn arm(&self, key: &str) -> Option<(Duration, CancellationToken)> {
+        let mut pending = self.pending();
+        let entry = pending.get_mut(key)?;
+        let wait = entry.unarmed.take()?;
+        Some((wait, entry.timer.clone()))
+    }
+
+    /// When the next try of `key` is due, while its timer waits.
+    pub(crate) fn due(&self, key: &str) -> Option<SystemTime> {
+        self.pending().get(key).and_then(|p| p.due)
     }
 
     /// `key` succeeded: its count starts over and its timer stops.
@@ -73,7 +107,16 @@ impl Retries {
     /// The timer of `key` fired: forgets it, unless a later failure
     /// replaced it (then `false`).
     pub(crate) fn fired(&self, key: &str, timer: &CancellationToken) -> bool {
-        !timer.is_cancelled() && self.pending().contains_key(key)
+        if timer.is_cancelled() {
+            return false;
+        }
+        match self.pending().get_mut(key) {
+            Some(entry) => {
+                entry.due = None;
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -52,6 +52,7 @@ impl Resources {
             out.push(GemStatus {
                 resources: self.rows_with(&reg.resources, &failures),
                 gem: reg.gem,
+                name: reg.name,
                 installed_by: reg.installed_by,
             });
         }
@@ -95,6 +96,9 @@ impl Resources {
                     required: r.required,
                     sha256: r.sha256.clone(),
                     partial_bytes: self.partial_of(r, &state, &listing),
+                    next_try: matches!(state, ResourceState::Failed { .. })
+                        .then(|| self.inner.scheduler.next_try(r))
+                        .flatten(),
                     state,
                 }
             })

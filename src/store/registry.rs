@@ -42,6 +42,9 @@ use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 pub struct Registration {
     /// The gem's id.
     pub gem: String,
+    /// The gem's `name` from its manifest, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Its resources, as validated at install.
     pub resources: Vec<Resource>,
     /// Who keeps it: who installed it first, until someone took it over
@@ -1159,6 +1162,7 @@ mod tests {
         let manifest = crate::manifest::parse_manifest(doc.to_string().as_bytes()).unwrap();
         Registration {
             gem: gem.to_string(),
+            name: None,
             resources: manifest.resources,
             installed_by: Some(InstalledBy::Library),
         }

@@ -93,6 +93,7 @@ mod smoke;
 mod soak;
 mod squatting;
 #[cfg(unix)]
+mod status_rows;
 mod store_trust;
 mod tls_trust;
 mod true_progress;

@@ -274,7 +274,7 @@ impl Scheduler {
                         reason: reason.clone(),
                     });
                 }
-                Err(error) => this.retry_later(&key, error),
+                Err(_) => this.retry_later(&key),
                 Ok(_) => this.retries.succeeded(&key),
             }
             {

@@ -19,26 +19,41 @@ use crate::transfer::meter::Meter;
 use crate::transfer::slots::Handover;
 
 impl Scheduler {
-    /// Queues the job of `key` again once its wait is over (see
-    /// [`crate::service::retry`]), for every installed gem that then
-    /// declares it as a required file that is missing. Not only for the
-    /// gems that waited for this try: the timer replaces the one a former
-    /// try of the same bytes set, whose gems may still need them when this
-    /// try's gems are gone.
-    pub(super) fn retry_later(self: &Arc<Self>, key: &str, error: &Error) {
-        let Some(base) = self.deps.retry_failed_after else {
-            return;
-        };
+    /// Plans the next try of the job of `key` after it failed with
+    /// `error` (see [`crate::service::retry`]), when an installed gem
+    /// declares it as a required file that is missing: returns when that
+    /// try is due. [`Scheduler::retry_later`] starts the timer.
+    pub(super) fn plan_retry(&self, key: &str, error: &Error) -> Option<SystemTime> {
+        let base = self.deps.retry_failed_after?;
         if self.required_now(key).is_empty() {
-            return;
+            return None;
         }
-        let (failures, timer) = self.retries.failed(key);
+        let (failures, _) = self.retries.failed(key);
         let wait = retry::delay(base, failures, retry::retry_after(error));
         tracing::debug!(
             failures,
             ?wait,
             "a failed required file is tried again after a wait"
         );
+        self.retries.plan(key, wait)
+    }
+
+    /// When the next try of `resource`'s download is due, while a failed
+    /// required file waits for it.
+    pub(crate) fn next_try(&self, resource: &Resource) -> Option<SystemTime> {
+        self.retries.due(&job_key(resource))
+    }
+
+    /// Queues the job of `key` again once the wait [`Scheduler::plan_retry`]
+    /// planned is over, for every installed gem that then declares it as a
+    /// required file that is missing. Not only for the gems that waited
+    /// for this try: the timer replaces the one a former try of the same
+    /// bytes set, whose gems may still need them when this try's gems are
+    /// gone.
+    pub(super) fn retry_later(self: &Arc<Self>, key: &str) {
+        let Some((wait, timer)) = self.retries.arm(key) else {
+            return;
+        };
         let (this, key) = (self.clone(), key.to_string());
         let task = async move {
             tokio::select! {
@@ -231,6 +246,7 @@ impl Scheduler {
             record_outcome(job, &w, write).await;
         }
         self.drop_undeclared_partials(&resource.sha256, job).await;
+        let next_try = self.plan_retry(&job_key(resource), &error);
         self.each(job, |w, at| Event::Failed {
             at,
             gem: w.gem.clone(),
@@ -239,6 +255,7 @@ impl Scheduler {
             code: error.code(),
             primary_cause: error.primary_cause(),
             message: error.to_string(),
+            next_try,
         });
         error
     }
