@@ -142,7 +142,25 @@ pub(crate) fn record_stamp(
     stamp: ContentStamp,
     served: Option<Served>,
 ) {
-    let mut record = read(stamps, sha256).unwrap_or_default();
+    record_new_stamp(stamps, sha256, dir, name, stamp, served, false);
+}
+
+/// [`record_stamp`]; `fresh` when `dir` was just made for this file, so
+/// no other name of it can be in a record: none is read first.
+pub(crate) fn record_new_stamp(
+    stamps: &LazySub,
+    sha256: &str,
+    dir: &Folder,
+    name: &str,
+    stamp: ContentStamp,
+    served: Option<Served>,
+    fresh: bool,
+) {
+    let mut record = if fresh {
+        Record::default()
+    } else {
+        read(stamps, sha256).unwrap_or_default()
+    };
     record.files.insert(name.to_string(), stamp);
     // Names whose file is gone say nothing any more.
     record
