@@ -152,6 +152,9 @@ pub(crate) struct RegistryFolders {
     pub(crate) stamps: Arc<LazySub>,
     /// `store-v1/locks/`.
     pub(crate) locks: Arc<Folder>,
+    /// Turns at the registry lock within this process (see
+    /// `Registry::lock`), shared by every registry of this store.
+    pub(crate) registry_turns: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each
@@ -248,6 +251,7 @@ impl Store {
             served: Arc::new(LazySub::new(root.clone(), "served")),
             stamps: stamps.clone(),
             locks: locks.clone(),
+            registry_turns: Arc::default(),
         };
         Ok(Store {
             root: root.path().to_path_buf(),

@@ -26,7 +26,7 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
@@ -47,7 +47,14 @@ pub const GROUP_BYTES: u64 = 64 << 20;
 pub const GROUP_IDLE: Duration = Duration::from_millis(2);
 
 /// Threads that flush, rename and name the files of one group at once.
-const GROUP_THREADS: usize = 8;
+/// A disk takes many flushes at once (a journaled file system commits them
+/// together, a disk without a journal queues them): each thread flushes a
+/// share of the group's files one after another.
+const GROUP_THREADS: usize = 32;
+
+/// Groups published at once: the next group's files are flushed while the
+/// folders of the one before are.
+const GROUPS_IN_FLIGHT: usize = 2;
 
 /// What runs on a group's thread once a file's publication ended, with
 /// its result (the caller's bookkeeping, the release of its lock).
@@ -105,7 +112,7 @@ pub(crate) enum Step {
 /// A test's look at each step: `false` stops the group there, as a crash
 /// would.
 #[cfg(test)]
-pub(crate) type Hook = std::sync::Arc<dyn Fn(&Step) -> bool + Send + Sync>;
+pub(crate) type Hook = Arc<dyn Fn(&Step) -> bool + Send + Sync>;
 
 /// The files waiting for a group, and whether a group is being formed or
 /// published now.
@@ -299,12 +306,23 @@ impl Store {
     /// Forms groups and publishes them, one after another, until no file
     /// waits.
     async fn run_groups(self) {
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(GROUPS_IN_FLIGHT));
+        let mut running = tokio::task::JoinSet::new();
         loop {
             let Some(group) = self.next_group().await else {
-                return;
+                break;
             };
-            self.publish_group(group).await;
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                break;
+            };
+            let store = self.clone();
+            running.spawn(async move {
+                store.publish_group(group).await;
+                drop(permit);
+            });
+            while running.try_join_next().is_some() {}
         }
+        while running.join_next().await.is_some() {}
     }
 
     /// The next group, once it is full or no file joined it for
@@ -341,16 +359,9 @@ impl Store {
     /// the blocking pool at once) before the next.
     async fn publish_group(&self, group: Vec<Entry>) {
         tracing::debug!(files = group.len(), "publishing a group of verified files");
-        // Entries sharing a folder go to the same thread, which flushes it
-        // once.
-        let mut chunks: Vec<Vec<Entry>> = (0..GROUP_THREADS.min(group.len()).max(1))
-            .map(|_| Vec::new())
-            .collect();
-        let n = chunks.len();
-        for entry in group {
-            let at = usize::from(entry.staged.sha256.as_bytes()[0]) % n;
-            chunks[at].push(entry);
-        }
+        // Spread evenly over the threads; entries sharing a folder go to
+        // the same thread, which flushes it once.
+        let chunks = spread(group, GROUP_THREADS);
         // Step 1: every file flushed.
         let (chunks, crashed) = self.on_threads(chunks, Store::sync_files).await;
         // Step 2: `blobs/` once, for the folders the group made.
@@ -578,6 +589,28 @@ impl Entry {
             dir: None,
         }
     }
+}
+
+/// `group` in at most `threads` chunks of about the same size, the files
+/// of one SHA-256 in the same chunk.
+fn spread(mut group: Vec<Entry>, threads: usize) -> Vec<Vec<Entry>> {
+    group.sort_by(|a, b| a.staged.sha256.cmp(&b.staged.sha256));
+    let size = group.len().div_ceil(threads.max(1)).max(1);
+    let mut chunks: Vec<Vec<Entry>> = Vec::new();
+    for entry in group {
+        match chunks.last_mut() {
+            Some(last)
+                if last.len() < size
+                    || last
+                        .last()
+                        .is_some_and(|l| l.staged.sha256 == entry.staged.sha256) =>
+            {
+                last.push(entry)
+            }
+            _ => chunks.push(vec![entry]),
+        }
+    }
+    chunks
 }
 
 fn end_all(chunks: Vec<Vec<Entry>>, crashed: bool) {
