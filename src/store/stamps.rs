@@ -169,7 +169,24 @@ pub(crate) fn record_new_stamp(
     if served.is_some() {
         record.served = served;
     }
-    write(stamps, sha256, &record);
+    if fresh {
+        // Nobody reads it before the file takes its name, and a torn one
+        // only has the file hashed again: written in place.
+        write_in_place(stamps, sha256, &record);
+    } else {
+        write(stamps, sha256, &record);
+    }
+}
+
+/// [`write`] without a temporary file (see [`Folder::write_in_place`]).
+fn write_in_place(stamps: &LazySub, sha256: &str, record: &Record) {
+    let bytes = serde_json::to_vec(record).unwrap_or_default();
+    let written = stamps
+        .get()
+        .and_then(|folder| folder.write_in_place(&record_name(sha256), &bytes));
+    if let Err(e) = written {
+        tracing::warn!(sha256, "the stamp of the stored file is not recorded: {e}");
+    }
 }
 
 fn write(stamps: &LazySub, sha256: &str, record: &Record) {
