@@ -269,6 +269,19 @@ impl Folder {
         }
     }
 
+    /// Writes `bytes` as the whole of the file `name` (created `0600`, or
+    /// truncated; a symbolic link is never followed), in place: no
+    /// temporary file, no rename. Only for a record that a reader may find
+    /// torn without harm (it does not parse and counts as missing) and
+    /// that no reader looks at while it is written.
+    pub(crate) fn write_in_place(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let mut file = self.open_own(
+            name,
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )?;
+        file.write_all(bytes)
+    }
+
     /// Replaces the entry `name` with `bytes` (see `store::atomic`):
     /// written in full to a temporary file `<prefix>…` in this folder, then
     /// renamed over it.

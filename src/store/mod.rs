@@ -36,8 +36,9 @@
 //! `ocr-v3.onnx` gets a path ending in `ocr-v3.onnx`.
 //!
 //! Bytes are written to `tmp/` and only a file whose size and digest were
-//! verified is fsynced, made read-only and renamed into `blobs/`. A crash at
-//! any moment leaves at worst a `.partial` file, which the next download of
+//! verified is made read-only, fsynced and renamed into `blobs/`, in groups
+//! of files made durable together (see `publish`). A crash at any moment
+//! leaves at worst a `.partial` file, which the next download of
 //! the same SHA-256 and size continues (see [`crate::store::partial`]); [`Store::clean_tmp`]
 //! removes leftovers nobody can resume and partial files older than
 //! `network.partial_max_age_days`. The declared size is part of a partial
@@ -60,13 +61,13 @@
 
 pub(crate) mod atomic;
 pub(crate) mod folder;
-mod group_sync;
+mod publish;
 mod shared_failure;
 mod space;
 mod stamps;
 pub(crate) mod trust;
 
-use group_sync::GroupSync;
+pub use publish::{GROUP_BYTES, GROUP_FILES, GROUP_IDLE};
 pub use shared_failure::{parse_shared_failure, SharedFailure};
 use space::available_space_at;
 pub(crate) use space::{partial_write_failed, write_failed};
@@ -113,8 +114,8 @@ pub struct Store {
     /// Serialises "check free space, then create the partial file" within
     /// this process, so two downloads cannot both count the same free bytes.
     space: Arc<Mutex<()>>,
-    /// Fsyncs of `blobs/`, shared between downloads finishing together.
-    blobs_sync: Arc<GroupSync>,
+    /// Verified files waiting to be published in a group (see `publish`).
+    groups: Arc<publish::Groups>,
 }
 
 /// The folders of a store, held open.
@@ -151,6 +152,9 @@ pub(crate) struct RegistryFolders {
     pub(crate) stamps: Arc<LazySub>,
     /// `store-v1/locks/`.
     pub(crate) locks: Arc<Folder>,
+    /// Turns at the registry lock within this process (see
+    /// `Registry::lock`), shared by every registry of this store.
+    pub(crate) registry_turns: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each
@@ -247,6 +251,7 @@ impl Store {
             served: Arc::new(LazySub::new(root.clone(), "served")),
             stamps: stamps.clone(),
             locks: locks.clone(),
+            registry_turns: Arc::default(),
         };
         Ok(Store {
             root: root.path().to_path_buf(),
@@ -260,7 +265,7 @@ impl Store {
                 writable_at: Mutex::new(None),
             }),
             space: Arc::new(Mutex::new(())),
-            blobs_sync: Arc::default(),
+            groups: Arc::default(),
         })
     }
 
@@ -971,7 +976,11 @@ impl Store {
         // is reclaimed: known from this one look, without opening records
         // that do not exist.
         let (kept, reclaimed) = match paths.data_entry() {
-            DataEntry::Missing => (0, 0),
+            DataEntry::Missing => {
+                // A new download: no record of it until one is written.
+                paths.set_recorded(false);
+                (0, 0)
+            }
             DataEntry::Untrusted => {
                 paths.remove();
                 (0, 0)
@@ -1019,115 +1028,6 @@ impl Store {
             .open_data()
             .map_err(|e| write_failed("cannot create temporary file", &paths.data, e, needed))?;
         Ok(paths)
-    }
-
-    /// Publishes a verified partial file: read-only (`0400`), its folder
-    /// made, flushed, renamed into `blobs/<sha256>/<name>`, folders fsynced. Its
-    /// stamp, and the address that served it (`served_by`), are recorded
-    /// before it takes its name (see `stamps`).
-    ///
-    /// Only a regular file of the store's user with no other name is
-    /// published, and only the very file that was checked: a symbolic link
-    /// or another user's file at the partial file's name is refused, and a
-    /// file swapped in between the check and the rename is taken out again.
-    pub(crate) fn publish(
-        &self,
-        paths: &PartialPaths,
-        sha256: &str,
-        name: &str,
-        served_by: &str,
-    ) -> Result<PathBuf> {
-        check_sha256(sha256)?;
-        let tmp = &paths.data;
-        let map = |e| Error::io("cannot publish", tmp, e);
-        // Through the handle of `tmp/` opened with the store: never a file
-        // at this path in a folder put in the store's place since.
-        let folder = paths.folder();
-        let data = paths.data_name();
-        // Writable: it is flushed here (on Windows only a handle that may
-        // write can flush).
-        let file = folder
-            .open_own(
-                &data,
-                cap_std::fs::OpenOptions::new().read(true).write(true),
-            )
-            .map_err(map)?;
-        let checked = file.metadata().map_err(map)?;
-        // The file under the name must be the one the writer wrote (and
-        // hashed as it wrote): one swapped in since is never published.
-        if !paths.is_written(&file).map_err(map)? {
-            return Err(map(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the partial file is not the one that was written and hashed: the store does not trust it",
-            )));
-        }
-        if crate::platform::link_count(&checked) != 1 {
-            return Err(map(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the partial file has other names: the store does not trust it",
-            )));
-        }
-        trust::make_blob(&file).map_err(map)?;
-        // Its folder is made first, so that on a file system with a journal
-        // the flush of the file's bytes commits the folder's entry with
-        // them: one wait for the disk where there were two. An empty
-        // folder is no stored file (`has`), after a crash too.
-        let blobs = &self.folders.blobs;
-        let dir_path = blobs.join(sha256);
-        let created = self.blob_folder(sha256)?;
-        // Its bytes (and its mode) are durable before it takes its name.
-        file.sync_all().map_err(map)?;
-        // The stamp of the file as it will be under its name: a rename
-        // changes none of its facts.
-        let stamp = file
-            .metadata()
-            .map(|meta| crate::platform::ContentStamp::of(tmp, &meta))
-            .map_err(map)?;
-        let dir = blobs
-            .open_sub(sha256)
-            .map_err(|e| Error::io("cannot open", &dir_path, e))?;
-        let dest = dir.join(name);
-        let served = stamps::Served::now(served_by);
-        stamps::record_stamp(self.stamps(), sha256, &dir, name, stamp, Some(served));
-        folder
-            .rename_to(&data, &dir, name)
-            .map_err(|e| Error::io("cannot move verified file to", &dest, e))?;
-        if !dir.names_file(name, &checked) {
-            let _ = dir.remove_file(name);
-            return Err(map(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the partial file was replaced before it was published",
-            )));
-        }
-        dir.sync();
-        if created {
-            // The new folder's entry in `blobs/` is durable before the file
-            // is handed out (mostly committed already with the bytes).
-            self.blobs_sync.sync(blobs);
-        }
-        let _ = folder.remove_file(&paths.meta_name());
-        // The path handed out must lead to the file just published, not
-        // into a folder put in the store's place.
-        self.hand_out(&dir, name)
-    }
-
-    /// Makes `blobs/<sha256>` a folder of the store's user, replacing
-    /// anything else found there; whether it was created.
-    fn blob_folder(&self, sha256: &str) -> Result<bool> {
-        let blobs = &self.folders.blobs;
-        let path = blobs.join(sha256);
-        // One look at the name: a folder of the store's user stays.
-        match blobs.entry(sha256) {
-            Ok(m) if m.is_dir() && crate::platform::entry_owned_by_me(&m) => return Ok(false),
-            Ok(m) if m.is_dir() => blobs.remove_folder(sha256),
-            Ok(_) => blobs.remove_file(sha256),
-            Err(_) => Ok(()),
-        }
-        .map_err(|e| Error::io("cannot remove untrusted entry", &path, e))?;
-        blobs
-            .create_sub(sha256)
-            .map_err(|e| Error::io("cannot create", &path, e))?;
-        Ok(true)
     }
 
     /// Bytes kept for a resumable download of `sha256` (flushed, with a

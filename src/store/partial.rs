@@ -125,6 +125,10 @@ pub(crate) struct PartialPaths {
     /// The file a writer opened through [`PartialPaths::open_data`] (shared
     /// by every clone): publication moves that very file, or nothing.
     written: Arc<std::sync::Mutex<Option<Written>>>,
+    /// Whether its record may exist (shared by every clone): not when the
+    /// download began with no data file and wrote no record since, so
+    /// that removing it is no trip to the disk.
+    recorded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The file a writer opened: its identity where the platform tells it
@@ -154,6 +158,7 @@ impl PartialPaths {
             folder: tmp.clone(),
             key,
             written: Default::default(),
+            recorded: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 
@@ -170,6 +175,28 @@ impl PartialPaths {
     /// The record's name in its folder.
     pub(crate) fn meta_name(&self) -> String {
         format!("{}.partial.json", self.key)
+    }
+
+    /// Whether its record may exist.
+    pub(crate) fn may_have_record(&self) -> bool {
+        self.recorded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Says whether its record may exist: not, for a new download (no data
+    /// file was found), until a record is written. A record left without
+    /// its data file is then left to the cleanup of `tmp/`, and at worst
+    /// names bytes that are hashed again before anything is published.
+    pub(crate) fn set_recorded(&self, recorded: bool) {
+        self.recorded
+            .store(recorded, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Removes its record, if it may exist.
+    pub(crate) fn remove_record(&self) -> io::Result<()> {
+        if !self.may_have_record() {
+            return Ok(());
+        }
+        self.folder.remove_file(&self.meta_name())
     }
 
     /// The data file's metadata, when it is a regular file of the store's
@@ -354,7 +381,7 @@ impl Checkpointer {
         self.meta.ranges = ranges;
         if self.meta.durable_bytes() == 0 || self.meta.validator.is_none() {
             // Nothing that could be resumed.
-            return match self.paths.folder.remove_file(&self.paths.meta_name()) {
+            return match self.paths.remove_record() {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             };
@@ -391,6 +418,7 @@ impl Checkpointer {
         let name = self.paths.meta_name();
         let prefix = format!("{name}.tmp.");
         let durability = crate::store::atomic::Durability::Data;
+        self.paths.set_recorded(true);
         self.paths.folder.replace(&name, &prefix, bytes, durability)
     }
 

@@ -253,6 +253,9 @@ pub struct Registry {
     stamps: Arc<LazySub>,
     /// `store-v1/locks`, held open: the registry lock is `registry.lock`.
     locks: Arc<Folder>,
+    /// Takers of the registry lock in this process, in turn (see
+    /// [`Registry::lock`]).
+    in_process: Arc<tokio::sync::Mutex<()>>,
     /// Parsed registrations, shared by every clone.
     cache: Arc<Cache>,
 }
@@ -327,7 +330,9 @@ struct Stamp {
 /// Held while the registry is being changed; released on drop.
 #[derive(Debug)]
 pub struct RegistryLock {
+    /// Released first, then the turn of the next taker in this process.
     _held: crate::store::lockfile::Held,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl Registry {
@@ -340,6 +345,7 @@ impl Registry {
             served: folders.served.clone(),
             stamps: folders.stamps.clone(),
             locks: folders.locks.clone(),
+            in_process: folders.registry_turns.clone(),
             cache: Arc::default(),
         }
     }
@@ -419,8 +425,17 @@ impl Registry {
 
     /// Takes the cross-process registry lock.
     pub async fn lock(&self) -> Result<RegistryLock> {
+        // Takers in this process wait their turn here, woken as soon as the
+        // lock is released, rather than each trying the file lock and
+        // sleeping between tries (thousands of failures recorded at once
+        // would spend their time in those pauses); the file lock then
+        // only waits for other processes.
+        let turn = Arc::clone(&self.in_process).lock_owned().await;
         let file = crate::store::lockfile::lock_in(&self.locks, "registry.lock").await?;
-        Ok(RegistryLock { _held: file })
+        Ok(RegistryLock {
+            _held: file,
+            _turn: turn,
+        })
     }
 
     /// The registration of `gem`, if installed.

@@ -72,13 +72,13 @@ impl Store {
         let Ok(bytes) = serde_json::to_vec(&record) else {
             return;
         };
-        // Best effort: only callers waiting in other processes read it.
-        let _ = self.locks().replace(
-            &Store::failure_name(sha256),
-            &format!(".{sha256}.failed."),
-            &bytes,
-            crate::store::atomic::Durability::Hint,
-        );
+        // Best effort: only callers waiting in other processes read it,
+        // once they hold a lane of the file, so never while it is written
+        // (this caller holds one); a torn record (a crash) does not parse
+        // and counts as none. Written in place: no temporary file.
+        let _ = self
+            .locks()
+            .write_in_place(&Store::failure_name(sha256), &bytes);
     }
 
     /// Forgets the failure of `sha256`. Call with a lane of the file held.

@@ -142,7 +142,25 @@ pub(crate) fn record_stamp(
     stamp: ContentStamp,
     served: Option<Served>,
 ) {
-    let mut record = read(stamps, sha256).unwrap_or_default();
+    record_new_stamp(stamps, sha256, dir, name, stamp, served, false);
+}
+
+/// [`record_stamp`]; `fresh` when `dir` was just made for this file, so
+/// no other name of it can be in a record: none is read first.
+pub(crate) fn record_new_stamp(
+    stamps: &LazySub,
+    sha256: &str,
+    dir: &Folder,
+    name: &str,
+    stamp: ContentStamp,
+    served: Option<Served>,
+    fresh: bool,
+) {
+    let mut record = if fresh {
+        Record::default()
+    } else {
+        read(stamps, sha256).unwrap_or_default()
+    };
     record.files.insert(name.to_string(), stamp);
     // Names whose file is gone say nothing any more.
     record
@@ -151,7 +169,24 @@ pub(crate) fn record_stamp(
     if served.is_some() {
         record.served = served;
     }
-    write(stamps, sha256, &record);
+    if fresh {
+        // Nobody reads it before the file takes its name, and a torn one
+        // only has the file hashed again: written in place.
+        write_in_place(stamps, sha256, &record);
+    } else {
+        write(stamps, sha256, &record);
+    }
+}
+
+/// [`write`] without a temporary file (see [`Folder::write_in_place`]).
+fn write_in_place(stamps: &LazySub, sha256: &str, record: &Record) {
+    let bytes = serde_json::to_vec(record).unwrap_or_default();
+    let written = stamps
+        .get()
+        .and_then(|folder| folder.write_in_place(&record_name(sha256), &bytes));
+    if let Err(e) = written {
+        tracing::warn!(sha256, "the stamp of the stored file is not recorded: {e}");
+    }
 }
 
 fn write(stamps: &LazySub, sha256: &str, record: &Record) {

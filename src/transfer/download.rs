@@ -194,49 +194,96 @@ pub(crate) async fn download_for(
     };
     let outcome = job.run_watched(store, &stop, progress).await;
     let from_cache = matches!(&outcome, Ok(served) if served == SERVED_BY_CACHE);
-    let finish = {
+    let stage = {
         let (store, sha256, size) = (store.clone(), resource.sha256.clone(), resource.size);
         // The lock goes with the work: it is released when the file is
-        // published, even if this caller stops waiting for that.
+        // published (on the thread of its group), even if this caller
+        // stops waiting for that.
         move || {
-            let _lock = lock;
             // Another download of the file published it first: its copy is
             // this one's, and the bytes here are not needed.
             if let Some(path) = store.find(&sha256, &name)? {
                 paths.remove();
-                return Ok(path);
+                return Ok(Err(path));
             }
-            let result = outcome.and_then(|served| {
-                // What served it is recorded before the file is there:
-                // whoever finds it published (another download waiting for
-                // it) finds that too.
-                store
-                    .publish(&paths, &sha256, &name, served.as_str())
-                    .inspect_err(|_| {
-                        if !store.has(&sha256) {
-                            Registry::new(&store).forget_served_by(&sha256);
-                        }
-                    })
+            let transferred = outcome.is_ok();
+            let staged = outcome.and_then(|served| {
+                // What served it is recorded before the file takes its
+                // name: whoever finds it published (another download
+                // waiting for it) finds that too.
+                store.stage(&paths, &sha256, &name, served.as_str())
             });
-            if result.is_err() && paths.kept().is_none() {
-                // Nothing in it can be resumed.
-                paths.remove();
+            let settle = {
+                let (store, paths) = (store.clone(), paths.clone());
+                move |result: &Result<PathBuf>| {
+                    let _lock = lock;
+                    let ended = Ended {
+                        sha256: &sha256,
+                        size,
+                        addresses: &addresses,
+                        transferred,
+                    };
+                    settle(&store, &paths, &ended, result);
+                }
+            };
+            match staged {
+                Ok(staged) => Ok(Ok(staged.then(Box::new(settle)))),
+                Err(e) => {
+                    let result = Err(e);
+                    settle(&result);
+                    result.map(Err)
+                }
             }
-            match &result {
-                Ok(_) => store.clear_failure(&sha256),
-                Err(Error::Cancelled { .. }) => {}
-                Err(e) => store.record_failure(&sha256, size, &addresses, e),
-            }
-            result
         }
     };
-    let result = crate::store::off_runtime(store.root(), finish).await;
-    if let (Ok(path), false) = (&result, from_cache) {
+    let path = match crate::store::off_runtime(store.root(), stage).await? {
+        Err(found) => return Ok(found),
+        // Made durable and named with the other files verified meanwhile.
+        Ok(staged) => store.publish_grouped(staged).await?,
+    };
+    if !from_cache {
         // Verified from its own addresses: the cache may have it too
         // (`[cache] push`), uploaded in the background.
-        fetcher.offer_to_cache(&resource.sha256, resource.size, path);
+        fetcher.offer_to_cache(&resource.sha256, resource.size, &path);
     }
-    result
+    Ok(path)
+}
+
+/// A download that ended, as [`settle`] needs it.
+struct Ended<'a> {
+    sha256: &'a str,
+    size: u64,
+    addresses: &'a [String],
+    /// Whether its bytes all arrived and were verified.
+    transferred: bool,
+}
+
+/// What follows a download's publication (or its failure), with a lane
+/// of the file held: its failure recorded for other processes, or the
+/// last one forgotten, and bytes that can never be resumed removed.
+fn settle(store: &Store, paths: &PartialPaths, ended: &Ended<'_>, result: &Result<PathBuf>) {
+    let Ended {
+        sha256,
+        size,
+        addresses,
+        transferred,
+    } = *ended;
+    if result.is_err() {
+        // A verified file that could not be published: what served it
+        // is not recorded for a file the store does not hold.
+        if transferred && !store.has(sha256) {
+            Registry::new(store).forget_served_by(sha256);
+        }
+        if paths.kept().is_none() {
+            // Nothing in it can be resumed.
+            paths.remove();
+        }
+    }
+    match result {
+        Ok(_) => store.clear_failure(sha256),
+        Err(Error::Cancelled { .. }) => {}
+        Err(e) => store.record_failure(sha256, size, addresses, e),
+    }
 }
 
 /// What [`take_lane`] ends with.

@@ -4,8 +4,9 @@
 //! has local work left: flushing it, naming it, making its folders durable
 //! (`Store::publish`). Its slot goes to the next download meanwhile
 //! ([`Handover::transferred`]), so the network does not wait on the disk,
-//! when a place among the files being published is free: there are as many
-//! places as slots, and a disk slower than the network then slows the
+//! when a place among the files being published is free: there are enough
+//! places for two groups of files made durable together (see
+//! `store::publish`), and a disk slower than the network then slows the
 //! transfers instead of piling up files that wait for it.
 
 use std::sync::Arc;
@@ -59,23 +60,37 @@ pub struct Slots {
     transfers: Arc<Semaphore>,
     places: Arc<Semaphore>,
     parallel: usize,
+    places_n: usize,
+}
+
+/// Places among the files being published for `parallel` transfers: as
+/// many, and at least two groups' worth (see `store::publish`), so that
+/// one group fills while the one before it is made durable.
+pub fn publishing_places(parallel: usize) -> usize {
+    parallel.max(2 * crate::store::GROUP_FILES)
 }
 
 impl Slots {
-    /// `parallel` transfers (at least one) and as many places.
+    /// `parallel` transfers (at least one) and [`publishing_places`] places.
     pub fn new(parallel: usize) -> Slots {
-        let parallel = parallel.max(1);
+        Slots::with_places(parallel, publishing_places(parallel))
+    }
+
+    /// `parallel` transfers and `places` places (each at least one).
+    pub fn with_places(parallel: usize, places: usize) -> Slots {
+        let (parallel, places) = (parallel.max(1), places.max(1));
         Slots {
             transfers: Arc::new(Semaphore::new(parallel)),
-            places: Arc::new(Semaphore::new(parallel)),
+            places: Arc::new(Semaphore::new(places)),
             parallel,
+            places_n: places,
         }
     }
 
     /// How many downloads to run at once: every transfer, and every file
     /// being published without a slot.
     pub fn jobs(&self) -> usize {
-        2 * self.parallel
+        self.parallel + self.places_n
     }
 
     /// Waits for a transfer's slot (first come, first served).
@@ -105,7 +120,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_goes_to_the_next_download_once_the_bytes_are_in_while_places_are_free() {
-        let slots = Slots::new(1);
+        let slots = Slots::with_places(1, 1);
         assert_eq!(slots.jobs(), 2);
         let mut first = slots.take().await;
         assert!(free(&slots).await.is_none(), "one transfer at a time");
@@ -126,7 +141,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_download_that_ends_without_its_bytes_gives_its_slot_back_when_it_ends() {
-        let slots = Slots::new(1);
+        let slots = Slots::with_places(1, 1);
         let failed = slots.take().await;
         assert!(free(&slots).await.is_none());
         drop(failed);

@@ -73,8 +73,7 @@ pub(crate) struct Scheduler {
     /// Download slots: global, and per host (of the resource's `url`).
     slots: Arc<Limiter>,
     /// Places for files whose bytes are in, being made durable and named,
-    /// that gave their download slot back (as many as there are slots; see
-    /// `transfer::slots`).
+    /// that gave their download slot back (see `transfer::slots`).
     publishing: Arc<Semaphore>,
     /// Jobs by SHA-256.
     jobs: Mutex<HashMap<String, Job>>,
@@ -95,7 +94,9 @@ impl Scheduler {
         Scheduler {
             deps,
             slots: Limiter::new(global, per_host),
-            publishing: Arc::new(Semaphore::new(global)),
+            publishing: Arc::new(Semaphore::new(crate::transfer::slots::publishing_places(
+                global,
+            ))),
             jobs: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             tracker: TaskTracker::new(),
