@@ -100,36 +100,7 @@ pub(crate) async fn download_for(
     cancel: Option<&CancellationToken>,
 ) -> Result<PathBuf> {
     let name = resource.file_name();
-    let nothing = match store.find_unchanged_or_nothing(&resource.sha256, &name)? {
-        Ok(path) => return Ok(path),
-        Err(nothing) => nothing,
-    };
-    // A store this user may only read cannot take a download; say so
-    // before a lock file fails. In the same trip off the runtime: the file
-    // linked or copied from another name, or hashed again when it changed.
-    // With nothing of the file stored and the store found writable a moment
-    // ago (many downloads starting together), there is no trip to make.
-    let found = if nothing && store.known_writable() {
-        None
-    } else {
-        let what = match gem {
-            Some(gem) => format!("{gem}/{} ({name})", resource.id),
-            None => format!("{} ({name})", resource.id),
-        };
-        crate::store::off_runtime(store.root(), {
-            let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.clone());
-            move || {
-                if !nothing {
-                    if let Some(path) = store.find(&sha256, &name)? {
-                        return Ok(Some(path));
-                    }
-                }
-                store.check_writable(&what).map(|()| None)
-            }
-        })
-        .await?
-    };
-    if let Some(path) = found {
+    if let Some(path) = stored_or_writable(gem, store, resource, &name).await? {
         return Ok(path);
     }
     let addresses: Vec<String> = resource.addresses().map(|a| a.to_string()).collect();
@@ -247,6 +218,44 @@ pub(crate) async fn download_for(
         fetcher.offer_to_cache(&resource.sha256, resource.size, &path);
     }
     Ok(path)
+}
+
+/// The file when the store has it (under this name, or another one linked
+/// or copied here), or `None` once the store is known to take a download.
+async fn stored_or_writable(
+    gem: Option<&str>,
+    store: &Store,
+    resource: &Resource,
+    name: &str,
+) -> Result<Option<PathBuf>> {
+    let nothing = match store.find_unchanged_or_nothing(&resource.sha256, name)? {
+        Ok(path) => return Ok(Some(path)),
+        Err(nothing) => nothing,
+    };
+    // A store this user may only read cannot take a download; say so
+    // before a lock file fails. In the same trip off the runtime: the file
+    // linked or copied from another name, or hashed again when it changed.
+    // With nothing of the file stored and the store found writable a moment
+    // ago (many downloads starting together), there is no trip to make.
+    if nothing && store.known_writable() {
+        return Ok(None);
+    }
+    let what = match gem {
+        Some(gem) => format!("{gem}/{} ({name})", resource.id),
+        None => format!("{} ({name})", resource.id),
+    };
+    crate::store::off_runtime(store.root(), {
+        let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.to_string());
+        move || {
+            if !nothing {
+                if let Some(path) = store.find(&sha256, &name)? {
+                    return Ok(Some(path));
+                }
+            }
+            store.check_writable(&what).map(|()| None)
+        }
+    })
+    .await
 }
 
 /// A download that ended, as [`settle`] needs it.
