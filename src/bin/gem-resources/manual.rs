@@ -88,7 +88,23 @@ pub fn page() -> std::io::Result<Vec<u8>> {
             Level::Page,
         ))?));
     }
-    Ok(out)
+    Ok(ascii_roff(&out))
+}
+
+/// The page with every character past ASCII written as roff's escape for
+/// it (`→` as `\[u2192]`): groff reads its input as Latin-1, where UTF-8's
+/// bytes are other characters or none.
+fn ascii_roff(page: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(page);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\[u{:04X}]", u32::from(c)));
+        }
+    }
+    out.into_bytes()
 }
 
 /// One subcommand's part of the page: `.SS gem-resources NAME`, its
