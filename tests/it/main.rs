@@ -92,8 +92,8 @@ mod smoke;
 #[cfg(unix)]
 mod soak;
 mod squatting;
-#[cfg(unix)]
 mod status_rows;
+#[cfg(unix)]
 mod store_trust;
 mod tls_trust;
 mod true_progress;
