@@ -261,6 +261,26 @@ export interface Autofilled {
   final_url?: string;
 }
 
+/** How far an `autofill` call has read one resource (its `onProgress`). */
+export interface AutofillProgress {
+  event: 'autofill_progress';
+  /** The resource id (for one address, the last part of its path). */
+  resource: string;
+  /** The address being read (the url or a mirror, as declared). */
+  address: string;
+  /** Bytes read so far from that address. */
+  bytes: number;
+  /** Its size once the server announced it, else null. */
+  size: number | null;
+  /** The resource is read (its values are in the answer) or failed at every address. */
+  done: boolean;
+}
+
+/** `autofill`'s options: `onProgress` is called as it reads (at most every 100 ms per resource, plus each address's first and the last). */
+export interface AutofillOptions extends CallOptions {
+  onProgress?: (progress: AutofillProgress) => void;
+}
+
 /** How one address of a resource answered when every address was read. */
 export interface AddressReport {
   /** `url`, `mirror 1`, `mirror 2`, … */
@@ -471,8 +491,8 @@ export class Client {
   downloadNow(gem: string, id: string): Promise<Changed>;
   cancel(gem: string, id: string): Promise<Changed>;
   retry(gem: string, id: string): Promise<Changed>;
-  autofill(url: string, options?: CallOptions): Promise<Autofilled>;
-  autofillManifest(manifest: Manifest, options?: { all?: boolean; urlOnly?: boolean; signal?: AbortSignal }): Promise<AutofilledManifest>;
+  autofill(url: string, options?: AutofillOptions): Promise<Autofilled>;
+  autofillManifest(manifest: Manifest, options?: AutofillOptions & { all?: boolean; urlOnly?: boolean }): Promise<AutofilledManifest>;
   policy(): Promise<Policy>;
   setPolicy(policy: Policy): Promise<PolicyChange>;
   subscribe(options?: { gem?: string }): Promise<Subscription>;

@@ -294,8 +294,17 @@ export class Client extends EventEmitter {
    * `onProgress` cancels the call, which rejects with it.
    */
   path(gem, id, { signal, onProgress } = {}) {
-    if (onProgress === undefined) return this.request('path', { gem, id }, { signal });
-    if (typeof onProgress !== 'function') throw new TypeError('path(): onProgress must be a function');
+    return this.withProgress('path', { gem, id }, { signal, onProgress });
+  }
+
+  /**
+   * Sends `method` with `params`; with `onProgress`, under a fresh progress
+   * token whose `$/progress` values it is called with. An exception thrown
+   * by `onProgress` cancels the call, which rejects with it.
+   */
+  withProgress(method, params, { signal, onProgress } = {}) {
+    if (onProgress === undefined) return this.request(method, params, { signal });
+    if (typeof onProgress !== 'function') throw new TypeError(`${method}(): onProgress must be a function`);
     const token = `p${++this.nextToken}`;
     // The call's own controller: the caller's signal, or onProgress throwing, aborts it.
     const controller = new AbortController();
@@ -315,7 +324,7 @@ export class Client extends EventEmitter {
         controller.abort(e);
       }
     });
-    const call = this.request('path', { gem, id, progress: token }, { signal: controller.signal, onSettled });
+    const call = this.request(method, { ...params, progress: token }, { signal: controller.signal, onSettled });
     return call.catch((e) => {
       if (thrown) throw thrown.error;
       throw e;
@@ -360,22 +369,28 @@ export class Client extends EventEmitter {
     return this.request('retry', { gem, id });
   }
 
-  /** `{size, sha256, served_by, final_url}` of a URL, by the download rules; nothing is kept. */
-  autofill(url, { signal } = {}) {
-    return this.request('autofill', { url }, { signal });
+  /**
+   * `{size, sha256, served_by, final_url}` of a URL, by the download rules;
+   * nothing is kept. `onProgress({event: 'autofill_progress', resource,
+   * address, bytes, size, done})` is called as it reads (at most every
+   * 100 ms, plus each address's first and the last).
+   */
+  autofill(url, { signal, onProgress } = {}) {
+    return this.withProgress('autofill', { url }, { signal, onProgress });
   }
 
   /**
    * `{ok, manifest, resources}`: the manifest with `size` and `sha256` filled.
    * Every address of each resource is read and reported in `addresses`
    * (`ok` is false when one failed or served other bytes); `urlOnly` reads
-   * only until an address answers.
+   * only until an address answers. `onProgress` as `autofill`'s, for each
+   * resource (several are read at once; `done` ends each).
    */
-  autofillManifest(manifest, { all, urlOnly, signal } = {}) {
+  autofillManifest(manifest, { all, urlOnly, signal, onProgress } = {}) {
     const params = { manifest };
     if (all !== undefined) params.all = Boolean(all);
     if (urlOnly !== undefined) params.url_only = Boolean(urlOnly);
-    return this.request('autofill', params, { signal });
+    return this.withProgress('autofill', params, { signal, onProgress });
   }
 
   /** `{mode, hosts}`. */

@@ -59,3 +59,45 @@ test('autofill refuses a blocked host, and autofillManifest follows the mirrors'
   assert.equal(blocked.resources[0].primary_cause, 'E_RESOURCE_POLICY', JSON.stringify(blocked.resources[0]));
   assert.equal(ctx.origin.hostRequests('blocked.test'), 0, 'the blocked host got a request');
 });
+
+test('autofill and autofillManifest report how far each resource has been read', { timeout: 30_000 }, async (t) => {
+  const ctx = await Fixture.start(t);
+  const big = ctx.origin.add('big.bin', { size: 1024 * 1024 });
+  const small = ctx.origin.add('small.bin', { size: 1000 });
+  // About 1.3 s for the big file: several reports, each at most every 100 ms.
+  ctx.origin.behave('big.bin', { rate: 800 * 1024 });
+  const client = await ctx.connect();
+
+  const seen = [];
+  const one = await client.autofill(big.url(), { onProgress: (p) => seen.push(p) });
+  assert.equal(one.sha256, big.sha256);
+  assert.ok(seen.length >= 3, JSON.stringify(seen));
+  for (const p of seen) {
+    assert.equal(p.event, 'autofill_progress');
+    assert.equal(p.resource, 'big.bin');
+    assert.equal(p.address, big.url());
+  }
+  const bytes = seen.map((p) => p.bytes);
+  assert.deepEqual([...bytes].sort((a, b) => a - b), bytes, 'bytes never go back');
+  assert.ok(seen.some((p) => !p.done && p.bytes > 0 && p.bytes < big.size), JSON.stringify(seen));
+  assert.ok(seen.some((p) => !p.done && p.size === big.size), 'the announced size is told before the end');
+  assert.deepEqual(seen.at(-1), { event: 'autofill_progress', resource: 'big.bin', address: big.url(), bytes: big.size, size: big.size, done: true });
+  assert.equal(seen.filter((p) => p.done).length, 1);
+
+  // A manifest: each resource reports, and each ends with done (a failed one too).
+  ctx.origin.behave('small.bin', { status: 404 });
+  const manifest = ctx.manifest('notes', [
+    { id: 'big', url: big.url(), required: false },
+    { id: 'gone', url: small.url(), required: false },
+  ]);
+  const reports = [];
+  const filled = await client.autofillManifest(manifest, { onProgress: (p) => reports.push(p) });
+  assert.equal(filled.resources[0].sha256, big.sha256);
+  const done = reports.filter((p) => p.done);
+  assert.deepEqual(done.map((p) => p.resource).sort(), ['big', 'gone'], JSON.stringify(reports));
+  assert.deepEqual(done.find((p) => p.resource === 'gone'), { event: 'autofill_progress', resource: 'gone', address: small.url(), bytes: 0, size: null, done: true });
+  assert.ok(reports.some((p) => p.resource === 'big' && !p.done && p.bytes > 0 && p.bytes < big.size), JSON.stringify(reports));
+
+  // Without onProgress nothing is sent for the call.
+  assert.equal((await client.autofill(small.url()).catch((e) => e)).primaryCause, 'E_RESOURCE_HTTP');
+});

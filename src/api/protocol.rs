@@ -351,6 +351,11 @@ pub struct AutofillParams {
     /// without checking the mirrors.
     #[serde(default)]
     pub url_only: bool,
+    /// A token (a string or a number, as an `id`) under which the call's
+    /// progress comes as `$/progress` notifications, each value an
+    /// [`crate::service::autofill::AutofillProgress`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
 }
 
 /// `unsubscribe`'s params.

@@ -251,16 +251,125 @@ pub struct AutofillReport {
     pub resources: Vec<FilledResource>,
 }
 
-/// A reporter that reports nothing (the service's events are for files).
-struct Quiet;
-impl Reporter for Quiet {
-    fn bytes(&mut self, _total: u64) {}
+/// How far an auto-fill has read one resource: the `$/progress` value of
+/// an `autofill` call given a progress token, and what an
+/// [`AutofillObserver`] is handed. At most one every 100 ms per resource,
+/// plus the first of each address and the last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename = "autofill_progress")]
+#[non_exhaustive]
+pub struct AutofillProgress {
+    /// The resource id (for one address, the last part of its path).
+    pub resource: String,
+    /// The address being read (the url or a mirror, as declared).
+    pub address: String,
+    /// Bytes read so far from that address.
+    pub bytes: u64,
+    /// Its size, once the server has announced it; `null` before.
+    pub size: Option<u64>,
+    /// Whether the resource is done: read (its values are in the answer)
+    /// or failed at every address.
+    pub done: bool,
+}
+
+/// What an auto-fill calls as it reads: see [`AutofillProgress`].
+pub type AutofillObserver = std::sync::Arc<dyn Fn(AutofillProgress) + Send + Sync>;
+
+/// The shortest time between two reports of one resource's bytes.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A reporter that hands an [`AutofillObserver`] its resource's progress,
+/// or reports nothing (the service's events are for files).
+struct Observed<'a> {
+    observer: Option<&'a AutofillObserver>,
+    last: AutofillProgress,
+    sent: Option<std::time::Instant>,
+}
+
+impl<'a> Observed<'a> {
+    fn new(observer: Option<&'a AutofillObserver>, resource: &str) -> Self {
+        Observed {
+            observer,
+            last: AutofillProgress {
+                resource: resource.to_string(),
+                address: String::new(),
+                bytes: 0,
+                size: None,
+                done: false,
+            },
+            sent: None,
+        }
+    }
+
+    fn send(&mut self) {
+        if let Some(observer) = self.observer {
+            self.sent = Some(std::time::Instant::now());
+            observer(self.last.clone());
+        }
+    }
+}
+
+/// A resource's last report to `observer`: what was read, or that it
+/// failed at every address (the first named).
+fn finished(
+    observer: Option<&AutofillObserver>,
+    resource: &str,
+    addresses: &[Url],
+    filled: Option<&Filled>,
+) {
+    let Some(observer) = observer else {
+        return;
+    };
+    let (address, size) = match filled {
+        Some(f) => (f.address.to_string(), Some(f.transfer.size)),
+        None => (
+            addresses.first().map(Url::to_string).unwrap_or_default(),
+            None,
+        ),
+    };
+    observer(AutofillProgress {
+        resource: resource.to_string(),
+        address,
+        bytes: size.unwrap_or(0),
+        size,
+        done: true,
+    });
+}
+
+impl Reporter for Observed<'_> {
+    fn trying(&mut self, address: &Url) {
+        self.last.address = address.to_string();
+        self.last.bytes = 0;
+        self.last.size = None;
+        self.send();
+    }
+
+    fn length(&mut self, total: u64) {
+        self.last.size = Some(total);
+    }
+
+    fn bytes(&mut self, total: u64) {
+        self.last.bytes = total;
+        if self.sent.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+            self.send();
+        }
+    }
 }
 
 impl Resources {
     /// The size and SHA-256 of the file at `url`, read by the download
     /// rules under the service's live policy. Nothing is kept.
     pub async fn autofill(&self, url: &Url) -> Result<Autofilled> {
+        self.autofill_observed(url, None).await
+    }
+
+    /// [`Resources::autofill`], handing `observer` how far it has read
+    /// ([`AutofillProgress`]).
+    pub async fn autofill_observed(
+        &self,
+        url: &Url,
+        observer: Option<AutofillObserver>,
+    ) -> Result<Autofilled> {
         let this = self.clone();
         let url = url.clone();
         let label = url
@@ -269,7 +378,14 @@ impl Resources {
             .unwrap_or("file")
             .to_string();
         let filled = self
-            .on_runtime(async move { this.autofill_here(&label, std::slice::from_ref(&url)).await })
+            .on_runtime(async move {
+                let addresses = std::slice::from_ref(&url);
+                let filled = this
+                    .autofill_here(&label, addresses, observer.as_ref())
+                    .await;
+                finished(observer.as_ref(), &label, addresses, filled.as_ref().ok());
+                filled
+            })
             .await?;
         Ok(Autofilled {
             size: filled.transfer.size,
@@ -279,7 +395,12 @@ impl Resources {
         })
     }
 
-    async fn autofill_here(&self, label: &str, addresses: &[Url]) -> Result<Filled> {
+    async fn autofill_here(
+        &self,
+        label: &str,
+        addresses: &[Url],
+        observer: Option<&AutofillObserver>,
+    ) -> Result<Filled> {
         self.follow_policy_record();
         let deps = self.inner.scheduler.deps();
         autofill_addresses(
@@ -288,7 +409,7 @@ impl Resources {
             addresses,
             self.inner.autofill_max_bytes,
             deps.retry,
-            &mut Quiet,
+            &mut Observed::new(observer, label),
             Some(&self.inner.scheduler.stopping()),
         )
         .await
@@ -315,6 +436,19 @@ impl Resources {
         all: bool,
         url_only: bool,
     ) -> Result<AutofillReport> {
+        self.autofill_manifest_observed(manifest, all, url_only, None)
+            .await
+    }
+
+    /// [`Resources::autofill_manifest_with`], handing `observer` how far
+    /// each resource has been read ([`AutofillProgress`]).
+    pub async fn autofill_manifest_observed(
+        &self,
+        manifest: &[u8],
+        all: bool,
+        url_only: bool,
+        observer: Option<AutofillObserver>,
+    ) -> Result<AutofillReport> {
         let entries = parse_unfilled(manifest)?;
         let text = String::from_utf8(manifest.to_vec())
             .map_err(|_| Error::Invalid("the manifest is not UTF-8".into()))?;
@@ -326,18 +460,20 @@ impl Resources {
         let this = self.clone();
         let one = move |entry: Unfilled| {
             let this = this.clone();
+            let observer = observer.clone();
             async move {
                 let addresses: Vec<Url> = entry.resource.addresses().cloned().collect();
                 let id = entry.resource.id.clone();
                 let work = {
-                    let this = this.clone();
+                    let (this, observer) = (this.clone(), observer.clone());
                     async move {
                         if url_only {
-                            return Ok((this.autofill_here(&id, &addresses).await, Vec::new()));
+                            let filled = this.autofill_here(&id, &addresses, observer.as_ref());
+                            return Ok((filled.await, Vec::new()));
                         }
                         let read = |_, address: Url| {
-                            let (this, id) = (this.clone(), id.clone());
-                            async move { this.autofill_here(&id, &[address]).await }
+                            let (this, id, observer) = (this.clone(), id.clone(), observer.clone());
+                            async move { this.autofill_here(&id, &[address], observer.as_ref()).await }
                         };
                         Ok(check_every_address(&id, &addresses, read).await)
                     }
@@ -346,6 +482,11 @@ impl Resources {
                     Ok(done) => done,
                     Err(e) => (Err(e), Vec::new()),
                 };
+                if observer.is_some() {
+                    let addresses: Vec<Url> = entry.resource.addresses().cloned().collect();
+                    let filled = outcome.as_ref().ok();
+                    finished(observer.as_ref(), &entry.resource.id, &addresses, filled);
+                }
                 let outcome = outcome.and_then(|f| {
                     let changed = Changed::of(&entry, &f);
                     if all && !changed.is_empty() {

@@ -36,6 +36,7 @@ pub async fn autofill_addresses(
 ) -> Result<Filled> {
     let mut attempts = Vec::new();
     for (index, address) in addresses.iter().enumerate() {
+        progress.trying(address);
         match one_address(fetcher, address, max_bytes, retry, progress, cancel).await {
             Ok(transfer) => {
                 return Ok(Filled {

@@ -21,6 +21,7 @@ use crate::api::protocol::{
 };
 use crate::error::{Error, Result};
 use crate::net::policy::Policy;
+use crate::service::autofill::{AutofillObserver, AutofillProgress};
 use crate::service::Resources;
 
 /// The answer to an `autofill` cancelled before its end.
@@ -171,19 +172,7 @@ pub(super) async fn dispatch(
             Err(e) => Err(e),
         },
         "path" => match required::<ResourceParams>(p) {
-            Ok(r)
-                if r.progress
-                    .as_ref()
-                    .is_some_and(|t| !valid_id(t) || t.is_null()) =>
-            {
-                Err(RpcError::usage(
-                    protocol::INVALID_PARAMS,
-                    format!(
-                        "params.progress: a token is a string of at most {} characters or a number",
-                        protocol::MAX_ID_CHARS
-                    ),
-                ))
-            }
+            Ok(r) if !valid_token(r.progress.as_ref()) => Err(invalid_token()),
             Ok(r) => {
                 // The call's own events, from before it starts until it ends.
                 let reporting = r
@@ -230,10 +219,11 @@ pub(super) async fn dispatch(
             Err(e) => Err(e),
         },
         "autofill" => match params::<AutofillParams>(p) {
+            Ok(a) if !valid_token(a.progress.as_ref()) => Err(invalid_token()),
             Ok(a) => tokio::select! {
                 biased;
                 () = cancel.cancelled() => Err(cancelled_autofill()),
-                outcome = autofill(service, a) => outcome,
+                outcome = autofill(service, conn, a) => outcome,
             },
             Err(e) => Err(e),
         },
@@ -370,23 +360,54 @@ pub(super) async fn uninstall(service: &Resources, gem: &str) -> Result<Uninstal
     })
 }
 
+/// Whether a call's `progress` token, if any, is one (a string of at
+/// most [`protocol::MAX_ID_CHARS`] characters or a number).
+fn valid_token(token: Option<&Value>) -> bool {
+    token.is_none_or(|t| valid_id(t) && !t.is_null())
+}
+
+/// The answer to a call whose `progress` is not a token.
+fn invalid_token() -> RpcError {
+    RpcError::usage(
+        protocol::INVALID_PARAMS,
+        format!(
+            "params.progress: a token is a string of at most {} characters or a number",
+            protocol::MAX_ID_CHARS
+        ),
+    )
+}
+
+/// An `autofill` call's progress as `$/progress` notifications under its
+/// token, best effort, as `path`'s events.
+fn autofill_observer(conn: &Arc<Connection>, token: Value) -> AutofillObserver {
+    let conn = conn.clone();
+    Arc::new(move |progress: AutofillProgress| {
+        if let Ok(value) = serde_json::to_value(&progress) {
+            let params = json!({ "token": token, "value": value });
+            conn.try_send_line(line(&notification("$/progress", params)));
+        }
+    })
+}
+
 pub(super) async fn autofill(
     service: &Resources,
+    conn: &Arc<Connection>,
     params: AutofillParams,
 ) -> std::result::Result<Value, RpcError> {
+    let observer = params.progress.map(|token| autofill_observer(conn, token));
     match (params.url, params.manifest) {
         (Some(url), None) => {
             let url = url::Url::parse(&url)
                 .map_err(|e| Error::Usage(format!("not a valid URL: {url:?}: {e}")));
             match url {
-                Ok(url) => ok(service.autofill(&url).await),
+                Ok(url) => ok(service.autofill_observed(&url, observer).await),
                 Err(e) => Err(RpcError::of(&e)),
             }
         }
         (None, Some(manifest)) => {
             let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
             ok(service
-                .autofill_manifest_with(&bytes, params.all, params.url_only)
+                .autofill_manifest_observed(&bytes, params.all, params.url_only, observer)
                 .await)
         }
         _ => Err(RpcError::usage(
