@@ -159,6 +159,23 @@ export function watchGem(
   options?: { retryDelaysMs?: number[] },
 ): Watch;
 
+/** What a host sends over its bridge for one gem's feed (see `bridgeSource`). */
+export type BridgeMessage =
+  | { status: Status | GemStatus[] | GemStatus }
+  | { event: Event }
+  | { lagged: number | null }
+  | { error: { code?: string; message?: string } };
+
+/**
+ * A source over a host's own bridge (Tauri, WebView2, WKWebView):
+ * `open(gem, onMessage)` starts the host's feed of `gem` and returns what
+ * stops it. The host sends `{status}` first, then `{event}`s, `{lagged}`
+ * when it fell behind, `{error}` to end.
+ */
+export function bridgeSource(
+  open: (gem: string, onMessage: (message: BridgeMessage) => void) => (() => void) | Promise<() => void>,
+): GemSource;
+
 export function describeError(error: { code?: ErrorCode; primary_cause?: ErrorCode; message?: string; attempts?: { code: ErrorCode; reason: string }[] }): RowError;
 export function stateText(row: Omit<Row, 'text'>, now?: number): string;
 /** How long a download's time left reads `--` after it starts or resumes (ms). */

@@ -702,3 +702,91 @@ function closeQuietly(sub) {
     // already closed
   }
 }
+
+/**
+ * A `watchGem` source over a host's own bridge, for a web view that is not
+ * Electron's (Tauri, WebView2, WKWebView): `open(gem, onMessage)` asks the
+ * host to feed `gem` and returns a function (or a promise of one) that
+ * stops the feed. The host sends, as plain data, `{status}` first (its
+ * `status(gem)`, taken after it subscribed), then `{event}` for each of
+ * the gem's events, and `{lagged: missed}` when it fell behind (the page
+ * then subscribes again); `{error: {code, message}}` ends the feed.
+ * `examples/page_host.rs` is such a host.
+ */
+export function bridgeSource(open) {
+  if (typeof open !== 'function') throw new TypeError('bridgeSource needs open(gem, onMessage)');
+  return {
+    async subscribe({ gem }) {
+      const queue = [];
+      let wake = null;
+      let ended = null;
+      let stop = null;
+      let closed = false;
+      let gotStatus;
+      const first = new Promise((resolve, reject) => {
+        gotStatus = { resolve, reject };
+      });
+      const push = (item) => {
+        queue.push(item);
+        if (wake) wake();
+      };
+      const onMessage = (message) => {
+        if (closed || !message || typeof message !== 'object') return;
+        if ('status' in message && gotStatus) {
+          gotStatus.resolve(message.status);
+          gotStatus = null;
+        } else if (message.event) push({ event: message.event });
+        else if ('lagged' in message) push({ error: Object.assign(new Error('the feed fell behind'), { code: LAGGED, missed: message.lagged }) });
+        else if (message.error) {
+          const error = Object.assign(new Error(message.error.message ?? 'the feed ended'), { code: message.error.code ?? 'E_RESOURCE_SERVICE' });
+          if (gotStatus) gotStatus.reject(error);
+          push({ error });
+        }
+      };
+      stop = await open(gem, onMessage);
+      const close = () => {
+        if (closed) return;
+        closed = true;
+        ended = { done: true, value: undefined };
+        if (typeof stop === 'function') stop();
+        if (wake) wake();
+      };
+      let status;
+      try {
+        status = await first;
+      } catch (e) {
+        close();
+        throw e;
+      }
+      const next = async () => {
+        for (;;) {
+          const item = queue.shift();
+          if (item?.error) {
+            close();
+            throw item.error;
+          }
+          if (item) return { done: false, value: item.event };
+          if (ended) return ended;
+          await new Promise((resolve) => {
+            wake = () => {
+              wake = null;
+              resolve();
+            };
+          });
+        }
+      };
+      return {
+        status,
+        next,
+        close,
+        return: async () => {
+          close();
+          return { done: true, value: undefined };
+        },
+        [Symbol.asyncIterator]() {
+          return this;
+        },
+      };
+    },
+  };
+}
