@@ -182,6 +182,8 @@ export function stateText(row: Omit<Row, 'text'>, now?: number): string;
 export const ETA_AFTER_MS: number;
 /** Whether a row's time left still reads `--` at `now` (ms). */
 export function etaHeld(row: Omit<Row, 'text'>, now?: number): boolean;
+/** `18:31` (`18:31:05` with seconds): a time of day as the page writes every one (local time, 24 hours). */
+export function timeOfDay(when: Date | string, options?: { seconds?: boolean }): string;
 /** `at 07:38`, `tomorrow at 07:38`, `on 2026-12-08 at 07:38` (local time). */
 export function formatClock(iso: string, now?: Date): string;
 /** `34.0 MiB of 200.0 MiB kept; tries again at 07:38`, or ''. */

@@ -71,13 +71,21 @@ export function formatClock(iso, now = new Date()) {
   const when = new Date(iso);
   if (Number.isNaN(when.getTime())) return '';
   const pad = (n) => String(n).padStart(2, '0');
-  const clock = `${pad(when.getHours())}:${pad(when.getMinutes())}`;
+  const clock = timeOfDay(when);
   const day = (d) => `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
   const tomorrow = new Date(now);
   tomorrow.setDate(tomorrow.getDate() + 1);
   if (day(when) === day(now)) return `at ${clock}`;
   if (day(when) === day(tomorrow)) return `tomorrow at ${clock}`;
   return `on ${day(when)} at ${clock}`;
+}
+
+/** `18:31:05`: a time of day as the page writes every one (local time, 24 hours), or '' for no time. */
+export function timeOfDay(when, { seconds = false } = {}) {
+  const d = when instanceof Date ? when : new Date(when);
+  if (Number.isNaN(d.getTime())) return '';
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}${seconds ? `:${pad(d.getSeconds())}` : ''}`;
 }
 
 /**

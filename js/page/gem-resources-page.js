@@ -15,7 +15,7 @@
 // written out in words (colour only repeats it). When the element is
 // narrower than 600 px the cells stack, so the page reads at 320 px.
 
-import { ETA_AFTER_MS, afterFailure, etaHeld, formatBytes, stateText, watchGem } from '../model.js';
+import { ETA_AFTER_MS, afterFailure, etaHeld, formatBytes, stateText, timeOfDay, watchGem } from '../model.js';
 
 /** How long a download shows `--` for its time left after it starts or resumes (ms): the model's rule. */
 export { ETA_AFTER_MS };
@@ -536,7 +536,7 @@ export class GemResourcesPage extends HTMLElement {
             {},
             el('summary', {}, 'Details'),
             el('p', { class: 'reason' }, c.error?.message ?? 'no reason given'),
-            el('p', { class: 'code' }, `Code: ${c.error?.code ?? 'E_RESOURCE_SERVICE'}. Since ${since.toLocaleTimeString()}.`),
+            el('p', { class: 'code' }, `Code: ${c.error?.code ?? 'E_RESOURCE_SERVICE'}. Since ${timeOfDay(since, { seconds: true })}.`),
           ),
         );
       }
@@ -547,7 +547,7 @@ export class GemResourcesPage extends HTMLElement {
     }
     let text = c.state === 'connecting' && !c.error ? 'Connecting to the service…' : '';
     if (model.policy) {
-      const at = model.policy.at ? ` at ${new Date(model.policy.at).toLocaleTimeString()}` : '';
+      const at = model.policy.at ? ` at ${timeOfDay(model.policy.at, { seconds: true })}` : '';
       const n = model.policy.hosts;
       const list = model.policy.mode === 'allowlist' ? `only ${n} permitted host pattern${n === 1 ? '' : 's'}` : `${n} blocked host pattern${n === 1 ? '' : 's'}`;
       text = `${text} The network policy changed${at}: ${model.policy.mode}, ${list}.`.trim();

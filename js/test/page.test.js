@@ -157,8 +157,8 @@ const READ_PAGE = `(() => {
       const p = tr.querySelector('progress');
       const th = tr.querySelector('th');
       const cell = (c) => text(tr.querySelector('td.' + c));
-      // What a screen reader reads: without the aria-hidden marks.
-      const spoken = (n) => { const copy = n.cloneNode(true); copy.querySelectorAll('[aria-hidden="true"]').forEach((h) => h.remove()); return text(copy); };
+      // What a screen reader reads of the state: without the aria-hidden marks, and the buttons apart.
+      const spoken = (n) => { const copy = n.cloneNode(true); copy.querySelectorAll('[aria-hidden="true"], button').forEach((h) => h.remove()); return text(copy); };
       return {
         id: tr.dataset.id,
         state: tr.dataset.state,
@@ -169,6 +169,7 @@ const READ_PAGE = `(() => {
         when: cell('when'),
         status: spoken(tr.querySelector('td.state')),
         mark: text(tr.querySelector('td.state .mark')),
+        buttons: [...tr.querySelectorAll('button')].map(text),
         progress: p ? { value: p.hasAttribute('value') ? p.value : null, max: p.max, label: p.getAttribute('aria-label') } : null,
       };
     }),
@@ -203,7 +204,8 @@ test('<gem-resources-page> in headless Chromium through the relay: rows, live pr
     ctx.resource(fonts, { id: 'fonts', required: true, host: 'blocked.test', description: 'Extra fonts' }),
   ], client);
 
-  const relay = await startRelay({ source: client, gem: 'notes' });
+  // With the page's actions, as an app that lets its user act.
+  const relay = await startRelay({ source: client, gem: 'notes', actions: true });
   t.after(() => relay.close());
   const browser = await Chromium.launch(t, chromium);
   const page = await browser.newPage({ width: 800, height: 600 });
@@ -244,6 +246,8 @@ test('<gem-resources-page> in headless Chromium through the relay: rows, live pr
   const lazy = (await page.evaluate(READ_PAGE)).rows.find((r) => r.id === 'voices');
   assert.equal(lazy.state, 'missing');
   assert.equal(lazy.status, 'Not downloaded: downloads when first used');
+  assert.deepEqual(lazy.buttons, ['Download now'], 'a lazy file can be fetched now');
+  assert.deepEqual(dictDone.buttons, [], 'a verified file has nothing to do');
   assert.equal(ctx.origin.requestCount('voices.tar'), 0);
 
   // The app blocks the fonts' host mid-download: the row says so in words.
@@ -258,7 +262,8 @@ test('<gem-resources-page> in headless Chromium through the relay: rows, live pr
     /^Failed: Blocked by the network policy — host blocked\.test is not permitted by the network policy \(blocklist mode\)\. (?:[\d.]+ (?:B|KiB|MiB) of 2\.0 MiB kept; tries|Tries) again (?:at|tomorrow at) \d\d:\d\d\. Code: E_RESOURCE_UNAVAILABLE, caused by E_RESOURCE_POLICY$/,
   );
   assert.equal(blocked.r.progress, null);
-  assert.match(blocked.v.notice, /^The network policy changed at .+: blocklist, 1 blocked host pattern\.$/);
+  assert.deepEqual(blocked.r.buttons, ['Retry'], 'a failed file can be tried again');
+  assert.match(blocked.v.notice, /^The network policy changed at \d{2}:\d{2}:\d{2}: blocklist, 1 blocked host pattern\.$/);
   assert.match(blocked.v.summary, /^1 of 4 files ready, 1 downloading, 1 blocked by the network policy \(11\.2 MiB in all\)\.$/);
 
   // What a screenshot shows: every row's state in text, no horizontal overflow.
