@@ -297,7 +297,7 @@ impl Client {
             None => Ok(rx.await),
             Some(limit) => tokio::time::timeout(limit, rx).await,
         };
-        self.answer(method, id, answered, limit)
+        self.answer(method, id, answered, limit, false)
     }
 
     /// [`Client::call`] of a call that waits for a transfer (`path`,
@@ -322,7 +322,13 @@ impl Client {
                 tokio::time::timeout(CONNECT_TIMEOUT, rx).await
             }
         };
-        self.answer(method, id, answered, Some(CONNECT_TIMEOUT))
+        self.answer(
+            method,
+            id,
+            answered,
+            Some(CONNECT_TIMEOUT),
+            cancel.is_cancelled(),
+        )
     }
 
     /// Sends a request for `method`; its id and where its answer comes.
@@ -350,7 +356,8 @@ impl Client {
         writer.write_all(text.as_bytes()).await
     }
 
-    /// The answer to call `id` of `method`, as `T`.
+    /// The answer to call `id` of `method`, as `T`; `cancelled_here`: this
+    /// client cancelled it (`$/cancelRequest`).
     fn answer<T: DeserializeOwned>(
         &self,
         method: &str,
@@ -360,6 +367,7 @@ impl Client {
             tokio::time::error::Elapsed,
         >,
         limit: Option<Duration>,
+        cancelled_here: bool,
     ) -> Result<T> {
         let lost = |reason: String| Error::Service {
             socket: self.socket.clone(),
@@ -367,6 +375,15 @@ impl Client {
         };
         let value = match answered {
             Ok(Ok(Ok(value))) => value,
+            // A call this client did not cancel, cancelled by the service:
+            // it is stopping and closing its connections.
+            Ok(Ok(Err(error)))
+                if error.code == crate::api::protocol::REQUEST_CANCELLED && !cancelled_here =>
+            {
+                return Err(lost(format!(
+                    "the service stopped before {method} was answered (the bytes it had are kept for the next try)"
+                )))
+            }
             Ok(Ok(Err(error))) => return Err(error.into_error()),
             Ok(Err(_)) => {
                 return Err(lost(format!(

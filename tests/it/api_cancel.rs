@@ -345,3 +345,37 @@ async fn path_through_the_service_shows_only_its_own_resources_events() {
     );
     api.stop().await;
 }
+
+#[tokio::test]
+async fn a_path_the_service_cut_off_as_it_stopped_is_not_called_cancelled_by_the_client() {
+    let env = Env::new().await;
+    let (url, body) = slow_file(&env, "/cut.bin", 2_000_000, 62);
+    let api = Listening::start(&env);
+    let _app = installed(&api, json!([entry("a", &url, &body)])).await;
+    let store = gem_resources::Store::open(&env.store_dir()).unwrap();
+    let client = gem_resources::api::Client::for_store(&store)
+        .await
+        .expect("a client of the service");
+    let waiting = tokio::spawn(async move { client.path("g", "a").await });
+    wait_until("the download runs", || {
+        env.origin.served("/cut.bin") > 100_000
+    })
+    .await;
+    // The service stops (as `serve` on SIGTERM): its API first.
+    api.stop().await;
+    let error = waiting
+        .await
+        .unwrap()
+        .expect_err("a path cut off by the stop");
+    assert_eq!(
+        error.code(),
+        gem_resources::ErrorCode::Service,
+        "the service stopped; this client cancelled nothing: {error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("stopped before path was answered"),
+        "{error}"
+    );
+}

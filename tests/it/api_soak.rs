@@ -20,7 +20,17 @@
 //!    service, the store's record and fresh processes, and every required
 //!    file then downloads;
 //! 5. every client process exits within its bound, and every call of an
-//!    in-process client is answered within its bound.
+//!    in-process client is answered within its bound;
+//! 6. under attack (`api_soak/attacks.rs`: batches never read, a flood of
+//!    subscriptions, an `autofill` left in the middle, policy changes sent
+//!    in one write), a new client gets in within a second, an abandoned
+//!    `autofill` stops reading, and one connection's changes apply in the
+//!    order sent; the memory bound (3.) holds through them;
+//! 7. a `path` asked again right after one was left in the middle is
+//!    never failed as cancelled.
+//!
+//! `API_SOAK_NO_ATTACKS=1` leaves the attacks out (to compare);
+//! `API_SOAK_DEBUG=1` prints each error an in-process client got.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -44,6 +54,8 @@ use crate::support::*;
 #[allow(dead_code, clippy::duplicate_mod)]
 mod world;
 use world::Rng;
+
+mod attacks;
 
 /// How long the faults last.
 const CHAOS: Duration = Duration::from_secs(25);
@@ -762,6 +774,9 @@ fn tally<T>(shared: &Shared, what: &str, outcome: &gem_resources::Result<T>) -> 
         }
         Err(e) => {
             shared.count(&format!("rust: {what} {}", e.code().as_str()));
+            if std::env::var_os("API_SOAK_DEBUG").is_some() {
+                eprintln!("rust: {what}: {e}");
+            }
             !matches!(e, Error::Service { .. })
         }
     }
@@ -782,6 +797,8 @@ fn flipped(rng: &mut Rng) -> Policy {
 async fn rust_client(shared: Arc<Shared>, store: Store, seed: u64, until: Instant) {
     let mut rng = Rng::new(seed);
     let resources = shared.resources();
+    // The file of a `path` just left in the middle: asked again at once.
+    let mut left: Option<(String, String)> = None;
     while Instant::now() < until {
         let Some(client) = bounded(&shared, "connect", async {
             Ok::<_, Error>(Client::for_store(&store).await)
@@ -794,6 +811,21 @@ async fn rust_client(shared: Arc<Shared>, store: Store, seed: u64, until: Instan
             continue;
         };
         shared.count("rust: connect ok");
+        if let Some((gem, id)) = left.take() {
+            // Retry right after Cancel: never handed the cancelled job.
+            if let Some(outcome) = bounded(&shared, "path", client.path(&gem, &id)).await {
+                shared.count("rust: path right after leaving one");
+                match &outcome {
+                    Err(e) if e.code() == gem_resources::ErrorCode::Cancelled => {
+                        shared.violation(format!(
+                            "a path of {gem}/{id} right after one was left failed as cancelled: {e}"
+                        ));
+                    }
+                    Ok(path) => shared.path_returned("rust", &gem, &id, path),
+                    Err(_) => {}
+                }
+            }
+        }
         for _ in 0..1 + rng.below(8) {
             if Instant::now() >= until {
                 break;
@@ -808,6 +840,7 @@ async fn rust_client(shared: Arc<Shared>, store: Store, seed: u64, until: Instan
                             Ok(outcome) => Some(outcome),
                             Err(_) => {
                                 shared.count("rust: left mid-call");
+                                left = Some((gem.clone(), id.clone()));
                                 break;
                             }
                         },
@@ -954,6 +987,18 @@ impl Soak {
         let began = Instant::now();
         let until = began + CHAOS;
         let clients = self.start_clients(CLI_LOOPS, RUST_CLIENTS, until);
+        let attack_until = if std::env::var_os("API_SOAK_NO_ATTACKS").is_some() {
+            Instant::now()
+        } else {
+            until
+        };
+        let attacker = tokio::spawn(attacks::attacker(
+            Arc::clone(&self.shared),
+            self.store.clone(),
+            self.env.origin.handle(),
+            self.rng.next(),
+            attack_until,
+        ));
         let sigterm = self.rng.below(2);
         let mut restarts = 0;
         let mut next = began + ms(6000 + self.rng.below(4000));
@@ -974,6 +1019,18 @@ impl Soak {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain(nodes, clients).await;
+        if tokio::time::timeout(CALL_BOUND, attacker).await.is_err() {
+            self.shared.violation("the attacker did not end".into());
+        }
+        self.figures.push(format!(
+            "attacks              {} unread batches, {} subscription floods, {} abandoned autofills, {} pipelined policies; a new client got in within {} ms at worst ({} probes)",
+            self.shared.counted("attack: unread batches"),
+            self.shared.counted("attack: subscription flood"),
+            self.shared.counted("attack: abandoned autofill"),
+            self.shared.counted("attack: pipelined policies"),
+            self.shared.counted("attack: slowest get-in (ms)"),
+            self.shared.counted("attack: get-in probes"),
+        ));
         self.figures.push(format!(
             "chaos                {:.1} s of faults, clients drained {:.1} s later",
             CHAOS.as_secs_f64(),

@@ -525,7 +525,16 @@ impl Origin {
     /// A request whose target has a query string is looked up first by its
     /// whole target, then by the part before `?`.
     pub fn route(&self, path: &str, behaviour: Behaviour) {
-        lock(&self.shared.routes).insert(path.to_owned(), Arc::new(behaviour));
+        self.handle().route(path, behaviour);
+    }
+
+    /// A handle on the origin's routes and counters for a task of its own
+    /// (`'static`); it does not keep the origin serving.
+    pub fn handle(&self) -> OriginHandle {
+        OriginHandle {
+            port: self.port(),
+            shared: self.shared.clone(),
+        }
     }
 
     /// Calls `logger` each time an answer of a [`Behaviour::Parts`] route
@@ -543,7 +552,7 @@ impl Origin {
 
     /// How many body bytes were written for `path`, over every response.
     pub fn served(&self, path: &str) -> u64 {
-        lock(&self.shared.served).get(path).copied().unwrap_or(0)
+        self.handle().served(path)
     }
 
     /// How many TCP connections were accepted (before their TLS handshake).
@@ -599,6 +608,30 @@ impl Origin {
     /// lower-cased and values trimmed (the Host header included).
     pub fn last_headers(&self, path: &str) -> Option<Vec<(String, String)>> {
         lock(&self.shared.last_headers).get(path).cloned()
+    }
+}
+
+/// [`Origin::handle`]: its routes and counters, cloned freely.
+#[derive(Clone)]
+pub struct OriginHandle {
+    port: u16,
+    shared: Arc<Shared>,
+}
+
+impl OriginHandle {
+    /// As [`Origin::url`].
+    pub fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.port)
+    }
+
+    /// As [`Origin::route`].
+    pub fn route(&self, path: &str, behaviour: Behaviour) {
+        lock(&self.shared.routes).insert(path.to_owned(), Arc::new(behaviour));
+    }
+
+    /// As [`Origin::served`].
+    pub fn served(&self, path: &str) -> u64 {
+        lock(&self.shared.served).get(path).copied().unwrap_or(0)
     }
 }
 
