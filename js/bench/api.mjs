@@ -33,7 +33,8 @@
 //   subscribers one BENCH_API_MIB download with 0 and with
 //               BENCH_API_SUBSCRIBERS subscribers on the service
 //               (BENCH_API_RUNS interleaved runs): its time and the
-//               service's memory.
+//               service's memory and CPU time; the subscribers live in
+//               processes of js/bench/subscribers.mjs, 200 each.
 //
 // Always: the memory of an idle service with the API open, and the load
 // average at the start and the end (the figures of a busy machine are upper
@@ -59,13 +60,13 @@
 
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
-const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repoRoot = path.resolve(here, '..', '..');
 // The fixture reads GEM_RESOURCES_BIN when loaded (and defaults to the debug
 // build): measure the release build unless told otherwise.
 process.env.GEM_RESOURCES_BIN ??= path.join(repoRoot, 'target', 'release', 'gem-resources');
@@ -110,6 +111,14 @@ function memory(pid) {
   const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
   const kib = (key) => Number(status.match(new RegExp(`${key}:\\s+(\\d+)`))[1]);
   return { rss: kib('VmRSS'), peak: kib('VmHWM') };
+}
+
+/** The CPU time (user + system, seconds) process `pid` has used so far. */
+function cpuSeconds(pid) {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // utime and stime, fields 14 and 15 of the whole line, in clock ticks (100 per second here).
+  return (Number(fields[11]) + Number(fields[12])) / 100;
 }
 
 const loadavg = () => os.loadavg().map((x) => x.toFixed(2)).join(' ');
@@ -162,30 +171,39 @@ function runCli(args) {
   });
 }
 
-/** A bare subscriber that reads (and counts) its events. */
-function subscriber(socket) {
-  return new Promise((resolve, reject) => {
-    const conn = net.createConnection(socket);
-    const state = { conn, events: 0, answered: false };
-    let buffered = '';
-    conn.setEncoding('utf8');
-    conn.on('error', reject);
-    conn.on('connect', () => conn.write('{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{}}\n'));
-    conn.on('data', (chunk) => {
-      buffered += chunk;
-      let at;
-      while ((at = buffered.indexOf('\n')) >= 0) {
-        const line = buffered.slice(0, at);
-        buffered = buffered.slice(at + 1);
-        if (!state.answered && line.includes('"id":1')) {
-          state.answered = true;
-          resolve(state);
-        } else if (line.includes('"method":"event"')) {
-          state.events += 1;
-        }
-      }
+/** Subscribers of one app per process (the service's limits are per process). */
+const SUBSCRIBERS_PER_PROCESS = 200;
+
+/**
+ * `count` bare subscribers (hello, subscribe), spread over processes of
+ * js/bench/subscribers.mjs as the pages of several apps are; resolves once
+ * every one is answered, to `{stop()}`, which resolves to the events they read.
+ */
+async function subscribers(socket, count) {
+  const children = [];
+  for (let left = count; left > 0; left -= SUBSCRIBERS_PER_PROCESS) {
+    const n = Math.min(left, SUBSCRIBERS_PER_PROCESS);
+    const child = spawn(process.execPath, [path.join(here, 'subscribers.mjs'), socket, String(n)], { stdio: ['pipe', 'pipe', 'inherit'] });
+    let out = '';
+    child.stdout.setEncoding('utf8');
+    const ready = new Promise((resolve, reject) => {
+      child.stdout.on('data', (chunk) => {
+        out += chunk;
+        if (out.startsWith('ready\n')) resolve();
+      });
+      child.on('close', (status) => reject(new Error(`subscribers.mjs ended (${status}) before it was ready`)));
     });
-  });
+    const ended = new Promise((resolve) => child.on('close', () => resolve(Number(out.slice('ready\n'.length).trim()) || 0)));
+    children.push({ child, ready, ended });
+  }
+  await Promise.all(children.map((c) => c.ready));
+  return {
+    async stop() {
+      for (const c of children) c.child.stdin.end();
+      const counts = await Promise.all(children.map((c) => c.ended));
+      return counts.reduce((a, b) => a + b, 0);
+    },
+  };
 }
 
 /**
@@ -490,32 +508,35 @@ async function caseSubscribers(ctx, client) {
   const pid = ctx.service.pid;
   const big = ctx.origin.add('big.bin', { size: MIB * 1024 * 1024 });
   const times = { 0: [], [SUBSCRIBERS]: [] };
+  // The service's own CPU time for the download: what the subscribers cost
+  // it, whatever else the machine runs.
+  const cpu = { 0: [], [SUBSCRIBERS]: [] };
   const rss = [];
   for (let run = 0; run < RUNS; run++) {
     for (const count of [0, SUBSCRIBERS]) {
-      const peers = [];
-      for (let i = 0; i < count; i++) peers.push(await subscriber(ctx.service.socket));
+      const pages = count > 0 ? await subscribers(ctx.service.socket, count) : null;
       const gem = `d${run}-${count}`;
+      const cpuBefore = cpuSeconds(pid);
       times[count].push(await download(ctx, client, gem, big));
-      if (count > 0) {
+      cpu[count].push(cpuSeconds(pid) - cpuBefore);
+      if (pages) {
         const mem = memory(pid);
         rss.push(mem.rss);
-        const events = peers.reduce((n, p) => n + p.events, 0);
-        say(`  run ${run + 1}: ${count} subscribers, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${events} events delivered`);
+        const events = await pages.stop();
+        say(`  run ${run + 1}: ${count} subscribers in ${Math.ceil(count / SUBSCRIBERS_PER_PROCESS)} processes, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${events} events delivered`);
       }
-      for (const p of peers) p.conn.destroy();
       await client.uninstall(gem);
     }
   }
   const knobs = { BENCH_API_CASES: 'subscribers', BENCH_API_MIB: MIB, BENCH_API_SUBSCRIBERS: SUBSCRIBERS, BENCH_API_RUNS: RUNS };
   for (const count of [0, SUBSCRIBERS]) {
     const s = median(times[count]);
-    say(`download of ${MIB} MiB with ${count} subscribers: median ${s.toFixed(2)} s (${(MIB / s).toFixed(0)} MiB/s) of ${times[count].map((x) => x.toFixed(2)).join(', ')}`);
+    say(`download of ${MIB} MiB with ${count} subscribers: median ${s.toFixed(2)} s (${(MIB / s).toFixed(0)} MiB/s) of ${times[count].map((x) => x.toFixed(2)).join(', ')}; the service's CPU ${median(cpu[count]).toFixed(2)} s (median of ${cpu[count].map((x) => x.toFixed(2)).join(', ')})`);
   }
   const ratio = median(times[SUBSCRIBERS]) / median(times[0]);
   row(
     `download of ${MIB} MiB with ${SUBSCRIBERS} subscribers against none, ${RUNS} interleaved runs`,
-    `median ${median(times[SUBSCRIBERS]).toFixed(2)} s against ${median(times[0]).toFixed(2)} s (${ratio.toFixed(3)}×; spreads ${spread(times[SUBSCRIBERS], (x) => x.toFixed(2))} and ${spread(times[0], (x) => x.toFixed(2))}); service RSS with them ${median(rss)} KiB (median)`,
+    `median ${median(times[SUBSCRIBERS]).toFixed(2)} s against ${median(times[0]).toFixed(2)} s (${ratio.toFixed(3)}×; spreads ${spread(times[SUBSCRIBERS], (x) => x.toFixed(2))} and ${spread(times[0], (x) => x.toFixed(2))}); service CPU ${median(cpu[SUBSCRIBERS]).toFixed(2)} s against ${median(cpu[0]).toFixed(2)} s; service RSS with them ${median(rss)} KiB (median)`,
     '–',
     knobs,
   );

@@ -418,6 +418,7 @@ impl Event {
 #[derive(Debug, Clone)]
 pub(crate) struct Events {
     sender: Arc<RwLock<Option<broadcast::Sender<Event>>>>,
+    buffer: usize,
 }
 
 impl Events {
@@ -426,7 +427,13 @@ impl Events {
         let (sender, _) = broadcast::channel(buffer.max(1));
         Events {
             sender: Arc::new(RwLock::new(Some(sender))),
+            buffer: buffer.max(1),
         }
+    }
+
+    /// How many events each subscriber buffers.
+    pub(crate) fn buffer(&self) -> usize {
+        self.buffer
     }
 
     fn sender(&self) -> Option<broadcast::Sender<Event>> {

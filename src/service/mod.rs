@@ -272,6 +272,11 @@ impl Resources {
         Ok((events, status))
     }
 
+    /// How many events each subscriber buffers before it lags.
+    pub(crate) fn event_buffer(&self) -> usize {
+        self.inner.events.buffer()
+    }
+
     fn emit(&self, event: Event) {
         self.inner.events.send(event);
     }

@@ -11,6 +11,7 @@
 //!
 //! The parts, each using only those listed before it:
 //! - `connection`: a connection's state and its queue of lines to write.
+//! - `fanout`: the service's events, written once for every subscriber.
 //! - `order`: the turns of the calls that change the store.
 //! - `peers`: what each client process holds, and every subscription.
 //! - `request`: whether a line's value is a request, and its params.
@@ -40,6 +41,7 @@
 mod batch;
 mod connection;
 mod dispatch;
+mod fanout;
 mod order;
 mod peers;
 mod request;
@@ -153,6 +155,7 @@ impl Resources {
             open: Mutex::default(),
             next_connection: AtomicU64::new(1),
             peers: Arc::default(),
+            events: fanout::start(self, stop.clone()),
             stop: stop.clone(),
         });
         let task = self.handle().spawn(accept_loop(listener, shared, lock));
@@ -182,6 +185,8 @@ struct Shared {
     next_connection: AtomicU64,
     /// What each client process holds, and every subscription.
     peers: Arc<peers::Peers>,
+    /// Where subscriptions take the service's events, written once.
+    events: tokio::sync::broadcast::WeakSender<Arc<fanout::Item>>,
     stop: CancellationToken,
 }
 

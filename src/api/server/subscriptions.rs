@@ -9,6 +9,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{line, Connection};
+use super::fanout::{self, Item};
 use super::request::ok;
 use super::Shared;
 use crate::api::protocol::{self, answer, notification, RpcError, Subscribed};
@@ -36,9 +37,16 @@ pub(super) async fn subscribe(
     }
     // A gem that is not installed (yet) has no rows; its events come once
     // it is, so a page may subscribe before the install.
-    let (events, status) = match shared.service.subscribe_with_status(gem.as_deref()) {
-        Ok(pair) => pair,
-        Err(crate::Error::NotFound(_)) if gem.is_some() => (shared.service.subscribe(), Vec::new()),
+    // The events first, then the status: nothing falls between (an event
+    // may repeat what the status shows). Once the service has shut down,
+    // the subscription ends at once.
+    let events = match shared.events.upgrade() {
+        Some(sender) => sender.subscribe(),
+        None => broadcast::channel(1).1,
+    };
+    let status = match shared.service.status(gem.as_deref()) {
+        Ok(status) => status,
+        Err(crate::Error::NotFound(_)) if gem.is_some() => Vec::new(),
         Err(e) => return Some(Err(RpcError::of(&e))),
     };
     let number = conn.next_subscription.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +80,7 @@ pub(super) async fn subscribe(
 /// Sends a subscription's events until it ends, the service closes, or
 /// the client falls behind (`lagged`).
 pub(super) async fn forward(
-    mut events: broadcast::Receiver<crate::Event>,
+    mut events: broadcast::Receiver<Arc<Item>>,
     gem: Option<String>,
     number: u64,
     conn: Arc<Connection>,
@@ -105,19 +113,20 @@ pub(super) async fn forward(
             }
             Err(broadcast::error::RecvError::Closed) => break,
         };
-        let Ok(mut params) = serde_json::to_value(&event) else {
-            continue;
+        let (of, rest) = match event.as_ref() {
+            Item::Event { gem, rest } => (gem, rest),
+            Item::Lagged(missed) => {
+                send_or_close(&conn, lagged(*missed)).await;
+                break;
+            }
         };
-        if let (Some(want), Some(of)) = (&gem, params.get("gem").and_then(Value::as_str)) {
+        if let (Some(want), Some(of)) = (&gem, of) {
             if want != of {
                 continue;
             }
         }
         // Which subscription it is for, when a connection holds several.
-        if let Some(fields) = params.as_object_mut() {
-            fields.insert("subscription".into(), json!(number));
-        }
-        let message = line(&notification("event", params));
+        let message = fanout::line(number, rest);
         if !conn.try_send_line(message) {
             if conn.closed.is_cancelled() {
                 break;
