@@ -23,6 +23,8 @@ mod cache_registry;
 mod cli_bars;
 mod cli_basics;
 mod cli_gc;
+#[cfg(unix)]
+mod cli_gone_wrong;
 mod cli_install;
 mod cli_json;
 mod cli_messages;

@@ -34,7 +34,10 @@ pub async fn run(
             | Command::Sync
     );
     if through_api {
-        if let Some(client) = crate::remote::client(config, no_service).await {
+        // `path` says when it works in this process: without the
+        // service's configuration, it may fail where the service would not.
+        let say = matches!(command, Command::Path { .. }) && !json;
+        if let Some(client) = crate::remote::client_saying(config, no_service, say).await {
             // A look at the status needs no service: one that does not
             // answer in time (or goes away) is read around.
             let Command::Status { gem } = &command else {
