@@ -36,6 +36,7 @@ mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
 mod crash_order;
+mod demo_example;
 // App instances started as processes and killed with SIGKILL.
 #[cfg(unix)]
 mod election;
