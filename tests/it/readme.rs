@@ -194,3 +194,14 @@ fn protocol_md_s_hand_session_says_this_version_as_the_server_sends_it() {
     // `preserve_order`): the session shows them as they come.
     assert_eq!(serde_json::to_string(&answer).unwrap(), hello);
 }
+
+#[test]
+fn the_readme_says_how_long_the_first_build_takes_where_the_first_command_is() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let first = readme.find("cargo run --example demo").unwrap();
+    let near = &readme[first..first + 600];
+    assert!(
+        near.contains("about 5 to 6 minutes on two") && near.contains("cold start"),
+        "{near}"
+    );
+}
