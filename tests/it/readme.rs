@@ -205,3 +205,15 @@ fn the_readme_says_how_long_the_first_build_takes_where_the_first_command_is() {
         "{near}"
     );
 }
+
+#[test]
+fn platforms_md_says_how_large_the_release_binary_is_and_how_to_ship_it_stripped() {
+    let text = std::fs::read_to_string(root().join("docs/platforms.md")).unwrap();
+    let start = text
+        .find("## Shipping the binary")
+        .expect("no section on shipping the binary");
+    let section = &text[start..];
+    for needle in ["cargo build --release", "strip", "--only-keep-debug", " MB"] {
+        assert!(section.contains(needle), "{needle:?} not said");
+    }
+}
