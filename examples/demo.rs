@@ -10,6 +10,7 @@ mod origin;
 use std::path::Path;
 use std::time::Duration;
 
+use gem_resources::error::human_bytes;
 use gem_resources::{
     download, parse_manifest, Config, Error, Event, Fetcher, ResourceState, Resources, RetryPolicy,
     Store,
@@ -25,6 +26,14 @@ fn body(len: usize, seed: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (((i * 31 + seed) ^ (i >> 9)) & 0xff) as u8)
         .collect()
+}
+
+/// `1 file`, `2 files`.
+fn files(n: usize) -> String {
+    match n {
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
+    }
 }
 
 #[tokio::main]
@@ -90,8 +99,8 @@ async fn main() -> Outcome {
     }
     let path = download(&fetcher, &scratch, resource, retry, &mut |_| {}).await?;
     println!(
-        "   with its mirror -> verified, {} bytes: {}",
-        resource.size,
+        "   with its mirror -> verified, {}: {}",
+        human_bytes(resource.size),
         path.display()
     );
 
@@ -123,8 +132,10 @@ async fn main() -> Outcome {
     let url = Url::parse(&origin.url("cdn.test", "/v2/ocr-v3.onnx"))?;
     let filled = fetcher.autofill(&url, 1 << 30).await?;
     println!(
-        "   {url}\n   size {} sha256 {} (nothing kept)",
-        filled.size, filled.sha256
+        "   {url}\n   {}: \"size\": {}, \"sha256\": \"{}\" (nothing kept)",
+        human_bytes(filled.size),
+        filled.size,
+        filled.sha256
     );
 
     let service = Resources::open_at(&config, &dir.path().join("store"))?;
@@ -155,16 +166,16 @@ async fn main() -> Outcome {
     })
     .await?;
     println!(
-        "   upgraded: model reused ({} new requests for it), {} file(s) deleted, {} queued",
+        "   upgraded: model reused ({} new requests for it), {} deleted, {} queued",
         origin.hits("/v2/ocr-v3.onnx") - hits_before,
-        report.deleted.len(),
+        files(report.deleted.len()),
         report.queued
     );
     status(&service)?;
 
     step("8. uninstall");
     let report = with_events(&mut events, service.uninstall("sample-ocr")).await?;
-    println!("   uninstalled: {} file(s) deleted", report.deleted.len());
+    println!("   uninstalled: {} deleted", files(report.deleted.len()));
     status(&service)?;
     service.shutdown().await;
     println!("\ndone: every step above ran against the real engine, offline.");
@@ -207,7 +218,9 @@ fn status(service: &Resources) -> Result<(), Error> {
                 ResourceState::Present { .. } => "present".to_string(),
                 ResourceState::Missing => "missing".to_string(),
                 ResourceState::Queued => "queued".to_string(),
-                ResourceState::Downloading { bytes, .. } => format!("downloading ({bytes} bytes)"),
+                ResourceState::Downloading { bytes, .. } => {
+                    format!("downloading ({})", human_bytes(bytes))
+                }
                 ResourceState::Failed { failure, .. } => format!("failed ({})", failure.code),
                 _ => "unknown".to_string(),
             };
@@ -218,8 +231,11 @@ fn status(service: &Resources) -> Result<(), Error> {
                 "on first use"
             };
             println!(
-                "     {:<20} {:>9} bytes  {:<12} {:<12}  {state}",
-                r.label, r.size, r.host, when
+                "     {:<20} {:>10}  {:<12} {:<12}  {state}",
+                r.label,
+                human_bytes(r.size),
+                r.host,
+                when
             );
         }
     }
@@ -260,7 +276,7 @@ fn print_event(event: Event) {
     {
         match event {
             Event::Started { resource, size, .. } => {
-                println!("   downloading {resource} ({size} bytes)")
+                println!("   downloading {resource} ({})", human_bytes(size))
             }
             Event::Progress {
                 resource,
@@ -272,7 +288,17 @@ fn print_event(event: Event) {
             }
             Event::Verified { resource, .. } => println!("   verified {resource}"),
             Event::Failed { message, .. } => println!("   {message}"),
-            Event::Deleted { sha256, .. } => println!("   deleted {}…", &sha256[..12]),
+            // By name, as the command line says it; by hash only for a
+            // file no installed gem declared.
+            Event::Deleted {
+                sha256,
+                gem,
+                resource,
+                ..
+            } => match (gem, resource) {
+                (Some(gem), Some(resource)) => println!("   deleted {gem}/{resource}"),
+                _ => println!("   deleted {}…", sha256.get(..12).unwrap_or(&sha256)),
+            },
             _ => {}
         }
     }

@@ -1,7 +1,15 @@
 //! A minimal app embedding the resource service, as the crate's
-//! "Embedding" guide describes: open, start, install a gem from its
-//! manifest, serve `path` to tools, draw the gem page from status and live
-//! events (surviving a lag), change the network policy, shut down.
+//! "Embedding" guide describes: open, listen for the app's other processes,
+//! start, install a gem from its manifest, serve `path` to tools, draw the
+//! gem page from status and live events (surviving a lag), change the
+//! network policy, stop listening, shut down.
+//!
+//! The order matters at both ends: `listen()` comes before `start()`, so
+//! that a store another service already runs (a `gem-resources serve`,
+//! another instance of the app) is found by its `E_RESOURCE_BUSY` before
+//! this one queues a download, and the other processes see every event of
+//! the downloads `start()` queues; `ApiServer::stop()` comes before
+//! `shutdown()`, so that no client is answered by a service shutting down.
 //!
 //! It runs offline: the gem's file comes from an embedded local HTTPS
 //! origin (its own throwaway CA), reached only through `[dev]` settings
@@ -41,32 +49,49 @@ async fn main() -> Result<()> {
     let dir = tempfile::tempdir().map_err(|e| gem_resources::Error::io("tempdir", ".", e))?;
     let config = dev_config(dir.path(), &origin)?;
 
-    // 1. Open the service once, inside the app's runtime, and start it:
-    //    it cleans up after a crash and queues missing required files.
+    // 1. Open the service once, inside the app's runtime.
     let service = Resources::open(&config)?;
+
+    // 2. Listen for the app's other processes (JavaScript tools, a web-view
+    //    page, the command line) before starting: E_RESOURCE_BUSY here
+    //    means another service runs this store; then be its client
+    //    (`api::Client::for_store`) rather than a second service.
+    let api = match service.listen() {
+        Ok(api) => api,
+        Err(e) if e.code() == ErrorCode::Busy => {
+            println!("another service runs this store: {e}");
+            service.shutdown().await;
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    println!("other processes reach the service on {}", api.socket());
+
+    // 3. Start it: it cleans up after a crash and queues missing required
+    //    files, whose events the listening clients see too.
     let queued = service.start().await?;
     println!(
         "service open on {:?}; {queued} file(s) queued at start",
         service.store().root()
     );
 
-    // 2. The gem page subscribes before it draws, so it misses nothing.
+    // 4. The gem page subscribes before it draws, so it misses nothing.
     let (events, status) = service.subscribe_with_status(None)?;
     let (close_page, closed) = tokio::sync::oneshot::channel::<()>();
     let page = tokio::spawn(gem_page(service.clone(), events, status, closed));
 
-    // 3. Install a gem from its manifest (returns before any download).
+    // 5. Install a gem from its manifest (returns before any download).
     let manifest = parse_manifest(manifest_json(&origin, &model).as_bytes())?;
     let report = service.install("notes", &manifest).await?;
     println!("installed {}: {} file(s) queued", report.gem, report.queued);
 
-    // 4. A tool of the gem asks for its file: its `ctx.resources` is the
+    // 6. A tool of the gem asks for its file: its `ctx.resources` is the
     //    service scoped to the gem, and `path` waits for a missing file.
     let ctx_resources = service.gem("notes");
     let path = tool_call(&ctx_resources, "ocr").await?;
     println!("tool got {}", path.display());
 
-    // 5. The user blocks the CDN in "Settings › System": a lazy file from
+    // 7. The user blocks the CDN in "Settings › System": a lazy file from
     //    there now fails, and the page can say why.
     let hosts = vec!["cdn.test".to_string()];
     service.set_policy(Policy::new(Mode::Blocklist, &hosts)?)?;
@@ -79,8 +104,11 @@ async fn main() -> Result<()> {
     }
     service.set_policy(Policy::allow_all())?;
 
-    // 6. Shut down cleanly: downloads stop (kept for resume) and every
-    //    later call says E_RESOURCE_SHUTDOWN. Then close the page.
+    // 8. Stop listening first (the socket and service.json go, clients see
+    //    the connection end), then shut down cleanly: downloads stop (kept
+    //    for resume) and every later call says E_RESOURCE_SHUTDOWN. Then
+    //    close the page.
+    api.stop().await;
     service.shutdown().await;
     assert!(service.is_shut_down());
     if let Err(e) = service.status(None) {

@@ -11,8 +11,9 @@
 //! - `--port N`: the port (default: any free one). With the same port, a
 //!   restarted server is the same address, so "kill the origin and start
 //!   it again" can be tried.
-//! - `--rate R`: bytes per second per connection (`k`, `M` suffixes,
-//!   powers of 1024), as a capped CDN sends; default no cap.
+//! - `--rate R`: bytes per second per connection, as a capped CDN sends;
+//!   read as the CLI's `--limit-rate` reads it (`k`, `M`, `G` in either
+//!   case, powers of 1024: `512k`, `2m`); default no cap.
 //!
 //! Its certificate (self-signed, `CA:TRUE`) and key, the `[dev]` lines and
 //! the manifest are kept in `FOLDER/.serve-folder/` and reused by the next
@@ -54,8 +55,14 @@ struct Args {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: cargo run --example serve_folder -- FOLDER [--port N] [--rate BYTES_PER_SEC (k, M)]");
+    eprintln!("usage: cargo run --example serve_folder -- FOLDER [--port N] [--rate BYTES_PER_SEC (k, M, G)]");
     std::process::exit(2);
+}
+
+/// A usage error that says what was wrong first.
+fn usage_because(why: &str) -> ! {
+    eprintln!("{why}");
+    usage()
 }
 
 fn parse_args() -> Args {
@@ -72,11 +79,13 @@ fn parse_args() -> Args {
                     .unwrap_or_else(|| usage());
             }
             Some("--rate") => {
-                rate = Some(
-                    args.next()
-                        .and_then(|v| parse_rate(v.to_str()?))
-                        .unwrap_or_else(|| usage()),
-                );
+                let given = args.next();
+                let text = given.as_ref().and_then(|v| v.to_str()).unwrap_or("");
+                // The CLI's own reading of `--limit-rate`.
+                match gem_resources::config::parse_rate(text) {
+                    Ok(r) => rate = Some(r),
+                    Err(e) => usage_because(&format!("--rate: {e}")),
+                }
             }
             Some(flag) if flag.starts_with("--") => usage(),
             _ if folder.is_none() => folder = Some(PathBuf::from(arg)),
@@ -88,19 +97,6 @@ fn parse_args() -> Args {
         port,
         rate,
     }
-}
-
-/// `512k`, `2M`, `1000`: bytes per second (k and M are powers of 1024).
-fn parse_rate(text: &str) -> Option<u64> {
-    let (digits, unit) = match text.strip_suffix(['k', 'K']) {
-        Some(d) => (d, 1024),
-        None => match text.strip_suffix('M') {
-            Some(d) => (d, 1024 * 1024),
-            None => (text, 1),
-        },
-    };
-    let n: u64 = digits.parse().ok()?;
-    (n > 0).then_some(n * unit)
 }
 
 /// The certificate and key kept in `state`, made there on the first start.
@@ -124,6 +120,15 @@ fn certificate(state: &Path) -> std::io::Result<String> {
 #[tokio::main]
 async fn main() -> Outcome {
     let Args { folder, port, rate } = parse_args();
+    // Named as the file system knows it (`p/../my-files` is `my-files`),
+    // in every path printed and written.
+    let folder = match std::fs::canonicalize(&folder) {
+        Ok(folder) => folder,
+        Err(e) => {
+            eprintln!("cannot serve {}: {e}", folder.display());
+            std::process::exit(1);
+        }
+    };
     let files = files_in(&folder)?;
     if files.is_empty() {
         eprintln!("no file in {}", folder.display());
@@ -131,7 +136,6 @@ async fn main() -> Outcome {
     }
     let state = folder.join(STATE);
     std::fs::create_dir_all(&state)?;
-    let state = std::path::absolute(&state)?;
     let origin = match Origin::start_with_pem_at(&certificate(&state)?, port).await {
         Ok(origin) => origin,
         Err(e) => {
@@ -218,7 +222,10 @@ async fn main() -> Outcome {
         config.display(),
         manifest_file.display()
     );
-    let capped = rate.map_or(String::new(), |r| format!(", {r} bytes/s per connection"));
+    let capped = rate.map_or(String::new(), |r| {
+        let human = gem_resources::error::human_bytes(r);
+        format!(", {human}/s ({r} bytes/s) per connection")
+    });
     println!(
         "# Serving {} file(s) on 127.0.0.1:{}{capped} until Ctrl-C (start it again with --port {} to keep the address).",
         files.len(),

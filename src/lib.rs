@@ -87,8 +87,13 @@
 //! 7. **Other processes.** [`Resources::listen`] accepts the app's other
 //!    processes (JavaScript tools, a web-view page, the command line) on
 //!    the store's local socket (see [`api`] and `PROTOCOL.md`); they then
-//!    share this service's policy, events and downloads. Stop it with
-//!    [`api::ApiServer::stop`] before quitting. **An app that runs in
+//!    share this service's policy, events and downloads. Call it right
+//!    after opening, before [`Resources::start`]: its `E_RESOURCE_BUSY`
+//!    then says that another service runs the store before this one
+//!    queues anything (be its client instead, [`api::Client::for_store`]
+//!    with [`Store::open`]`(&config.store_dir())`), and the other processes
+//!    see the events of what `start` queues. Stop it with
+//!    [`api::ApiServer::stop`] before [`Resources::shutdown`]. **An app that runs in
 //!    several windows or processes** makes one call in each instead,
 //!    [`Resources::open_or_follow`]: one instance runs the service, the
 //!    others are its clients, and when it quits or is killed one of them

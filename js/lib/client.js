@@ -92,8 +92,9 @@ function settingsOf(options) {
  * Connects to the service of a store (`{store}`: found through its
  * service.json) or to a socket (`{socket}`), and checks that it speaks
  * protocol 1. Rejects with code `E_RESOURCE_SERVICE` when no service
- * listens there (after `wait` ms, when given), or when the one there is not
- * the user's own.
+ * listens there (after `wait` ms, when given; `no store at …` when the
+ * store's folder is not there), or when the one there is not the user's
+ * own.
  *
  * Before connecting (except on Windows), the socket and its folder must be
  * the user's own and the folder closed to others. Through `{store}`, the

@@ -66,6 +66,15 @@ export async function targetOf(settings) {
   const { store } = settings;
   const info = await readServiceFile(store);
   if (info === null) {
+    // A store folder that is not there is most often a mistyped path: said
+    // as the command line says it (`no store at …`).
+    if (!(await isFolder(storeLayout(store)))) {
+      const start = settings.appName === undefined ? '' : `, or start ${settings.appName}, which makes it`;
+      throw serviceError(
+        `no store at ${store} (nothing was ever installed there and no service runs on it; ` +
+          `check the store given to connect${start})`,
+      );
+    }
     // Said for whoever uses the tool: the app (or `gem-resources serve`)
     // runs the service, not the tool.
     const file = path.join(storeLayout(store), 'service.json');
@@ -85,6 +94,15 @@ export async function targetOf(settings) {
     pid: info.pid,
     settings,
   };
+}
+
+/** Whether `folder` is a folder (false when it is not there). */
+async function isFolder(folder) {
+  try {
+    return (await fs.stat(folder)).isDirectory();
+  } catch {
+    return false;
+  }
 }
 
 /**

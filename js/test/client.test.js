@@ -381,3 +381,23 @@ function waitForLine(conn, pred, timeout = 2000) {
     look();
   });
 }
+
+test('forGem(gem).status() resolves to that gem\'s GemStatus, {gem, installed_by, resources}, as PROTOCOL.md says', async (t) => {
+  const notes = { gem: 'notes', installed_by: { kind: 'api' }, resources: [] };
+  const mock = await mockService(t, (req) => {
+    if (req.method === 'status') {
+      return { gems: req.params?.gem === 'notes' ? [notes] : [], undeclared_files: 0, undeclared_bytes: 0 };
+    }
+    return { error: { code: -32601, message: 'unknown method' } };
+  });
+  const client = await connect({ store: mock.store });
+  t.after(() => client.close());
+  assert.deepEqual(await client.forGem('notes').status(), notes);
+  const missing = await client.forGem('other').status().then(
+    () => assert.fail('resolved'),
+    (e) => e,
+  );
+  assert.equal(missing.code, 'E_RESOURCE_NOT_FOUND');
+  const protocol = fs.readFileSync(new URL('../../PROTOCOL.md', import.meta.url), 'utf8');
+  assert.ok(protocol.includes('`client.forGem(gem).status()`, resolves to that gem\'s `GemStatus` alone,\n`{gem, name?, installed_by, resources}`'), 'PROTOCOL.md does not say it');
+});

@@ -7,6 +7,8 @@
 
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { once } from 'node:events';
 import { test } from 'node:test';
 
@@ -57,6 +59,12 @@ async function vanish(fake) {
 
 test('connect({wait}) waits for a service that starts later; without wait it says at once, in the app\'s name, that none runs', { timeout: 60_000 }, async (t) => {
   const ctx = await Fixture.start(t, { serve: false });
+  // A mistyped store is said to be one, as the command line says it.
+  const typo = await rejection(connect({ store: `${ctx.store}-typo`, appName: 'Notes' }), 'connect to a mistyped store');
+  assert.equal(typo.code, E_RESOURCE_SERVICE, typo.message);
+  assert.match(typo.message, /^no store at .*-typo \(nothing was ever installed there and no service runs on it; check the store given to connect, or start Notes, which makes it\)$/);
+  // The store is there, its service not.
+  fs.mkdirSync(path.join(ctx.store, 'store-v1'), { recursive: true, mode: 0o700 });
   const started = Date.now();
   const now = await rejection(connect({ store: ctx.store, appName: 'Notes' }), 'connect without wait');
   assert.ok(Date.now() - started < 2000, `connect without wait took ${Date.now() - started} ms`);
@@ -85,6 +93,7 @@ test('connect({wait}) waits for a service that starts later; without wait it say
 
 test('connect({wait}) that sees no service within its bound rejects with E_RESOURCE_SERVICE, saying how long it waited', { timeout: 30_000 }, async (t) => {
   const ctx = await Fixture.start(t, { serve: false });
+  fs.mkdirSync(path.join(ctx.store, 'store-v1'), { recursive: true, mode: 0o700 });
   const started = Date.now();
   const error = await rejection(connect({ store: ctx.store, wait: 400 }), 'connect({wait: 400}) with no service');
   const waited = Date.now() - started;

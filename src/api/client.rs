@@ -97,6 +97,24 @@ impl Client {
     /// Connects to the service listening on `store`, when one does and it
     /// proves it is the store's own (`None` when none does, or it refuses
     /// or fails the checks: a warning says why).
+    ///
+    /// `store` is the store of the configuration the service runs with:
+    /// `Store::open(&config.store_dir())` (the configured `store`, or the
+    /// default one; it makes the folder when missing). A process that runs
+    /// the service already has it, [`Resources::store`](crate::Resources::store).
+    ///
+    /// ```no_run
+    /// # async fn run(config: gem_resources::Config) -> gem_resources::Result<()> {
+    /// use gem_resources::{api::Client, Store};
+    ///
+    /// let store = Store::open(&config.store_dir())?;
+    /// if let Some(client) = Client::for_store(&store).await {
+    ///     let status = client.status(None).await?;
+    /// #   let _ = status;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn for_store(store: &Store) -> Option<Client> {
         match Client::for_store_checked(store).await {
             Ok(client) => client,

@@ -81,6 +81,25 @@ pub(crate) fn check(der: &[u8], algorithms: &WebPkiSupportedAlgorithms) -> Resul
     Ok(())
 }
 
+/// Whether `der` is a certificate naming itself as its issuer (a
+/// self-signed one, as `openssl req -x509` makes them).
+pub(crate) fn is_self_signed(der: &[u8]) -> bool {
+    parts(der).is_some_and(|p| p.issuer == p.subject)
+}
+
+/// A self-signed server certificate that no trust store holds: neither the
+/// platform's nor `[dev] extra_root_certs`.
+#[derive(Debug)]
+pub(crate) struct SelfSignedUntrusted;
+
+impl std::fmt::Display for SelfSignedUntrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("it is a self-signed certificate not in any trust store")
+    }
+}
+
+impl std::error::Error for SelfSignedUntrusted {}
+
 /// A key usage without `digitalSignature`.
 #[derive(Debug)]
 pub(crate) struct KeyUsageRefused;

@@ -142,6 +142,9 @@ fn certificate_reason(c: &rustls::CertificateError, host: &str) -> String {
         | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => WEAK_SIGNATURE.into(),
         C::Other(other) => match other.0.downcast_ref::<webpki::Error>() {
             Some(e) => webpki_reason(e),
+            None if other.0.is::<super::pinned::SelfSignedUntrusted>() => format!(
+                "{other} (for a test or development server, add that certificate to `[dev] extra_root_certs`)"
+            ),
             None => other.to_string(),
         },
         #[allow(deprecated)]

@@ -309,6 +309,21 @@ fn extra_roots_only(
     Ok(verifier)
 }
 
+/// Whether `c` says that no chain reaches a trusted root: an unknown
+/// issuer, or (WebPKI's first finding for a self-signed `CA:TRUE`
+/// certificate) a CA certificate presented as the server's.
+fn no_chain_to_a_root(c: &rustls::CertificateError) -> bool {
+    use rustls::CertificateError as C;
+    match c {
+        C::UnknownIssuer => true,
+        C::Other(other) => matches!(
+            other.0.downcast_ref::<webpki::Error>(),
+            Some(webpki::Error::CaUsedAsEndEntity | webpki::Error::UnknownIssuer)
+        ),
+        _ => false,
+    }
+}
+
 impl fmt::Debug for ExtraRootsVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExtraRootsVerifier")
@@ -366,6 +381,19 @@ impl ServerCertVerifier for ExtraRootsVerifier {
                         rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
                     })?;
                 Ok(ServerCertVerified::assertion())
+            }
+            // A self-signed certificate that no trust store holds is
+            // called that, rather than by the check it failed first.
+            Err(rustls::Error::InvalidCertificate(c))
+                if no_chain_to_a_root(&c)
+                    && intermediates.is_empty()
+                    && super::pinned::is_self_signed(end_entity) =>
+            {
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::Other(rustls::OtherError(Arc::new(
+                        super::pinned::SelfSignedUntrusted,
+                    ))),
+                ))
             }
             other => other,
         }

@@ -163,6 +163,146 @@ async fn a_bar_fits_an_80_column_terminal() {
     }
 }
 
+/// The time left a bar row shows (its last figure: `--`, `12s`, `1m 5s`),
+/// in seconds (`None` for `--`); rows without one are skipped.
+fn shown_left(row: &str) -> Option<Option<u64>> {
+    if !(row.contains("B/s") && row.contains('[')) {
+        return None;
+    }
+    let words: Vec<&str> = row.split_whitespace().collect();
+    let last = *words.last()?;
+    if last == "--" {
+        return Some(None);
+    }
+    let secs = |w: &str, unit: char, by: u64| {
+        w.strip_suffix(unit)
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| n * by)
+    };
+    let before = words
+        .get(words.len().wrapping_sub(2))
+        .copied()
+        .unwrap_or("");
+    let total = match (secs(before, 'm', 60), secs(last, 's', 1)) {
+        (Some(m), Some(s)) => m + s,
+        (None, Some(s)) => s,
+        _ => secs(last, 'm', 60)? + secs(before, 'h', 3600).unwrap_or(0),
+    };
+    Some(Some(total))
+}
+
+#[tokio::test]
+async fn the_time_left_reads_dashes_until_the_rate_settles_then_a_true_figure() {
+    let env = Env::new().await;
+    let body = bytes(10 * MIB, 56);
+    let paced = Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"e1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        // About 1.2 MiB/s: some 8 s.
+        pace: Some((64 * 1024, Duration::from_millis(50))),
+    };
+    env.origin.route("/eta.bin", paced);
+    let manifest = one_file(&env, "/eta.bin", &body);
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 80).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rows = terminal_rows(&shown);
+    let left: Vec<Option<u64>> = rows.iter().filter_map(|r| shown_left(r)).collect();
+    // Bytes flowed from the first rows on, and the time left was not told
+    // for their first seconds.
+    let flowing: Vec<&String> = rows
+        .iter()
+        .filter(|r| shown_left(r).is_some() && shown_rates(&[r.to_string()]) != vec![0.0])
+        .collect();
+    assert!(flowing.len() >= 4, "{rows:#?}");
+    for row in &flowing[..2] {
+        assert_eq!(shown_left(row), Some(None), "a time left too early: {row}");
+    }
+    // Then a figure, never more than the whole download takes.
+    let figures: Vec<u64> = left.iter().flatten().copied().collect();
+    assert!(!figures.is_empty(), "never a time left: {rows:#?}");
+    assert!(
+        figures.iter().all(|s| *s <= 10),
+        "a wild time left: {figures:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_counts_down_under_the_bar_in_80_columns_without_cutting_a_word() {
+    let env = Env::new().await;
+    env.write_config("retries = 3\nretry_backoff_secs = 0");
+    let body = bytes(3 * MIB, 58);
+    let paced = Behaviour::Ranged {
+        body: body.clone(),
+        etag: "\"n1\"".into(),
+        ignore_range: false,
+        cut_at: None,
+        hold: false,
+        pace: Some((128 * 1024, Duration::from_millis(50))),
+    };
+    // Cut after 1 MiB, then "come back in 4 s", then the rest.
+    env.origin.route(
+        "/n.bin",
+        Behaviour::Sequence(vec![
+            Behaviour::ranged_cut(&body, "\"n1\"", MIB),
+            Behaviour::RetryAfter {
+                status: 503,
+                value: "4".into(),
+            },
+            paced,
+        ]),
+    );
+    let manifest = one_file(&env, "/n.bin", &body);
+    let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 80).await;
+    assert_eq!(code, Some(0), "{shown}");
+    let rows = terminal_rows(&shown);
+    // The words of docs/commands.md, on a row of their own.
+    let retries: Vec<&String> = rows
+        .iter()
+        .filter(|r| r.trim_start().starts_with("retrying in "))
+        .collect();
+    assert!(!retries.is_empty(), "no retry row: {rows:#?}");
+    let mut countdown = std::collections::BTreeSet::new();
+    for row in &retries {
+        assert!(
+            row.chars().count() <= 80,
+            "{} columns: {row}",
+            row.chars().count()
+        );
+        let text = row.trim();
+        let (head, reason) = text.split_once("): ").unwrap_or_else(|| panic!("{row}"));
+        assert!(
+            head.contains(" s (attempt ") && head.ends_with(" of 4"),
+            "{row}"
+        );
+        countdown.insert(head.split_whitespace().nth(2).unwrap_or("").to_string());
+        // The reason whole, or cut after a whole word.
+        // The reason whole, or cut after a whole word.
+        let full = "HTTP status 503 Service Unavailable (retry after 4s)";
+        match reason.strip_suffix('…') {
+            Some(cut) => assert!(
+                full.starts_with(cut) && full[cut.len()..].starts_with(' '),
+                "cut within a word: {row}"
+            ),
+            None => assert_eq!(reason, full, "{row}"),
+        }
+    }
+    assert!(
+        countdown.len() >= 2,
+        "the countdown stood still: {countdown:?} {retries:#?}"
+    );
+    // The bar stays above it, with its figures, within 80 columns.
+    for row in rows.iter().filter(|r| r.contains('[')) {
+        assert!(
+            row.chars().count() <= 80,
+            "{} columns: {row}",
+            row.chars().count()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_note_narrows_the_bar_but_never_removes_it_and_fits_80_columns() {
     let env = Env::new().await;
@@ -192,8 +332,8 @@ async fn a_note_narrows_the_bar_but_never_removes_it_and_fits_80_columns() {
     let (code, shown) = run_in_terminal(&env, &["fetch", &manifest], 80).await;
     assert_eq!(code, Some(0), "{shown}");
     let rows = terminal_rows(&shown);
-    let noted: Vec<&String> = rows.iter().filter(|r| r.contains("retry 2 of ")).collect();
-    assert!(!noted.is_empty(), "no retry note: {rows:#?}");
+    let noted: Vec<&String> = rows.iter().filter(|r| r.contains("resuming at ")).collect();
+    assert!(!noted.is_empty(), "no resume note: {rows:#?}");
     for row in noted {
         // `[` ten columns of bar `]`, the percentage, then the note.
         let bar = row

@@ -98,7 +98,7 @@ fn assert_kept_named(out: &std::process::Output) {
     assert!(out.status.success(), "{}", stderr(out));
     let err = stderr(out);
     assert!(
-        err.contains("uninstalled one: 1 file(s) deleted, 1 kept (declared by another gem)"),
+        err.contains("uninstalled one: 1 file deleted, 1 kept (declared by another gem)"),
         "{err}"
     );
     assert!(
@@ -125,6 +125,65 @@ async fn uninstall_names_the_files_it_kept_and_the_gems_declaring_them() {
     assert_eq!(kept["file"], "shared.bin", "{doc}");
     assert_eq!(kept["id"], "shared", "{doc}");
     assert_eq!(kept["declared_by"], json!(["two/copy"]), "{doc}");
+}
+
+#[tokio::test]
+async fn uninstall_lists_every_gem_declaring_a_kept_file_and_keeps_nothing_never_downloaded() {
+    let env = Env::new().await;
+    let (one, two) = two_gems_sharing_a_file(&env).await;
+    // A lazy file `one` and `three` declare, never downloaded.
+    let big = bytes(500, 63);
+    let big_url = env.serve("/big.bin", &big);
+    let three = env.write_manifest(
+        "three.json",
+        json!([
+            required_entry(
+                "copy",
+                &env.url("origin.test", "/shared.bin"),
+                &bytes(300, 61)
+            ),
+            entry("big", &big_url, &big)
+        ]),
+    );
+    let mut one_doc: Value = serde_json::from_slice(&std::fs::read(&one).unwrap()).unwrap();
+    one_doc["resources"]
+        .as_array_mut()
+        .unwrap()
+        .push(entry("big", &big_url, &big));
+    std::fs::write(&one, one_doc.to_string()).unwrap();
+    for (gem, m) in [("one", &one), ("two", &two), ("three", &three)] {
+        let out = env.run(&["install", gem, m.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = env.run(&["uninstall", "one"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("uninstalled one: 1 file deleted, 1 kept (declared by another gem)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  kept shared.bin (one/shared): three/copy and two/copy declare it")
+            || err.contains("  kept shared.bin (one/shared): two/copy and three/copy declare it"),
+        "{err}"
+    );
+    assert!(!err.contains("big.bin"), "{err}");
+    assert_eq!(env.origin.hits("/big.bin"), 0);
+
+    let out = env.run(&["uninstall", "two"]).await;
+    let err = stderr(&out);
+    assert!(
+        err.contains("uninstalled two: 0 files deleted, 1 kept (declared by another gem)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  kept shared.bin (two/copy): three/copy declares it"),
+        "{err}"
+    );
+    // Nothing kept: the count of files deleted alone.
+    let out = env.run(&["uninstall", "three"]).await;
+    let err = stderr(&out);
+    assert!(err.contains("uninstalled three: 1 file deleted\n"), "{err}");
 }
 
 #[cfg(unix)]

@@ -432,9 +432,11 @@ async fn commands_on_a_store_its_user_may_only_read_say_the_store_is_read_only()
     let out = run_as(&env, user, &["path", "g", "lazy"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let store = env.store_dir().display().to_string();
+    // With no service, `path` says it works in this process, then why not.
+    let config = env.dir.path().join("config.toml");
     assert_eq!(
         stderr(&out).trim(),
-        format!("E_RESOURCE_IO: the store is read-only; cannot download g/lazy (lazy.bin) into {store}: Permission denied (os error 13)")
+        format!("no service; working in this process with {}\nE_RESOURCE_IO: the store is read-only; cannot download g/lazy (lazy.bin) into {store}: Permission denied (os error 13)", config.display())
     );
     assert_eq!(env.origin.hits("/lazy.bin"), 0);
     // `fetch` and `install` say the same, naming what they could not do.

@@ -23,6 +23,8 @@ mod cache_registry;
 mod cli_bars;
 mod cli_basics;
 mod cli_gc;
+#[cfg(unix)]
+mod cli_gone_wrong;
 mod cli_install;
 mod cli_json;
 mod cli_messages;
@@ -34,6 +36,7 @@ mod cli_tables;
 mod cli_terminal;
 mod cli_waiting;
 mod crash_order;
+mod demo_example;
 // App instances started as processes and killed with SIGKILL.
 #[cfg(unix)]
 mod election;

@@ -174,3 +174,46 @@ fn every_flag_of_every_command_is_in_docs_commands_md() {
         "flags docs/commands.md does not mention: {missing:?}"
     );
 }
+
+#[test]
+fn protocol_md_s_hand_session_says_this_version_as_the_server_sends_it() {
+    let text = std::fs::read_to_string(root().join("PROTOCOL.md")).unwrap();
+    let start = text.find("## A session, by hand").unwrap();
+    let session = &text[start..];
+    let hello = session
+        .lines()
+        .find(|l| l.contains("\"result\"") && l.contains("\"protocol\""))
+        .expect("no hello answer in the hand session");
+    let answer: serde_json::Value = serde_json::from_str(hello).unwrap();
+    assert_eq!(
+        answer["result"]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{hello}"
+    );
+    // The server writes its keys in order (serde_json without
+    // `preserve_order`): the session shows them as they come.
+    assert_eq!(serde_json::to_string(&answer).unwrap(), hello);
+}
+
+#[test]
+fn the_readme_says_how_long_the_first_build_takes_where_the_first_command_is() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let first = readme.find("cargo run --example demo").unwrap();
+    let near = &readme[first..first + 600];
+    assert!(
+        near.contains("about 5 to 6 minutes on two") && near.contains("cold start"),
+        "{near}"
+    );
+}
+
+#[test]
+fn platforms_md_says_how_large_the_release_binary_is_and_how_to_ship_it_stripped() {
+    let text = std::fs::read_to_string(root().join("docs/platforms.md")).unwrap();
+    let start = text
+        .find("## Shipping the binary")
+        .expect("no section on shipping the binary");
+    let section = &text[start..];
+    for needle in ["cargo build --release", "strip", "--only-keep-debug", " MB"] {
+        assert!(section.contains(needle), "{needle:?} not said");
+    }
+}

@@ -79,7 +79,9 @@ async fn a_restarted_origin_keeps_its_port_and_certificate_and_the_download_resu
     );
     let (mut first, said) = start(&folder, &["--port", &port, "--rate", "512k"], &log1);
     assert!(
-        said.contains(&format!("127.0.0.1:{port}, 524288 bytes/s per connection")),
+        said.contains(&format!(
+            "127.0.0.1:{port}, 512.0 KiB/s (524288 bytes/s) per connection"
+        )),
         "{said}"
     );
     let state = folder.join(".serve-folder");
@@ -165,4 +167,42 @@ async fn a_restarted_origin_keeps_its_port_and_certificate_and_the_download_resu
         sent < body.len() as u64,
         "{sent} bytes sent again: {logged}"
     );
+}
+
+#[tokio::test]
+async fn a_rate_is_read_as_the_cli_reads_it_and_the_folder_is_named_plainly() {
+    let Some(example) = example() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the serve_folder example is not built (cargo test builds it)"
+        );
+        eprintln!("SKIPPED: the serve_folder example is not built");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("my-files");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::create_dir(dir.path().join("p")).unwrap();
+    std::fs::write(folder.join("model.bin"), bytes(1000, 72)).unwrap();
+    // `2m` as curl and `--limit-rate` read it, through a path with `..`.
+    let roundabout = dir.path().join("p").join("..").join("my-files");
+    let log = dir.path().join("origin.log");
+    let (_origin, said) = start(&roundabout, &["--rate", "2m"], &log);
+    assert!(
+        said.contains(", 2.0 MiB/s (2097152 bytes/s) per connection"),
+        "{said}"
+    );
+    assert!(!said.contains(".."), "a path not normalised: {said}");
+    let plain = std::fs::canonicalize(&folder).unwrap();
+    let written = plain.join(".serve-folder").join("notochord.json");
+    assert!(said.contains(&written.display().to_string()), "{said}");
+    // A rate it cannot read is named, beside the usage line.
+    let out = Command::new(example)
+        .arg(&folder)
+        .args(["--rate", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rate: not a rate: \"fast\""), "{err}");
 }

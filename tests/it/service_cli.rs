@@ -398,6 +398,56 @@ async fn verify_repair_downloads_what_it_removed_again() {
 }
 
 #[tokio::test]
+async fn verify_repair_after_verify_brings_back_a_missing_required_file() {
+    let env = Env::new().await;
+    let (good, bad) = (bytes(3000, 47), bytes(4000, 48));
+    let m = env.write_manifest(
+        "m.json",
+        json!([
+            required_entry("good", &env.serve("/good.bin", &good), &good),
+            required_entry("bad", &env.serve("/bad.bin", &bad), &bad)
+        ]),
+    );
+    assert_ok(&env.run(&["install", "g", m.to_str().unwrap()]).await);
+    corrupt(&stored_files(&env, &bad).pop().unwrap());
+    // A plain `verify` removes it: exit 1.
+    let out = env.run(&["verify"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stored_files(&env, &bad).is_empty());
+
+    // The repair that follows finds it missing and brings it back.
+    let out = env.run(&["verify", "--repair"]).await;
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("verified 1 file(s): 1 good, 0 corrupted"),
+        "{text}"
+    );
+    assert!(
+        text.contains("missing required g/bad; downloading it again"),
+        "{text}"
+    );
+    assert!(
+        text.contains("repaired g/bad: downloaded again and verified"),
+        "{text}"
+    );
+    let stored = stored_files(&env, &bad);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(std::fs::read(&stored[0]).unwrap(), bad);
+
+    // One that cannot come back: exit 1, said in the JSON document.
+    std::fs::remove_file(&stored[0]).unwrap();
+    env.origin.route("/bad.bin", Behaviour::Status(404));
+    let out = env.run(&["--json", "verify", "--repair"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let last = stdout(&out).lines().last().unwrap().to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["unrepaired"][0]["resource"], "bad", "{v}");
+    assert_eq!(v["unrepaired"][0]["was_missing"], true, "{v}");
+}
+
+#[tokio::test]
 async fn uninstall_removes_the_gem_and_its_files() {
     let env = Env::new().await;
     let body = bytes(3000, 44);

@@ -46,6 +46,28 @@ async fn an_untrusted_certificate_is_refused() {
 }
 
 #[tokio::test]
+async fn a_self_signed_certificate_in_no_trust_store_is_called_that() {
+    // `CA:TRUE`, as `openssl req -x509` makes it, and a plain leaf.
+    for origin in [
+        Origin::start_self_signed().await,
+        Origin::start_self_signed_leaf(|_| {}).await,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        // Another server's certificate is trusted, not this one.
+        let stranger = Origin::start().await;
+        std::fs::write(dir.path().join("ca.pem"), stranger.ca_pem()).unwrap();
+        let env = Env { origin, dir };
+        env.write_config("");
+        let err = assert_handshake_refused(&env).await;
+        assert!(
+            err.contains("TLS: the server's certificate is not trusted: it is a self-signed certificate not in any trust store (for a test or development server, add that certificate to `[dev] extra_root_certs`)"),
+            "{err}"
+        );
+        assert!(!err.contains("CA certificate used as"), "{err}");
+    }
+}
+
+#[tokio::test]
 async fn a_pinned_self_signed_certificate_is_refused_for_a_name_it_does_not_carry() {
     let env = env_self_signed().await;
     let url = env.serve("/a.bin", b"x");

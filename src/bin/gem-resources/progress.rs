@@ -190,6 +190,27 @@ pub struct Bar {
     noted: AtomicBool,
     /// Where this run resumed (0: from the start).
     resumed_from: AtomicU64,
+    /// The retry being waited for, said on a row of its own under the bar.
+    retry: Arc<Mutex<Option<Retry>>>,
+}
+
+/// A retry a bar counts down to.
+#[derive(Debug, Clone)]
+struct Retry {
+    /// When the next attempt starts.
+    at: Instant,
+    attempt: u32,
+    of: u32,
+    reason: String,
+}
+
+impl Retry {
+    /// `retrying in 2 s (attempt 3 of 6): connection refused`, counted
+    /// down to `now`.
+    fn text(&self, now: Instant) -> String {
+        let wait = self.at.saturating_duration_since(now);
+        retry_note(wait, self.attempt, self.of, &self.reason)
+    }
 }
 
 /// `--quiet`: no bars and no progress lines.
@@ -227,6 +248,7 @@ impl Bar {
             last_line: None,
             noted: AtomicBool::new(false),
             resumed_from: AtomicU64::new(0),
+            retry: Arc::default(),
         };
         if json || QUIET.load(Ordering::Relaxed) {
             return this;
@@ -236,7 +258,7 @@ impl Bar {
             return this;
         }
         let bar = multi().add(ProgressBar::new(size.unwrap_or(0)));
-        bar.set_style(style(size.is_some(), false, &meter));
+        bar.set_style(style(size.is_some(), false, &meter, None));
         bar.set_prefix(this.label.clone());
         // Redrawn while nothing arrives, so a stall shows.
         bar.enable_steady_tick(Duration::from_millis(500));
@@ -306,7 +328,7 @@ impl Bar {
         if let Some((_, bar)) = &self.bar {
             if bar.length() != Some(total) {
                 bar.set_length(total);
-                bar.set_style(style(true, self.noted.load(Ordering::Relaxed), &self.meter));
+                self.restyle(bar);
             }
         }
     }
@@ -329,14 +351,48 @@ impl Bar {
     /// The note takes the room the figures after the bytes leave, cut to
     /// the terminal's width: the bar narrows to a fixed width meanwhile,
     /// and never disappears.
+    ///
+    /// A note ends a retry's countdown ([`Bar::set_retry`]).
     pub fn set_note(&self, note: &str) {
         if let Some((_, bar)) = &self.bar {
             let noted = !note.is_empty();
-            if self.noted.swap(noted, Ordering::Relaxed) != noted {
-                bar.set_style(style(bar.length().is_some(), noted, &self.meter));
+            let retried = self.retry().take().is_some();
+            if self.noted.swap(noted, Ordering::Relaxed) != noted || retried {
+                self.restyle(bar);
             }
             bar.set_message(crate::text::field(note).into_owned());
         }
+    }
+
+    /// The transfer waits `wait` before its attempt `attempt` of `of`,
+    /// after `reason`: a row under the bar counts down to it in the words
+    /// of a retry line (`retrying in 2 s (attempt 3 of 6): connection
+    /// refused`), cut between words to the terminal's width. The bar keeps
+    /// its figures, and the next note or bytes end the countdown.
+    pub fn set_retry(&self, wait: Duration, attempt: u32, of: u32, reason: &str) {
+        if let Some((_, bar)) = &self.bar {
+            *self.retry() = Some(Retry {
+                at: Instant::now() + wait,
+                attempt,
+                of,
+                reason: crate::text::field(reason).into_owned(),
+            });
+            self.noted.store(false, Ordering::Relaxed);
+            bar.set_message(String::new());
+            self.restyle(bar);
+        }
+    }
+
+    fn retry(&self) -> std::sync::MutexGuard<'_, Option<Retry>> {
+        self.retry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives `bar` the look its state asks for.
+    fn restyle(&self, bar: &ProgressBar) {
+        let retrying = self.retry().is_some();
+        let noted = self.noted.load(Ordering::Relaxed);
+        let retry = retrying.then_some(&self.retry);
+        bar.set_style(style(bar.length().is_some(), noted, &self.meter, retry));
     }
 
     /// Removes the bar from the screen.
@@ -361,11 +417,20 @@ fn rate_text(rate: f64) -> String {
 const RATE_WIDTH: usize = 12;
 const LEFT_WIDTH: usize = 7;
 
+/// How long after a start or a resume the time left reads `--`: the
+/// rate of the first seconds (a connection's slow start, a cap's first
+/// burst) would give a figure many times off, as the gem page's rule.
+pub const LEFT_SETTLES_AFTER: Duration = Duration::from_secs(5);
+
 /// The time left as a bar says it: `12s`, `5m 10s`, `2h 5m`; `stalled for
-/// 12 s` while nothing arrives; `--` when it cannot be told.
+/// 12 s` while nothing arrives; `--` when it cannot be told, and for the
+/// first [`LEFT_SETTLES_AFTER`] of a run.
 fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
     if let Some(idle) = meter.stalled_for(now) {
         return format!("stalled for {} s", idle.as_secs());
+    }
+    if now.saturating_duration_since(meter.started()) < LEFT_SETTLES_AFTER {
+        return "--".to_string();
     }
     match size.and_then(|total| meter.time_left(now, total)) {
         Some(left) => {
@@ -382,15 +447,26 @@ fn left_text(meter: &Meter, now: Instant, size: Option<u64>) -> String {
 }
 
 /// The look of a bar whose total is known (`sized`) or not, with a note
-/// (`noted`) or not; its rate and time left read `meter`.
-fn style(sized: bool, noted: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
+/// (`noted`) or not, with a row counting down to a `retry` or not; its
+/// rate and time left read `meter`.
+fn style(
+    sized: bool,
+    noted: bool,
+    meter: &Arc<Mutex<Meter>>,
+    retry: Option<&Arc<Mutex<Option<Retry>>>>,
+) -> ProgressStyle {
     let template = match (sized, noted) {
         (true, false) => TEMPLATE_SIZED,
         (true, true) => TEMPLATE_SIZED_NOTE,
         (false, _) => "{prefix:20!} {spinner} {bytes:>10} {rate} {wide_msg}",
     };
+    let template = match retry {
+        Some(_) => format!("{template}\n{RETRY_INDENT}{{retry}}"),
+        None => template.to_string(),
+    };
+    let for_retry = retry.cloned().unwrap_or_default();
     let (for_rate, for_left) = (meter.clone(), meter.clone());
-    ProgressStyle::with_template(template)
+    ProgressStyle::with_template(&template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .with_key(
             "rate",
@@ -408,15 +484,45 @@ fn style(sized: bool, noted: bool, meter: &Arc<Mutex<Meter>>) -> ProgressStyle {
                 let _ = write!(w, "{text:>LEFT_WIDTH$}");
             },
         )
+        .with_key(
+            "retry",
+            move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let retry = for_retry.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(retry) = &*retry {
+                    let room = usize::from(terminal_width().saturating_sub(RIGHT_MARGIN))
+                        .saturating_sub(RETRY_INDENT.len());
+                    let _ = write!(w, "{}", fit_words(&retry.text(Instant::now()), room));
+                }
+            },
+        )
         .progress_chars("=> ")
+}
+
+/// Where a retry's row starts, under the bar's label.
+const RETRY_INDENT: &str = "  ";
+
+/// `text` cut to `room` columns between two words, with `…` where it was
+/// cut (a word longer than the room is cut where the room ends).
+pub fn fit_words(text: &str, room: usize) -> String {
+    if text.chars().count() <= room {
+        return text.to_string();
+    }
+    let keep = room.saturating_sub(1);
+    let head: String = text.chars().take(keep).collect();
+    // The next character is within a word: go back to the last space.
+    let cut = match head.rfind(' ') {
+        Some(space) if space > 0 => head[..space].trim_end().to_string(),
+        _ => head,
+    };
+    format!("{cut}…")
 }
 
 /// The template of a bar whose total is known: the bar takes the width
 /// the terminal leaves after the figures, each padded to a fixed width.
 const TEMPLATE_SIZED: &str = "{prefix:20!} [{wide_bar}] {bytes:>10}/{total_bytes:10} {rate} {left}";
 
-/// [`TEMPLATE_SIZED`] with a note (`retry 2 of 4 in 2 s: …`, `resuming
-/// at …`): a bar of 10 columns and the percentage, and the note in the
+/// [`TEMPLATE_SIZED`] with a note (`connecting to HOST`, `resuming at
+/// …`): a bar of 10 columns and the percentage, and the note in the
 /// room left (41 columns at 80), cut to fit.
 const TEMPLATE_SIZED_NOTE: &str = "{prefix:20!} [{bar:10}] {percent:>3}% {wide_msg}";
 
@@ -448,18 +554,6 @@ pub fn retry_note(wait: std::time::Duration, attempt: u32, of: u32, reason: &str
         format!("{secs:.1} s")
     };
     format!("retrying in {wait} (attempt {attempt} of {of}): {reason}")
-}
-
-/// [`retry_note`] as a bar's note says it, shorter: `retry 2 of 4 in 2 s:
-/// connection refused`.
-pub fn retry_note_short(wait: std::time::Duration, attempt: u32, of: u32, reason: &str) -> String {
-    let secs = wait.as_secs_f64();
-    let wait = if secs >= 1.0 {
-        format!("{} s", secs.round())
-    } else {
-        format!("{secs:.1} s")
-    };
-    format!("retry {attempt} of {of} in {wait}: {reason}")
 }
 
 /// What failed of an address (a fallback's `from`, with the redirect
@@ -652,8 +746,7 @@ impl gem_resources::Reporter for Reporting<'_> {
             });
             json_event(&event);
         } else if self.bar.is_drawn() {
-            self.bar
-                .set_note(&retry_note_short(wait, attempt, of, reason));
+            self.bar.set_retry(wait, attempt, of, reason);
             self.noted = true;
         } else if !quiet() {
             // No bar to carry it (stderr is not a terminal): a line of its
@@ -671,174 +764,5 @@ impl Drop for Bar {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What one frame of `lines` becomes, as indicatif writes it.
-    fn frame(screen: &Stderr, lines: &[&str]) -> String {
-        let mut out = screen.text_for("\r").into_owned();
-        for line in lines {
-            out.push_str(&screen.text_for(line));
-            out.push_str(&screen.text_for("  "));
-        }
-        out
-    }
-
-    /// A terminal that keeps what is drawn on it.
-    #[derive(Debug, Clone, Default)]
-    struct Screen(std::sync::Arc<Mutex<String>>);
-
-    impl TermLike for Screen {
-        fn width(&self) -> u16 {
-            160
-        }
-        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn write_line(&self, s: &str) -> std::io::Result<()> {
-            self.write_str(s)
-        }
-        fn write_str(&self, s: &str) -> std::io::Result<()> {
-            self.0.lock().unwrap().push_str(s);
-            Ok(())
-        }
-        fn clear_line(&self) -> std::io::Result<()> {
-            self.0.lock().unwrap().clear();
-            Ok(())
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// A bar of unknown size drawn on a [`Screen`], as autofill starts it.
-    fn drawn_bar(screen: &Screen) -> Bar {
-        let target = ProgressDrawTarget::term_like_with_hz(Box::new(screen.clone()), 250);
-        let bar = ProgressBar::with_draw_target(None, target);
-        let meter = Arc::new(Mutex::new(Meter::new(Instant::now())));
-        bar.set_style(style(false, false, &meter));
-        bar.set_prefix("ocr-v3.onnx");
-        Bar {
-            bar: Some((0, bar)),
-            meter,
-            label: "ocr-v3.onnx".into(),
-            size: Mutex::new(None),
-            last_line: None,
-            noted: AtomicBool::new(false),
-            resumed_from: AtomicU64::new(0),
-        }
-    }
-
-    /// What is on the screen after the next draw.
-    fn drawn(screen: &Screen, bar: &Bar) -> String {
-        if let Some((_, b)) = &bar.bar {
-            b.tick();
-        }
-        screen.0.lock().unwrap().trim_end().to_string()
-    }
-
-    #[test]
-    fn an_announced_length_gives_the_total_and_the_time_left() {
-        use gem_resources::Reporter;
-        let screen = Screen::default();
-        let bar = drawn_bar(&screen);
-        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
-        reporting.bytes(512);
-        let unknown = drawn(&screen, &bar);
-        assert!(
-            unknown.contains("512 B") && !unknown.contains('['),
-            "{unknown}"
-        );
-        reporting.length(2048);
-        reporting.bytes(1024);
-        let known = drawn(&screen, &bar);
-        assert!(
-            known.contains("[") && known.contains("1.00 KiB/2.00 KiB"),
-            "{known}"
-        );
-        // The time left is the last figure: seconds (or more) remaining.
-        assert!(known.trim_end().ends_with('s'), "{known}");
-    }
-
-    #[test]
-    fn after_a_resume_the_rate_counts_only_this_runs_bytes() {
-        use gem_resources::Reporter;
-        let screen = Screen::default();
-        let bar = drawn_bar(&screen);
-        let mut reporting = Reporting::new(&bar, "big.bin", false);
-        reporting.length(2 << 30);
-        // 1 GiB kept: received in no time, were it counted.
-        reporting.resumed(1 << 30);
-        reporting.bytes(1 << 30);
-        let shown = drawn(&screen, &bar);
-        assert!(shown.contains("resuming at 1.0 GiB"), "{shown}");
-        // Once this run's bytes flow (and the note was up long enough to
-        // be read), the figures are back.
-        std::thread::sleep(RESUME_NOTE_MIN + Duration::from_millis(100));
-        reporting.bytes((1 << 30) + 1024);
-        let shown = drawn(&screen, &bar);
-        assert!(shown.contains("1.00 GiB/2.00 GiB"), "{shown}");
-        assert!(!shown.contains("resuming"), "{shown}");
-        assert!(
-            !shown.contains("GiB/s") && !shown.contains("TiB/s"),
-            "the kept bytes counted in the rate: {shown}"
-        );
-    }
-
-    #[test]
-    fn a_retry_is_on_the_bar_until_bytes_arrive() {
-        use gem_resources::Reporter;
-        let screen = Screen::default();
-        let bar = drawn_bar(&screen);
-        let mut reporting = Reporting::new(&bar, "ocr-v3.onnx", false);
-        reporting.bytes(10);
-        let wait = std::time::Duration::from_secs(2);
-        reporting.retrying(wait, 3, 6, "connection refused");
-        let shown = drawn(&screen, &bar);
-        assert!(
-            shown.ends_with("retry 3 of 6 in 2 s: connection refused"),
-            "{shown}"
-        );
-        reporting.bytes(20);
-        let shown = drawn(&screen, &bar);
-        assert!(!shown.contains("retry"), "{shown}");
-    }
-
-    #[test]
-    fn a_retry_says_when_which_try_and_why() {
-        let note = retry_note(
-            std::time::Duration::from_millis(2_200),
-            3,
-            6,
-            "connection refused",
-        );
-        assert_eq!(note, "retrying in 2 s (attempt 3 of 6): connection refused");
-        let note = retry_note(std::time::Duration::from_millis(300), 2, 4, "HTTP 503");
-        assert_eq!(note, "retrying in 0.3 s (attempt 2 of 4): HTTP 503");
-    }
-
-    #[test]
-    fn each_bar_of_a_frame_gets_a_row_of_its_own() {
-        let screen = Stderr::default();
-        assert_eq!(frame(&screen, &["a", "b", "c"]), "\ra  \r\nb  \r\nc  ");
-        // The next frame starts after a cursor movement, on the first row.
-        screen.moved();
-        assert_eq!(frame(&screen, &["d"]), "\rd  ");
-        // A line as wide as the terminal has an empty padding.
-        screen.moved();
-        let mut out = screen.text_for("\r").into_owned();
-        for part in ["wide", "", "next", "  "] {
-            out.push_str(&screen.text_for(part));
-        }
-        assert_eq!(out, "\rwide\r\nnext  ");
-    }
-}
+#[path = "progress_tests.rs"]
+mod tests;

@@ -23,16 +23,47 @@ const POLL: Duration = Duration::from_millis(200);
 /// The service listening on the configured store, unless `--no-service`
 /// or nothing listens.
 pub async fn client(config: &Config, no_service: bool) -> Option<Client> {
+    client_saying(config, no_service, false).await
+}
+
+/// [`client`]; when `say` and no service listens, a line on stderr says
+/// that the command works in this process, and with which configuration
+/// (a service's may differ).
+pub async fn client_saying(config: &Config, no_service: bool, say: bool) -> Option<Client> {
     if no_service || !store_exists(config) {
         return None;
     }
     let store = Store::open(&config.store_dir()).ok()?;
     match Client::for_store_checked(&store).await {
-        Ok(client) => client,
-        Err(e) => {
-            crate::errln!("warning: not using the store's service, working in process: {e}");
+        Ok(Some(client)) => Some(client),
+        Ok(None) => {
+            if say && !crate::progress::quiet() {
+                crate::errln!("no service; {}", working_here(config));
+            }
             None
         }
+        Err(e) => {
+            crate::errln!(
+                "warning: not using the store's service, working in process with {}: {e}",
+                configuration(config)
+            );
+            None
+        }
+    }
+}
+
+/// `working in this process with /home/me/.config/gem-resources/config.toml`
+/// (or `with the default configuration`).
+pub fn working_here(config: &Config) -> String {
+    format!("working in this process with {}", configuration(config))
+}
+
+/// The configuration file `config` was read from, or `the default
+/// configuration`.
+fn configuration(config: &Config) -> String {
+    match &config.source {
+        Some(path) => path.display().to_string(),
+        None => "the default configuration".to_string(),
     }
 }
 
@@ -125,6 +156,15 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
     watcher.stop().await;
     let result = match outcome {
         Ok(r) => r,
+        Err(e @ Error::Service { .. }) => {
+            // The connection's end is told a moment after the call's.
+            let closed = client.closed();
+            let _ = tokio::time::timeout(Duration::from_secs(1), closed).await;
+            if client.is_closed() {
+                return fail(&service_gone(client, gem, id), json);
+            }
+            return fail(&e, json);
+        }
         Err(e) => return fail(&e, json),
     };
     if json {
@@ -133,6 +173,17 @@ async fn path(client: &Client, gem: &str, id: &str, json: bool) -> anyhow::Resul
         crate::outln!("{}", result.path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `path`'s error when the service went away before the file was ready:
+/// what was downloaded is kept, and either way on resumes from it.
+fn service_gone(client: &Client, gem: &str, id: &str) -> Error {
+    Error::Service {
+        socket: client.socket().to_string(),
+        reason: format!(
+            "the service stopped before {gem}/{id} was ready; the bytes downloaded so far are kept: start the service again (`gem-resources serve`), or run `gem-resources path {gem} {id}` again to go on from them in this process"
+        ),
+    }
 }
 
 /// Says what an interrupted `path` left: the service's answer to the

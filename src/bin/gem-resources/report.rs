@@ -168,11 +168,14 @@ pub fn print_uninstalled(
                 .filter(|(_, r)| &r.sha256 == sha256)
                 .map(|(g, r)| format!("{}/{}", g.gem, r.id))
                 .collect();
+            // A file never downloaded is declared elsewhere, not kept.
+            let stored = own.is_none_or(|r| matches!(r.state, ResourceState::Present { .. }));
             serde_json::json!({
                 "sha256": sha256,
                 "file": own.map(|r| r.file.as_str()),
                 "id": own.map(|r| r.id.as_str()),
                 "declared_by": declared_by,
+                "stored": stored,
             })
         })
         .collect();
@@ -198,16 +201,23 @@ pub fn print_uninstalled(
         render::print_doc(doc, true);
         return;
     }
-    crate::errln!(
-        "uninstalled {}: {} file(s) deleted, {} kept (declared by another gem)",
+    let stored: Vec<&serde_json::Value> = kept.iter().filter(|k| k["stored"] != false).collect();
+    let mut said = format!(
+        "uninstalled {}: {} deleted",
         result.gem,
-        result.deleted.len(),
-        result.kept.len()
+        files(result.deleted.len())
     );
+    if !stored.is_empty() {
+        said.push_str(&format!(
+            ", {} kept (declared by another gem)",
+            stored.len()
+        ));
+    }
+    crate::errln!("{said}");
     if let Some(note) = &comes_back {
         crate::errln!("note: {note}");
     }
-    for k in &kept {
+    for k in stored {
         let text = |key: &str| k[key].as_str().map(str::to_string);
         let sha256 = text("sha256").unwrap_or_default();
         let name = match (text("file"), text("id")) {
@@ -220,10 +230,10 @@ pub fn print_uninstalled(
             .flatten()
             .filter_map(|v| v.as_str())
             .collect();
-        let why = if by.is_empty() {
-            "declared by another gem".to_string()
-        } else {
-            format!("{} declares it", by.join(", "))
+        let why = match by.as_slice() {
+            [] => "declared by another gem".to_string(),
+            [one] => format!("{one} declares it"),
+            [first @ .., last] => format!("{} and {last} declare it", first.join(", ")),
         };
         crate::errln!("  kept {name}: {why}");
     }
@@ -460,6 +470,14 @@ pub fn print_verify(report: &VerifyReport, repairing: bool) {
                 removed.declared_by.join(", "),
             );
         }
+    }
+}
+
+/// `1 file`, `3 files`.
+fn files(n: usize) -> String {
+    match n {
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
     }
 }
 

@@ -34,7 +34,10 @@ pub async fn run(
             | Command::Sync
     );
     if through_api {
-        if let Some(client) = crate::remote::client(config, no_service).await {
+        // `path` says when it works in this process: without the
+        // service's configuration, it may fail where the service would not.
+        let say = matches!(command, Command::Path { .. }) && !json;
+        if let Some(client) = crate::remote::client_saying(config, no_service, say).await {
             // A look at the status needs no service: one that does not
             // answer in time (or goes away) is read around.
             let Command::Status { gem } = &command else {
@@ -161,8 +164,9 @@ async fn path(
 /// `verify`: re-hashes every stored file. Ctrl-C stops it between reads;
 /// what it removed until then is said. With `--repair`, each removed file
 /// an installed gem declares is downloaded again (from the first such
-/// gem's addresses) and verified; the exit status is then 0 when every
-/// one came back.
+/// gem's addresses) and verified, and so is each required file that is
+/// missing (an earlier `verify` removed it); the exit status is then 0
+/// when every one came back.
 async fn verify(service: &Resources, repair: bool, json: bool) -> anyhow::Result<ExitCode> {
     let mut interrupted = interrupt::signal();
     let mut events = service.subscribe();
@@ -231,11 +235,25 @@ async fn download_again(
 ) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let mut repaired = Vec::new();
     let mut unrepaired = Vec::new();
+    let mut again: Vec<(String, String, String, bool)> = Vec::new();
     for removed in &report.removed {
         // Not declared by any installed gem: nothing to download it from.
         let Some((gem, id)) = removed.declared_by.first().and_then(|d| d.split_once('/')) else {
             continue;
         };
+        again.push((removed.sha256.clone(), gem.into(), id.into(), false));
+    }
+    // A required file missing (an earlier `verify` removed it, or it
+    // never came): a repair brings it back too.
+    for (sha256, gem, id) in missing_required(service) {
+        if again.iter().all(|(sha, ..)| *sha != sha256) {
+            if !json {
+                crate::outln!("missing required {gem}/{id}; downloading it again");
+            }
+            again.push((sha256, gem, id, true));
+        }
+    }
+    for (sha256, gem, id, missing) in &again {
         match service.path(gem, id).await {
             Ok(path) => {
                 if !json {
@@ -244,16 +262,17 @@ async fn download_again(
                         path.display()
                     );
                 }
-                repaired.push(
-                    json!({ "sha256": removed.sha256, "gem": gem, "resource": id, "path": path }),
-                );
+                repaired.push(json!({
+                    "sha256": sha256, "gem": gem, "resource": id, "path": path, "was_missing": missing,
+                }));
             }
             Err(e) => {
                 if !json {
                     crate::errln!("cannot repair {gem}/{id}: {}", render::error_text(&e));
                 }
                 let mut value = render::error_json(&e);
-                value["sha256"] = json!(removed.sha256);
+                value["sha256"] = json!(sha256);
+                value["was_missing"] = json!(missing);
                 value["gem"] = json!(gem);
                 value["resource"] = json!(id);
                 unrepaired.push(value);
@@ -261,6 +280,24 @@ async fn download_again(
         }
     }
     (repaired, unrepaired)
+}
+
+/// `(sha256, gem, id)` of each required file of an installed gem that is
+/// not in the store and not on its way, once per file.
+fn missing_required(service: &Resources) -> Vec<(String, String, String)> {
+    let mut missing: Vec<(String, String, String)> = Vec::new();
+    for gem in service.status(None).unwrap_or_default() {
+        for r in gem.resources.iter().filter(|r| r.required) {
+            let gone = matches!(
+                r.state,
+                gem_resources::ResourceState::Missing | gem_resources::ResourceState::Failed { .. }
+            );
+            if gone && missing.iter().all(|(sha, ..)| *sha != r.sha256) {
+                missing.push((r.sha256.clone(), gem.gem.clone(), r.id.clone()));
+            }
+        }
+    }
+    missing
 }
 
 async fn install(

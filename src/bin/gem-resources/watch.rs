@@ -233,9 +233,7 @@ fn follow(transfers: &mut Transfers, event: &Event, show: Show) {
             let key = format!("{gem}/{resource}");
             if let Some(bar) = transfers.bars.get(&key) {
                 let wait = Duration::from_millis(*wait_ms);
-                bar.set_note(&crate::progress::retry_note_short(
-                    wait, *attempt, *of, reason,
-                ));
+                bar.set_retry(wait, *attempt, *of, reason);
                 transfers.noted.insert(key);
                 // On the bar, not on a line of its own.
                 return;
