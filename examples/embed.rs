@@ -17,18 +17,18 @@
 //!
 //! Run with `cargo run --example embed`.
 
+#[path = "support/offline.rs"]
+mod offline;
 #[path = "../tests/support/origin.rs"]
 mod origin;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use gem_resources::policy::{Mode, Policy};
 use gem_resources::{
-    parse_manifest, Config, ErrorCode, Event, GemResources, GemStatus, ResourceState, Resources,
-    Result,
+    parse_manifest, ErrorCode, Event, GemResources, GemStatus, ResourceState, Resources, Result,
 };
 use origin::{Behaviour, Origin};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
@@ -47,7 +47,7 @@ async fn main() -> Result<()> {
         },
     );
     let dir = tempfile::tempdir().map_err(|e| gem_resources::Error::io("tempdir", ".", e))?;
-    let config = dev_config(dir.path(), &origin)?;
+    let config = offline::dev_config(dir.path(), &origin)?;
 
     // 1. Open the service once, inside the app's runtime.
     let service = Resources::open(&config)?;
@@ -226,18 +226,4 @@ fn manifest_json(origin: &Origin, model: &[u8]) -> String {
         model.len(),
         "0".repeat(64)
     )
-}
-
-/// A configuration built in code that trusts the local origin through
-/// `[dev]` only: its CA as PEM text, `cdn.test` answered with loopback.
-fn dev_config(dir: &Path, origin: &Origin) -> Result<Config> {
-    let mut config = Config::default();
-    config.store = Some(dir.join("store"));
-    config.network.retries = 0;
-    config.dev.trust_pem(origin.ca_pem());
-    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    config.dev.resolve.insert("cdn.test".into(), vec![loopback]);
-    config.dev.allow_address("127.0.0.1")?;
-    config.validate()?;
-    Ok(config)
 }
