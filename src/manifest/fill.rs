@@ -5,7 +5,10 @@
 
 use serde_json::Value;
 
-use super::{parse_json, validate_unfilled, ManifestError, Resource};
+use super::encoding::parse_json;
+use super::report::ManifestError;
+use super::structure::Resource;
+use super::validation::validate_unfilled;
 
 /// A placeholder digest, valid by the rules, for a missing `sha256`.
 const PLACEHOLDER_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";

@@ -12,7 +12,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{quote, Problem, Report};
+use super::report::{quote, Problem, Report};
 
 /// The keys a manifest's top level has: those of a `notochord.json` and of
 /// Gem Studio's `manifest.json` (a gem with one tool may write the tool's
