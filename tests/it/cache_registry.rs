@@ -2,7 +2,9 @@
 //! `docker-registry`), on loopback with TLS from a throwaway CA: a miss,
 //! the upload after it, and a second store served by the registry; HTTP
 //! basic auth from an htpasswd file (wrong and right credentials); a
-//! partial download from the registry continued with a range. Each test
+//! partial download from the registry continued with a range; its token
+//! flow with a token service of the tests' own; credentials from a Docker
+//! config.json; a cross-repository mount. Each test
 //! runs a registry of its own on a free port. Skipped, saying so, when the
 //! program is not installed.
 
@@ -30,6 +32,9 @@ struct Options {
     /// this bundle (PEM), for the service `test-registry` and the issuer
     /// `test-issuer`.
     token: Option<(String, String)>,
+    /// The CA (PEM), certificate and key to serve with, when the test
+    /// made them (a token service shares them); else new ones.
+    tls: Option<(String, String, String)>,
 }
 
 /// A registry started by [`start`]; dropping it stops it.
@@ -74,7 +79,7 @@ async fn start(dir: &Path, options: Options) -> Option<Running> {
         );
         return None;
     }
-    let (ca, cert, key) = certificate_files();
+    let (ca, cert, key) = options.tls.clone().unwrap_or_else(certificate_files);
     std::fs::write(dir.join("cert.pem"), cert).unwrap();
     std::fs::write(dir.join("key.pem"), key).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.2:0")
@@ -440,4 +445,74 @@ async fn a_blob_in_another_repository_is_mounted_not_uploaded() {
         cache.probe(&sha).await,
         gem_resources::cache::Probe::Hit
     ));
+}
+
+#[tokio::test]
+async fn the_registrys_token_service_gives_the_tokens_that_read_and_write() {
+    if !Path::new(PROGRAM).exists() {
+        eprintln!("SKIPPED cache_registry: {PROGRAM} is not installed");
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificate_files();
+    let tokens = crate::support::token::TokenService::start(&cert, &key, "reader", RIGHT).await;
+    let options = Options {
+        token: Some((tokens.realm(), tokens.bundle.clone())),
+        tls: Some((ca, cert, key)),
+        ..Options::default()
+    };
+    let Some(registry) = start(scratch.path(), options).await else {
+        return;
+    };
+    let env = Env::new().await;
+    std::fs::write(env.dir.path().join("bad"), "wrong-S3CRET\n").unwrap();
+    std::fs::write(env.dir.path().join("good"), format!("{RIGHT}\n")).unwrap();
+    let section = |file: &str| {
+        format!(
+            "oci = \"https://registry.test:{}/gem-resources/cache\"\nallow_internal = [\"registry.test\", \"auth.test\"]\nusername = \"reader\"\npassword_file = \"{file}\"\n",
+            registry.port
+        )
+    };
+    // Wrong credentials: the token service refuses them, said as such.
+    env.write_cache_config(&registry.ca, &section("bad"));
+    let out = env.run(&["cache", "check"]).await;
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("read: the token service auth.test refused the credentials (401)"),
+        "{text}"
+    );
+    assert!(!text.contains("S3CRET"), "{text}");
+    assert_eq!(tokens.issued(), 0);
+    // Right: the registry takes the service's tokens to read and write.
+    env.write_cache_config(&registry.ca, &section("good"));
+    let out = env.run(&["cache", "check"]).await;
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.contains("read: ok") && text.contains("write: ok"),
+        "{text}"
+    );
+    let body = bytes(1 << 20, 71);
+    env.serve("/t.bin", &body);
+    let out = fetch(&env, "/t.bin", &body).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run(&["cache", "push"]).await;
+    assert!(
+        stdout(&out).contains("1 uploaded"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // A second store reads it with a token of its own.
+    let second = Env::new().await;
+    std::fs::write(second.dir.path().join("good"), format!("{RIGHT}\n")).unwrap();
+    second.write_cache_config(&registry.ca, &section("good"));
+    second.serve("/t.bin", &body);
+    let before = tokens.issued();
+    let out = fetch(&second, "/t.bin", &body).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(second.origin.hits("/t.bin"), 0);
+    assert_eq!(registry.blob_gets(), vec![(200, body.len() as u64)]);
+    assert_eq!(tokens.issued(), before + 1);
 }
