@@ -47,12 +47,14 @@ struct Entry {
     identitytoken: Option<String>,
 }
 
-/// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+/// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json` (the home
+/// folder from `HOME`, else `USERPROFILE`, as Docker on Windows).
 pub(crate) fn default_path() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
+    let set = |name: &str| std::env::var_os(name).filter(|d| !d.is_empty());
+    if let Some(dir) = set("DOCKER_CONFIG") {
         return Some(PathBuf::from(dir).join("config.json"));
     }
-    let home = std::env::var_os("HOME").filter(|d| !d.is_empty())?;
+    let home = set("HOME").or_else(|| set("USERPROFILE"))?;
     Some(PathBuf::from(home).join(".docker").join("config.json"))
 }
 

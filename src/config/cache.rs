@@ -198,7 +198,7 @@ impl CacheConfig {
             DockerConfig::File(path) => Some(path.clone()),
             DockerConfig::Use(true) => Some(crate::cache::docker_default_path().ok_or_else(|| {
                 config(
-                    "cache.docker_config: neither DOCKER_CONFIG nor HOME is set, so there is no Docker config.json to read".into(),
+                    "cache.docker_config: none of DOCKER_CONFIG, HOME and USERPROFILE is set, so there is no Docker config.json to read".into(),
                 )
             })?),
             DockerConfig::Use(false) | DockerConfig::None => None,
