@@ -400,7 +400,8 @@ impl Cache {
         }
     }
 
-    /// Fetches a token for `scope` from `realm` (with the basic
+    /// Fetches a token for `scope` (scopes apart by spaces, each sent as a
+    /// `scope` of its own) from `realm` (with the basic
     /// credentials, when configured) and keeps it. The realm is checked by
     /// the same rules as the registry; the credentials go only there.
     async fn fetch_token(
@@ -427,7 +428,9 @@ impl Cache {
                 if let Some(service) = service {
                     form.append_pair("service", service);
                 }
-                form.append_pair("scope", scope);
+                for one in scope.split(' ') {
+                    form.append_pair("scope", one);
+                }
                 form.append_pair("client_id", "gem-resources");
                 form.append_pair("refresh_token", identity.expose());
                 form.finish()
@@ -446,7 +449,9 @@ impl Cache {
                 if let Some(service) = service {
                     query.append_pair("service", service);
                 }
-                query.append_pair("scope", scope);
+                for one in scope.split(' ') {
+                    query.append_pair("scope", one);
+                }
             }
             if let Some(basic) = self.credentials.basic() {
                 headers.insert(AUTHORIZATION, basic);

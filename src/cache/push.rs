@@ -169,7 +169,9 @@ impl Cache {
         let count = self.settings.mount_from.len();
         for (index, from) in self.settings.mount_from.iter().enumerate() {
             let url = self.settings.registry.mount(sha256, from);
-            let response = self.authed(Method::POST, &url, scope).await?;
+            // A token for a mount also reads the other repository.
+            let both = format!("{scope} repository:{from}:pull");
+            let response = self.authed(Method::POST, &url, &both).await?;
             match response.status().as_u16() {
                 201 => return Ok(Ok(Pushed::Mounted)),
                 // Not there: the registry started an upload instead, kept
@@ -177,7 +179,7 @@ impl Cache {
                 202 if index + 1 == count => return Ok(Err(location(&response))),
                 202 => {
                     if let Some(location) = location(&response) {
-                        self.cancel_upload(&location, scope).await;
+                        self.cancel_upload(&location, &both).await;
                     }
                 }
                 _ => {}

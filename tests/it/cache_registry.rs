@@ -14,6 +14,7 @@ use std::time::Duration;
 use gem_resources::partial::PartialMeta;
 
 use crate::support::registry::certificate_files;
+use crate::support::token::TokenService;
 use crate::support::{bytes, entry, sha256_hex, stderr, stdout, store_root, Env, Spawned};
 
 const PROGRAM: &str = "/usr/bin/docker-registry";
@@ -447,32 +448,43 @@ async fn a_blob_in_another_repository_is_mounted_not_uploaded() {
     ));
 }
 
-#[tokio::test]
-async fn the_registrys_token_service_gives_the_tokens_that_read_and_write() {
+/// A registry whose tokens come from a token service of the tests' own
+/// (`reader` with [`RIGHT`]); `None` when the program is missing.
+async fn start_with_tokens(dir: &Path) -> Option<(TokenService, Running)> {
     if !Path::new(PROGRAM).exists() {
         eprintln!("SKIPPED cache_registry: {PROGRAM} is not installed");
-        return;
+        return None;
     }
-    let scratch = tempfile::tempdir().unwrap();
     let (ca, cert, key) = certificate_files();
-    let tokens = crate::support::token::TokenService::start(&cert, &key, "reader", RIGHT).await;
+    let tokens = TokenService::start(&cert, &key, "reader", RIGHT).await;
     let options = Options {
         token: Some((tokens.realm(), tokens.bundle.clone())),
         tls: Some((ca, cert, key)),
         ..Options::default()
     };
-    let Some(registry) = start(scratch.path(), options).await else {
+    let registry = start(dir, options).await?;
+    Some((tokens, registry))
+}
+
+/// `[cache]` lines for `repository` on a registry with tokens, as `reader`
+/// with the password in `file`.
+fn token_section(registry: &Running, repository: &str, file: &str) -> String {
+    format!(
+        "oci = \"https://registry.test:{}/{repository}\"\nallow_internal = [\"registry.test\", \"auth.test\"]\nusername = \"reader\"\npassword_file = \"{file}\"\n",
+        registry.port
+    )
+}
+
+#[tokio::test]
+async fn the_registrys_token_service_gives_the_tokens_that_read_and_write() {
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((tokens, registry)) = start_with_tokens(scratch.path()).await else {
         return;
     };
     let env = Env::new().await;
     std::fs::write(env.dir.path().join("bad"), "wrong-S3CRET\n").unwrap();
     std::fs::write(env.dir.path().join("good"), format!("{RIGHT}\n")).unwrap();
-    let section = |file: &str| {
-        format!(
-            "oci = \"https://registry.test:{}/gem-resources/cache\"\nallow_internal = [\"registry.test\", \"auth.test\"]\nusername = \"reader\"\npassword_file = \"{file}\"\n",
-            registry.port
-        )
-    };
+    let section = |file: &str| token_section(&registry, "gem-resources/cache", file);
     // Wrong credentials: the token service refuses them, said as such.
     env.write_cache_config(&registry.ca, &section("bad"));
     let out = env.run(&["cache", "check"]).await;
@@ -515,4 +527,40 @@ async fn the_registrys_token_service_gives_the_tokens_that_read_and_write() {
     assert_eq!(second.origin.hits("/t.bin"), 0);
     assert_eq!(registry.blob_gets(), vec![(200, body.len() as u64)]);
     assert_eq!(tokens.issued(), before + 1);
+}
+
+#[tokio::test]
+async fn a_mount_with_tokens_asks_for_both_repositories() {
+    let scratch = tempfile::tempdir().unwrap();
+    let Some((tokens, registry)) = start_with_tokens(scratch.path()).await else {
+        return;
+    };
+    let body = bytes(1 << 20, 81);
+    let sha = sha256_hex(&body);
+    let file = scratch.path().join("m.bin");
+    std::fs::write(&file, &body).unwrap();
+    let env = Env::new().await;
+    std::fs::write(env.dir.path().join("good"), format!("{RIGHT}\n")).unwrap();
+    env.write_cache_config(
+        &registry.ca,
+        &token_section(&registry, "team/models", "good"),
+    );
+    let pushed = cache_of(&env)
+        .push_file(&sha, body.len() as u64, &file)
+        .await
+        .unwrap();
+    assert_eq!(pushed, gem_resources::cache::Pushed::Uploaded);
+    let section = format!(
+        "{}mount_from = [\"team/models\"]\n",
+        token_section(&registry, "gem-resources/cache", "good")
+    );
+    env.write_cache_config(&registry.ca, &section);
+    let before = tokens.issued();
+    let pushed = cache_of(&env)
+        .push_file(&sha, body.len() as u64, &file)
+        .await
+        .unwrap();
+    assert_eq!(pushed, gem_resources::cache::Pushed::Mounted);
+    // A token to read and write the cache's repository, one to mount.
+    assert_eq!(tokens.issued(), before + 2);
 }
