@@ -37,7 +37,7 @@ mod cache;
 mod dev;
 mod keys;
 mod rate;
-pub use cache::CacheConfig;
+pub use cache::{CacheConfig, DockerConfig};
 pub use dev::DevConfig;
 /// Address ranges, as `[dev] allow_addresses` holds them.
 pub use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -535,6 +535,9 @@ impl Config {
         }
         if let Some(file) = &self.cache.password_file {
             self.cache.password_file = Some(normalise(&base.join(file)));
+        }
+        if let cache::DockerConfig::File(file) = &self.cache.docker_config {
+            self.cache.docker_config = cache::DockerConfig::File(normalise(&base.join(file)));
         }
         for cert in &mut self.dev.extra_root_certs {
             *cert = normalise(&base.join(&*cert));

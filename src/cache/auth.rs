@@ -25,6 +25,18 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+impl Secret {
+    /// Wraps a password or token.
+    pub(crate) fn new(text: &str) -> Secret {
+        Secret(text.to_string())
+    }
+
+    /// The text itself, for a request that carries it.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Where the password comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PasswordSource {
@@ -66,6 +78,9 @@ impl PasswordSource {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Credentials {
     pub(crate) login: Option<(String, Secret)>,
+    /// A refresh token for the token service (from a Docker
+    /// `config.json`'s `identitytoken`).
+    pub(crate) identity: Option<Secret>,
 }
 
 impl Credentials {
@@ -256,6 +271,7 @@ mod tests {
         assert_eq!(format!("{s:?}"), "***");
         let c = Credentials {
             login: Some(("u".into(), s)),
+            identity: None,
         };
         assert!(!format!("{c:?}").contains("hunter2"));
         assert!(c.basic().unwrap().is_sensitive());

@@ -26,6 +26,7 @@
 mod auth;
 mod breaker;
 mod client;
+mod docker;
 pub mod oci;
 mod push;
 
@@ -48,6 +49,12 @@ pub use push::{CheckReport, Pushed};
 use auth::{Challenge, Credentials, Tokens};
 use breaker::Breaker;
 use client::Client;
+
+/// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`: the file
+/// `[cache] docker_config = true` reads.
+pub(crate) fn docker_default_path() -> Option<std::path::PathBuf> {
+    docker::default_path()
+}
 
 /// `[cache] allow_internal`: which hosts of the cache may be on a local or
 /// internal-network address.
@@ -77,6 +84,10 @@ pub struct CacheSettings {
     pub username: Option<String>,
     /// Where the password comes from.
     pub password: Option<PasswordSource>,
+    /// A Docker `config.json` to take the credentials from.
+    pub docker_config: Option<std::path::PathBuf>,
+    /// Repositories to mount a blob from before uploading it.
+    pub mount_from: Vec<String>,
     /// The hosts that may be on an internal address.
     pub allow_internal: AllowInternal,
     /// Longest wait for the registry to connect, answer or send the next
@@ -172,12 +183,20 @@ impl Cache {
         resolver: GuardedResolver,
         policy: Arc<RwLock<Policy>>,
     ) -> Result<Cache> {
-        let login = match (&settings.username, &settings.password) {
-            (Some(user), Some(source)) => {
-                Some((user.clone(), source.read().map_err(Error::Config)?))
-            }
-            _ => None,
+        let mut credentials = match (&settings.username, &settings.password) {
+            (Some(user), Some(source)) => Credentials {
+                login: Some((user.clone(), source.read().map_err(Error::Config)?)),
+                identity: None,
+            },
+            _ => Credentials::default(),
         };
+        if let Some(path) = &settings.docker_config {
+            let found = docker::read(path, &settings.registry).map_err(Error::Config)?;
+            credentials = Credentials {
+                login: found.login,
+                identity: found.identity,
+            };
+        }
         let client = Client {
             pool,
             resolver,
@@ -188,7 +207,7 @@ impl Cache {
             breaker: Breaker::new(settings.breaker),
             pushes: push::Queue::new(settings.push_max_bytes_per_sec),
             settings,
-            credentials: Credentials { login },
+            credentials,
             client,
             tokens: Tokens::default(),
             scheme: Mutex::new(Scheme::Anonymous),
@@ -291,9 +310,27 @@ impl Cache {
         let sent = self.authorization(scope);
         let response = self.send_authed(method.clone(), url, scope, None).await?;
         if response.status().as_u16() != 401 || !self.answer(&response, scope, sent).await? {
-            return Ok(response);
+            return self.refusal(response);
         }
-        self.send_authed(method, url, scope, None).await
+        let response = self.send_authed(method, url, scope, None).await?;
+        self.refusal(response)
+    }
+
+    /// A `401` to a request that carried the user name and password: the
+    /// credentials are wrong, said with the registry and the user (never
+    /// the password).
+    fn refusal(
+        &self,
+        response: reqwest::Response,
+    ) -> std::result::Result<reqwest::Response, AttemptError> {
+        let basic = *self.scheme.lock().unwrap_or_else(|p| p.into_inner()) == Scheme::Basic;
+        match (&self.credentials.login, response.status().as_u16()) {
+            (Some((user, _)), 401) if basic => Err(refused(&format!(
+                "the registry {} refused the user name {user:?} and its password (HTTP 401)",
+                self.settings.registry.host()
+            ))),
+            _ => Ok(response),
+        }
     }
 
     /// One request to the registry with the current `Authorization`.
@@ -363,7 +400,8 @@ impl Cache {
         }
     }
 
-    /// Fetches a token for `scope` from `realm` (with the basic
+    /// Fetches a token for `scope` (scopes apart by spaces, each sent as a
+    /// `scope` of its own) from `realm` (with the basic
     /// credentials, when configured) and keeps it. The realm is checked by
     /// the same rules as the registry; the credentials go only there.
     async fn fetch_token(
@@ -380,21 +418,48 @@ impl Cache {
                 scheme: url.scheme().to_string(),
             });
         }
-        {
-            let mut query = url.query_pairs_mut();
-            if let Some(service) = service {
-                query.append_pair("service", service);
-            }
-            query.append_pair("scope", scope);
-        }
         let mut headers = HeaderMap::new();
-        if let Some(basic) = self.credentials.basic() {
-            headers.insert(AUTHORIZATION, basic);
-        }
-        let response = self
-            .client
-            .send(Method::GET, &url, headers, None, None)
-            .await?;
+        let response = if let Some(identity) = &self.credentials.identity {
+            // A refresh token (Docker's `identitytoken`): the OAuth 2 form
+            // the token service takes it in, sent in the body.
+            let form = {
+                let mut form = url::form_urlencoded::Serializer::new(String::new());
+                form.append_pair("grant_type", "refresh_token");
+                if let Some(service) = service {
+                    form.append_pair("service", service);
+                }
+                for one in scope.split(' ') {
+                    form.append_pair("scope", one);
+                }
+                form.append_pair("client_id", "gem-resources");
+                form.append_pair("refresh_token", identity.expose());
+                form.finish()
+            };
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/x-www-form-urlencoded"),
+            );
+            let body = reqwest::Body::from(form);
+            self.client
+                .send(Method::POST, &url, headers, Some(body), None)
+                .await?
+        } else {
+            {
+                let mut query = url.query_pairs_mut();
+                if let Some(service) = service {
+                    query.append_pair("service", service);
+                }
+                for one in scope.split(' ') {
+                    query.append_pair("scope", one);
+                }
+            }
+            if let Some(basic) = self.credentials.basic() {
+                headers.insert(AUTHORIZATION, basic);
+            }
+            self.client
+                .send(Method::GET, &url, headers, None, None)
+                .await?
+        };
         let status = response.status().as_u16();
         if status != 200 {
             let why = if matches!(status, 401 | 403) {

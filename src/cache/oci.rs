@@ -59,6 +59,11 @@ impl Registry {
         self.base.host_str().unwrap_or_default().to_string()
     }
 
+    /// The port, when the address names one other than 443.
+    pub fn port(&self) -> Option<u16> {
+        self.base.port()
+    }
+
     /// `https://host[:port]/<repository>`, as configured.
     pub fn address(&self) -> String {
         format!("{}{}", self.base, self.repository)
@@ -77,6 +82,16 @@ impl Registry {
     /// `/v2/<name>/blobs/uploads/`: where an upload starts.
     pub fn uploads(&self) -> Url {
         self.join(&format!("v2/{}/blobs/uploads/", self.repository))
+    }
+
+    /// `/v2/<name>/blobs/uploads/?mount=sha256:<hex>&from=<other>`: a
+    /// cross-repository mount of a blob the registry holds in `from`.
+    pub fn mount(&self, sha256: &str, from: &str) -> Url {
+        let mut url = self.uploads();
+        url.query_pairs_mut()
+            .append_pair("mount", &format!("sha256:{sha256}"))
+            .append_pair("from", from);
+        url
     }
 
     fn join(&self, path: &str) -> Url {
@@ -130,7 +145,7 @@ impl Registry {
 
 /// A repository name as the distribution specification allows:
 /// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(\/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*`.
-fn valid_repository(name: &str) -> bool {
+pub(crate) fn valid_repository(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 255
         && name.split('/').all(|component| {

@@ -56,6 +56,9 @@ pub enum Pushed {
     Present,
     /// The blob was uploaded.
     Uploaded,
+    /// The blob was mounted from another repository (`[cache] mount_from`):
+    /// no bytes sent.
+    Mounted,
 }
 
 /// What `cache check` found: whether the registry answers, lets this
@@ -119,7 +122,11 @@ impl Cache {
             404 => {}
             status => return Err(http(status)),
         }
-        let location = self.start_upload(&scope).await?;
+        let location = match self.mount(sha256, &scope).await? {
+            Ok(pushed) => return Ok(pushed),
+            Err(Some(location)) => location,
+            Err(None) => self.start_upload(&scope).await?,
+        };
         let target = registry
             .upload_target(&location, sha256)
             .map_err(|why| refused(&why))?;
@@ -150,6 +157,52 @@ impl Cache {
         }
     }
 
+    /// Mounts the blob from the first repository of `[cache] mount_from`
+    /// that has it: `Ok(Mounted)` (`201`); else `Err` with the `Location` of
+    /// the upload the registry started instead (`202`), or `None` (any
+    /// other answer: an upload of its own follows).
+    async fn mount(
+        &self,
+        sha256: &str,
+        scope: &str,
+    ) -> std::result::Result<std::result::Result<Pushed, Option<String>>, AttemptError> {
+        let count = self.settings.mount_from.len();
+        for (index, from) in self.settings.mount_from.iter().enumerate() {
+            let url = self.settings.registry.mount(sha256, from);
+            // A token for a mount also reads the other repository.
+            let both = format!("{scope} repository:{from}:pull");
+            let response = self.authed(Method::POST, &url, &both).await?;
+            match response.status().as_u16() {
+                201 => return Ok(Ok(Pushed::Mounted)),
+                // Not there: the registry started an upload instead, kept
+                // for the last repository, cancelled before the next.
+                202 if index + 1 == count => return Ok(Err(location(&response))),
+                202 => {
+                    if let Some(location) = location(&response) {
+                        self.cancel_upload(&location, &both).await;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Err(None))
+    }
+
+    /// Cancels the upload at `location` (best effort: the registry drops
+    /// an abandoned one by itself in time).
+    async fn cancel_upload(&self, location: &str, scope: &str) {
+        if let Ok(target) = self.settings.registry.base_join(location) {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = self.authorization(scope) {
+                headers.insert(AUTHORIZATION, value);
+            }
+            let _ = self
+                .client
+                .send(Method::DELETE, &target, headers, None, None)
+                .await;
+        }
+    }
+
     /// `POST /v2/<name>/blobs/uploads/`: the `Location` to send the blob to.
     async fn start_upload(&self, scope: &str) -> std::result::Result<String, AttemptError> {
         let response = self
@@ -159,11 +212,7 @@ impl Cache {
         if status != 202 {
             return Err(http(status));
         }
-        response
-            .headers()
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+        location(&response)
             .ok_or_else(|| refused("the registry started an upload without a Location"))
     }
 
@@ -241,16 +290,7 @@ impl Cache {
         report.write = match self.start_upload(&push_scope(registry)).await {
             Ok(location) => {
                 // Nothing is left behind: the upload is cancelled.
-                if let Ok(target) = registry.base_join(&location) {
-                    let mut headers = HeaderMap::new();
-                    if let Some(value) = self.authorization(&push_scope(registry)) {
-                        headers.insert(AUTHORIZATION, value);
-                    }
-                    let _ = self
-                        .client
-                        .send(Method::DELETE, &target, headers, None, None)
-                        .await;
-                }
+                self.cancel_upload(&location, &push_scope(registry)).await;
                 Ok(())
             }
             Err(AttemptError::Http { status, .. }) => Err(format!("refused: {}", http(status))),
@@ -258,6 +298,15 @@ impl Cache {
         };
         report
     }
+}
+
+/// The `Location` of an answer that started an upload.
+fn location(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// Uploads the offers one at a time while the cache lives; a failure is
@@ -280,6 +329,9 @@ async fn worker(cache: std::sync::Weak<Cache>, mut offers: mpsc::Receiver<Offer>
             }
             Ok(Pushed::Uploaded) => {
                 tracing::info!(sha256 = %offer.sha256, "uploaded to the cache");
+            }
+            Ok(Pushed::Mounted) => {
+                tracing::info!(sha256 = %offer.sha256, "mounted in the cache from another repository");
             }
             Err(e) => cache.failed(&format_args!("cannot upload {}: {e}", offer.sha256)),
         }

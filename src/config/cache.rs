@@ -7,6 +7,7 @@
 //! push = true
 //! username = "gem-resources"
 //! password_env = "GEM_RESOURCES_CACHE_PASSWORD"
+//! # or: docker_config = true      # the login `docker login` left
 //! allow_internal = true          # or ["registry.corp.example", "blobs.corp.example"]
 //! timeout_secs = 2
 //! ```
@@ -41,6 +42,16 @@ pub struct CacheConfig {
     /// A file holding the password (or token); its first line is used.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// Repositories of the same registry a file may already be in: before
+    /// an upload, the blob is mounted from them (a cross-repository mount,
+    /// no bytes sent) when the registry has it there.
+    #[serde(default)]
+    pub mount_from: Vec<String>,
+    /// Credentials from a Docker `config.json`: `true` for
+    /// `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`, or the
+    /// file's path; the entry for the registry's host is used.
+    #[serde(default)]
+    pub docker_config: DockerConfig,
     /// The hosts that may be on a local or internal-network address:
     /// `true` for the registry's own host, or a list of host names (the
     /// registry's, its token service's, its blob storage's).
@@ -60,6 +71,20 @@ pub struct CacheConfig {
         deserialize_with = "super::rate::deserialize_opt"
     )]
     pub push_max_bytes_per_sec: Option<u64>,
+}
+
+/// `[cache] docker_config`: `true`, `false` or a path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum DockerConfig {
+    /// `true`: Docker's own file; `false`: none.
+    Use(bool),
+    /// This file.
+    File(PathBuf),
+    /// Not set: none.
+    #[default]
+    #[serde(skip)]
+    None,
 }
 
 fn default_timeout() -> f64 {
@@ -82,6 +107,8 @@ impl Default for CacheConfig {
             username: None,
             password_env: None,
             password_file: None,
+            mount_from: Vec::new(),
+            docker_config: DockerConfig::default(),
             allow_internal: AllowInternal::default(),
             timeout_secs: default_timeout(),
             breaker_secs: default_breaker(),
@@ -108,6 +135,8 @@ impl CacheConfig {
                 || self.username.is_some()
                 || self.password_env.is_some()
                 || self.password_file.is_some()
+                || self.docker_config != DockerConfig::default()
+                || !self.mount_from.is_empty()
                 || self.allow_internal != AllowInternal::default();
             if set {
                 return Err("cache: the section needs `oci`, the registry to use".into());
@@ -119,11 +148,30 @@ impl CacheConfig {
             return Err("cache: give either password_env or password_file, not both".into());
         }
         let password = self.password_env.is_some() || self.password_file.is_some();
+        let docker = matches!(
+            self.docker_config,
+            DockerConfig::Use(true) | DockerConfig::File(_)
+        );
+        if docker && (password || self.username.is_some()) {
+            return Err(
+                "cache: give either docker_config or username and password_env/password_file, not both"
+                    .into(),
+            );
+        }
         if password && self.username.is_none() {
             return Err("cache: a password needs a username".into());
         }
         if self.username.is_some() && !password {
             return Err("cache: a username needs password_env or password_file".into());
+        }
+        if let Some(bad) = self
+            .mount_from
+            .iter()
+            .find(|r| !crate::cache::oci::valid_repository(r))
+        {
+            return Err(format!(
+                "cache.mount_from: {bad:?} is not a repository name (lower-case letters, digits, `.`, `_`, `-` and `/`)"
+            ));
         }
         if let AllowInternal::Hosts(hosts) = &self.allow_internal {
             if let Some(bad) = hosts.iter().find(|h| url::Host::parse(h).is_err()) {
@@ -146,11 +194,22 @@ impl CacheConfig {
             (None, Some(file)) => Some(PasswordSource::File(file.clone())),
             (None, None) => None,
         };
+        let docker_config = match &self.docker_config {
+            DockerConfig::File(path) => Some(path.clone()),
+            DockerConfig::Use(true) => Some(crate::cache::docker_default_path().ok_or_else(|| {
+                config(
+                    "cache.docker_config: none of DOCKER_CONFIG, HOME and USERPROFILE is set, so there is no Docker config.json to read".into(),
+                )
+            })?),
+            DockerConfig::Use(false) | DockerConfig::None => None,
+        };
         let settings = CacheSettings {
             registry: crate::cache::Registry::parse(oci).map_err(config)?,
             push: self.push,
             username: self.username.clone(),
             password,
+            docker_config,
+            mount_from: self.mount_from.clone(),
             allow_internal: self.allow_internal.clone(),
             timeout: Duration::from_secs_f64(self.timeout_secs),
             breaker: Duration::from_secs_f64(self.breaker_secs),

@@ -44,6 +44,8 @@ pub const TABLES: &[(Option<&str>, &[&str])] = &[
             "username",
             "password_env",
             "password_file",
+            "mount_from",
+            "docker_config",
             "allow_internal",
             "timeout_secs",
             "breaker_secs",

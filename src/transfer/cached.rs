@@ -72,6 +72,16 @@ impl Fetcher {
         self.cache.as_ref().map(|route| &route.cache)
     }
 
+    /// The addresses whose kept bytes a download of `sha256` resumes: its
+    /// own, and the cache's blob when a cache is configured.
+    pub(crate) fn kept_addresses(&self, addresses: &[String], sha256: &str) -> Vec<String> {
+        let mut all = addresses.to_vec();
+        if let Some(cache) = self.cache() {
+            all.push(cache.blob_url(sha256).to_string());
+        }
+        all
+    }
+
     /// Offers a file verified from its own addresses to the cache
     /// (`[cache] push`): uploaded in the background, never waited for.
     pub(crate) fn offer_to_cache(&self, sha256: &str, size: u64, path: &Path) {

@@ -134,7 +134,8 @@ pub(crate) async fn download_for(
             resource.size,
             name.clone(),
         );
-        let addresses = addresses.clone();
+        // Bytes kept from the cache resume too.
+        let addresses = fetcher.kept_addresses(&addresses, &resource.sha256);
         move || {
             // Published under another name meanwhile: linked or copied
             // here, not downloaded (in the same trip to the disk).

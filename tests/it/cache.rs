@@ -227,6 +227,38 @@ async fn a_bearer_token_is_fetched_once_and_sent_to_the_registry() {
 }
 
 #[tokio::test]
+async fn a_docker_identity_token_gets_the_bearer_token() {
+    let registry = Registry::start(
+        "127.0.0.2",
+        Access::Bearer {
+            user: "reader".into(),
+            password: "id-S3CRET-refresh".into(),
+            token: "TOKEN-S3CRET-id".into(),
+        },
+    )
+    .await;
+    let env = cached_env(&registry, "docker_config = \"docker/config.json\"\n").await;
+    std::fs::create_dir_all(env.dir.path().join("docker")).unwrap();
+    std::fs::write(
+        env.dir.path().join("docker/config.json"),
+        format!(
+            r#"{{"auths":{{"registry.test:{}":{{"auth":"","identitytoken":"id-S3CRET-refresh"}}}}}}"#,
+            registry.port()
+        ),
+    )
+    .unwrap();
+    let body = bytes(20_000, 7);
+    registry.put_blob(&body);
+    let out = fetch(&env, &[("/i.bin", &body)], false).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(registry.tokens_issued(), 1, "{:?}", registry.requests());
+    assert_eq!(env.origin.total_hits(), 0);
+    for text in [stdout(&out), stderr(&out)] {
+        assert!(!text.contains("S3CRET"), "{text}");
+    }
+}
+
+#[tokio::test]
 async fn basic_credentials_reach_the_registry_but_never_a_redirect_target() {
     let registry = Registry::start(
         "127.0.0.2",

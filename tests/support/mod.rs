@@ -10,6 +10,7 @@ pub mod files;
 pub mod origin;
 pub mod proxy;
 pub mod registry;
+pub mod token;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -467,7 +467,8 @@ fn route(request: &Request, shared: &Shared) -> Answer {
 }
 
 /// `/token?service=…&scope=…`: a token for whoever gives the user and
-/// password (or anyone, when the registry has none).
+/// password (or anyone, when the registry has none); a `POST` of the
+/// OAuth 2 form takes the password as its refresh token.
 fn token(request: &Request, shared: &Shared) -> Answer {
     let Access::Bearer {
         user,
@@ -477,6 +478,23 @@ fn token(request: &Request, shared: &Shared) -> Answer {
     else {
         return answer(404);
     };
+    if request.method == "POST" {
+        // OAuth 2: a refresh token (Docker's identitytoken) in the form.
+        let form: Vec<(String, String)> = url::form_urlencoded::parse(&request.body)
+            .into_owned()
+            .collect();
+        let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        if field("grant_type") != Some("refresh_token") || field("refresh_token") != Some(password)
+        {
+            return answer(401);
+        }
+        shared.tokens_issued.fetch_add(1, Ordering::SeqCst);
+        let mut a = answer(200);
+        a.headers
+            .push(("Content-Type".into(), "application/json".into()));
+        a.body = format!(r#"{{"access_token":"{token}","expires_in":300}}"#).into_bytes();
+        return a;
+    }
     let expected = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))

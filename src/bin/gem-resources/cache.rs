@@ -84,9 +84,14 @@ async fn push(
         };
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         match cache.push_file(&sha256, size, &path).await {
-            Ok(Pushed::Uploaded) => {
+            Ok(pushed @ (Pushed::Uploaded | Pushed::Mounted)) => {
                 if !json {
-                    crate::outln!("uploaded: {sha256} ({})", path.display());
+                    let how = if pushed == Pushed::Mounted {
+                        "mounted"
+                    } else {
+                        "uploaded"
+                    };
+                    crate::outln!("{how}: {sha256} ({})", path.display());
                 }
                 uploaded.push(sha256);
             }
