@@ -156,7 +156,7 @@ pub(crate) struct RegistryFolders {
     pub(crate) locks: Arc<Folder>,
     /// Turns at the registry lock within this process (see
     /// `Registry::lock`), shared by every registry of this store.
-    pub(crate) registry_turns: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) registry_turns: Arc<lockfile::Turns>,
 }
 
 /// An exclusive, cross-process lock on every download of one SHA-256 (each

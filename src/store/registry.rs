@@ -39,8 +39,8 @@ use crate::store::{Store, MAX_FAILURE_MESSAGE_CHARS};
 
 mod failures;
 
-use failures::FailureLog;
 pub use failures::{encode_failures, parse_failures, FailureRecord};
+use failures::{FailureLog, Pending};
 
 /// A gem's registration: its validated resources, and who installed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,7 +151,7 @@ pub struct Registry {
     locks: Arc<Folder>,
     /// Takers of the registry lock in this process, in turn (see
     /// [`Registry::lock`]).
-    in_process: Arc<tokio::sync::Mutex<()>>,
+    in_process: Arc<crate::store::lockfile::Turns>,
     /// Parsed registrations, shared by every clone.
     cache: Arc<Cache>,
 }
@@ -163,6 +163,8 @@ struct Cache {
     parses: AtomicU64,
     /// Parsed failure logs by gem id.
     failures: Mutex<HashMap<String, FailureLog>>,
+    /// Changes of failure records waiting to be written together.
+    pending: Mutex<Pending>,
     /// Changes of failure records that could not be written (a full
     /// disk), by gem id then resource id (`None`: cleared): this process
     /// still reports them, until a later change of the record is written.
@@ -173,6 +175,9 @@ struct Cache {
     /// The thread the last failure-record change ran on (tests).
     #[cfg(test)]
     worked_on: Mutex<Option<std::thread::ThreadId>>,
+    /// How many writes of failure records ran under the lock (tests).
+    #[cfg(test)]
+    failure_writes: AtomicU64,
 }
 
 /// Longest registration record read back (a manifest is at most 1 MiB;
@@ -197,9 +202,8 @@ struct Stamp {
 /// Held while the registry is being changed; released on drop.
 #[derive(Debug)]
 pub struct RegistryLock {
-    /// Released first, then the turn of the next taker in this process.
-    _held: crate::store::lockfile::Held,
-    _turn: tokio::sync::OwnedMutexGuard<()>,
+    /// Handed to the next taker in this process, or released.
+    _turn: crate::store::lockfile::Turn,
 }
 
 impl Registry {
@@ -290,19 +294,16 @@ impl Registry {
         removed
     }
 
-    /// Takes the cross-process registry lock.
+    /// Takes the cross-process registry lock. Takers in this process wait
+    /// their turn, woken as soon as the one before them is done, which
+    /// hands them the file lock still held when they were waiting (see
+    /// `lockfile::Turns`): the file lock only waits for other processes.
     pub async fn lock(&self) -> Result<RegistryLock> {
-        // Takers in this process wait their turn here, woken as soon as the
-        // lock is released, rather than each trying the file lock and
-        // sleeping between tries (thousands of failures recorded at once
-        // would spend their time in those pauses); the file lock then
-        // only waits for other processes.
-        let turn = Arc::clone(&self.in_process).lock_owned().await;
-        let file = crate::store::lockfile::lock_in(&self.locks, "registry.lock").await?;
-        Ok(RegistryLock {
-            _held: file,
-            _turn: turn,
-        })
+        let turn = self
+            .in_process
+            .lock_in(&self.locks, "registry.lock")
+            .await?;
+        Ok(RegistryLock { _turn: turn })
     }
 
     /// The registration of `gem`, if installed.

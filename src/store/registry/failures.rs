@@ -159,17 +159,19 @@ struct LogFile<'a> {
 }
 
 impl FailureLog {
-    /// Appends one line.
-    fn append(&mut self, at: &LogFile, line: &FailureLine) -> Result<()> {
+    /// Appends `lines`, in one write.
+    fn append(&mut self, at: &LogFile, lines: &[FailureLine]) -> Result<()> {
         let path = &at.path;
-        let mut bytes = Vec::with_capacity(512);
+        let mut bytes = Vec::with_capacity(512 * lines.len());
         if self.torn {
-            // Ends the line a crash cut short, so this one stays whole.
+            // Ends the line a crash cut short, so these stay whole.
             bytes.push(b'\n');
         }
-        serde_json::to_writer(&mut bytes, line)
-            .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
-        bytes.push(b'\n');
+        for line in lines {
+            serde_json::to_writer(&mut bytes, line)
+                .map_err(|e| Error::io("cannot encode", path, std::io::Error::other(e)))?;
+            bytes.push(b'\n');
+        }
         // Readable by the owner only, as the atomically written records;
         // a symbolic link planted at the log's name is never appended to.
         let mut file = at
@@ -189,7 +191,7 @@ impl FailureLog {
             .metadata()
             .map_err(|e| Error::io("cannot read", path, e))?;
         self.stamp = Some(crate::platform::FileStamp::of(path, &meta));
-        self.lines += 1;
+        self.lines += lines.len();
         self.torn = false;
         Ok(())
     }
@@ -265,6 +267,24 @@ fn same_download(a: &Resource, b: &Resource) -> bool {
 #[doc(hidden)]
 pub fn parse_failures(bytes: &[u8]) -> BTreeMap<String, FailureRecord> {
     fold_failure_log(bytes).0
+}
+
+/// A change of one failure record waiting to be written (see
+/// [`Registry::set_failure`]), and its caller's answer.
+#[derive(Debug)]
+struct Change {
+    gem: String,
+    resource: String,
+    record: Option<FailureRecord>,
+    done: tokio::sync::oneshot::Sender<Result<()>>,
+}
+
+/// The changes of failure records waiting to be written, and whether a
+/// task writes them.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    changes: Vec<Change>,
+    writing: bool,
 }
 
 impl Registry {
@@ -345,13 +365,88 @@ impl Registry {
         if record.is_none() && self.nothing_to_clear(gem, resource) {
             return Ok(());
         }
-        let lock = self.lock().await?;
-        let (this, gem, resource) = (self.clone(), gem.to_string(), resource.to_string());
-        crate::store::off_runtime(self.failures.path(), move || {
-            let _lock = lock;
-            this.set_failure_locked(&gem, &resource, record)
+        let (done, result) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut pending = self.pending();
+            pending.changes.push(Change {
+                gem: gem.to_string(),
+                resource: resource.to_string(),
+                record,
+                done,
+            });
+            !std::mem::replace(&mut pending.writing, true)
+        };
+        if lead {
+            // Its own task: a caller that stops waiting never stops the
+            // writing of the changes others wait for.
+            tokio::spawn(self.clone().write_pending());
+        }
+        result.await.unwrap_or_else(|_| {
+            Err(Error::io(
+                "the file work stopped:",
+                self.failures.path(),
+                std::io::Error::other("the runtime is shutting down"),
+            ))
         })
-        .await
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.cache.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the changes of failure records waiting, all those that came
+    /// in meanwhile together: under one take of the registry lock, in one
+    /// trip to the blocking threads, each gem's log read once and appended
+    /// to once. Returns once none waits.
+    async fn write_pending(self) {
+        loop {
+            if self.idle_unless_pending() {
+                return;
+            }
+            let lock = self.lock().await;
+            let changes = std::mem::take(&mut self.pending().changes);
+            let lock = match lock {
+                Ok(lock) => lock,
+                Err(e) => {
+                    for change in changes {
+                        let _ = change.done.send(Err(e.clone()));
+                    }
+                    continue;
+                }
+            };
+            let this = self.clone();
+            let path = self.failures.path().to_path_buf();
+            let written = crate::store::off_runtime(&path, move || {
+                let answers = this.set_failures_locked(changes);
+                drop(lock);
+                // Idle before the answers go: a caller that then changes
+                // another record finds no writer and starts one, even when
+                // this task is never polled again (its runtime stopped).
+                let idle = this.idle_unless_pending();
+                for (answer, written) in answers {
+                    let _ = answer.send(written);
+                }
+                Ok(idle)
+            })
+            .await;
+            match written {
+                Ok(true) => return,
+                Ok(false) => {}
+                // The changes went with the work; their callers hear of it
+                // as their answer is dropped.
+                Err(e) => tracing::debug!("{}: {e}", e.code()),
+            }
+        }
+    }
+
+    /// Marks the writing of failure records over when no change waits:
+    /// whether it did.
+    fn idle_unless_pending(&self) -> bool {
+        let mut pending = self.pending();
+        if pending.changes.is_empty() {
+            pending.writing = false;
+        }
+        !pending.writing
     }
 
     /// Whether `gem` surely has no failure record of `resource` to clear:
@@ -385,46 +480,83 @@ impl Registry {
         self.cache.unsaved.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// [`Registry::set_failure`] with the lock held.
+    /// [`Registry::set_failure`] for each of `changes`, with the lock held:
+    /// each caller's answer.
+    fn set_failures_locked(
+        &self,
+        changes: Vec<Change>,
+    ) -> Vec<(tokio::sync::oneshot::Sender<Result<()>>, Result<()>)> {
+        let mut out = Vec::new();
+        let mut by_gem: BTreeMap<String, Vec<Change>> = BTreeMap::new();
+        for change in changes {
+            by_gem.entry(change.gem.clone()).or_default().push(change);
+        }
+        for (gem, changes) in by_gem {
+            let (answers, changes): (Vec<_>, Vec<_>) = changes
+                .into_iter()
+                .map(|c| (c.done, (c.resource, c.record)))
+                .unzip();
+            let written = self.set_failure_locked(&gem, changes);
+            out.extend(answers.into_iter().map(|a| (a, written.clone())));
+        }
+        out
+    }
+
+    /// Sets (or, with `None`, clears) the failure records of resources of
+    /// `gem`, in order, with the lock held: every line in one append.
     fn set_failure_locked(
         &self,
         gem: &str,
-        resource: &str,
-        record: Option<FailureRecord>,
+        changes: Vec<(String, Option<FailureRecord>)>,
     ) -> Result<()> {
         #[cfg(test)]
         {
             *self.cache.worked_on.lock().unwrap() = Some(std::thread::current().id());
+            self.cache.failure_writes.fetch_add(1, Ordering::Relaxed);
         }
         let Some(cached) = self.cached(gem)? else {
             return Ok(());
         };
-        // A download that ended after an upgrade changed the resource is
-        // not news about the resource as declared now.
-        let current = cached.reg.resources.iter().find(|r| r.id == resource);
-        if let Some(r) = &record {
-            if !current.is_some_and(|c| r.is_for(c)) {
-                return Ok(());
-            }
+        let changes: Vec<(String, Option<FailureRecord>, bool)> = changes
+            .into_iter()
+            .filter(|(resource, record)| {
+                // A download that ended after an upgrade changed the
+                // resource is not news about the resource as declared now.
+                let current = cached.reg.resources.iter().find(|r| &r.id == resource);
+                record
+                    .as_ref()
+                    .is_none_or(|r| current.is_some_and(|c| r.is_for(c)))
+            })
+            .map(|(resource, record)| {
+                let unsaved = self
+                    .unsaved()
+                    .get(gem)
+                    .is_some_and(|u| u.contains_key(&resource));
+                // Kept as any reader gets it back (times in whole seconds).
+                (resource, record.map(|r| r.into_stored()), unsaved)
+            })
+            .collect();
+        if changes.is_empty() {
+            return Ok(());
         }
-        // Kept as any reader gets it back (times in whole seconds).
-        let record = record.map(|r| r.into_stored());
-        let unsaved = self
-            .unsaved()
-            .get(gem)
-            .is_some_and(|u| u.contains_key(resource));
         let written = self.with_failure_log(gem, |log, at| {
-            if record.is_none() && !log.records.contains_key(resource) && !unsaved {
+            let mut lines = Vec::new();
+            for (resource, record, unsaved) in &changes {
+                if record.is_none() && !log.records.contains_key(resource) && !unsaved {
+                    continue;
+                }
+                match record {
+                    Some(r) => log.records.insert(resource.clone(), r.clone()),
+                    None => log.records.remove(resource),
+                };
+                lines.push(FailureLine {
+                    resource: resource.clone(),
+                    record: record.clone(),
+                });
+            }
+            if lines.is_empty() {
                 return Ok(());
             }
-            let line = FailureLine {
-                resource: resource.to_string(),
-                record: record.clone(),
-            };
-            match &line.record {
-                Some(r) => log.records.insert(resource.to_string(), r.clone()),
-                None => log.records.remove(resource),
-            };
             #[cfg(test)]
             if self.cache.full_disk.load(Ordering::Relaxed) {
                 log.stale = true;
@@ -436,27 +568,29 @@ impl Registry {
                     1,
                 ));
             }
-            let written = if log.lines >= 2 * log.records.len() + LOG_SLACK {
+            let written = if log.lines + lines.len() > 2 * log.records.len() + LOG_SLACK {
                 log.compact(at)
             } else {
-                log.append(at, &line)
+                log.append(at, &lines)
             };
             // The file no longer says what this log holds: read it again.
             log.stale = written.is_err();
             written
         });
         let mut unsaved = self.unsaved();
-        match &written {
-            Ok(()) => {
-                if let Some(u) = unsaved.get_mut(gem) {
-                    u.remove(resource);
+        for (resource, record, _) in changes {
+            match &written {
+                Ok(()) => {
+                    if let Some(u) = unsaved.get_mut(gem) {
+                        u.remove(&resource);
+                    }
                 }
-            }
-            Err(_) => {
-                unsaved
-                    .entry(gem.to_string())
-                    .or_default()
-                    .insert(resource.to_string(), record);
+                Err(_) => {
+                    unsaved
+                        .entry(gem.to_string())
+                        .or_default()
+                        .insert(resource, record);
+                }
             }
         }
         written

@@ -357,6 +357,37 @@ fn failure_records_are_written_off_the_runtime_thread() {
 }
 
 #[test]
+fn failures_recorded_at_once_are_written_together_each_line_kept() {
+    let (dir, registry) = open();
+    let reg = registration("g", &shas(200, 11));
+    registry.put(&reg).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let all = (0..200).map(|i| {
+            let (registry, record) = (registry.clone(), failure(&reg, i, "refused"));
+            tokio::spawn(async move {
+                registry
+                    .set_failure("g", &format!("r{i}"), Some(record))
+                    .await
+            })
+        });
+        for written in futures_util::future::join_all(all).await {
+            written.unwrap().unwrap();
+        }
+    });
+    // Those that came in while one write ran went in the next, under one
+    // lock and in one append.
+    let writes = registry.cache.failure_writes.load(Ordering::Relaxed);
+    assert!(writes < 100, "{writes} writes for 200 records");
+    assert_eq!(log_lines(&dir), 200);
+    let read = Registry::new(&Store::open(dir.path()).unwrap());
+    assert_eq!(read.failures("g").unwrap().len(), 200);
+}
+
+#[test]
 fn scoped_gem_ids_are_lower_case_and_plain_ids_keep_their_rules() {
     for good in ["@acme/ocr", "@acme-2/ocr.v3", "ocr", "Ocr-Tools", "a_b.c"] {
         assert!(check_gem_id(good).is_ok(), "{good}");
