@@ -84,6 +84,16 @@ impl Folder {
         }
     }
 
+    /// Creates the folder `name` in this one (`0700` on Unix): whether it
+    /// did (`false`: there is an entry of that name).
+    pub(crate) fn create_new_sub(&self, name: &str) -> io::Result<bool> {
+        match crate::platform::create_private_dir_at(&self.dir, one_name(name)?) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The path the folder had when it was opened.
     pub(crate) fn path(&self) -> &Path {
         &self.path

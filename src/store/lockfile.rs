@@ -23,6 +23,13 @@
 //! an earlier holder left there); elsewhere in a file beside it
 //! (`<key>.lock.json`), removed before the lock is released. Describing a
 //! download then costs no file of its own.
+//!
+//! A lock that many tasks of one process take one after another (the
+//! registry's, [`Turns`]) is taken in turn within the process, and handed
+//! from one holder to the next without being released in between: a
+//! thousand failures recorded at once lock the file once, not a thousand
+//! times. Every [`HANDED_AT_MOST`] holders it is released all the same, so
+//! another process waiting on it gets in.
 
 use std::fs::{File, TryLockError};
 use std::io;
@@ -92,6 +99,120 @@ pub(crate) fn lock_blocking_in(dir: &Folder, name: &str) -> Result<Held> {
     file.lock()
         .map_err(|e| Error::io("cannot lock", dir.join(name), e))?;
     Ok(Held(file))
+}
+
+/// How many holders in a row a lock taken in turn ([`Turns`]) is handed
+/// to before it is released once, for other processes.
+pub(crate) const HANDED_AT_MOST: u32 = 16;
+
+/// The takers of one lock file within this process, in turn: each gets the
+/// lock from the one before it, still held when another was waiting
+/// (see the module's notes).
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    state: std::sync::Mutex<TurnState>,
+}
+
+#[derive(Debug, Default)]
+struct TurnState {
+    /// Whether a turn is out (held, or being handed over).
+    busy: bool,
+    /// The takers waiting, first come first served.
+    queue: std::collections::VecDeque<tokio::sync::oneshot::Sender<Turn>>,
+    /// Holders the file lock went to in a row without a release.
+    handed: u32,
+}
+
+/// One taker's turn at a lock of [`Turns`], with the file lock once taken;
+/// handed to the next taker when dropped.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    held: Option<Held>,
+    turns: Option<Arc<Turns>>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(turns) = self.turns.take() {
+            turns.pass(self.held.take());
+        }
+    }
+}
+
+impl Turns {
+    /// Waits for this process's turn, then for the lock on the file `name`
+    /// (created when missing) of `dir`, unless the turn came with it.
+    pub(crate) async fn lock_in(self: &Arc<Self>, dir: &Folder, name: &str) -> Result<Turn> {
+        let mut turn = self.take().await;
+        if turn.held.is_none() {
+            turn.held = Some(lock_in(dir, name).await?);
+        }
+        Ok(turn)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, TurnState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn take(self: &Arc<Self>) -> Turn {
+        loop {
+            let waiting = {
+                let mut state = self.state();
+                if !state.busy {
+                    state.busy = true;
+                    return Turn {
+                        held: None,
+                        turns: Some(self.clone()),
+                    };
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                state.queue.push_back(tx);
+                rx
+            };
+            // A turn dropped unreceived (this wait given up after it was
+            // sent) goes on to the next taker as it drops.
+            if let Ok(turn) = waiting.await {
+                return turn;
+            }
+        }
+    }
+
+    /// Hands the turn, and `held` with it, to the first taker still
+    /// waiting; with nobody waiting (or after [`HANDED_AT_MOST`] holders),
+    /// releases the file lock.
+    fn pass(self: &Arc<Self>, mut held: Option<Held>) {
+        let mut released = None;
+        let mut state = self.state();
+        if state.handed >= HANDED_AT_MOST {
+            released = held.take();
+        }
+        loop {
+            let Some(next) = state.queue.pop_front() else {
+                state.busy = false;
+                state.handed = 0;
+                released = released.or(held.take());
+                break;
+            };
+            let with_lock = held.is_some();
+            let turn = Turn {
+                held: held.take(),
+                turns: Some(self.clone()),
+            };
+            match next.send(turn) {
+                Ok(()) => {
+                    state.handed = if with_lock { state.handed + 1 } else { 0 };
+                    break;
+                }
+                // That taker stopped waiting: the next one, with the lock.
+                Err(mut unsent) => {
+                    held = unsent.held.take();
+                    unsent.turns = None;
+                }
+            }
+        }
+        drop(state);
+        drop(released);
+    }
 }
 
 /// A held keyed lock: released when dropped; its lock file stays for the
@@ -303,6 +424,80 @@ pub(crate) async fn wait<T>(mut try_once: impl FnMut() -> Result<Option<T>>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether another open of `name` in `dir` could take its lock now.
+    fn free(dir: &Folder, name: &str) -> bool {
+        try_lock_in(dir, name).unwrap().is_some()
+    }
+
+    #[tokio::test]
+    async fn a_lock_taken_in_turn_is_handed_on_held_and_released_when_nobody_waits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Folder::open_path(tmp.path()).unwrap();
+        let turns = Arc::new(Turns::default());
+        let first = turns.lock_in(&dir, "r.lock").await.unwrap();
+        assert!(!free(&dir, "r.lock"));
+        let next = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take().await }
+        });
+        while turns.state().queue.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        drop(first);
+        // The next taker in this process gets the file lock as it was,
+        // never released in between.
+        let second = next.await.unwrap();
+        assert!(second.held.is_some());
+        assert!(!free(&dir, "r.lock"));
+        drop(second);
+        assert!(free(&dir, "r.lock"));
+        assert!(!turns.state().busy);
+    }
+
+    #[tokio::test]
+    async fn a_taker_that_stops_waiting_leaves_the_lock_to_the_others_or_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Folder::open_path(tmp.path()).unwrap();
+        let turns = Arc::new(Turns::default());
+        let first = turns.lock_in(&dir, "r.lock").await.unwrap();
+        let mut gone = Box::pin(turns.take());
+        assert!(futures_poll_once(gone.as_mut()).is_none());
+        drop(gone);
+        drop(first);
+        assert!(free(&dir, "r.lock"));
+        // And after many holders in a row, the lock is released once for
+        // other processes: the next holder takes it again.
+        let mut turn = turns.lock_in(&dir, "r.lock").await.unwrap();
+        let mut released = 0;
+        for _ in 0..3 * (HANDED_AT_MOST + 1) {
+            let next = tokio::spawn({
+                let turns = turns.clone();
+                async move { turns.take().await }
+            });
+            while turns.state().queue.is_empty() {
+                tokio::task::yield_now().await;
+            }
+            drop(turn);
+            turn = next.await.unwrap();
+            if turn.held.is_none() {
+                released += 1;
+                turn.held = Some(lock_in(&dir, "r.lock").await.unwrap());
+            }
+        }
+        assert_eq!(released, 3);
+    }
+
+    /// Polls `future` once.
+    fn futures_poll_once<F: std::future::Future>(
+        future: std::pin::Pin<&mut F>,
+    ) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        match future.poll(&mut std::task::Context::from_waker(waker)) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        }
+    }
 
     #[tokio::test]
     async fn a_held_lock_is_waited_for_and_the_wait_can_be_dropped() {

@@ -205,8 +205,12 @@ impl PartialPaths {
         self.folder.own_file_meta(&self.data_name()).ok()
     }
 
-    /// The kept record, if there is a usable one.
+    /// The kept record, if there is a usable one. None is read where none
+    /// may exist (a new download that has written none yet).
     pub(crate) fn read_meta(&self) -> Option<PartialMeta> {
+        if !self.may_have_record() {
+            return None;
+        }
         let bytes = self
             .folder
             .read_own(&self.meta_name(), MAX_META_BYTES)

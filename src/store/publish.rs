@@ -558,6 +558,13 @@ impl Store {
     pub(super) fn blob_folder(&self, sha256: &str) -> Result<bool> {
         let blobs = &self.folders.blobs;
         let path = blobs.join(sha256);
+        // Most often there is none: made, without a look first.
+        if blobs
+            .create_new_sub(sha256)
+            .map_err(|e| Error::io("cannot create", &path, e))?
+        {
+            return Ok(true);
+        }
         // One look at the name: a folder of the store's user stays.
         match blobs.entry(sha256) {
             Ok(m) if m.is_dir() && crate::platform::entry_owned_by_me(&m) => return Ok(false),

@@ -153,7 +153,14 @@ pub(crate) async fn download_for(
         Ok(prepared) => prepared,
         Err(found) => return Ok(found),
     };
-    lock.describe(&Holder::new(gem, &addresses, paths.held()));
+    // A new download (no record may exist) starts from an empty file:
+    // nothing to look at.
+    let held = if paths.may_have_record() {
+        paths.held()
+    } else {
+        0
+    };
+    lock.describe(&Holder::new(gem, &addresses, held));
     // Stops when the caller cancels, or when another download published
     // the file.
     let stop = cancel.map_or_else(CancellationToken::new, CancellationToken::child_token);

@@ -269,9 +269,13 @@ impl Scheduler {
     /// while it waits for the job to stop, and removes the bytes itself.
     async fn drop_undeclared_partials(&self, sha256: &str, job: &Job) {
         let registry = &self.deps.registry;
+        // Most often a gem that asked for the file declares it: looked at
+        // first, the other registrations are not read nor `gems/` listed.
+        let waiters = job.waiters();
+        let likely = waiters.iter().map(|w| w.gem.as_str());
         let drop = async {
             let _lock = registry.lock().await?;
-            if registry.declares(sha256)? {
+            if registry.declares_looking_first_at(sha256, likely)? {
                 return Ok(0);
             }
             let (store, sha) = (self.deps.store.clone(), sha256.to_string());
