@@ -15,7 +15,7 @@ use reqwest::Method;
 use url::{Host, Url};
 
 use crate::error::AttemptError;
-use crate::net::connecting::{permitted, permitted_address};
+use crate::net::connecting::{check_hop, permitted_address};
 use crate::net::policy::Policy;
 use crate::net::pool::Pool;
 use crate::net::resolve::{GuardedResolver, LookupRefused};
@@ -36,19 +36,10 @@ impl Client {
     /// Applies the rules to `url` (connecting to nothing) and returns the
     /// addresses its name resolves to (`None` for an IP literal).
     async fn vet(&self, url: &Url) -> Result<Option<Vec<IpAddr>>, AttemptError> {
-        if url.scheme() != "https" {
-            return Err(AttemptError::Scheme {
-                scheme: url.scheme().to_string(),
-            });
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(AttemptError::Credentials);
-        }
+        check_hop(&self.policy, self.resolver.guard(), url)?;
         let host = url.host().ok_or_else(|| AttemptError::Network {
             reason: "address has no host".into(),
         })?;
-        permitted(&self.policy, url)?;
-        self.resolver.guard().check_host(&host)?;
         match host {
             Host::Domain(name) => Ok(Some(self.resolver.lookup(name).await?)),
             _ => Ok(None),

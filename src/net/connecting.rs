@@ -28,6 +28,45 @@ pub(crate) fn permitted(policy: &RwLock<Policy>, url: &Url) -> Result<(), Attemp
     }
 }
 
+/// Checks one hop without resolving: scheme (https only), no credentials
+/// in the address, a well-formed host name, the policy, then the host by
+/// name or as an IP literal (in any spelling the URL parser accepts)
+/// against `guard`. Every address a download or the cache is about to ask
+/// passes here.
+pub(crate) fn check_hop(
+    policy: &RwLock<Policy>,
+    guard: &crate::net::guard::AddressGuard,
+    url: &Url,
+) -> Result<(), AttemptError> {
+    if url.scheme() != "https" {
+        return Err(AttemptError::Scheme {
+            scheme: url.scheme().to_string(),
+        });
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        // They would be sent as a Basic authorization header and end up
+        // in logs and failure records.
+        return Err(AttemptError::Credentials);
+    }
+    let host = url.host().ok_or_else(|| AttemptError::Network {
+        reason: "address has no host".into(),
+    })?;
+    if let Host::Domain(name) = host {
+        // `blocked.test..` must not slip past a policy or guard that
+        // strips one trailing dot: only one is allowed at all.
+        let labels = name.strip_suffix('.').unwrap_or(name);
+        if labels.is_empty() || labels.split('.').any(str::is_empty) {
+            return Err(AttemptError::Address(crate::net::guard::Blocked {
+                address: name.to_string(),
+                reason: "malformed host name (empty label)".into(),
+            }));
+        }
+    }
+    permitted(policy, url)?;
+    guard.check_host(&host)?;
+    Ok(())
+}
+
 /// Whether `policy` lets a connection for `url` read from `ip`, the
 /// address it dialled (the policy's IP entries, [`Policy::permits_address`]).
 pub(crate) fn permitted_address(

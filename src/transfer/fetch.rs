@@ -37,7 +37,7 @@ use url::{Host, Url};
 
 use crate::error::{Attempt, AttemptError, Error, Result};
 use crate::net::connecting::{permitted, permitted_address};
-use crate::net::guard::{normalise_host, AddressGuard, Blocked};
+use crate::net::guard::{normalise_host, AddressGuard};
 use crate::net::hosts::HostSlots;
 use crate::net::policy::Policy;
 use crate::net::pool::Pool;
@@ -432,33 +432,7 @@ impl Fetcher {
     /// Checks one hop without resolving: scheme, policy, then the host by
     /// name or as an IP literal (in any spelling the URL parser accepts).
     pub fn check_hop(&self, url: &Url) -> Result<(), AttemptError> {
-        if url.scheme() != "https" {
-            return Err(AttemptError::Scheme {
-                scheme: url.scheme().to_string(),
-            });
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            // They would be sent as a Basic authorization header and end up
-            // in logs and failure records.
-            return Err(AttemptError::Credentials);
-        }
-        let host = url.host().ok_or_else(|| AttemptError::Network {
-            reason: "address has no host".into(),
-        })?;
-        if let Host::Domain(name) = host {
-            // `blocked.test..` must not slip past a policy or guard that
-            // strips one trailing dot: only one is allowed at all.
-            let labels = name.strip_suffix('.').unwrap_or(name);
-            if labels.is_empty() || labels.split('.').any(str::is_empty) {
-                return Err(AttemptError::Address(Blocked {
-                    address: name.to_string(),
-                    reason: "malformed host name (empty label)".into(),
-                }));
-            }
-        }
-        self.check_policy(url)?;
-        self.guard().check_host(&host)?;
-        Ok(())
+        crate::net::connecting::check_hop(&self.policy, self.guard(), url)
     }
 
     /// Whether the parts of a large file come from all its addresses at
