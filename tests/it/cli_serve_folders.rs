@@ -176,7 +176,7 @@ async fn a_folder_whose_manifest_names_another_gem_is_said_once_and_not_installe
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
     let said = format!(
         "{} declares the gem id other, not named (its folder's name); not installed",
-        gems.join("named/notochord.json").display()
+        gems.join("named").join("notochord.json").display()
     );
     wait_until("the folder's gem is installed", || {
         text().contains("installed gem=\"same\"")

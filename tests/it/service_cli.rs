@@ -436,7 +436,7 @@ async fn verify_repair_after_verify_brings_back_a_missing_required_file() {
     assert_eq!(std::fs::read(&stored[0]).unwrap(), bad);
 
     // One that cannot come back: exit 1, said in the JSON document.
-    std::fs::remove_file(&stored[0]).unwrap();
+    remove_stored(&stored[0]);
     env.origin.route("/bad.bin", Behaviour::Status(404));
     let out = env.run(&["--json", "verify", "--repair"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

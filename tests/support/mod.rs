@@ -300,6 +300,16 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Deletes the stored (read-only) `file`, as a user's cleanup would:
+/// Windows refuses to delete a read-only file, so it is made writable first.
+pub fn remove_stored(file: &Path) {
+    let mut perms = std::fs::metadata(file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(file, perms).unwrap();
+    std::fs::remove_file(file).unwrap();
+}
+
 /// Makes the stored (read-only) `file` writable and flips one of its
 /// bytes, as a hand edit or a failing disk would.
 pub fn corrupt(file: &Path) {
