@@ -235,11 +235,14 @@ impl KeyLock {
         if crate::platform::REMOVE_HELD_LOCKS {
             // Only the holder writes its lock file, from its start; a
             // reader that catches it half-written reads nothing it can
-            // parse.
+            // parse. The length is cut after the write, never to 0 first:
+            // ext4 flushes a file truncated to 0 when it is closed, which
+            // would cost every download a trip to the disk for a few
+            // bytes nobody needs durable.
             let write = |mut file: &File| {
-                file.set_len(0)?;
                 io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
-                io::Write::write_all(&mut file, bytes)
+                io::Write::write_all(&mut file, bytes)?;
+                file.set_len(bytes.len() as u64)
             };
             if let Err(e) = write(self.file.file()) {
                 tracing::debug!(lock = %self.name, "cannot describe the lock holder: {e}");
