@@ -594,6 +594,14 @@ mod tests {
         assert_eq!(holder_of(&dir, &key, 100), Some(None));
         next.describe(b"{}");
         assert_eq!(holder_of(&dir, &key, 100), Some(Some(b"{}".to_vec())));
+        // A holder that says less the second time leaves nothing of its
+        // longer first description behind.
+        next.describe(br#"{"gem":"a longer description"}"#);
+        next.describe(br#"{"gem":"b"}"#);
+        assert_eq!(
+            holder_of(&dir, &key, 100),
+            Some(Some(br#"{"gem":"b"}"#.to_vec()))
+        );
     }
 
     #[tokio::test]
