@@ -662,6 +662,11 @@ impl Job<'_> {
     /// [`Job::durable_from`] and [`Job::resume_from`] of `address`, read
     /// together.
     async fn kept_from(&self, address: &Url) -> (u64, Option<Option<Resume>>) {
+        if !self.paths.may_have_record() {
+            // A new download: nothing is kept, known without a trip to
+            // the blocking threads (a thousand tiny files pay it each).
+            return (0, Some(None));
+        }
         let (address, size) = (address.to_string(), self.resource.size);
         self.on_disk(move |paths| {
             let Some((meta, kept)) = paths.kept() else {
