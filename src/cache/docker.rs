@@ -1,28 +1,37 @@
 //! Credentials from a Docker `config.json` (`[cache] docker_config`), as
-//! `docker login` leaves them: `auths.<host>` with `auth` (base64 of
-//! `user:password`), or `username` and `password`, or `identitytoken` (a
-//! refresh token for the registry's token service). The entry is found by
-//! the registry's host (and port, when the address names one); `https://`
-//! and a path in the key are ignored, as Docker does. Credentials kept by a
-//! helper (`credsStore`, `credHelpers`) are not read: the error says so.
+//! `docker login` leaves them, looked for as Docker does for the
+//! registry's host (and port, when the address names one):
+//! 1. `credHelpers.<host>` names a credential helper (an empty name there
+//!    sends the host to `auths`);
+//! 2. else `credsStore` names one (Docker Desktop always sets it);
+//! 3. else `auths.<host>` holds `auth` (base64 of `user:password`), or
+//!    `username` and `password`, or `identitytoken` (a refresh token for
+//!    the registry's token service).
+//!
+//! A helper is run only when the registry asks for credentials (see
+//! `helper`); an `auths` entry of a host a helper answers for is not read,
+//! as Docker does not read it. `https://` and a path in a key are ignored,
+//! as Docker does.
 //!
 //! Errors name the file and the host, never a value from the file.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
 
-use crate::cache::auth::Secret;
+use crate::cache::auth::{Credentials, Secret};
+use crate::cache::helper::{self, Helper};
 use crate::cache::oci::Registry;
 
-/// What the file holds for the registry.
-#[derive(Debug, Default)]
-pub(crate) struct Found {
-    /// A user name and password.
-    pub(crate) login: Option<(String, Secret)>,
-    /// A refresh token for the registry's token service.
-    pub(crate) identity: Option<Secret>,
+/// Where the file sends the registry's credentials.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// The credentials written in the file.
+    File(Credentials),
+    /// A credential helper keeps them.
+    Helper(Helper),
 }
 
 #[derive(serde::Deserialize)]
@@ -48,9 +57,10 @@ struct Entry {
 }
 
 /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json` (the home
-/// folder from `HOME`, else `USERPROFILE`, as Docker on Windows).
-pub(crate) fn default_path() -> Option<PathBuf> {
-    let set = |name: &str| std::env::var_os(name).filter(|d| !d.is_empty());
+/// folder from `HOME`, else `USERPROFILE`, as Docker on Windows), the
+/// variables read with `var` (the process's environment, but for tests).
+pub(crate) fn default_path(var: &dyn Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let set = |name: &str| var(name).filter(|d| !d.is_empty());
     if let Some(dir) = set("DOCKER_CONFIG") {
         return Some(PathBuf::from(dir).join("config.json"));
     }
@@ -80,8 +90,8 @@ fn keys(registry: &Registry) -> Vec<String> {
     }
 }
 
-/// Reads the credentials for `registry` from the file at `path`.
-pub(crate) fn read(path: &Path, registry: &Registry) -> Result<Found, String> {
+/// Reads where the file at `path` keeps the credentials for `registry`.
+pub(crate) fn read(path: &Path, registry: &Registry) -> Result<Source, String> {
     let shown = path.display();
     let bytes = crate::manifest::read_regular_file(path, 1 << 20)
         .map_err(|e| format!("cache.docker_config: cannot read {shown}: {e}"))?;
@@ -90,26 +100,32 @@ pub(crate) fn read(path: &Path, registry: &Registry) -> Result<Found, String> {
     })?;
     let wanted = keys(registry);
     let host = wanted[0].clone();
-    let entry = file
-        .auths
-        .iter()
-        .find(|(key, _)| wanted.contains(&normalise_key(key)))
-        .map(|(_, entry)| entry);
-    let Some(entry) = entry else {
-        let helper = file
-            .cred_helpers
-            .iter()
-            .find(|(key, _)| wanted.contains(&normalise_key(key)))
-            .map(|(_, helper)| helper.clone())
-            .or(file.creds_store);
-        return Err(match helper {
-            Some(helper) => format!(
-                "cache.docker_config: {shown} leaves the credentials for {host} to docker-credential-{helper}, which this program does not run; give username and password_env instead"
-            ),
-            None => format!("cache.docker_config: {shown} has no credentials for {host}"),
-        });
+    let ours = |key: &String| wanted.contains(&normalise_key(key));
+    // Docker's order: the host's own helper, else the one for every host.
+    let helper = match file.cred_helpers.iter().find(|(key, _)| ours(key)) {
+        Some((_, name)) => Some((name.clone(), "credHelpers")),
+        None => file.creds_store.map(|name| (name, "credsStore")),
     };
-    let mut found = Found::default();
+    if let Some((name, key)) = helper.filter(|(name, _)| !name.is_empty()) {
+        if !helper::valid_name(&name) {
+            return Err(format!(
+                "cache.docker_config: {key} in {shown} names the credential helper {:?}, which is not a plain name (letters, digits, '.', '_' and '-', run as docker-credential-<name> from PATH)",
+                crate::error::shorten_to(&name, 80)
+            ));
+        }
+        return Ok(Source::Helper(Helper {
+            name,
+            server: host,
+            named_in: format!("{key} in {shown}"),
+        }));
+    }
+    let entry = file.auths.iter().find(|(key, _)| ours(key)).map(|(_, e)| e);
+    let Some(entry) = entry else {
+        return Err(format!(
+            "cache.docker_config: {shown} has no credentials for {host}"
+        ));
+    };
+    let mut found = Credentials::default();
     if let Some(auth) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
         let bad = || {
             format!("cache.docker_config: the `auth` for {host} in {shown} is not base64 of user:password")
@@ -137,7 +153,7 @@ pub(crate) fn read(path: &Path, registry: &Registry) -> Result<Found, String> {
             "cache.docker_config: the entry for {host} in {shown} holds no user name and password or identity token"
         ));
     }
-    Ok(found)
+    Ok(Source::File(found))
 }
 
 #[cfg(test)]
@@ -151,6 +167,22 @@ mod tests {
         (dir, path)
     }
 
+    /// The credentials written in the file.
+    fn in_file(path: &Path, registry: &Registry) -> Credentials {
+        match read(path, registry).unwrap() {
+            Source::File(found) => found,
+            Source::Helper(h) => panic!("a helper: {h:?}"),
+        }
+    }
+
+    /// The helper the file names.
+    fn helper_of(path: &Path, registry: &Registry) -> Helper {
+        match read(path, registry).unwrap() {
+            Source::Helper(h) => h,
+            Source::File(_) => panic!("credentials in the file"),
+        }
+    }
+
     #[test]
     fn entries_are_found_by_host_and_port_as_docker_files_them() {
         let with_port = Registry::parse("https://Registry.Corp.example:5000/team/cache").unwrap();
@@ -160,10 +192,10 @@ mod tests {
             r#"{"auths":{"https://registry.corp.example:5000/v1/":{"auth":"dTpwLVMzQ1JFVA=="},
                          "registry.corp.example":{"username":"v","password":"q"}}}"#,
         );
-        let found = read(&path, &with_port).unwrap();
+        let found = in_file(&path, &with_port);
         let (user, password) = found.login.unwrap();
         assert_eq!((user.as_str(), password.expose()), ("u", "p-S3CRET"));
-        let found = read(&path, &plain).unwrap();
+        let found = in_file(&path, &plain);
         assert_eq!(found.login.unwrap().0, "v");
         let other = Registry::parse("https://elsewhere.example/cache").unwrap();
         let e = read(&path, &other).unwrap_err();
@@ -174,21 +206,91 @@ mod tests {
     }
 
     #[test]
-    fn identity_tokens_helpers_and_bad_files_are_said_without_values() {
+    fn identity_tokens_and_bad_files_are_said_without_values() {
         let r = Registry::parse("https://registry.corp.example/cache").unwrap();
         let (_d, path) =
             write(r#"{"auths":{"registry.corp.example":{"identitytoken":"tok-S3CRET"}}}"#);
-        let found = read(&path, &r).unwrap();
+        let found = in_file(&path, &r);
         assert!(found.login.is_none());
         assert_eq!(found.identity.unwrap().expose(), "tok-S3CRET");
-        let (_d, path) = write(r#"{"auths":{},"credHelpers":{"registry.corp.example":"ecr"}}"#);
-        let e = read(&path, &r).unwrap_err();
-        assert!(e.contains("docker-credential-ecr"), "{e}");
         let (_d, path) = write(r#"{"auths":{"registry.corp.example":{"auth":"!!S3CRET"}}}"#);
         let e = read(&path, &r).unwrap_err();
         assert!(e.contains("not base64") && !e.contains("S3CRET"), "{e}");
         let (_d, path) = write("S3CRET not json");
         let e = read(&path, &r).unwrap_err();
         assert!(!e.contains("S3CRET not"), "{e}");
+    }
+
+    #[test]
+    fn helpers_come_first_as_docker_has_it() {
+        let r = Registry::parse("https://registry.corp.example:5000/cache").unwrap();
+        let inline = r#""auths":{"registry.corp.example:5000":{"auth":"dTpwLVMzQ1JFVA=="}}"#;
+        // The host's own helper, before `credsStore`, before `auths`.
+        let (_d, path) = write(&format!(
+            r#"{{{inline},"credsStore":"desktop","credHelpers":{{"https://registry.corp.example:5000":"ecr-login","other.example":"gcloud"}}}}"#
+        ));
+        let h = helper_of(&path, &r);
+        assert_eq!(h.name, "ecr-login");
+        assert_eq!(
+            h.server, "registry.corp.example:5000",
+            "host:port, as Docker asks"
+        );
+        assert_eq!(h.named_in, format!("credHelpers in {}", path.display()));
+        // `credsStore` for every other host, even one with an `auths` entry.
+        let (_d, path) = write(&format!(
+            r#"{{{inline},"credsStore":"desktop","credHelpers":{{"other.example":"gcloud"}}}}"#
+        ));
+        let h = helper_of(&path, &r);
+        assert_eq!(
+            (h.name.as_str(), h.program()),
+            ("desktop", "docker-credential-desktop".into())
+        );
+        let plain = Registry::parse("https://registry.corp.example/cache").unwrap();
+        assert_eq!(helper_of(&path, &plain).server, "registry.corp.example");
+        // An empty name for the host sends it to `auths`.
+        let (_d, path) = write(&format!(
+            r#"{{{inline},"credsStore":"desktop","credHelpers":{{"registry.corp.example:5000":""}}}}"#
+        ));
+        assert_eq!(in_file(&path, &r).login.unwrap().0, "u");
+        // Without any helper: `auths`.
+        let (_d, path) = write(&format!(r#"{{{inline},"credsStore":""}}"#));
+        assert_eq!(in_file(&path, &r).login.unwrap().0, "u");
+    }
+
+    #[test]
+    fn a_helper_name_that_is_not_a_plain_name_is_refused() {
+        let r = Registry::parse("https://registry.corp.example/cache").unwrap();
+        for bad in ["../../bin/sh", "a/b", "a\\b", "a b"] {
+            let (_d, path) = write(&format!(r#"{{"credsStore":"{bad}"}}"#));
+            let e = read(&path, &r).unwrap_err();
+            assert!(
+                e.contains("credsStore in") && e.contains("is not a plain name"),
+                "{e}"
+            );
+        }
+        let (_d, path) = write(r#"{"credHelpers":{"registry.corp.example":"/usr/bin/x"}}"#);
+        let e = read(&path, &r).unwrap_err();
+        assert!(e.contains("credHelpers in"), "{e}");
+    }
+
+    #[test]
+    fn the_file_is_found_from_docker_config_then_home_then_userprofile() {
+        let path = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, OsString)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
+            default_path(&|name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        };
+        let home = Path::new("h").join(".docker").join("config.json");
+        let profile = Path::new("p").join(".docker").join("config.json");
+        let all = [("DOCKER_CONFIG", "d"), ("HOME", "h"), ("USERPROFILE", "p")];
+        assert_eq!(path(&all), Some(Path::new("d").join("config.json")));
+        assert_eq!(path(&all[1..]), Some(home.clone()));
+        assert_eq!(path(&all[2..]), Some(profile.clone()));
+        // An empty variable counts as unset.
+        assert_eq!(path(&[("DOCKER_CONFIG", ""), ("HOME", "h")]), Some(home));
+        assert_eq!(path(&[("HOME", ""), ("USERPROFILE", "p")]), Some(profile));
+        assert_eq!(path(&[]), None);
     }
 }

@@ -9,6 +9,8 @@
 //! - [`oci`]: the distribution API's addresses (a blob, an upload).
 //! - `auth`: anonymous, basic and bearer-token credentials; secrets are
 //!   never shown.
+//! - `docker`, `helper`: credentials from a Docker `config.json`, or from
+//!   the credential helper it names, run when the registry first asks.
 //! - `breaker`: a registry that failed is left alone for a while.
 //! - `client`: the cache's own requests under the address rules, the
 //!   policy and the cache's short timeout.
@@ -27,6 +29,7 @@ mod auth;
 mod breaker;
 mod client;
 mod docker;
+mod helper;
 pub mod oci;
 mod push;
 
@@ -53,7 +56,7 @@ use client::Client;
 /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`: the file
 /// `[cache] docker_config = true` reads.
 pub(crate) fn docker_default_path() -> Option<std::path::PathBuf> {
-    docker::default_path()
+    docker::default_path(&|name| std::env::var_os(name))
 }
 
 /// `[cache] allow_internal`: which hosts of the cache may be on a local or
@@ -142,7 +145,7 @@ pub enum Probe {
 /// An OCI registry used as a cache. Cheap to share (`Arc`).
 pub struct Cache {
     settings: CacheSettings,
-    credentials: Credentials,
+    credentials: Source,
     client: Client,
     tokens: Tokens,
     scheme: Mutex<Scheme>,
@@ -159,6 +162,21 @@ impl std::fmt::Debug for Cache {
             .finish_non_exhaustive()
     }
 }
+
+/// Where the credentials come from.
+#[derive(Debug)]
+enum Source {
+    /// Given (none: anonymous).
+    Given(Credentials),
+    /// From a credential helper, when first needed.
+    Helper(Box<helper::Lazy>),
+}
+
+/// No credentials.
+static ANONYMOUS: Credentials = Credentials {
+    login: None,
+    identity: None,
+};
 
 /// The SHA-256 of no bytes.
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
@@ -184,17 +202,23 @@ impl Cache {
         policy: Arc<RwLock<Policy>>,
     ) -> Result<Cache> {
         let mut credentials = match (&settings.username, &settings.password) {
-            (Some(user), Some(source)) => Credentials {
+            (Some(user), Some(source)) => Source::Given(Credentials {
                 login: Some((user.clone(), source.read().map_err(Error::Config)?)),
                 identity: None,
-            },
-            _ => Credentials::default(),
+            }),
+            _ => Source::Given(Credentials::default()),
         };
         if let Some(path) = &settings.docker_config {
-            let found = docker::read(path, &settings.registry).map_err(Error::Config)?;
-            credentials = Credentials {
-                login: found.login,
-                identity: found.identity,
+            credentials = match docker::read(path, &settings.registry).map_err(Error::Config)? {
+                docker::Source::File(found) => Source::Given(found),
+                // Looked for on the PATH the cache is set up with; a
+                // failure waits the breaker's while before another run.
+                docker::Source::Helper(h) => Source::Helper(Box::new(helper::Lazy::new(
+                    h,
+                    std::env::var_os("PATH"),
+                    helper::HELPER_TIMEOUT,
+                    settings.breaker,
+                ))),
             };
         }
         let client = Client {
@@ -213,6 +237,24 @@ impl Cache {
             scheme: Mutex::new(Scheme::Anonymous),
             fetching: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The credentials as they are now: a helper's only once it gave
+    /// them.
+    fn credentials_now(&self) -> &Credentials {
+        match &self.credentials {
+            Source::Given(given) => given,
+            Source::Helper(lazy) => lazy.ready().unwrap_or(&ANONYMOUS),
+        }
+    }
+
+    /// The credentials, the helper run for them when it has not given
+    /// them yet.
+    async fn credentials(&self) -> std::result::Result<&Credentials, AttemptError> {
+        match &self.credentials {
+            Source::Given(given) => Ok(given),
+            Source::Helper(lazy) => lazy.get().await.map_err(|why| refused(&why)),
+        }
     }
 
     /// The settings it was made with.
@@ -249,7 +291,7 @@ impl Cache {
             .clone();
         match scheme {
             Scheme::Anonymous => None,
-            Scheme::Basic => self.credentials.basic(),
+            Scheme::Basic => self.credentials_now().basic(),
             Scheme::Bearer { .. } => self.tokens.header(scope),
         }
     }
@@ -324,7 +366,7 @@ impl Cache {
         response: reqwest::Response,
     ) -> std::result::Result<reqwest::Response, AttemptError> {
         let basic = *self.scheme.lock().unwrap_or_else(|p| p.into_inner()) == Scheme::Basic;
-        match (&self.credentials.login, response.status().as_u16()) {
+        match (&self.credentials_now().login, response.status().as_u16()) {
             (Some((user, _)), 401) if basic => Err(refused(&format!(
                 "the registry {} refused the user name {user:?} and its password (HTTP 401)",
                 self.settings.registry.host()
@@ -370,7 +412,7 @@ impl Cache {
             .clone();
         match challenge {
             Some(Challenge::Basic) => {
-                if self.credentials.login.is_none() {
+                if self.credentials().await?.login.is_none() {
                     return Err(refused(
                         "the registry asks for a user name and password ([cache] username and password_env)",
                     ));
@@ -386,7 +428,9 @@ impl Cache {
                 let now = self.tokens.header(scope);
                 if now.is_none() || now == sent {
                     self.tokens.forget(scope);
-                    self.fetch_token(&realm, service.as_deref(), scope).await?;
+                    let credentials = self.credentials().await?;
+                    self.fetch_token(credentials, &realm, service.as_deref(), scope)
+                        .await?;
                 }
                 *self.scheme.lock().unwrap_or_else(|p| p.into_inner()) = Scheme::Bearer {
                     realm,
@@ -401,11 +445,13 @@ impl Cache {
     }
 
     /// Fetches a token for `scope` (scopes apart by spaces, each sent as a
-    /// `scope` of its own) from `realm` (with the basic
-    /// credentials, when configured) and keeps it. The realm is checked by
+    /// `scope` of its own) from `realm` (with `credentials`: the identity
+    /// token, else the user name and password, when there are any) and
+    /// keeps it. The realm is checked by
     /// the same rules as the registry; the credentials go only there.
     async fn fetch_token(
         &self,
+        credentials: &Credentials,
         realm: &str,
         service: Option<&str>,
         scope: &str,
@@ -419,7 +465,7 @@ impl Cache {
             });
         }
         let mut headers = HeaderMap::new();
-        let response = if let Some(identity) = &self.credentials.identity {
+        let response = if let Some(identity) = &credentials.identity {
             // A refresh token (Docker's `identitytoken`): the OAuth 2 form
             // the token service takes it in, sent in the body.
             let form = {
@@ -453,7 +499,7 @@ impl Cache {
                     query.append_pair("scope", one);
                 }
             }
-            if let Some(basic) = self.credentials.basic() {
+            if let Some(basic) = credentials.basic() {
                 headers.insert(AUTHORIZATION, basic);
             }
             self.client

@@ -7,7 +7,7 @@
 //! push = true
 //! username = "gem-resources"
 //! password_env = "GEM_RESOURCES_CACHE_PASSWORD"
-//! # or: docker_config = true      # the login `docker login` left
+//! # or: docker_config = true      # the login `docker login` left (or its credential helper)
 //! allow_internal = true          # or ["registry.corp.example", "blobs.corp.example"]
 //! timeout_secs = 2
 //! ```
@@ -48,8 +48,11 @@ pub struct CacheConfig {
     #[serde(default)]
     pub mount_from: Vec<String>,
     /// Credentials from a Docker `config.json`: `true` for
-    /// `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`, or the
-    /// file's path; the entry for the registry's host is used.
+    /// `$DOCKER_CONFIG/config.json` or `~/.docker/config.json` (the home
+    /// folder from `HOME`, else `USERPROFILE`), or the file's path. For
+    /// the registry's host, as Docker: the credential helper `credHelpers`
+    /// or `credsStore` names (run when the registry first asks), else the
+    /// entry of `auths`.
     #[serde(default)]
     pub docker_config: DockerConfig,
     /// The hosts that may be on a local or internal-network address:

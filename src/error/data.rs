@@ -76,8 +76,8 @@ impl ErrorData {
                 details.insert("needed_bytes".into(), json!(needed));
                 details.insert("free_bytes".into(), json!(available));
                 details.insert("reserved_bytes".into(), json!(reserved));
-                if let Some(gem) = held_by {
-                    details.insert("reserved_by".into(), json!(gem));
+                if let Some(holder) = held_by {
+                    holder.insert_into(&mut details);
                 }
             }
             Error::Busy { pid, socket, .. } => {
@@ -103,6 +103,61 @@ impl ErrorData {
             primary_cause: error.primary_cause(),
             message: error.to_string(),
             details,
+        }
+    }
+}
+
+/// Whose download in progress holds most of the disk space a refused
+/// download needed ([`Error::DiskSpace`]): what the holder of its lane said
+/// about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReservedBy {
+    /// A download for a gem (the service's, or `path`, `sync` or
+    /// `install` working in their own process).
+    Gem {
+        /// The gem's id.
+        gem: String,
+        /// The process downloading, when its description says it.
+        pid: Option<u32>,
+    },
+    /// A download for no gem: `fetch`, or a program calling
+    /// [`crate::download()`].
+    Fetch {
+        /// The process downloading, when its description says it (a
+        /// description written by an earlier version does not).
+        pid: Option<u32>,
+    },
+}
+
+impl ReservedBy {
+    /// `reserved_by` of a download for no gem: `<` and `>` are in no gem
+    /// id, so it never names a gem.
+    pub const FETCH: &'static str = "<fetch>";
+
+    /// Adds `reserved_by` (the gem's id, or [`ReservedBy::FETCH`]),
+    /// `reserved_by_kind` (`"gem"` or `"fetch"`) and `reserved_by_pid`
+    /// (when known) to an error's details.
+    fn insert_into(&self, details: &mut Map<String, Value>) {
+        let (by, kind, pid) = match self {
+            ReservedBy::Gem { gem, pid } => (gem.as_str(), "gem", pid),
+            ReservedBy::Fetch { pid } => (Self::FETCH, "fetch", pid),
+        };
+        details.insert("reserved_by".into(), json!(by));
+        details.insert("reserved_by_kind".into(), json!(kind));
+        if let Some(pid) = pid {
+            details.insert("reserved_by_pid".into(), json!(pid));
+        }
+    }
+}
+
+impl std::fmt::Display for ReservedBy {
+    /// `gem "ocr"`, `a fetch in process 1234`, `a fetch`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReservedBy::Gem { gem, .. } => write!(f, "gem {gem:?}"),
+            ReservedBy::Fetch { pid: Some(pid) } => write!(f, "a fetch in process {pid}"),
+            ReservedBy::Fetch { pid: None } => f.write_str("a fetch"),
         }
     }
 }

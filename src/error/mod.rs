@@ -252,7 +252,7 @@ pub enum Error {
         store.display(),
         human_bytes(*reserved),
         match held_by {
-            Some(gem) => format!(", most of it reserved by gem {gem:?}"),
+            Some(holder) => format!(", most of it reserved by {holder}"),
             None => String::new(),
         }
     )]
@@ -266,9 +266,9 @@ pub enum Error {
         /// Bytes other downloads in progress count (see
         /// [`crate::store::lanes`]).
         reserved: u64,
-        /// The gem whose download in progress counts the most, when its
-        /// reservation is what stands in the way (the file alone fits).
-        held_by: Option<String>,
+        /// Whose download in progress counts the most, when that stands in
+        /// the way (the file alone fits) and its holder said who it is.
+        held_by: Option<data::ReservedBy>,
         /// The store folder.
         store: PathBuf,
     },

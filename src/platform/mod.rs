@@ -24,12 +24,14 @@
 //! | [`raise_open_files_limit`] | the soft `RLIMIT_NOFILE` raised to the hard one (at most 65,536; `OPEN_MAX` on macOS) | no such limit: `None` |
 //! | [`local_socket`] | a Unix domain socket, the peer's uid checked (`SO_PEERCRED`, `getpeereid`) | a named pipe for this user only, remote clients rejected (Windows) |
 //! | [`process`] | whether a process still runs: a pidfd (Linux), `kill(pid, 0)`, `getppid()` for the parent | a process handle (Windows) |
+//! | [`program`] | another program found on a search path (a file with an execute bit) and run for its answer within a deadline | `<name>.exe`, run without a console window (Windows) |
 //!
 //! What the crate decides with these (which folders and files it trusts,
 //! what it says when it refuses one) stays with the caller.
 
 pub(crate) mod local_socket;
 pub(crate) mod process;
+pub(crate) mod program;
 
 #[cfg(unix)]
 mod unix;

@@ -5,6 +5,8 @@
 
 use super::*;
 
+use crate::error::data::ReservedBy;
+
 impl Store {
     /// Takes the lock of every download of `sha256` (every lane of every
     /// declared size), waiting for the downloads in progress, in any
@@ -474,7 +476,7 @@ impl Store {
             out.total = out.total.saturating_add(counted);
             if counted > largest {
                 largest = counted;
-                out.largest = used.holder.and_then(|h| h.gem);
+                out.largest = used.holder.map(Holder::reserved_by);
             }
         }
         out
@@ -615,9 +617,9 @@ impl Store {
 struct Reservations {
     /// Their sum.
     total: u64,
-    /// The gem whose download counts the most (`None`: that one is a
-    /// download by hand, or nothing counts).
-    largest: Option<String>,
+    /// Whose download counts the most (`None`: its holder said nothing of
+    /// itself, or nothing counts).
+    largest: Option<ReservedBy>,
 }
 
 /// Every partial data file in `tmp` (of every lane).

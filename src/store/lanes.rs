@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::data::ReservedBy;
 use crate::store::lockfile::KeyLock;
 
 /// Lanes per file: lane 0 and the ones downloads from other addresses race
@@ -69,6 +70,10 @@ pub(crate) struct Holder {
     pub since_ms: u64,
     /// The bytes its partial file held then.
     pub from: u64,
+    /// The process downloading (absent from a description written by an
+    /// earlier version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 impl Holder {
@@ -81,6 +86,15 @@ impl Holder {
             addresses: addresses.to_vec(),
             since_ms,
             from,
+            pid: Some(std::process::id()),
+        }
+    }
+
+    /// Who this download is, as a disk-space error names it.
+    pub(crate) fn reserved_by(self) -> ReservedBy {
+        match self.gem {
+            Some(gem) => ReservedBy::Gem { gem, pid: self.pid },
+            None => ReservedBy::Fetch { pid: self.pid },
         }
     }
 
@@ -166,5 +180,11 @@ mod tests {
         let bytes = serde_json::to_vec(&holder).unwrap();
         assert_eq!(Holder::parse(&bytes), Some(holder));
         assert_eq!(Holder::parse(b"{"), None);
+        // A description without a process id (an earlier version's) is
+        // read all the same.
+        let old = br#"{"gem":null,"addresses":[],"since_ms":1,"from":0}"#;
+        let old = Holder::parse(old).unwrap();
+        assert_eq!(old.pid, None);
+        assert_eq!(old.reserved_by(), ReservedBy::Fetch { pid: None });
     }
 }

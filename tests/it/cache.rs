@@ -608,3 +608,118 @@ async fn cache_push_seeds_the_registry_from_the_store() {
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(stderr(&out).contains("failed:"), "{}", stderr(&out));
 }
+
+/// A credential helper `docker-credential-fake` in `<env>/bin`: it writes
+/// what it was asked to `<env>/bin/asked`, and answers `user` and
+/// `secret` for `server` unless `<env>/bin/deny` exists, when it says
+/// what Docker's helpers say of credentials they do not have. Returns the
+/// `PATH` of a process that finds it first.
+#[cfg(unix)]
+fn fake_helper(env: &Env, server: &str, user: &str, secret: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = env.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let dir = bin.display();
+    let script = format!(
+        r#"#!/bin/sh
+[ "$1" = get ] || exit 2
+server=$(cat)
+printf '%s %s' "$1" "$server" > '{dir}/asked'
+echo "stderr {secret}" >&2
+if [ -e '{dir}/deny' ] || [ "$server" != '{server}' ]; then
+  echo "credentials not found in native keychain"; exit 1
+fi
+printf '{{"ServerURL":"%s","Username":"{user}","Secret":"{secret}"}}' "$server"
+"#
+    );
+    let path = bin.join("docker-credential-fake");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("{dir}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn credentials_come_from_the_docker_credential_helper_before_auths() {
+    let registry = Registry::start(
+        "127.0.0.2",
+        Access::Basic("reader".into(), "pw-S3CRET-helper".into()),
+    )
+    .await;
+    let env = cached_env(&registry, "docker_config = \"docker/config.json\"\n").await;
+    let server = format!("registry.test:{}", registry.port());
+    // `auths` holds wrong credentials for the host: Docker asks the
+    // helper `credsStore` names first, and so does the cache.
+    let wrong = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        "reader:wrong-S3CRET",
+    );
+    std::fs::create_dir_all(env.dir.path().join("docker")).unwrap();
+    let file = serde_json::json!({
+        "auths": { &server: { "auth": wrong } },
+        "credsStore": "fake",
+    });
+    std::fs::write(env.dir.path().join("docker/config.json"), file.to_string()).unwrap();
+    let path = fake_helper(&env, &server, "reader", "pw-S3CRET-helper");
+    let body = bytes(25_000, 9);
+    registry.put_blob(&body);
+    env.serve("/h.bin", &body);
+    let manifest = env.write_manifest(
+        "h.json",
+        serde_json::json!([entry("h", &env.url("origin.test", "/h.bin"), &body)]),
+    );
+    let config = env.dir.path().join("config.toml").display().to_string();
+    let vars = [("PATH", path.as_str())];
+    let run = |args: &[&str]| {
+        let mut all = vec!["--config".to_string(), config.clone()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        crate::support::run_bin_env(all, &vars)
+    };
+    let out = run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(env.origin.hits("/h.bin"), 0, "served by the cache");
+    let asked = std::fs::read_to_string(env.dir.path().join("bin/asked")).unwrap();
+    assert_eq!(asked, format!("get {server}"), "asked as Docker asks");
+    let expected = format!(
+        "Basic {}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            "reader:pw-S3CRET-helper"
+        )
+    );
+    let blob_gets: Vec<_> = registry
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == "GET" && s.target.contains("/blobs/"))
+        .collect();
+    assert!(!blob_gets.is_empty());
+    assert!(blob_gets
+        .iter()
+        .all(|s| s.authorization.as_deref() == Some(expected.as_str())));
+    for text in [stdout(&out), stderr(&out)] {
+        assert!(!text.contains("S3CRET"), "{text}");
+    }
+    // A helper without the credentials: `cache check` names it and says
+    // what it said; downloads go on from their own addresses.
+    std::fs::write(env.dir.path().join("bin/deny"), "").unwrap();
+    let out = run(&["cache", "check"]).await;
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "the credential helper docker-credential-fake failed for {server} (exit status 1): credentials not found in native keychain"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("S3CRET"), "{text}");
+    let other = bytes(5_000, 10);
+    env.serve("/o.bin", &other);
+    let manifest = env.write_manifest(
+        "o.json",
+        serde_json::json!([entry("o", &env.url("origin.test", "/o.bin"), &other)]),
+    );
+    let out = run(&["fetch", manifest.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(env.origin.hits("/o.bin"), 1);
+    assert!(!stderr(&out).contains("S3CRET"), "{}", stderr(&out));
+}

@@ -439,6 +439,68 @@ async fn a_reservation_that_stands_in_the_way_is_named_by_its_gem() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["code"], "E_RESOURCE_DISK_SPACE", "{doc}");
     assert_eq!(doc["reserved_by"], "hog", "{doc}");
+    assert_eq!(doc["reserved_by_kind"], "gem", "{doc}");
+    // The gem's download runs in this process.
+    assert_eq!(doc["reserved_by_pid"], std::process::id(), "{doc}");
     assert!(doc["reserved_bytes"].as_u64().unwrap() > 0, "{doc}");
     assert_eq!(env.origin.hits("/small.bin"), 0);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_held_by_another_process_s_fetch_is_named_as_a_fetch_and_its_process() {
+    let env = Env::new().await;
+    write_patient_config(&env, "");
+    let free = free_space(&env);
+    let margin = 100 << 20;
+    assert!(free > 4 * margin, "too little free space for this test");
+    // Another process's `fetch` (no gem) holds a huge declared download
+    // before any byte of it arrives.
+    let gate = Gate::new();
+    let body = bytes(10, 148);
+    env.origin.route(
+        "/huge.bin",
+        Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let mut huge = entry("huge", &env.url("evil.test", "/huge.bin"), &body);
+    huge["size"] = json!(free - margin);
+    let huge = env.write_manifest("huge.json", json!([huge]));
+    let log = env.dir.path().join("fetch.log");
+    let holder = spawn_quiet(&env, &["fetch", huge.to_str().unwrap()], &log);
+    wait_until("the huge download is in flight", || {
+        env.origin.hits("/huge.bin") == 1
+    })
+    .await;
+    let pid = holder.0.id();
+    // The small file alone fits, not beside it.
+    let small = bytes(10, 149);
+    let mut entry = entry("small", &env.url("origin.test", "/small.bin"), &small);
+    entry["size"] = json!(2 * margin);
+    let small = env.write_manifest("small.json", json!([entry]));
+    let small = small.to_str().unwrap();
+    let out = env.run(&["--json", "fetch", small]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc = &doc["resources"][0];
+    assert_eq!(doc["code"], "E_RESOURCE_DISK_SPACE", "{doc}");
+    // Never a gem's id: `<` is in none.
+    assert_eq!(doc["reserved_by"], "<fetch>", "{doc}");
+    assert_eq!(doc["reserved_by_kind"], "fetch", "{doc}");
+    assert_eq!(doc["reserved_by_pid"], pid, "{doc}");
+    assert!(doc["reserved_bytes"].as_u64().unwrap() > 0, "{doc}");
+    // People read the same in words.
+    let out = env.run(&["fetch", small]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("E_RESOURCE_DISK_SPACE"), "{text}");
+    assert!(
+        text.contains(&format!("most of it reserved by a fetch in process {pid})")),
+        "{text}"
+    );
+    assert_eq!(env.origin.hits("/small.bin"), 0);
+    drop(holder);
+    gate.open();
 }
