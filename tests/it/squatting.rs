@@ -354,11 +354,11 @@ fn free_space(env: &Env) -> u64 {
 }
 
 #[cfg(unix)]
-/// Holds a download of `size` declared bytes for gem `hog` in `service`,
-/// before any byte of it arrives.
-async fn hold_huge(env: &Env, service: &Resources, size: u64) -> Gate {
+/// The entry `huge` declaring `size` bytes at `/huge.bin` of `evil.test`,
+/// whose body waits behind the returned gate (a body seeded by `seed`).
+fn gated_huge(env: &Env, seed: u8, size: u64) -> (Gate, serde_json::Value) {
     let gate = Gate::new();
-    let body = bytes(10, 145);
+    let body = bytes(10, seed);
     env.origin.route(
         "/huge.bin",
         Behaviour::Gated {
@@ -368,6 +368,14 @@ async fn hold_huge(env: &Env, service: &Resources, size: u64) -> Gate {
     );
     let mut huge = entry("huge", &env.url("evil.test", "/huge.bin"), &body);
     huge["size"] = json!(size);
+    (gate, huge)
+}
+
+#[cfg(unix)]
+/// Holds a download of `size` declared bytes for gem `hog` in `service`,
+/// before any byte of it arrives.
+async fn hold_huge(env: &Env, service: &Resources, size: u64) -> Gate {
+    let (gate, huge) = gated_huge(env, 145, size);
     service
         .install("hog", &manifest(json!([huge])))
         .await
@@ -456,17 +464,7 @@ async fn a_reservation_held_by_another_process_s_fetch_is_named_as_a_fetch_and_i
     assert!(free > 4 * margin, "too little free space for this test");
     // Another process's `fetch` (no gem) holds a huge declared download
     // before any byte of it arrives.
-    let gate = Gate::new();
-    let body = bytes(10, 148);
-    env.origin.route(
-        "/huge.bin",
-        Behaviour::Gated {
-            body: body.clone(),
-            gate: gate.clone(),
-        },
-    );
-    let mut huge = entry("huge", &env.url("evil.test", "/huge.bin"), &body);
-    huge["size"] = json!(free - margin);
+    let (gate, huge) = gated_huge(&env, 148, free - margin);
     let huge = env.write_manifest("huge.json", json!([huge]));
     let log = env.dir.path().join("fetch.log");
     let holder = spawn_quiet(&env, &["fetch", huge.to_str().unwrap()], &log);
