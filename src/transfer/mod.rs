@@ -18,6 +18,7 @@ mod exchange;
 pub mod fetch;
 pub mod meter;
 pub mod parts;
+mod patience;
 pub mod retry;
 mod scatter;
 pub(crate) mod sink;
