@@ -7,7 +7,9 @@
 //! `ETag`, else `Last-Modified`), the file may be split: that first
 //! response is read as one stream while its rate is measured, and only
 //! when it is below [`SPLIT_BELOW_BYTES_PER_SEC`] (a connection capped by
-//! its server, or a slow link), or when it came [`FAR_ANSWER`] or more
+//! its server, or a slow link) while the writer did not hold it back (a
+//! connection that waits for the disk or the hash already brings the file
+//! at this machine's pace, `window`), or when it came [`FAR_ANSWER`] or more
 //! after its request (a far server), do up to `network.connections_per_file`
 //! parts (at most `service.max_per_host`) take over equal ranges of the
 //! rest, each asked for exactly, with `Range` and `If-Range` (the first

@@ -108,14 +108,15 @@ impl Run<'_> {
         self.stop.cancel();
     }
 
-    /// Counts `bytes` more of the first connection, and splits the file
-    /// when its window is old enough and its rate below the threshold.
-    pub(super) fn measure(&self, bytes: u64) {
+    /// Counts `bytes` more of the first connection, brought while it
+    /// waited `held` for the writer, and splits the file when its window is
+    /// old enough and its rate below the threshold ([`Window::slow`]).
+    pub(super) fn measure(&self, bytes: u64, held: Duration) {
         let mut window = lock(&self.window);
         let Some(w) = window.as_mut() else {
             return;
         };
-        if let Some(rate) = w.slow(bytes, self.split_below) {
+        if let Some(rate) = w.slow(bytes, held, self.split_below) {
             tracing::debug!(address = %self.address, rate, "a slow connection: fetching in parts");
             *window = None;
             let asked = self.first_asked.load(std::sync::atomic::Ordering::Relaxed);

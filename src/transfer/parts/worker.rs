@@ -2,6 +2,8 @@
 //! range, then ranges taken over or hedged), and its bytes into the part
 //! map and the file ([`PartSink`]).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -155,6 +157,7 @@ impl Fetcher {
             batch: Vec::new(),
             at: start,
             len: 0,
+            held: Duration::ZERO,
         };
         let fail = |hop: &Url, e: AttemptError| run.attempt_of(source, hop, e);
         let body = Body {
@@ -250,6 +253,9 @@ struct PartSink<'r, 'a> {
     at: u64,
     /// Their bytes.
     len: u64,
+    /// How long its batches waited for the writer since it was last
+    /// measured.
+    held: Duration,
 }
 
 impl PartSink<'_, '_> {
@@ -260,7 +266,12 @@ impl PartSink<'_, '_> {
         let batch = std::mem::take(&mut self.batch);
         let at = self.at;
         self.at += std::mem::take(&mut self.len);
-        self.run.scatter.write_at(at, batch).await
+        // The time the writer keeps the connection waiting: the pace of
+        // the disk or the hash, not the connection's.
+        let asked = Instant::now();
+        let written = self.run.scatter.write_at(at, batch).await;
+        self.held += asked.elapsed();
+        written
     }
 }
 
@@ -296,7 +307,7 @@ impl BodySink for PartSink<'_, '_> {
             }
         };
         if self.i == 0 {
-            self.run.measure(hi - lo);
+            self.run.measure(hi - lo, std::mem::take(&mut self.held));
         }
         if !self.batch.is_empty() && self.at + self.len != lo {
             // Another connection wrote in between: a batch is contiguous.
@@ -324,7 +335,7 @@ impl BodySink for PartSink<'_, '_> {
     async fn checkpoint(&mut self) -> std::io::Result<()> {
         if self.i == 0 {
             // A silent first connection is slow too.
-            self.run.measure(0);
+            self.run.measure(0, std::mem::take(&mut self.held));
         }
         self.flush().await?;
         self.run.scatter.checkpoint().await
