@@ -49,7 +49,7 @@ pub(crate) use imp::{
     open_at, open_no_follow, owned_by_me, owned_by_root, path_problem, private_dir_builder,
     raise_open_files_limit, reflink, remove_folder_at, replace_file_at, same_entry, same_file,
     set_private_folder, start_write_back, sync_dir_at, FileStamp, OPEN_DIR_REFUSES_LINKS,
-    REMOVE_HELD_LOCKS,
+    REMOVE_HELD_LOCKS, WRITES_BACK,
 };
 
 #[cfg(test)]

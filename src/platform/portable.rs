@@ -273,6 +273,9 @@ const RENAME_ATTEMPTS: u32 = 10;
 /// Nothing to do (an optimisation only).
 pub(crate) fn start_write_back(_file: &File, _from: u64, _len: u64) {}
 
+/// Whether [`start_write_back`] does anything here: no.
+pub(crate) const WRITES_BACK: bool = false;
+
 /// Never: a plain copy.
 pub(crate) fn reflink(_from: &File, _to: &File) -> bool {
     false

@@ -188,6 +188,9 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
+/// Whether [`start_write_back`] does anything here.
+pub(crate) const WRITES_BACK: bool = cfg!(target_os = "linux");
+
 /// Asks the kernel to start writing `[from, from + len)` back to disk now,
 /// without waiting. Only an optimisation: errors are ignored (the final
 /// flush reports real ones).

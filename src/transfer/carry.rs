@@ -12,7 +12,9 @@
 //! what one stream costs: no writer of parts, no bookkeeping of ranges.
 //!
 //! Once the rate falls below the threshold (or the connection is silent at
-//! a checkpoint), the stream stops where it is: its bytes are flushed and
+//! a checkpoint) while the writer did not hold the stream back (one that
+//! waits for the disk or the hash runs at this machine's pace, which more
+//! connections would not raise), the stream stops where it is: its bytes are flushed and
 //! recorded, and the parts take over from there at once, their first
 //! connection reading on from the same response, so no byte is asked for
 //! twice ([`FirstPart::handed`]): the hash of the bytes before is handed
@@ -20,7 +22,10 @@
 //! `206`, another validator or length) ends the try as a refused part
 //! does: one stream continues from the prefix kept.
 
+use std::time::Duration;
+
 use bytes::Bytes;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -34,10 +39,10 @@ use crate::transfer::fetch::{Expected, Fetcher, Reporter, Transfer, TransferErro
 use crate::transfer::parts::{FirstPart, Quiet, Window};
 use crate::transfer::sink::{BodySink, Sink};
 
-/// The streaming sink, and the first connection's rate measured as its
-/// bytes go in.
-struct Probe {
-    sink: Sink,
+/// The streaming sink ([`Sink`]), and the first connection's rate measured
+/// as its bytes go in.
+struct Probe<S = Sink> {
+    sink: S,
     window: Window,
     split_below: u64,
     /// The file's next byte: where the body being read is.
@@ -46,11 +51,12 @@ struct Probe {
     slow: bool,
 }
 
-impl Probe {
-    /// Counts `bytes` more; whether the connection is now found slow.
-    fn measure(&mut self, bytes: u64) -> bool {
+impl<S> Probe<S> {
+    /// Counts `bytes` more, brought while the stream waited `held` for the
+    /// writer; whether the connection is now found slow.
+    fn measure(&mut self, bytes: u64, held: Duration) -> bool {
         if !self.slow {
-            if let Some(rate) = self.window.slow(bytes, self.split_below) {
+            if let Some(rate) = self.window.slow(bytes, held, self.split_below) {
                 tracing::debug!(rate, at = self.at, "a slow connection: the parts take over");
                 self.slow = true;
             }
@@ -59,18 +65,22 @@ impl Probe {
     }
 }
 
-impl BodySink for Probe {
+impl<S: BodySink> BodySink for Probe<S> {
     async fn write(&mut self, chunk: Bytes) -> std::io::Result<bool> {
         let bytes = chunk.len() as u64;
-        self.sink.write(chunk).await?;
+        // The time the writer keeps the stream waiting (its channel full):
+        // the pace of the disk or the hash, not the connection's.
+        let asked = Instant::now();
+        let more = BodySink::write(&mut self.sink, chunk).await?;
         self.at += bytes;
-        Ok(!self.measure(bytes))
+        Ok(!self.measure(bytes, asked.elapsed()) && more)
     }
 
     async fn checkpoint(&mut self) -> std::io::Result<()> {
-        self.sink.checkpoint().await?;
+        let asked = Instant::now();
+        BodySink::checkpoint(&mut self.sink).await?;
         // A silent connection is slow too.
-        self.measure(0);
+        self.measure(0, asked.elapsed());
         Ok(())
     }
 
@@ -173,6 +183,9 @@ impl Fetcher {
             // The share is done: the rest, on the same connection (its slot
             // given back first, as a part's).
             drop(permit);
+            // Read to its end: its connection goes back to the client's
+            // pool, for the rest.
+            drop(response);
             let ask = Ask {
                 start: probe.at,
                 end: Some(expected.size - 1),
@@ -271,4 +284,60 @@ enum Rest {
     Failed(Box<TransferError>),
     /// Not answered exactly: fetch again as one stream.
     Refused(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A piece of 64 KiB.
+    static PIECE: [u8; 64 << 10] = [0; 64 << 10];
+
+    /// A writer that keeps the stream waiting `takes` for each piece (a
+    /// slow disk, a hash on a busy core).
+    struct Writer {
+        takes: Duration,
+    }
+
+    impl BodySink for Writer {
+        async fn write(&mut self, _chunk: Bytes) -> std::io::Result<bool> {
+            tokio::time::sleep(self.takes).await;
+            Ok(true)
+        }
+
+        async fn checkpoint(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Pieces that arrive `apart` after the writer took the last one, into
+    /// a writer that takes `takes` for each, for a second; whether the
+    /// stream was handed to the parts.
+    async fn handed(apart: Duration, takes: Duration) -> bool {
+        let mut probe = Probe {
+            sink: Writer { takes },
+            window: Window::new(),
+            split_below: 64 << 20,
+            at: 0,
+            slow: false,
+        };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(1) {
+            tokio::time::sleep(apart).await;
+            if !probe.write(Bytes::from_static(&PIECE)).await.unwrap() {
+                return true;
+            }
+        }
+        false
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_held_back_by_its_writer_is_not_handed_to_the_parts() {
+        // 64 KiB every 10 ms (6.5 MB/s, far below 64 MiB/s) either way:
+        // the connection brings a piece every 10 ms itself...
+        assert!(handed(Duration::from_millis(10), Duration::ZERO).await);
+        // ...or every 6 ms, and the writer keeps it 4 ms for each (the disk
+        // or the hash sets the pace: more connections would not help).
+        assert!(!handed(Duration::from_millis(6), Duration::from_millis(4)).await);
+    }
 }

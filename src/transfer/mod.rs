@@ -24,3 +24,4 @@ mod scatter;
 pub(crate) mod sink;
 pub mod slots;
 mod stream;
+mod write_back;

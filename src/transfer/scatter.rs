@@ -27,9 +27,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::partial::Checkpointer;
-use crate::transfer::sink::{
-    Finished, Records, Written, CHECKPOINT_BYTES, REHASH_BUFFER, WRITE_BACK_BYTES,
-};
+use crate::transfer::sink::{Finished, Records, Written, CHECKPOINT_BYTES, REHASH_BUFFER};
+use crate::transfer::write_back::{WriteBack, WRITE_BACK_BYTES};
 
 /// Batches in flight between all the parts and the writer thread.
 pub(super) const SCATTER_CHUNKS: usize = 16;
@@ -181,6 +180,8 @@ struct Writer {
     /// Each part's run of writes: where it ends → where its bytes not yet
     /// handed to the kernel's write-back start.
     runs: HashMap<u64, u64>,
+    /// Asks for each run's windows to be written back.
+    write_back: WriteBack,
     /// The records of the durable prefix and ranges.
     records: Records,
     /// Bytes written in all (kept ones included): the prefix and `ahead`.
@@ -218,6 +219,7 @@ fn run(
         hashed: 0,
         ahead: BTreeMap::new(),
         runs: HashMap::new(),
+        write_back: WriteBack::new(),
         records: Records::new(checkpoints, total),
         written: total,
         buf: vec![0u8; REHASH_BUFFER],
@@ -309,7 +311,7 @@ impl Writer {
     fn write_back(&mut self, at: u64, end: u64) {
         let from = self.runs.remove(&at).unwrap_or(at);
         if end - from >= WRITE_BACK_BYTES {
-            crate::platform::start_write_back(&self.file, from, end - from);
+            self.write_back.start(&self.file, from, end - from);
             self.runs.insert(end, end);
         } else {
             self.runs.insert(end, from);

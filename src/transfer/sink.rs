@@ -11,7 +11,8 @@
 //!
 //! Durability is spread over the transfer instead of piling up at the end:
 //! every [`WRITE_BACK_BYTES`] the thread asks the kernel to start writing the
-//! last window back (`sync_file_range`), and every [`CHECKPOINT_BYTES`] or
+//! last window back (`sync_file_range`, from a thread beside it:
+//! [`crate::transfer::write_back`]), and every [`CHECKPOINT_BYTES`] or
 //! [`CHECKPOINT_EVERY`] it flushes the file (`fdatasync`) and records the
 //! flushed length next to the partial file ([`crate::store::partial`]). After a
 //! crash only that flushed prefix is trusted. When the transfer ends early
@@ -27,14 +28,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::partial::{Checkpointer, PartialPaths};
+use crate::transfer::write_back::{WriteBack, WRITE_BACK_BYTES};
 
 /// Batches in flight between the network and the writer thread (each about
 /// [`BATCH_BYTES`]), which bounds the memory of one transfer.
 const CHANNEL_CHUNKS: usize = 8;
-
-/// Start the kernel's write-back of every window of this many bytes as soon
-/// as it is written, so the final flush has little left to do.
-pub const WRITE_BACK_BYTES: u64 = 8 << 20;
 
 /// Flush and record the durable length at least every this many bytes.
 /// Each flush waits for the disk, so on a fast link they are rare: the
@@ -396,6 +394,8 @@ struct Writer {
     records: Records,
     /// Where the next write-back window starts.
     written_back: u64,
+    /// Asks for each window to be written back.
+    write_back: WriteBack,
     /// The prefix to hash again before anything else.
     offset: u64,
 }
@@ -419,6 +419,7 @@ impl Writer {
             file,
             records: Records::new(checkpoints, offset),
             written_back: offset,
+            write_back: WriteBack::new(),
             offset,
         })
     }
@@ -450,11 +451,8 @@ impl Writer {
     fn write(&mut self, chunk: &[u8], len: u64) -> io::Result<()> {
         self.file.write_all(chunk)?;
         if len - self.written_back >= WRITE_BACK_BYTES {
-            crate::platform::start_write_back(
-                &self.file,
-                self.written_back,
-                len - self.written_back,
-            );
+            self.write_back
+                .start(&self.file, self.written_back, len - self.written_back);
             self.written_back = len;
         }
         if len - self.records.requested() >= CHECKPOINT_BYTES {

@@ -193,6 +193,74 @@ async fn a_first_connection_fast_enough_is_not_split() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_fast_origin_gets_one_connection_and_a_capped_one_gets_parts() {
+    let env = Env::new().await;
+    config(&env, "");
+    let cfg = env.config();
+    let store = Store::open(&cfg.store_dir()).unwrap();
+    // One rule for both files, from what the first connection shows: split
+    // below 2 MB/s (a margin for a loaded machine under the 64 MiB/s of
+    // the default), and never for the time of the first answer (a loaded
+    // machine may answer late: the far-server rule is another test's).
+    let fetcher = || {
+        Fetcher::new(&cfg)
+            .unwrap()
+            .with_split_below(2_000_000)
+            .with_far_answer(Duration::MAX)
+    };
+    let size = SIZE as u64;
+    // A near, fast origin (256 KiB a millisecond, as fast as the machine
+    // takes it): one connection, its first share then the rest.
+    // Connections stay open between requests, as a real server's do.
+    env.origin.keep_alive();
+    let body = bytes(SIZE, 47);
+    env.origin.route(
+        "/near.bin",
+        Behaviour::parts(&body, "\"n1\"", 256 << 10, Duration::from_millis(1)),
+    );
+    let r = resource("near", &env.url("origin.test", "/near.bin"), &[], &body);
+    let path = download(&fetcher(), &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), body);
+    assert_eq!(env.origin.connections_for("/near.bin"), 1, "one connection");
+    let ranges = env.origin.ranges("/near.bin");
+    assert_eq!(
+        ranges,
+        vec![
+            format!("bytes=0-{}", size / 8 - 1),
+            format!("bytes={}-{}", size / 8, size - 1)
+        ]
+    );
+    assert_eq!(env.origin.served("/near.bin"), size, "each byte once");
+    // An origin that caps each connection (1.6 MB/s): the same rule
+    // splits it, eight connections at once.
+    let other = bytes(SIZE, 48);
+    env.origin.route("/capped.bin", paced(&other));
+    let r = resource(
+        "capped",
+        &env.url("origin.test", "/capped.bin"),
+        &[],
+        &other,
+    );
+    let started = Instant::now();
+    let path = download(&fetcher(), &store, &r, no_retry(), &mut |_| {})
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(std::fs::read(path).unwrap(), other);
+    assert!(
+        env.origin.connections_for("/capped.bin") >= 8,
+        "{} connections: {:?}",
+        env.origin.connections_for("/capped.bin"),
+        env.origin.ranges("/capped.bin")
+    );
+    assert!(starts(&env, "/capped.bin").len() >= 8);
+    // One connection would need about 8 s.
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_slows_down_hands_over_to_the_parts_where_it_is() {
     let env = Env::new().await;
     config(&env, "");

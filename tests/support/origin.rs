@@ -334,6 +334,9 @@ struct Shared {
     covering: AtomicUsize,
     /// Every `Range` header asked for, per path, in arrival order.
     ranges: Mutex<HashMap<String, Vec<String>>>,
+    /// The connections (numbered from 0 as accepted) that carried a
+    /// request, per path.
+    carried: Mutex<HashMap<String, std::collections::BTreeSet<usize>>>,
     /// Called with every well-formed request head (see [`Origin::observe`]).
     observer: Mutex<Option<Observer>>,
     /// Called when a ranged answer ends (see [`Origin::log_answers`]).
@@ -583,6 +586,12 @@ impl Origin {
         *lock(&self.shared.hold_handshakes) = Some(gate.clone());
     }
 
+    /// How many connections carried a request for `path` (a connection
+    /// opened and left idle is not counted).
+    pub fn connections_for(&self, path: &str) -> usize {
+        lock(&self.shared.carried).get(path).map_or(0, |c| c.len())
+    }
+
     /// The `Range` headers of the requests for `path`, in arrival order
     /// (requests without one are not listed).
     pub fn ranges(&self, path: &str) -> Vec<String> {
@@ -754,7 +763,7 @@ async fn accept_loop(
 /// Serves one request on one connection, then closes it.
 async fn connection(tcp: TcpStream, acceptor: TlsAcceptor, shared: Arc<Shared>) {
     let _ = tcp.set_nodelay(true);
-    shared.connections.fetch_add(1, Ordering::SeqCst);
+    let number = shared.connections.fetch_add(1, Ordering::SeqCst);
     let hold = lock(&shared.hold_handshakes).clone();
     if let Some(gate) = hold {
         gate.wait().await;
@@ -767,7 +776,7 @@ async fn connection(tcp: TcpStream, acceptor: TlsAcceptor, shared: Arc<Shared>) 
     if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
         shared.resumed.fetch_add(1, Ordering::SeqCst);
     }
-    while let Ok(true) = serve(&mut tls, &shared).await {}
+    while let Ok(true) = serve(&mut tls, &shared, number).await {}
 }
 
 /// The parsed request head.
@@ -836,7 +845,11 @@ fn parse_head(head: &[u8]) -> Result<Request, ()> {
 
 /// Reads one request, records it and answers it. `Ok(true)`: the
 /// connection stays open for the next request.
-async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Result<bool> {
+async fn serve(
+    tls: &mut TlsStream<TcpStream>,
+    shared: &Shared,
+    connection: usize,
+) -> std::io::Result<bool> {
     let request = match read_head(tls).await? {
         None => return Ok(false),
         Some(Ok(request)) => request,
@@ -861,6 +874,10 @@ async fn serve(tls: &mut TlsStream<TcpStream>, shared: &Shared) -> std::io::Resu
         *n - 1
     };
     lock(&shared.last_headers).insert(key.clone(), request.headers.clone());
+    lock(&shared.carried)
+        .entry(key.clone())
+        .or_default()
+        .insert(connection);
     if let Some((_, range)) = request.headers.iter().find(|(n, _)| n == "range") {
         lock(&shared.ranges)
             .entry(key.clone())
