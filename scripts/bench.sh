@@ -560,6 +560,8 @@ install_before() {
     timed "$c" "gem-resources install, the build before" "${OURSB[@]}" install bench "$W/res/$c.json"
     mv "$W/store" "$W/installed/store-before.$run"
 }
+FLOOR_STORE="file system only: the store's layout (scripts/layout-floor.py store)"
+FLOOR_FLAT="file system only: one folder of names (scripts/layout-floor.py flat)"
 many_files_round() { # case dir
     local c=$1 d=$2 fresh=fresh
     [ "$c" != tiny ] || fresh=fresh_aside
@@ -571,6 +573,12 @@ many_files_round() { # case dir
     if [ "$c" = tiny ]; then
         mkdir -p "$W/installed"
         "install_$first"; "install_$second"
+    fi
+    if [ "$c" = tiny ] && command -v python3 >/dev/null; then
+        # The file system's own cost of the same files, without the
+        # program: the store's layout, and one folder of names.
+        $fresh; timed "$c" "$FLOOR_STORE" python3 "$ROOT/scripts/layout-floor.py" "$W/out/f" store "$TINY" "$TINY_BYTES"
+        $fresh; timed "$c" "$FLOOR_FLAT" python3 "$ROOT/scripts/layout-floor.py" "$W/out/f" flat "$TINY" "$TINY_BYTES"
     fi
     $fresh; timed "$c" "curl -Z --parallel-max 8 (no check)" "${CURL[@]}" -Z --parallel-max 8 -K "$W/res/$c.curl"
     $fresh; timed "$c" "curl -Z --parallel-max 8 + sha256sum -c" bash -c \
@@ -731,6 +739,7 @@ echo "ratio = the tool's time / gem-resources' time (above 1: gem-resources is f
 echo "user, sys = CPU seconds; RSS = peak resident set of the largest process."
 echo "Fairness: gem-resources fsyncs every file and its folder before publishing;"
 echo "curl and aria2c do not fsync (except the '+ sync' row), and 'no check' rows verify nothing."
+has_case tiny && echo "'file system only' rows: scripts/layout-floor.py, the same files' file-system work from memory, without the program."
 LINK_CASES=
 for r in $LINKS; do for f in $LINK_FILES; do LINK_CASES="$LINK_CASES $r-$f"; done; done
 for c in big mid capped slowconn many tiny $LINK_CASES; do
