@@ -177,7 +177,8 @@ const SUBSCRIBERS_PER_PROCESS = 200;
 /**
  * `count` bare subscribers (hello, subscribe), spread over processes of
  * js/bench/subscribers.mjs as the pages of several apps are; resolves once
- * every one is answered, to `{stop()}`, which resolves to the events they read.
+ * every one is answered, to `{stop()}`, which resolves to the events they read
+ * and the CPU seconds their processes spent from `ready` on (`{events, cpuSeconds}`).
  */
 async function subscribers(socket, count) {
   const children = [];
@@ -193,15 +194,26 @@ async function subscribers(socket, count) {
       });
       child.on('close', (status) => reject(new Error(`subscribers.mjs ended (${status}) before it was ready`)));
     });
-    const ended = new Promise((resolve) => child.on('close', () => resolve(Number(out.slice('ready\n'.length).trim()) || 0)));
+    const ended = new Promise((resolve) =>
+      child.on('close', () => {
+        try {
+          resolve(JSON.parse(out.slice('ready\n'.length)));
+        } catch {
+          resolve({ events: 0, cpuSeconds: 0 });
+        }
+      }),
+    );
     children.push({ child, ready, ended });
   }
   await Promise.all(children.map((c) => c.ready));
   return {
     async stop() {
       for (const c of children) c.child.stdin.end();
-      const counts = await Promise.all(children.map((c) => c.ended));
-      return counts.reduce((a, b) => a + b, 0);
+      const ends = await Promise.all(children.map((c) => c.ended));
+      return {
+        events: ends.reduce((a, e) => a + e.events, 0),
+        cpuSeconds: ends.reduce((a, e) => a + e.cpuSeconds, 0),
+      };
     },
   };
 }
@@ -512,6 +524,9 @@ async function caseSubscribers(ctx, client) {
   // it, whatever else the machine runs.
   const cpu = { 0: [], [SUBSCRIBERS]: [] };
   const rss = [];
+  // The CPU the subscribers' own processes spend meanwhile: on a machine
+  // with few cores, it is taken from the download.
+  const pagesCpu = [];
   for (let run = 0; run < RUNS; run++) {
     for (const count of [0, SUBSCRIBERS]) {
       const pages = count > 0 ? await subscribers(ctx.service.socket, count) : null;
@@ -522,8 +537,9 @@ async function caseSubscribers(ctx, client) {
       if (pages) {
         const mem = memory(pid);
         rss.push(mem.rss);
-        const events = await pages.stop();
-        say(`  run ${run + 1}: ${count} subscribers in ${Math.ceil(count / SUBSCRIBERS_PER_PROCESS)} processes, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${events} events delivered`);
+        const { events, cpuSeconds } = await pages.stop();
+        pagesCpu.push(cpuSeconds);
+        say(`  run ${run + 1}: ${count} subscribers in ${Math.ceil(count / SUBSCRIBERS_PER_PROCESS)} processes, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${events} events delivered; the subscribers' processes spent ${cpuSeconds.toFixed(2)} s of CPU reading them`);
       }
       await client.uninstall(gem);
     }
@@ -536,7 +552,7 @@ async function caseSubscribers(ctx, client) {
   const ratio = median(times[SUBSCRIBERS]) / median(times[0]);
   row(
     `download of ${MIB} MiB with ${SUBSCRIBERS} subscribers against none, ${RUNS} interleaved runs`,
-    `median ${median(times[SUBSCRIBERS]).toFixed(2)} s against ${median(times[0]).toFixed(2)} s (${ratio.toFixed(3)}×; spreads ${spread(times[SUBSCRIBERS], (x) => x.toFixed(2))} and ${spread(times[0], (x) => x.toFixed(2))}); service CPU ${median(cpu[SUBSCRIBERS]).toFixed(2)} s against ${median(cpu[0]).toFixed(2)} s; service RSS with them ${median(rss)} KiB (median)`,
+    `median ${median(times[SUBSCRIBERS]).toFixed(2)} s against ${median(times[0]).toFixed(2)} s (${ratio.toFixed(3)}×; spreads ${spread(times[SUBSCRIBERS], (x) => x.toFixed(2))} and ${spread(times[0], (x) => x.toFixed(2))}); service CPU ${median(cpu[SUBSCRIBERS]).toFixed(2)} s against ${median(cpu[0]).toFixed(2)} s; the subscribers' processes' CPU ${median(pagesCpu).toFixed(2)} s; service RSS with them ${median(rss)} KiB (median)`,
     '–',
     knobs,
   );

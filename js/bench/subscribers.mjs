@@ -1,7 +1,8 @@
 // One app's pages for js/bench/api.mjs's "subscribers" case: opens COUNT
 // bare subscribers (hello, then subscribe) on SOCKET, prints `ready` once
 // each is answered, counts the events they read, and prints that count
-// and exits when its standard input ends. Run as
+// and the CPU time spent since `ready` (`{"events", "cpuSeconds"}`) and
+// exits when its standard input ends. Run as
 // `node subscribers.mjs SOCKET COUNT`; the service's limits are per
 // process, so the bench spreads its subscribers over several of these.
 
@@ -40,10 +41,14 @@ function subscriber() {
 
 const conns = [];
 for (let i = 0; i < count; i++) conns.push(await subscriber());
+// The CPU this process spends from now on is what reading the events
+// costs the pages.
+const cpuAtReady = process.cpuUsage();
 process.stdout.write('ready\n');
 process.stdin.resume();
 process.stdin.on('end', () => {
+  const cpu = process.cpuUsage(cpuAtReady);
   for (const c of conns) c.destroy();
-  process.stdout.write(`${events}\n`);
+  process.stdout.write(`${JSON.stringify({ events, cpuSeconds: (cpu.user + cpu.system) / 1e6 })}\n`);
   process.exit(0);
 });
