@@ -67,12 +67,14 @@ mod publish;
 mod shared_failure;
 mod space;
 mod stamps;
+mod steps;
 pub(crate) mod trust;
 
 pub use publish::{GROUP_BYTES, GROUP_FILES, GROUP_IDLE};
 pub use shared_failure::{parse_shared_failure, SharedFailure};
 use space::available_space_at;
 pub(crate) use space::{partial_write_failed, write_failed};
+pub(crate) use steps::quick_step;
 
 pub mod gc;
 pub mod lanes;
@@ -427,7 +429,8 @@ pub fn parse_partial_name(name: &str) -> Option<(String, u64)> {
 
 /// Runs blocking file work on `path` (creating files, fsyncs, renames) on
 /// the runtime's blocking threads, so that a slow file system never holds
-/// up the transfers running on its workers.
+/// up the transfers running on its workers. A short step without a flush
+/// takes [`quick_step`] instead.
 pub(crate) async fn off_runtime<T: Send + 'static>(
     path: &Path,
     work: impl FnOnce() -> Result<T> + Send + 'static,

@@ -124,10 +124,10 @@ pub(crate) async fn download_for(
     if let Some(failure) = shared {
         return Err(failure.to_error());
     }
-    // File-system work (creating the file, fsyncs, renames) runs off the
-    // runtime's workers: on a slow disk it would stall every transfer.
+    // File-system work (creating the file, renames) runs off the runtime's
+    // workers while the disk is slow: it would stall every transfer.
     let grace = fetcher.wait_for_others();
-    let prepared = crate::store::off_runtime(store.root(), {
+    let prepared = crate::store::quick_step(store.root(), {
         let (store, id, sha256, size, name) = (
             store.clone(),
             resource.id.clone(),
@@ -216,7 +216,7 @@ pub(crate) async fn download_for(
             }
         }
     };
-    let path = match crate::store::off_runtime(store.root(), stage).await? {
+    let path = match crate::store::quick_step(store.root(), stage).await? {
         Err(found) => return Ok(found),
         // Made durable and named with the other files verified meanwhile.
         Ok(staged) => store.publish_grouped(staged).await?,
@@ -253,7 +253,7 @@ async fn stored_or_writable(
         Some(gem) => format!("{gem}/{} ({name})", resource.id),
         None => format!("{} ({name})", resource.id),
     };
-    crate::store::off_runtime(store.root(), {
+    crate::store::quick_step(store.root(), {
         let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.to_string());
         move || {
             if !nothing {
@@ -698,19 +698,19 @@ impl Job<'_> {
         .flatten()
     }
 
-    /// Runs `work` on the partial file's paths on the blocking threads: a
-    /// slow disk must not stall the transfers on the runtime's workers.
-    /// `None` when the runtime shut down before it ran.
+    /// Runs `work` on the partial file's paths, a short step
+    /// ([`crate::store::quick_step`]): on the blocking threads while the
+    /// disk is slow, which must not stall the transfers on the runtime's
+    /// workers. `None` when the runtime shut down before it ran.
     async fn on_disk<T: Send + 'static>(
         &self,
         work: impl FnOnce(&PartialPaths) -> T + Send + 'static,
     ) -> Option<T> {
         let paths = self.paths.clone();
-        match tokio::task::spawn_blocking(move || work(&paths)).await {
-            Ok(out) => Some(out),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => None,
-        }
+        let root = paths.folder().path().to_path_buf();
+        crate::store::quick_step(&root, move || Ok(work(&paths)))
+            .await
+            .ok()
     }
 
     async fn sleep(&self, wait: std::time::Duration) -> Result<(), TransferError> {

@@ -95,8 +95,8 @@ pub(crate) struct Sink {
 /// What the writer thread writes into.
 pub(crate) struct Target {
     /// The partial file, opened where it is first written: a small body is
-    /// then opened, written and hashed in one trip to the blocking threads,
-    /// a large one on its writer thread.
+    /// then opened, written and hashed in one short step
+    /// ([`crate::store::quick_step`]), a large one on its writer thread.
     pub paths: PartialPaths,
     /// Bytes already in it that the transfer continues (hashed again first).
     pub offset: u64,
@@ -155,10 +155,10 @@ impl Sink {
         let Some(target) = self.unstarted.take() else {
             return;
         };
-        let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
+        let (tx, mut rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (fail_tx, fail_rx) = oneshot::channel();
         let work = move || {
-            if let Err(e) = run(target, rx) {
+            if let Err(e) = run(target, std::iter::from_fn(move || rx.blocking_recv())) {
                 let _ = fail_tx.send(e);
             }
         };
@@ -190,21 +190,28 @@ impl Sink {
         }
     }
 
-    /// Runs the whole transfer's writing on a blocking thread, when the
-    /// writer thread never started: the gathered chunks, then `last`.
+    /// Runs the whole transfer's writing at once, when the writer thread
+    /// never started: the gathered chunks, then `last`. A body that ends
+    /// verified there is a short step ([`crate::store::quick_step`]: a
+    /// write, no flush); one that ends otherwise may flush what it keeps,
+    /// on a blocking thread.
     async fn run_unstarted(&mut self, target: Option<Target>, last: Msg) -> io::Result<()> {
         let batch = std::mem::take(&mut self.batch);
         self.batch_len = 0;
-        tokio::task::spawn_blocking(move || {
-            let (tx, rx) = mpsc::channel(2);
-            // Room for both: nothing can fail to queue.
-            let _ = tx.try_send(Msg::Data(batch));
-            let _ = tx.try_send(last);
-            drop(tx);
-            run(target, rx)
-        })
-        .await
-        .map_err(io::Error::other)?
+        let finish = matches!(last, Msg::Finish(_));
+        let root = target
+            .as_ref()
+            .map(|t| t.paths.folder().path().to_path_buf())
+            .unwrap_or_default();
+        let work = move || run(target, [Msg::Data(batch), last].into_iter());
+        if !finish {
+            return tokio::task::spawn_blocking(work)
+                .await
+                .map_err(io::Error::other)?;
+        }
+        crate::store::quick_step(&root, move || Ok(work()))
+            .await
+            .map_err(io::Error::other)?
     }
 
     /// Hands one chunk to the writer, waiting while it is behind.
@@ -312,8 +319,9 @@ impl Sink {
     }
 }
 
-/// The writer thread.
-fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
+/// The writer: `msgs` until one ends it (on the writer thread, each
+/// waited for on its channel).
+fn run(target: Option<Target>, msgs: impl Iterator<Item = Msg>) -> io::Result<()> {
     let mut writer = match target {
         Some(t) => Some(Writer::open(t)?),
         None => None,
@@ -323,7 +331,7 @@ fn run(target: Option<Target>, mut rx: mpsc::Receiver<Msg>) -> io::Result<()> {
     if let Some(w) = &mut writer {
         len = w.rehash_prefix(&mut hasher)?;
     }
-    while let Some(msg) = rx.blocking_recv() {
+    for msg in msgs {
         match msg {
             Msg::Data(batch) => {
                 for chunk in batch {

@@ -279,7 +279,7 @@ impl Scheduler {
                 return Ok(0);
             }
             let (store, sha) = (self.deps.store.clone(), sha256.to_string());
-            crate::store::off_runtime(self.deps.store.root(), move || {
+            crate::store::quick_step(self.deps.store.root(), move || {
                 Ok(store.remove_partials(&sha))
             })
             .await
