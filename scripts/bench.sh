@@ -660,6 +660,11 @@ if has_case tiny; then
         timed tiny "gem-resources install, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" \
             install bench "$W/res/tiny-refused.json"
         timed tiny "gem-resources status --json, all refused" "${OURS[@]/$W\/config.toml/$W/refused.toml}" --json status
+        if [ -n "$BEFORE" ]; then
+            fresh_aside
+            timed tiny "gem-resources install, all refused, the build before" \
+                "${OURSB[@]/$W\/config.toml/$W/refused.toml}" install bench "$W/res/tiny-refused.json"
+        fi
     done
     for run in $(seq "$RUNS"); do
         timed tiny "gem-resources uninstall" "${OURS[@]/#$W\/store/$W/installed/store.$run}" uninstall bench
