@@ -383,8 +383,15 @@ LOURSB=("$BEFORE" --config "$W/link.toml" --store "$W/store")
 one_file_round() { # case file
     local c=$1 f=$2 sha
     sha=$(sha_of "$f")
-    fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
-    before_row "$c" "$W/res/$c.json"
+    # Which build goes first alternates from run to run: the first one
+    # may meet the disk still writing back what the round before wrote.
+    if [ $((run % 2)) = 1 ]; then
+        fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+        before_row "$c" "$W/res/$c.json"
+    else
+        before_row "$c" "$W/res/$c.json"
+        fresh; timed "$c" "gem-resources fetch" "${OURS[@]}" fetch "$W/res/$c.json"
+    fi
     fresh; timed "$c" "gem-resources fetch, connections_per_file = 1" "${OURS1[@]}" fetch "$W/res/$c.json"
     fresh; timed "$c" "curl | openssl dgst -sha256" bash -c \
         "set -o pipefail; \"\$@\" | openssl dgst -sha256 | grep -q $sha" _ "${CURL[@]}" "$URL/$f"
