@@ -160,10 +160,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_steps_come_back_once_the_disk_was_quick_for_a_while() {
-        let slow_for = Duration::from_millis(600);
+        let slow_for = Duration::from_secs(2);
         let steps = fresh(slow_for);
         assert!(ran_here(steps, SLOW).await);
-        // A slow step off the runtime pushes the quick ones further off.
+        // A slow step off the runtime pushes the quick ones further off:
+        // past the first slow step's `slow_for` (by a quarter of a second),
+        // within the second's (by a second).
         tokio::time::sleep(slow_for / 2).await;
         assert!(!ran_here(steps, SLOW).await);
         tokio::time::sleep(slow_for / 2).await;
