@@ -11,7 +11,8 @@
 //! the steps of the next [`SLOW_FOR`] back to the blocking threads, where a
 //! slow disk holds up no transfer on the runtime's workers: only the step
 //! that found the disk slow ran on a worker. Steps that flush
-//! (`store::publish`) always run on the blocking threads.
+//! (`store::publish`), or that may link, copy or hash a file, always run
+//! on the blocking threads: their callers say which steps are short.
 //!
 //! Only on a multi-threaded runtime: with one thread, a step on it would
 //! hold up every other task.

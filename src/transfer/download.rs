@@ -125,9 +125,11 @@ pub(crate) async fn download_for(
         return Err(failure.to_error());
     }
     // File-system work (creating the file, renames) runs off the runtime's
-    // workers while the disk is slow: it would stall every transfer.
+    // workers while the disk is slow: it would stall every transfer. With
+    // something of the file stored, the look may link, copy or hash it:
+    // never a short step.
     let grace = fetcher.wait_for_others();
-    let prepared = crate::store::quick_step(store.root(), {
+    let prepared = file_step(store, nothing, {
         let (store, id, sha256, size, name) = (
             store.clone(),
             resource.id.clone(),
@@ -216,7 +218,10 @@ pub(crate) async fn download_for(
             }
         }
     };
-    let path = match crate::store::quick_step(store.root(), stage).await? {
+    // The look at the store may link, copy or hash a file another download
+    // published meanwhile: a short step only when there is none.
+    let short = !store.has(&resource.sha256);
+    let path = match file_step(store, short, stage).await? {
         Err(found) => return Ok(found),
         // Made durable and named with the other files verified meanwhile.
         Ok(staged) => store.publish_grouped(staged).await?,
@@ -253,7 +258,7 @@ async fn stored_or_writable(
         Some(gem) => format!("{gem}/{} ({name})", resource.id),
         None => format!("{} ({name})", resource.id),
     };
-    crate::store::quick_step(store.root(), {
+    crate::store::off_runtime(store.root(), {
         let (store, sha256, name) = (store.clone(), resource.sha256.clone(), name.to_string());
         move || {
             if !nothing {
@@ -265,6 +270,21 @@ async fn stored_or_writable(
         }
     })
     .await
+}
+
+/// Runs `work` on the store: a [`crate::store::quick_step`] when it is
+/// `short` (a few system calls, no flush, no file linked, copied or hashed),
+/// else on the blocking threads.
+async fn file_step<T: Send + 'static>(
+    store: &Store,
+    short: bool,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    if short {
+        crate::store::quick_step(store.root(), work).await
+    } else {
+        crate::store::off_runtime(store.root(), work).await
+    }
 }
 
 /// A download that ended, as [`settle`] needs it.

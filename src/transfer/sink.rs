@@ -191,20 +191,25 @@ impl Sink {
     }
 
     /// Runs the whole transfer's writing at once, when the writer thread
-    /// never started: the gathered chunks, then `last`. A body that ends
-    /// verified there is a short step ([`crate::store::quick_step`]: a
-    /// write, no flush); one that ends otherwise may flush what it keeps,
-    /// on a blocking thread.
+    /// never started: the gathered chunks, then `last`. A new body that
+    /// ends verified there is a short step ([`crate::store::quick_step`]:
+    /// a write, no flush); one that ends otherwise may flush what it keeps,
+    /// and a resumed one hashes its kept prefix again: on a blocking thread.
     async fn run_unstarted(&mut self, target: Option<Target>, last: Msg) -> io::Result<()> {
         let batch = std::mem::take(&mut self.batch);
         self.batch_len = 0;
-        let finish = matches!(last, Msg::Finish(_));
+        // A resumed body hashes its kept prefix again first: that may be
+        // the whole file but its last bytes, never a short step.
+        let short = matches!(last, Msg::Finish(_))
+            && target
+                .as_ref()
+                .is_none_or(|t| t.offset < BATCH_BYTES as u64);
         let root = target
             .as_ref()
             .map(|t| t.paths.folder().path().to_path_buf())
             .unwrap_or_default();
         let work = move || run(target, [Msg::Data(batch), last].into_iter());
-        if !finish {
+        if !short {
             return tokio::task::spawn_blocking(work)
                 .await
                 .map_err(io::Error::other)?;
