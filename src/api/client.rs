@@ -47,7 +47,16 @@ fn answer_timeout(method: &str) -> Option<Duration> {
     }
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<std::result::Result<Value, RpcError>>>>>;
+type Pending = Arc<Mutex<Calls>>;
+
+/// The calls waiting for their answers, and whether the connection's
+/// reader ended: a call sent after that would wait for ever, and fails at
+/// once instead.
+#[derive(Default)]
+struct Calls {
+    waiting: HashMap<u64, oneshot::Sender<std::result::Result<Value, RpcError>>>,
+    ended: bool,
+}
 
 /// Where the answer to one call comes.
 type Answer = oneshot::Receiver<std::result::Result<Value, RpcError>>;
@@ -281,6 +290,7 @@ impl Client {
                 self.pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
+                    .waiting
                     .remove(&id);
                 Err(Error::Service {
                     socket: self.socket.clone(),
@@ -353,10 +363,18 @@ impl Client {
     async fn send(&self, method: &str, params: Value) -> Result<(u64, Answer)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, tx);
+        {
+            let mut calls = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // The reader saw the connection's end: nothing would ever
+            // answer (the service stopped as the call was being sent).
+            if calls.ended {
+                return Err(Error::Service {
+                    socket: self.socket.clone(),
+                    reason: format!("the connection closed before {method} was sent"),
+                });
+            }
+            calls.waiting.insert(id, tx);
+        }
         let request = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         self.write_line(&request)
             .await
@@ -412,6 +430,7 @@ impl Client {
                 self.pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
+                    .waiting
                     .remove(&id);
                 return Err(lost(format!(
                     "no answer to {method} within {} s",
@@ -520,6 +539,7 @@ async fn read_loop(
                 let waiter = pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
+                    .waiting
                     .remove(&id);
                 if let Some(waiter) = waiter {
                     let outcome =
@@ -541,6 +561,9 @@ async fn read_loop(
             None => {}
         }
     }
-    // Pending calls fail: their senders are dropped.
-    pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    // Pending calls fail: their senders are dropped; later ones fail as
+    // they are sent.
+    let mut calls = pending.lock().unwrap_or_else(|p| p.into_inner());
+    calls.ended = true;
+    calls.waiting.clear();
 }

@@ -10,6 +10,8 @@ mod api_cancel;
 #[cfg(unix)]
 mod api_cancel_work;
 #[cfg(unix)]
+mod api_client_end;
+#[cfg(unix)]
 mod api_fairness;
 #[cfg(unix)]
 mod api_server;
