@@ -24,7 +24,8 @@ pub const MAX_LINE: usize = 1 << 20;
 /// fewer files, fewer: the limit less [`RESERVED_DESCRIPTORS`] (the
 /// service raises its soft limit to the hard one first). At the cap, the
 /// connection idle the longest (no request in flight, no subscription) is
-/// closed to make room; when none is idle, the new one is closed at once.
+/// closed to make room; when none is idle within a few seconds (every one
+/// has a request in flight), the new one is closed.
 pub const MAX_CONNECTIONS: usize = 2048;
 
 /// Open files kept for the store, the downloads and the configuration

@@ -150,6 +150,66 @@ async fn idle_connections_past_the_cap_make_room_and_the_service_keeps_scanning(
     signal_and_wait(&mut serve).await;
 }
 
+#[tokio::test]
+async fn at_the_cap_a_new_client_gets_in_once_a_call_in_flight_is_answered() {
+    let env = Env::new().await;
+    let body = bytes(10_000, 3);
+    let gate = crate::support::origin::Gate::new();
+    env.origin.route(
+        "/held.bin",
+        crate::support::origin::Behaviour::Gated {
+            body: body.clone(),
+            gate: gate.clone(),
+        },
+    );
+    let url = env.url("origin.test", "/held.bin");
+    // 600 open files: a cap of 88 connections.
+    let (mut serve, _pid, socket) = listening_limited(&env, 600).await;
+    let mut admin = Line::connect(&socket).await;
+    let manifest = json!({ "resources": [entry("held", &url, &body)] });
+    admin
+        .result("install", json!({ "gem": "g", "manifest": manifest }))
+        .await;
+    // Every connection at the cap has a call in flight: a `path` waiting
+    // for the one download, which the origin holds.
+    let path = b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"path\",\"params\":{\"gem\":\"g\",\"id\":\"held\"}}\n";
+    let mut waiting = vec![admin];
+    for _ in 1..88 {
+        let mut line = Line::connect(&socket).await;
+        line.send_raw(path).await;
+        waiting.push(line);
+    }
+    waiting[0].send_raw(path).await;
+    wait_until("the download reaches the origin", || {
+        env.origin.hits("/held.bin") > 0
+    })
+    .await;
+    // Room comes once the download ends and the calls are answered.
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        gate.open();
+    });
+    let started = Instant::now();
+    let mut fresh = Line::connect_silent(&socket).await;
+    fresh
+        .send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\n")
+        .await;
+    let answer = fresh.recv().await;
+    eprintln!(
+        "a new client at a cap of 88 busy connections: answered in {:?}",
+        started.elapsed()
+    );
+    let answer = answer.expect("a new client was closed while every call was in flight");
+    assert!(answer.get("result").is_some(), "{answer}");
+    release.await.unwrap();
+    for line in &mut waiting[1..] {
+        if let Some(answer) = line.recv().await {
+            assert!(answer["result"]["path"].is_string(), "{answer}");
+        }
+    }
+    signal_and_wait(&mut serve).await;
+}
+
 pub(crate) async fn signal_and_wait(serve: &mut Spawned) {
     crate::support::api::signal(serve, libc::SIGTERM);
     crate::support::api::exits(serve).await;

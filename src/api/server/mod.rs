@@ -190,6 +190,15 @@ struct Shared {
     stop: CancellationToken,
 }
 
+/// How long a new connection waits at the cap for a connection that may
+/// be closed to make room, and for that one to end. Both take moments on
+/// a machine with time to spare; a busy one may take a second or more.
+/// Less than a client's wait for `hello` ([`crate::api::client::CONNECT_TIMEOUT`]).
+const MAKE_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// How often a new connection at the cap looks again for one to close.
+const MAKE_ROOM_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The cap of connections for a process that may open `limit` files.
 fn connection_cap(limit: Option<u64>) -> usize {
     match limit {
@@ -293,7 +302,8 @@ impl Shared {
     /// A permit for one more connection of `peer`: at its cap
     /// ([`protocol::MAX_CONNECTIONS_PER_PEER`]) the peer's connection idle
     /// the longest is closed to make room, and at the service's cap
-    /// anyone's; `None` when none can make room.
+    /// anyone's, as soon as one may be (within [`MAKE_ROOM_WAIT`]); `None`
+    /// when none can make room.
     async fn admit(&self, peer: peers::PeerId) -> Option<OwnedSemaphorePermit> {
         if self.peers.connections_of(peer) >= protocol::MAX_CONNECTIONS_PER_PEER
             && !self.close_idlest(Some(peer))
@@ -303,11 +313,22 @@ impl Shared {
         if let Ok(permit) = self.connections.clone().try_acquire_owned() {
             return Some(permit);
         }
-        if !self.close_idlest(None) {
-            return None;
+        let deadline = tokio::time::Instant::now() + MAKE_ROOM_WAIT;
+        // Every connection may be in the middle of a request: on a busy
+        // machine, each of a flood's `hello` and `subscribe` is still being
+        // answered when the next client comes. One of them may be closed
+        // moments later, once answered.
+        while !self.close_idlest(None) {
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(MAKE_ROOM_POLL).await;
+            if let Ok(permit) = self.connections.clone().try_acquire_owned() {
+                return Some(permit);
+            }
         }
         let wait = self.connections.clone().acquire_owned();
-        match tokio::time::timeout(std::time::Duration::from_secs(1), wait).await {
+        match tokio::time::timeout_at(deadline, wait).await {
             Ok(Ok(permit)) => Some(permit),
             _ => None,
         }
