@@ -25,7 +25,8 @@ pub const MAX_LINE: usize = 1 << 20;
 /// service raises its soft limit to the hard one first). At the cap, the
 /// connection idle the longest (no request in flight, no subscription) is
 /// closed to make room; when none is idle within a few seconds (every one
-/// has a request in flight), the new one is closed.
+/// has a request in flight), the new one is closed, and so are the next
+/// ones at once while none is idle.
 pub const MAX_CONNECTIONS: usize = 2048;
 
 /// Open files kept for the store, the downloads and the configuration

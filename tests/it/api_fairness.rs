@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
-use crate::service_limits::{closed_within, listening_limited, said_hello, signal_and_wait};
+use crate::service_limits::{
+    closed_within, hello_answer, listening_limited, said_hello, signal_and_wait,
+};
 use crate::support::api::{rss_bytes, Line, Listening};
 use crate::support::*;
 
@@ -89,13 +91,7 @@ async fn a_subscription_flood_from_one_process_locks_nobody_out() {
     }
     // Every connection is open and holds a subscription: a new client
     // still gets its hello answered.
-    let started = Instant::now();
-    let mut fresh = Line::connect_silent(&socket).await;
-    fresh
-        .send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\n")
-        .await;
-    let answer = fresh.recv().await;
-    let took = started.elapsed();
+    let (answer, took) = hello_answer(&socket).await;
     eprintln!("a new client under a flood of 200 subscribers: hello answered in {took:?}");
     let answer = answer.expect("a new client was shut out by subscribers");
     assert!(answer.get("result").is_some(), "{answer}");

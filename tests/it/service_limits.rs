@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::support::api::{open_descriptors, rss_bytes, service_file, Line, Listening};
+use crate::support::origin::{Behaviour, Gate};
 use crate::support::*;
 
 /// `serve` on `env`'s store and its gems folder, scanning every 0.2 s,
@@ -150,63 +151,113 @@ async fn idle_connections_past_the_cap_make_room_and_the_service_keeps_scanning(
     signal_and_wait(&mut serve).await;
 }
 
-#[tokio::test]
-async fn at_the_cap_a_new_client_gets_in_once_a_call_in_flight_is_answered() {
-    let env = Env::new().await;
+/// A new client's `hello` sent on a raw connection: the answer (`None`
+/// when the service closed the connection) and how long it took.
+pub(crate) async fn hello_answer(socket: &str) -> (Option<Value>, Duration) {
+    let started = Instant::now();
+    let mut stream = UnixStream::connect(socket).await.unwrap();
+    // A connection refused at once may fail this write: it reads nothing.
+    let _ = stream
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\n")
+        .await;
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new(stream);
+    let read = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncBufReadExt::read_line(&mut reader, &mut line),
+    )
+    .await
+    .expect("the service did not answer within 20 s");
+    let answer = match read {
+        Ok(n) if n > 0 => Some(serde_json::from_str(&line).unwrap()),
+        _ => None,
+    };
+    (answer, started.elapsed())
+}
+
+/// `serve` at a cap of 88 connections (600 open files), each with a call
+/// in flight: a `path` waiting for one download, which the origin holds
+/// until the gate returned opens. The connections are returned.
+async fn every_connection_busy(env: &Env) -> (Spawned, String, Gate, Vec<Line>) {
     let body = bytes(10_000, 3);
-    let gate = crate::support::origin::Gate::new();
+    let gate = Gate::new();
     env.origin.route(
         "/held.bin",
-        crate::support::origin::Behaviour::Gated {
+        Behaviour::Gated {
             body: body.clone(),
             gate: gate.clone(),
         },
     );
     let url = env.url("origin.test", "/held.bin");
-    // 600 open files: a cap of 88 connections.
-    let (mut serve, _pid, socket) = listening_limited(&env, 600).await;
+    let (serve, _pid, socket) = listening_limited(env, 600).await;
     let mut admin = Line::connect(&socket).await;
     let manifest = json!({ "resources": [entry("held", &url, &body)] });
     admin
         .result("install", json!({ "gem": "g", "manifest": manifest }))
         .await;
-    // Every connection at the cap has a call in flight: a `path` waiting
-    // for the one download, which the origin holds.
+    // A `path`, then a `status` whose answer says the `path` was read and
+    // is in flight.
     let path = b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"path\",\"params\":{\"gem\":\"g\",\"id\":\"held\"}}\n";
-    let mut waiting = vec![admin];
+    let mut busy = vec![admin];
     for _ in 1..88 {
-        let mut line = Line::connect(&socket).await;
-        line.send_raw(path).await;
-        waiting.push(line);
+        busy.push(Line::connect(&socket).await);
     }
-    waiting[0].send_raw(path).await;
+    for line in &mut busy {
+        line.send_raw(path).await;
+        line.result("status", json!({})).await;
+    }
     wait_until("the download reaches the origin", || {
         env.origin.hits("/held.bin") > 0
     })
     .await;
+    (serve, socket, gate, busy)
+}
+
+#[tokio::test]
+async fn at_the_cap_a_new_client_gets_in_once_a_call_in_flight_is_answered() {
+    let env = Env::new().await;
+    let (mut serve, socket, gate, mut busy) = every_connection_busy(&env).await;
     // Room comes once the download ends and the calls are answered.
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
         gate.open();
     });
-    let started = Instant::now();
-    let mut fresh = Line::connect_silent(&socket).await;
-    fresh
-        .send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\"}\n")
-        .await;
-    let answer = fresh.recv().await;
-    eprintln!(
-        "a new client at a cap of 88 busy connections: answered in {:?}",
-        started.elapsed()
-    );
+    let (answer, took) = hello_answer(&socket).await;
+    eprintln!("a new client at a cap of 88 busy connections: answered in {took:?}");
     let answer = answer.expect("a new client was closed while every call was in flight");
     assert!(answer.get("result").is_some(), "{answer}");
     release.await.unwrap();
-    for line in &mut waiting[1..] {
+    for line in &mut busy[1..] {
         if let Some(answer) = line.recv().await {
             assert!(answer["result"]["path"].is_string(), "{answer}");
         }
     }
+    signal_and_wait(&mut serve).await;
+}
+
+#[tokio::test]
+async fn clients_that_keep_every_connection_busy_hold_up_one_newcomer_not_each() {
+    let env = Env::new().await;
+    let (mut serve, socket, gate, mut busy) = every_connection_busy(&env).await;
+    // The first newcomer waits for room, in vain.
+    let (first, waited) = hello_answer(&socket).await;
+    assert!(first.is_none(), "after {waited:?}: {first:?}");
+    assert!(waited >= Duration::from_secs(3), "refused after {waited:?}");
+    // The next ones are refused at once: the accept loop is not held 4 s
+    // for each.
+    for _ in 0..3 {
+        let (next, took) = hello_answer(&socket).await;
+        assert!(next.is_none(), "{next:?}");
+        assert!(took < Duration::from_secs(2), "refused after {took:?}");
+    }
+    // Once the calls are answered, their connections make room again.
+    gate.open();
+    for line in &mut busy {
+        let answer = line.recv().await.expect("a busy connection was closed");
+        assert!(answer["result"]["path"].is_string(), "{answer}");
+    }
+    let (answer, _) = hello_answer(&socket).await;
+    assert!(answer.is_some_and(|a| a.get("result").is_some()));
     signal_and_wait(&mut serve).await;
 }
 

@@ -155,6 +155,7 @@ impl Resources {
             open: Mutex::default(),
             next_connection: AtomicU64::new(1),
             peers: Arc::default(),
+            no_room_until: Mutex::default(),
             events: fanout::start(self, stop.clone()),
             stop: stop.clone(),
         });
@@ -185,6 +186,9 @@ struct Shared {
     next_connection: AtomicU64,
     /// What each client process holds, and every subscription.
     peers: Arc<peers::Peers>,
+    /// Until when a new connection at the cap is refused without waiting:
+    /// the last wait found no room, and every connection was busy.
+    no_room_until: Mutex<Option<tokio::time::Instant>>,
     /// Where subscriptions take the service's events, written once.
     events: tokio::sync::broadcast::WeakSender<Arc<fanout::Item>>,
     stop: CancellationToken,
@@ -313,13 +317,31 @@ impl Shared {
         if let Ok(permit) = self.connections.clone().try_acquire_owned() {
             return Some(permit);
         }
-        let deadline = tokio::time::Instant::now() + MAKE_ROOM_WAIT;
+        let now = tokio::time::Instant::now();
+        let waited_in_vain = self
+            .no_room_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_if(|until| now < *until)
+            .is_some();
+        if waited_in_vain {
+            if !self.close_idlest(None) {
+                // The last newcomer waited in vain: the clients that keep
+                // every connection busy do not hold up the accept loop for
+                // the next one too.
+                self.refuse_without_waiting_until(now + MAKE_ROOM_WAIT);
+                return None;
+            }
+            return self.permit_by(now + MAKE_ROOM_WAIT).await;
+        }
+        let deadline = now + MAKE_ROOM_WAIT;
         // Every connection may be in the middle of a request: on a busy
         // machine, each of a flood's `hello` and `subscribe` is still being
         // answered when the next client comes. One of them may be closed
         // moments later, once answered.
         while !self.close_idlest(None) {
             if tokio::time::Instant::now() >= deadline {
+                self.refuse_without_waiting_until(deadline + MAKE_ROOM_WAIT);
                 return None;
             }
             tokio::time::sleep(MAKE_ROOM_POLL).await;
@@ -327,11 +349,23 @@ impl Shared {
                 return Some(permit);
             }
         }
+        self.permit_by(deadline).await
+    }
+
+    /// The permit of a connection closed to make room, once it ended, if
+    /// by `deadline`.
+    async fn permit_by(&self, deadline: tokio::time::Instant) -> Option<OwnedSemaphorePermit> {
         let wait = self.connections.clone().acquire_owned();
         match tokio::time::timeout_at(deadline, wait).await {
             Ok(Ok(permit)) => Some(permit),
             _ => None,
         }
+    }
+
+    /// New connections at the cap are refused without waiting until
+    /// `until`, unless one may be closed at once.
+    fn refuse_without_waiting_until(&self, until: tokio::time::Instant) {
+        *self.no_room_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
     }
 }
 
@@ -354,7 +388,11 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, lock: ServiceLock)
             continue;
         }
         let peer = local_socket::peer_pid(&stream);
-        let Some(permit) = shared.admit(peer).await else {
+        let admitted = tokio::select! {
+            admitted = shared.admit(peer) => admitted,
+            () = shared.stop.cancelled() => break,
+        };
+        let Some(permit) = admitted else {
             tracing::warn!(
                 "the local API refused a client: {} connections are open (at most {} per process), none of them idle",
                 shared.cap,
