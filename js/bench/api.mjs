@@ -51,7 +51,9 @@
 // BENCH_API_PROGRESS_RUNS (11),
 // BENCH_API_CONCURRENT (1000), BENCH_API_CONCURRENT_FILES (10),
 // BENCH_API_CONCURRENT_KIB (1024), BENCH_API_CONCURRENT_RUNS (5),
-// BENCH_API_SUBSCRIBERS (1000), BENCH_API_MIB (256), BENCH_API_RUNS (3).
+// BENCH_API_SUBSCRIBERS (1000), BENCH_API_MIB (256), BENCH_API_RUNS (3),
+// BENCH_API_SUBSCRIBE (all: every gem's events; own: the downloaded gem's;
+// other: another gem's), BENCH_API_SUBSCRIBERS_NICE (0).
 //
 // Everything runs on 127.0.0.1: the test fixture's HTTPS origin
 // (js/test/fixture.js, served by this Node process) and real `gem-resources
@@ -86,6 +88,13 @@ const CONCURRENT_RUNS = knob('BENCH_API_CONCURRENT_RUNS', 5);
 const SUBSCRIBERS = knob('BENCH_API_SUBSCRIBERS', 1000);
 const MIB = knob('BENCH_API_MIB', 256);
 const RUNS = knob('BENCH_API_RUNS', 3);
+// Which gem the subscribers follow: every gem (`{}`, as a log or a window
+// of every gem's pages does), the gem being downloaded (`{gem}`, a page of
+// that gem), or another gem (a page of a gem with nothing going on).
+const SUBSCRIBE = process.env.BENCH_API_SUBSCRIBE ?? 'all';
+// The subscribers' processes' niceness: 19 shows what the service itself
+// adds, their own reading then yielding the CPU to the download.
+const SUBSCRIBERS_NICE = knob('BENCH_API_SUBSCRIBERS_NICE', 0);
 
 const cleanups = [];
 const t = { after: (fn) => cleanups.push(fn) };
@@ -175,16 +184,21 @@ function runCli(args) {
 const SUBSCRIBERS_PER_PROCESS = 200;
 
 /**
- * `count` bare subscribers (hello, subscribe), spread over processes of
- * js/bench/subscribers.mjs as the pages of several apps are; resolves once
- * every one is answered, to `{stop()}`, which resolves to the events they read
- * and the CPU seconds their processes spent from `ready` on (`{events, cpuSeconds}`).
+ * `count` bare subscribers (hello, subscribe), spread over `processes`
+ * processes of js/bench/subscribers.mjs as the pages of several apps are;
+ * resolves once every one is answered, to `{stop()}`, which resolves to the
+ * events they read and the CPU seconds their processes spent from `ready` on
+ * (`{events, cpuSeconds}`). With `count` 0 the processes start and open
+ * nothing: starting a process slows this one (the origin's) for a while
+ * after, so the runs without subscribers start as many.
  */
-async function subscribers(socket, count) {
+async function subscribers(socket, count, gem, processes) {
   const children = [];
-  for (let left = count; left > 0; left -= SUBSCRIBERS_PER_PROCESS) {
-    const n = Math.min(left, SUBSCRIBERS_PER_PROCESS);
-    const child = spawn(process.execPath, [path.join(here, 'subscribers.mjs'), socket, String(n)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  for (let i = 0; i < processes; i++) {
+    const n = Math.floor(count / processes) + (i < count % processes ? 1 : 0);
+    const args = [path.join(here, 'subscribers.mjs'), socket, String(n), ...(gem ? [gem] : [])];
+    const child = spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+    if (SUBSCRIBERS_NICE) os.setPriority(child.pid, SUBSCRIBERS_NICE);
     let out = '';
     child.stdout.setEncoding('utf8');
     const ready = new Promise((resolve, reject) => {
@@ -528,30 +542,34 @@ async function caseSubscribers(ctx, client) {
   // with few cores, it is taken from the download.
   const pagesCpu = [];
   for (let run = 0; run < RUNS; run++) {
-    for (const count of [0, SUBSCRIBERS]) {
-      const pages = count > 0 ? await subscribers(ctx.service.socket, count) : null;
+    // Which goes first alternates, so neither has the other's leftovers
+    // (the page cache, a deletion) more often.
+    for (const count of run % 2 === 0 ? [0, SUBSCRIBERS] : [SUBSCRIBERS, 0]) {
       const gem = `d${run}-${count}`;
+      const followed = { all: null, own: gem, other: 'a-gem-with-nothing-going-on' }[SUBSCRIBE];
+      if (followed === undefined) throw new Error(`BENCH_API_SUBSCRIBE must be all, own or other, not ${SUBSCRIBE}`);
+      const pages = await subscribers(ctx.service.socket, count, followed, Math.ceil(SUBSCRIBERS / SUBSCRIBERS_PER_PROCESS));
       const cpuBefore = cpuSeconds(pid);
       times[count].push(await download(ctx, client, gem, big));
       cpu[count].push(cpuSeconds(pid) - cpuBefore);
-      if (pages) {
-        const mem = memory(pid);
+      const mem = memory(pid);
+      const read = await pages.stop();
+      if (count > 0) {
         rss.push(mem.rss);
-        const { events, cpuSeconds } = await pages.stop();
-        pagesCpu.push(cpuSeconds);
-        say(`  run ${run + 1}: ${count} subscribers in ${Math.ceil(count / SUBSCRIBERS_PER_PROCESS)} processes, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${events} events delivered; the subscribers' processes spent ${cpuSeconds.toFixed(2)} s of CPU reading them`);
+        pagesCpu.push(read.cpuSeconds);
+        say(`  run ${run + 1}: ${count} subscribers in ${Math.ceil(count / SUBSCRIBERS_PER_PROCESS)} processes, RSS ${mem.rss} KiB (peak ${mem.peak} KiB), ${read.events} events delivered; the subscribers' processes spent ${read.cpuSeconds.toFixed(2)} s of CPU reading them`);
       }
       await client.uninstall(gem);
     }
   }
-  const knobs = { BENCH_API_CASES: 'subscribers', BENCH_API_MIB: MIB, BENCH_API_SUBSCRIBERS: SUBSCRIBERS, BENCH_API_RUNS: RUNS };
+  const knobs = { BENCH_API_CASES: 'subscribers', BENCH_API_MIB: MIB, BENCH_API_SUBSCRIBERS: SUBSCRIBERS, BENCH_API_RUNS: RUNS, BENCH_API_SUBSCRIBE: SUBSCRIBE, BENCH_API_SUBSCRIBERS_NICE: SUBSCRIBERS_NICE };
   for (const count of [0, SUBSCRIBERS]) {
     const s = median(times[count]);
     say(`download of ${MIB} MiB with ${count} subscribers: median ${s.toFixed(2)} s (${(MIB / s).toFixed(0)} MiB/s) of ${times[count].map((x) => x.toFixed(2)).join(', ')}; the service's CPU ${median(cpu[count]).toFixed(2)} s (median of ${cpu[count].map((x) => x.toFixed(2)).join(', ')})`);
   }
   const ratio = median(times[SUBSCRIBERS]) / median(times[0]);
   row(
-    `download of ${MIB} MiB with ${SUBSCRIBERS} subscribers against none, ${RUNS} interleaved runs`,
+    `download of ${MIB} MiB with ${SUBSCRIBERS} subscribers (following ${SUBSCRIBE === 'all' ? 'every gem' : SUBSCRIBE === 'own' ? 'its gem' : 'another gem'}${SUBSCRIBERS_NICE ? `, niceness ${SUBSCRIBERS_NICE}` : ''}) against none, ${RUNS} interleaved runs`,
     `median ${median(times[SUBSCRIBERS]).toFixed(2)} s against ${median(times[0]).toFixed(2)} s (${ratio.toFixed(3)}×; spreads ${spread(times[SUBSCRIBERS], (x) => x.toFixed(2))} and ${spread(times[0], (x) => x.toFixed(2))}); service CPU ${median(cpu[SUBSCRIBERS]).toFixed(2)} s against ${median(cpu[0]).toFixed(2)} s; the subscribers' processes' CPU ${median(pagesCpu).toFixed(2)} s; service RSS with them ${median(rss)} KiB (median)`,
     '–',
     knobs,

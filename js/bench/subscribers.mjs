@@ -1,14 +1,15 @@
 // One app's pages for js/bench/api.mjs's "subscribers" case: opens COUNT
-// bare subscribers (hello, then subscribe) on SOCKET, prints `ready` once
+// bare subscribers (hello, then subscribe, to GEM's events when given) on SOCKET, prints `ready` once
 // each is answered, counts the events they read, and prints that count
 // and the CPU time spent since `ready` (`{"events", "cpuSeconds"}`) and
 // exits when its standard input ends. Run as
-// `node subscribers.mjs SOCKET COUNT`; the service's limits are per
+// `node subscribers.mjs SOCKET COUNT [GEM]`; the service's limits are per
 // process, so the bench spreads its subscribers over several of these.
 
 import net from 'node:net';
 
-const [socket, countText] = process.argv.slice(2);
+const [socket, countText, gem] = process.argv.slice(2);
+const params = JSON.stringify(gem ? { gem } : {});
 const count = Number(countText);
 let events = 0;
 
@@ -20,7 +21,7 @@ function subscriber() {
     conn.setEncoding('utf8');
     conn.on('error', reject);
     conn.on('connect', () =>
-      conn.write('{"jsonrpc":"2.0","id":0,"method":"hello"}\n{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{}}\n'),
+      conn.write(`{"jsonrpc":"2.0","id":0,"method":"hello"}\n{"jsonrpc":"2.0","id":1,"method":"subscribe","params":${params}}\n`),
     );
     conn.on('data', (chunk) => {
       buffered += chunk;
