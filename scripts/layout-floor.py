@@ -9,6 +9,7 @@ the program adds; the floor itself is what the layout costs on that disk.
 
     scripts/layout-floor.py DIR store [N] [BYTES]
     scripts/layout-floor.py DIR flat  [N] [BYTES]
+    scripts/layout-floor.py DIR store-without:PARTS [N] [BYTES]
 
 store: what the store does for each new file (docs/rules.md, "The store's folder"):
   - creates and locks `locks/<sha256>.<size>.lock` and writes who holds it;
@@ -21,6 +22,13 @@ store: what the store does for each new file (docs/rules.md, "The store's folder
 flat: one folder of names, as curl or aria2c leave them, made as durable:
   creates and writes `tmp/<name>`; in groups of 64, flushes the files from
   32 threads, renames them into `files/` and flushes that folder once.
+store-without:PARTS: the store's work without some of its parts, PARTS
+  a comma-separated list of
+  - lock: no lock file;
+  - stamp: no stamp;
+  - folder: no folder per file: each file is renamed to
+    `blobs/<sha256>-f.bin` and `blobs/` flushed once per group.
+  What each part costs on a disk is the store's figure less this one.
 
 DIR must be empty or missing; it is left behind (delete it when done).
 """
@@ -38,9 +46,18 @@ FLUSH_THREADS = 32
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ("store", "flat"):
+    if len(sys.argv) < 3:
         sys.exit(__doc__)
     root, layout = sys.argv[1], sys.argv[2]
+    without = set()
+    if layout.startswith("store-without:"):
+        without = set(layout.split(":", 1)[1].split(","))
+        layout = "store"
+    if layout not in ("store", "flat") or not without <= {"lock", "stamp", "folder"}:
+        sys.exit(__doc__)
+    lock_files = layout == "store" and "lock" not in without
+    stamps = layout == "store" and "stamp" not in without
+    folders = layout == "store" and "folder" not in without
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
     size = int(sys.argv[4]) if len(sys.argv) > 4 else 256
     for folder in ("locks", "tmp", "blobs", "stamps", "files"):
@@ -66,29 +83,39 @@ def main():
         """One file's work before publication; returns its open files."""
         sha = shas[i]
         lock = None
-        if layout == "store":
+        if lock_files:
             lock = os.open(path("locks", f"{sha}.{size}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.write(lock, holder)
+        if layout == "store":
             name = path("tmp", f"{sha}.{size}.partial")
         else:
             name = path("tmp", f"f{i}.bin")
         data = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.writev(data, bodies[i])
-        if layout == "store":
+        if folders:
             os.mkdir(path("blobs", sha), 0o700)
         return data, lock
 
     def publish(group, opened, flush):
         list(flush.map(lambda i: os.fsync(opened[i][0]), group))
         if layout == "store":
-            sync_folder(path("blobs"))
+            if folders:
+                sync_folder(path("blobs"))
             for i in group:
                 sha = shas[i]
-                with open(path("stamps", f"{sha}.json"), "wb") as f:
-                    f.write(stamp)
-                os.rename(path("tmp", f"{sha}.{size}.partial"), path("blobs", sha, "f.bin"))
-            list(flush.map(lambda i: sync_folder(path("blobs", shas[i])), group))
+                if stamps:
+                    with open(path("stamps", f"{sha}.json"), "wb") as f:
+                        f.write(stamp)
+                partial = path("tmp", f"{sha}.{size}.partial")
+                if folders:
+                    os.rename(partial, path("blobs", sha, "f.bin"))
+                else:
+                    os.rename(partial, path("blobs", f"{sha}-f.bin"))
+            if folders:
+                list(flush.map(lambda i: sync_folder(path("blobs", shas[i])), group))
+            else:
+                sync_folder(path("blobs"))
         else:
             for i in group:
                 os.rename(path("tmp", f"f{i}.bin"), path("files", f"f{i}.bin"))
