@@ -23,7 +23,7 @@
 //! when it was read; a change by any process therefore invalidates it, even
 //! one that reuses an inode within the file system's timestamp granularity.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -189,7 +189,19 @@ const MAX_RECORD_BYTES: u64 = 16 << 20;
 struct Cached {
     stamp: Stamp,
     reg: Arc<Registration>,
-    shas: Arc<HashSet<String>>,
+    /// Where in `reg.resources` each SHA-256 is declared.
+    by_sha: Arc<HashMap<String, Vec<usize>>>,
+    /// Where in `reg.resources` each id is.
+    by_id: Arc<HashMap<String, usize>>,
+}
+
+impl Cached {
+    /// The resource `id` as registered.
+    fn resource(&self, id: &str) -> Option<&Resource> {
+        self.by_id
+            .get(id)
+            .and_then(|&at| self.reg.resources.get(at))
+    }
 }
 
 /// What identifies one version of a registration file.
@@ -333,12 +345,18 @@ impl Registry {
         likely: impl IntoIterator<Item = &'a str>,
     ) -> Result<bool> {
         for gem in likely {
-            if self.cached(gem)?.is_some_and(|c| c.shas.contains(sha256)) {
+            if self
+                .cached(gem)?
+                .is_some_and(|c| c.by_sha.contains_key(sha256))
+            {
                 return Ok(true);
             }
         }
         for gem in json_stems(&self.gems)? {
-            if self.cached(&gem)?.is_some_and(|c| c.shas.contains(sha256)) {
+            if self
+                .cached(&gem)?
+                .is_some_and(|c| c.by_sha.contains_key(sha256))
+            {
                 return Ok(true);
             }
         }
@@ -387,9 +405,16 @@ impl Registry {
         };
         // Checked like a manifest, and it must name its own file.
         let reg = read_registration(gem, &bytes, &path)?;
+        let mut by_sha: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_id = HashMap::new();
+        for (at, r) in reg.resources.iter().enumerate() {
+            by_sha.entry(r.sha256.clone()).or_default().push(at);
+            by_id.insert(r.id.clone(), at);
+        }
         let cached = Cached {
             stamp,
-            shas: Arc::new(reg.resources.iter().map(|r| r.sha256.clone()).collect()),
+            by_sha: Arc::new(by_sha),
+            by_id: Arc::new(by_id),
             reg: Arc::new(reg),
         };
         self.entries().insert(gem.to_string(), cached.clone());
@@ -421,24 +446,30 @@ impl Registry {
         Ok(())
     }
 
-    /// Every registration, ordered by gem id.
-    pub fn list(&self) -> Result<Vec<Registration>> {
-        Ok(self
-            .list_shared()?
-            .into_iter()
-            .map(|reg| (*reg).clone())
-            .collect())
+    /// The resources installed gems declare with `sha256`, each with its
+    /// gem, ordered by gem id: one look per registration, however many
+    /// resources it declares.
+    pub(crate) fn declaring(&self, sha256: &str) -> Result<Vec<(String, Resource)>> {
+        let mut out = Vec::new();
+        for gem in json_stems(&self.gems)? {
+            let Some(cached) = self.cached(&gem)? else {
+                continue;
+            };
+            for &at in cached.by_sha.get(sha256).into_iter().flatten() {
+                if let Some(r) = cached.reg.resources.get(at) {
+                    out.push((cached.reg.gem.clone(), r.clone()));
+                }
+            }
+        }
+        Ok(out)
     }
 
-    /// [`Registry::list`], shared rather than copied: for callers that look
-    /// through every registration for a few resources (a copy of thousands
-    /// of resources per look is what made a failed download cost in
-    /// proportion to every file installed).
-    pub(crate) fn list_shared(&self) -> Result<Vec<Arc<Registration>>> {
+    /// Every registration, ordered by gem id.
+    pub fn list(&self) -> Result<Vec<Registration>> {
         let mut out = Vec::new();
         for gem in json_stems(&self.gems)? {
             if let Some(reg) = self.get_shared(&gem)? {
-                out.push(reg);
+                out.push((*reg).clone());
             }
         }
         Ok(out)

@@ -81,24 +81,16 @@ impl Scheduler {
     /// as a required file, with that resource, while it is missing from the
     /// store.
     fn required_now(&self, key: &str) -> Vec<(String, Resource)> {
-        let Ok(registrations) = self.deps.registry.list_shared() else {
+        // The key starts with the SHA-256: only the resources declaring it
+        // are looked at, however many the gems declare.
+        let sha256 = key.split(' ').next().unwrap_or_default();
+        let Ok(declaring) = self.deps.registry.declaring(sha256) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for reg in registrations {
-            let declared = reg
-                .resources
-                .iter()
-                // The key starts with the SHA-256: most resources are
-                // ruled out without building theirs.
-                .filter(|r| r.required && key.starts_with(&r.sha256) && job_key(r) == key);
-            for r in declared {
-                if !self.deps.store.has(&r.sha256) {
-                    out.push((reg.gem.clone(), r.clone()));
-                }
-            }
-        }
-        out
+        declaring
+            .into_iter()
+            .filter(|(_, r)| r.required && job_key(r) == key && !self.deps.store.has(&r.sha256))
+            .collect()
     }
 
     /// Publishes one event for each waiter of `job`, all observed at the

@@ -338,12 +338,10 @@ impl Registry {
             };
         }
         if !all.is_empty() {
-            let resources = self.get(gem)?.map(|r| r.resources).unwrap_or_default();
+            let cached = self.cached(gem)?;
             all.retain(|id, record| {
-                resources
-                    .iter()
-                    .find(|r| &r.id == id)
-                    .is_some_and(|r| record.is_for(r))
+                let declared = cached.as_ref().and_then(|c| c.resource(id));
+                declared.is_some_and(|r| record.is_for(r))
             });
         }
         Ok(all)
@@ -522,7 +520,7 @@ impl Registry {
             .filter(|(resource, record)| {
                 // A download that ended after an upgrade changed the
                 // resource is not news about the resource as declared now.
-                let current = cached.reg.resources.iter().find(|r| &r.id == resource);
+                let current = cached.resource(resource);
                 record
                     .as_ref()
                     .is_none_or(|r| current.is_some_and(|c| r.is_for(c)))

@@ -118,6 +118,35 @@ fn asking_about_every_resource_parses_an_unchanged_registration_once() {
 }
 
 #[test]
+fn the_resources_declaring_a_file_come_from_every_gem_and_follow_upgrades() {
+    let (_dir, registry) = open();
+    let (a, b) = (shas(300, 15), shas(2, 16));
+    // `b` declares one of `a`'s files twice, under two ids.
+    let both = vec![b[0].clone(), a[7].clone(), a[7].clone()];
+    registry.put(&registration("a", &a)).unwrap();
+    registry.put(&registration("b", &both)).unwrap();
+    let found = |sha: &str| -> Vec<(String, String)> {
+        let declaring = registry.declaring(sha).unwrap();
+        assert!(declaring.iter().all(|(_, r)| r.sha256 == sha));
+        declaring.into_iter().map(|(g, r)| (g, r.id)).collect()
+    };
+    let pair = |g: &str, id: &str| (g.to_string(), id.to_string());
+    assert_eq!(
+        found(&a[7]),
+        [pair("a", "r7"), pair("b", "r1"), pair("b", "r2")]
+    );
+    assert_eq!(found(&b[0]), [pair("b", "r0")]);
+    assert_eq!(found(&b[1]), []);
+    // An upgrade of `b` that drops the file is seen at once.
+    registry.put(&registration("b", &b)).unwrap();
+    assert_eq!(found(&a[7]), [pair("a", "r7")]);
+    assert_eq!(found(&b[1]), [pair("b", "r1")]);
+    // Each registration is read once per change of the registry, not
+    // once per look.
+    assert_eq!(registry.parses(), 4);
+}
+
+#[test]
 fn clearing_failures_never_reparses_an_unchanged_registration() {
     let (_dir, registry) = open();
     let all = shas(50, 3);
