@@ -1,26 +1,18 @@
 //! A client whose service went away: a call sent after the connection's
 //! end fails at once, never waits for an answer nobody will send.
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use gem_resources::api::Client;
 use gem_resources::ErrorCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
 
 /// A service that answers `hello`, then ends its side of the connection
 /// (as a stopping service does) while still reading what it is sent:
 /// the client's later writes succeed, and nothing ever answers them.
 async fn service_that_stops_after_hello() -> (tempfile::TempDir, String) {
-    let dir = tempfile::Builder::new()
-        .prefix("grend")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .unwrap();
-    let socket = dir.path().join("api.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
+    let (dir, socket, listener) = crate::support::private_socket("grend");
     let pid = std::process::id();
     tokio::spawn(async move {
         let Ok((stream, _)) = listener.accept().await else {

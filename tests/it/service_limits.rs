@@ -424,13 +424,7 @@ async fn the_cli_does_not_wait_for_a_service_that_does_not_answer() {
     let store = gem_resources::Store::open(&env.store_dir()).unwrap();
     let lock = gem_resources::api::discovery::hold(&store, &env.store_dir()).unwrap();
     // A service that accepts and never answers, named by service.json.
-    let dir = tempfile::Builder::new()
-        .prefix("grmute")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .tempdir()
-        .unwrap();
-    let socket = dir.path().join("api.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let (_dir, socket, listener) = private_socket("grmute");
     tokio::spawn(async move {
         let mut held = Vec::new();
         while let Ok((stream, _)) = listener.accept().await {

@@ -13,7 +13,6 @@ use gem_resources::api::Client;
 use gem_resources::{ErrorCode, Store};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
 
 use crate::support::api::{exits, service_file, signal};
 use crate::support::{Env, Spawned};
@@ -146,13 +145,7 @@ struct Impostor {
 
 impl Impostor {
     fn start(pid: u32, proof: impl Fn(&str) -> String + Send + Sync + 'static) -> Impostor {
-        let dir = tempfile::Builder::new()
-            .prefix("grimp")
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir()
-            .unwrap();
-        let socket = dir.path().join("api.sock");
-        let listener = UnixListener::bind(&socket).unwrap();
+        let (dir, socket, listener) = crate::support::private_socket("grimp");
         let received = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(Mutex::new(0));
         let (seen, count) = (received.clone(), connections.clone());

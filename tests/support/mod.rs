@@ -801,3 +801,19 @@ pub fn shared_folder() -> TempDir {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     dir
 }
+
+/// A stand-in service's socket: a listener on `api.sock` in a new folder
+/// only this user may enter (as the service's own). Keep the folder while
+/// the socket is used.
+#[cfg(unix)]
+pub fn private_socket(prefix: &str) -> (TempDir, PathBuf, tokio::net::UnixListener) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .unwrap();
+    let socket = dir.path().join("api.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    (dir, socket, listener)
+}
